@@ -1,0 +1,73 @@
+// The vocabulary shared by worker, agent and controller: phases (gates) in order, gate
+// statuses and failure classifications (see docs/architecture.md, "Phases").
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string_view>
+
+namespace gatehouse {
+
+/// Every phase, in the order a worker runs them. A later phase never runs after an earlier
+/// required phase ended FAIL, BLOCKED or UNKNOWN; it is reported SKIPPED with that reason.
+inline constexpr std::array<std::string_view, 11> kPhases = {
+    "identity", "config",   "construct", "load",       "inference",  "decode",
+    "training", "save",     "parallel",  "cuda_graph", "performance"};
+
+/// Phases requested when a cell names none: all but performance (which needs a GPU peer run).
+inline constexpr std::array<std::string_view, 10> kDefaultPhases = {
+    "identity", "config", "construct", "load",     "inference",
+    "decode",   "training", "save",    "parallel", "cuda_graph"};
+
+/// Position of `phase` in kPhases, or nullopt for an unknown name.
+inline std::optional<size_t> PhaseIndex(std::string_view phase) {
+  for (size_t i = 0; i < kPhases.size(); ++i) {
+    if (kPhases[i] == phase) return i;
+  }
+  return std::nullopt;
+}
+
+/// Outcome of one gate.
+enum class GateStatus { kPass, kFail, kBlocked, kUnknown, kSkipped };
+
+inline std::string_view GateStatusName(GateStatus s) {
+  switch (s) {
+    case GateStatus::kPass: return "PASS";
+    case GateStatus::kFail: return "FAIL";
+    case GateStatus::kBlocked: return "BLOCKED";
+    case GateStatus::kUnknown: return "UNKNOWN";
+    case GateStatus::kSkipped: return "SKIPPED";
+  }
+  return "UNKNOWN";
+}
+
+inline std::optional<GateStatus> ParseGateStatus(std::string_view s) {
+  if (s == "PASS") return GateStatus::kPass;
+  if (s == "FAIL") return GateStatus::kFail;
+  if (s == "BLOCKED") return GateStatus::kBlocked;
+  if (s == "UNKNOWN") return GateStatus::kUnknown;
+  if (s == "SKIPPED") return GateStatus::kSkipped;
+  return std::nullopt;
+}
+
+/// True for statuses after which later phases must not run.
+inline bool StopsLaterPhases(GateStatus s) {
+  return s == GateStatus::kFail || s == GateStatus::kBlocked || s == GateStatus::kUnknown;
+}
+
+/// Who is to blame for a FAIL (DESIGN.md): the adapter's contract, the native runtime, a
+/// connector, a resource limit, or not known.
+enum class FailureClass { kAdapterContract, kNativeRuntime, kConnector, kResource, kUnknown };
+
+inline std::string_view FailureClassName(FailureClass c) {
+  switch (c) {
+    case FailureClass::kAdapterContract: return "adapter_contract";
+    case FailureClass::kNativeRuntime: return "native_runtime";
+    case FailureClass::kConnector: return "connector";
+    case FailureClass::kResource: return "resource";
+    case FailureClass::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+}  // namespace gatehouse

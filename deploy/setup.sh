@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 machine for Gatehouse and builds it. Idempotent: a second run only checks
+# and rebuilds what changed.
+#   deploy/setup.sh            Debian packages, project venv (.venv), CMake configure + build
+# Environment: GATEHOUSE_BUILD_DIR (default <repo>/build), GATEHOUSE_VENV (default <repo>/.venv),
+#              GATEHOUSE_JOBS (default: number of cores).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${GATEHOUSE_BUILD_DIR:-$ROOT/build}
+VENV=${GATEHOUSE_VENV:-$ROOT/.venv}
+JOBS=${GATEHOUSE_JOBS:-$(nproc)}
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# 1. Debian packages (see ../shared/BUILD-NOTES.md; googletest is already on the image).
+PACKAGES=(build-essential cmake ninja-build ccache pkg-config git python3-venv
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev libgit2-dev libspdlog-dev
+  libfmt-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libssl-dev googletest libgtest-dev
+  libgmock-dev)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. Project venv with the pinned torch / transformers / safetensors.
+REQ="$ROOT/deploy/requirements.txt"
+STAMP="$VENV/.gatehouse-requirements"
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating venv $VENV"
+  python3 -m venv "$VENV"
+fi
+if ! cmp -s "$REQ" "$STAMP" 2>/dev/null; then
+  log "installing Python requirements (torch 2.11 is large; pip's cache makes reruns fast)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQ"
+  cp "$REQ" "$STAMP"
+fi
+TORCH_PREFIX=$("$VENV/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+
+# 3. Configure and build (Ninja + ccache).
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+ccache --max-size=8G >/dev/null 2>&1 || true
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  log "configuring $BUILD_DIR"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DPython3_EXECUTABLE="$VENV/bin/python" \
+    -DGATEHOUSE_VENV="$VENV" >/dev/null
+fi
+log "building ($JOBS jobs)"
+cmake --build "$BUILD_DIR" -j "$JOBS"
+log "ready: $BUILD_DIR"

@@ -1,0 +1,133 @@
+// The model-family plugin contract: what an adaptation implements, and what the gates call.
+//
+// A family is a folder under models/ (args, model, state_dict_adapter, registration) built as
+// a shared-library plugin against the worker SDK. The worker loads the plugin with dlopen and
+// calls gatehouse_plugin_register(), which adds the plugin's families to the registry.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "gatehouse/worker/kv_cache.h"
+#include "gatehouse/worker/state_dict_adapter.h"
+
+namespace gatehouse::worker {
+
+/// Bump when any type in this header changes layout; the worker refuses other versions.
+inline constexpr int kPluginAbiVersion = 1;
+
+/// How each top-level field of config.json was treated. Every field must land in `mapped` or
+/// `ignored`; a field the family cannot honour makes ParseConfig fail instead.
+struct ConfigReport {
+  std::vector<std::string> mapped;
+  /// (field, reason it does not change the computation), e.g. ("use_cache", "runtime flag").
+  std::vector<std::pair<std::string, std::string>> ignored;
+  /// Fields of config.json that the family neither mapped nor ignored. Must be empty to PASS.
+  std::vector<std::string> unmapped;
+};
+
+/// Family-specific hyper-parameters, opaque to the gates except for these accessors.
+class ModelArgs {
+ public:
+  virtual ~ModelArgs() = default;
+  /// All args as JSON, for the evidence (e.g. {"hidden_size": 64, ...}).
+  virtual nlohmann::json ToJson() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t num_hidden_layers() const = 0;
+  virtual int64_t num_key_value_heads() const = 0;
+  virtual int64_t head_dim() const = 0;
+  virtual int64_t max_position_embeddings() const = 0;
+  virtual bool tie_word_embeddings() const = 0;
+};
+
+/// A causal language model built by a family. Parameters are registered under the family's
+/// internal names (the right-hand side of its name table).
+class CausalLM : public torch::nn::Module {
+ public:
+  /// tokens: [B, T] int64 token ids; positions: [B, T] int64 absolute positions.
+  /// cache: when non-null, the keys/values of these T positions are appended to it (it must
+  /// hold exactly the positions before them) and attention covers the cached prefix too; the
+  /// model calls cache->Advance(T) at the end. Returns logits [B, T, vocab_size] in the model's
+  /// dtype. Causal masking is applied within the new positions.
+  virtual torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& positions,
+                                KVCache* cache) = 0;
+  /// A cache sized for this model: batch x max_len positions, in the model's dtype and device.
+  virtual std::unique_ptr<KVCache> NewKVCache(int64_t batch, int64_t max_len) const = 0;
+};
+
+/// Result of ParseConfig: the args and the field-by-field report.
+struct ParsedConfig {
+  std::shared_ptr<const ModelArgs> args;
+  ConfigReport report;
+};
+
+/// One model family (llama, qwen2, ...). Implementations are stateless and thread-safe.
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  /// The family's name as cells name it, e.g. "llama".
+  virtual std::string_view name() const = 0;
+  /// HF `model_type` strings this family serves, e.g. {"llama"}.
+  virtual std::vector<std::string> model_types() const = 0;
+  /// Maps HF config.json to args. Errors: INVALID_ARGUMENT naming the field and value for a
+  /// missing required field, a wrong type, or a value the family cannot honour (e.g. an
+  /// unknown rope_scaling type). Fields it does not know end up in report.unmapped.
+  virtual Result<ParsedConfig> ParseConfig(const nlohmann::json& config) const = 0;
+  /// Builds the model with freshly initialised parameters of `dtype` on `device`.
+  virtual Result<std::shared_ptr<CausalLM>> Construct(const ModelArgs& args, torch::Dtype dtype,
+                                                      torch::Device device) const = 0;
+  /// The HF <-> internal name table for these args.
+  virtual Result<StateDictAdapter> Adapter(const ModelArgs& args) const = 0;
+};
+
+/// The families a worker knows, keyed by name and by HF model_type. Not thread-safe; filled
+/// once at start-up before gates run.
+class FamilyRegistry {
+ public:
+  /// Errors: ALREADY_EXISTS when the name or one of its model_types is taken.
+  Status Register(std::unique_ptr<ModelFamily> family);
+  /// nullptr when unknown.
+  const ModelFamily* FindByName(std::string_view name) const;
+  const ModelFamily* FindByModelType(std::string_view model_type) const;
+  std::vector<std::string> Names() const;
+
+ private:
+  std::vector<std::unique_ptr<ModelFamily>> families_;
+};
+
+}  // namespace gatehouse::worker
+
+/// Entry points every plugin exports (use GATEHOUSE_DEFINE_PLUGIN).
+extern "C" {
+typedef int (*GatehousePluginAbiVersionFn)();
+typedef int (*GatehousePluginRegisterFn)(gatehouse::worker::FamilyRegistry* registry,
+                                         char* error, int error_size);
+}
+
+/// Defines the plugin entry points. `register_fn` is a function
+/// `gatehouse::Status (gatehouse::worker::FamilyRegistry&)` that registers the families.
+#define GATEHOUSE_DEFINE_PLUGIN(register_fn)                                                \
+  extern "C" __attribute__((visibility("default"))) int gatehouse_plugin_abi_version() {   \
+    return ::gatehouse::worker::kPluginAbiVersion;                                         \
+  }                                                                                         \
+  extern "C" __attribute__((visibility("default"))) int gatehouse_plugin_register(         \
+      ::gatehouse::worker::FamilyRegistry* registry, char* error, int error_size) {        \
+    ::gatehouse::Status s = register_fn(*registry);                                         \
+    if (s.ok()) return 0;                                                                   \
+    std::string m = s.ToString();                                                           \
+    if (error_size > 0) {                                                                   \
+      size_t n = std::min(m.size(), static_cast<size_t>(error_size - 1));                   \
+      std::memcpy(error, m.data(), n);                                                      \
+      error[n] = '\0';                                                                      \
+    }                                                                                       \
+    return 1;                                                                               \
+  }
