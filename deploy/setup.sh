@@ -48,8 +48,7 @@ ccache --max-size=8G >/dev/null 2>&1 || true
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   log "configuring $BUILD_DIR"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DPython3_EXECUTABLE="$VENV/bin/python" \
-    -DGATEHOUSE_VENV="$VENV" >/dev/null
+    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DGATEHOUSE_PYTHON="$VENV/bin/python" >/dev/null
 fi
 log "building ($JOBS jobs)"
 cmake --build "$BUILD_DIR" -j "$JOBS"
