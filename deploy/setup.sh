@@ -16,7 +16,7 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config git python3-venv
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev libgit2-dev libspdlog-dev
   libfmt-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libssl-dev googletest libgtest-dev
-  libgmock-dev)
+  libgmock-dev curl)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

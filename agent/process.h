@@ -1,0 +1,64 @@
+// Running a child process from an argv vector (never through a shell) and streaming its output.
+// Used by the build step (cmake), the worker launch and GPU discovery (nvidia-smi).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace gatehouse::agent {
+
+/// What to run. The program receives exactly `args` as argv[1..]; no shell ever sees them.
+struct ProcessSpec {
+  /// An absolute or relative path, or a bare name looked up in PATH.
+  std::filesystem::path exe;
+  std::vector<std::string> args;
+  /// Working directory; empty inherits the agent's.
+  std::filesystem::path cwd;
+  /// Entries added to (or replacing those of) the agent's own environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  /// Send standard error into the standard-output pipe, so both arrive as one ordered stream
+  /// through `on_stdout` (the build log).
+  bool merge_stderr = false;
+};
+
+/// How a child ended.
+struct ProcessExit {
+  int exit_code = 0;  // exit status; 128 + signal when a signal ended it
+  int signal = 0;     // the terminating signal; 0 when it exited on its own
+  bool ok() const { return exit_code == 0 && signal == 0; }
+  /// "exited with code 1" or "exited with code 137 (signal 9)".
+  std::string Describe() const;
+};
+
+/// Receives output bytes as they arrive (any chunking; never empty).
+using OutputHandler = std::function<void(std::string_view bytes)>;
+
+/// Cancellation of a running child: once `*flag` is true the child's process group gets SIGTERM,
+/// then SIGKILL after `grace`.
+struct CancelToken {
+  const std::atomic<bool>* flag = nullptr;
+  std::chrono::milliseconds grace{10000};
+  bool requested() const { return flag != nullptr && flag->load(); }
+};
+
+/// Runs `spec` to completion on the calling thread, calling the handlers from this thread only.
+/// The child starts in its own process group with an empty signal mask, standard input from
+/// /dev/null and no inherited descriptors besides 0-2. Returns once the child has exited and its
+/// pipes are drained (descendants that keep a pipe open are waited for at most 2 s after the
+/// child's exit). Errors: NOT_FOUND when the program cannot be found, UNAVAILABLE when it cannot
+/// be started (names the program and the OS error).
+Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_stdout,
+                               const OutputHandler& on_stderr, CancelToken cancel = {});
+
+/// The absolute path of a program named `name` in PATH, or an empty path.
+std::filesystem::path FindProgram(std::string_view name);
+
+}  // namespace gatehouse::agent

@@ -1,0 +1,69 @@
+#include "controller/attempt_state.h"
+
+#include <array>
+#include <string>
+
+namespace gatehouse::controller {
+namespace {
+
+struct Transition {
+  AttemptState from;
+  AttemptState to;
+};
+
+// The whole lifecycle in one table.
+constexpr std::array kTransitions = {
+    Transition{AttemptState::kQueued, AttemptState::kLeased},
+    Transition{AttemptState::kLeased, AttemptState::kRunning},
+    Transition{AttemptState::kLeased, AttemptState::kPassed},
+    Transition{AttemptState::kLeased, AttemptState::kFailed},
+    Transition{AttemptState::kLeased, AttemptState::kError},
+    Transition{AttemptState::kRunning, AttemptState::kPassed},
+    Transition{AttemptState::kRunning, AttemptState::kFailed},
+    Transition{AttemptState::kRunning, AttemptState::kError},
+};
+
+constexpr std::array<std::pair<AttemptState, std::string_view>, 6> kNames = {{
+    {AttemptState::kQueued, "queued"},
+    {AttemptState::kLeased, "leased"},
+    {AttemptState::kRunning, "running"},
+    {AttemptState::kPassed, "passed"},
+    {AttemptState::kFailed, "failed"},
+    {AttemptState::kError, "error"},
+}};
+
+}  // namespace
+
+std::string_view AttemptStateName(AttemptState s) {
+  for (const auto& [state, name] : kNames) {
+    if (state == s) return name;
+  }
+  return "error";
+}
+
+std::optional<AttemptState> ParseAttemptState(std::string_view name) {
+  for (const auto& [state, n] : kNames) {
+    if (n == name) return state;
+  }
+  return std::nullopt;
+}
+
+bool IsTerminal(AttemptState s) {
+  return s == AttemptState::kPassed || s == AttemptState::kFailed || s == AttemptState::kError;
+}
+
+bool IsAllowedTransition(AttemptState from, AttemptState to) {
+  for (const Transition& t : kTransitions) {
+    if (t.from == from && t.to == to) return true;
+  }
+  return false;
+}
+
+Status CheckTransition(long long attempt_id, AttemptState from, AttemptState to) {
+  if (IsAllowedTransition(from, to)) return Status::Ok();
+  return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) +
+                                    ": illegal transition " + std::string(AttemptStateName(from)) +
+                                    " -> " + std::string(AttemptStateName(to)));
+}
+
+}  // namespace gatehouse::controller

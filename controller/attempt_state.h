@@ -1,0 +1,35 @@
+// Attempt lifecycle: one enum and one transition table (STYLE.md: "Attempt states are one enum
+// with a single transition table, persisted in one place"). Pure logic, no I/O.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace gatehouse::controller {
+
+/// State of one attempt (one run of a cell).
+///   queued  -> leased   the scheduler placed it on an agent
+///   leased  -> running  the agent relayed the first phase_start
+///   leased|running -> passed | failed | error   the agent ended it (AttemptEnd)
+/// passed, failed and error are terminal.
+/// TODO(issue 5): lease expiry and agent loss (leased/running -> queued or lost).
+enum class AttemptState { kQueued, kLeased, kRunning, kPassed, kFailed, kError };
+
+/// Lower-case name as stored and shown: "queued", "leased", ...
+std::string_view AttemptStateName(AttemptState s);
+
+/// Inverse of AttemptStateName; nullopt for an unknown name.
+std::optional<AttemptState> ParseAttemptState(std::string_view name);
+
+/// True for passed, failed and error.
+bool IsTerminal(AttemptState s);
+
+/// True when the table allows `from` -> `to`.
+bool IsAllowedTransition(AttemptState from, AttemptState to);
+
+/// OK when allowed, else FAILED_PRECONDITION "attempt <id>: illegal transition <from> -> <to>".
+Status CheckTransition(long long attempt_id, AttemptState from, AttemptState to);
+
+}  // namespace gatehouse::controller

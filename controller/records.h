@@ -1,0 +1,96 @@
+// Domain records the controller stores and shows: cells, attempts, phases, figures, agents.
+// Plain structs; no transport, SQLite or libgit2 types. Times are UTC ISO-8601 strings with
+// milliseconds, e.g. "2025-01-02T03:04:05.678Z" (see clock.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "controller/attempt_state.h"
+
+namespace gatehouse::controller {
+
+/// A frozen cell as stored: identity (id, spec_json) plus labels (branch, submitter).
+struct CellRecord {
+  std::string id;          // SHA-256 hex of spec_json
+  std::string spec_json;   // canonical frozen spec, docs/protocols.md §2
+  std::string repository;
+  std::string commit_sha;
+  std::string branch;      // label only
+  std::string model_family;
+  std::string created_at;
+  std::string submitter;   // label only
+};
+
+/// One run of a cell.
+struct AttemptRecord {
+  int64_t id = 0;
+  std::string cell_id;
+  int number = 0;          // 1, 2, ... per cell
+  AttemptState state = AttemptState::kQueued;
+  std::string agent_id;    // empty until leased
+  std::string reason;      // why it ended error/failed, when known
+  std::string run_status;  // run_end status (PASS, FAIL, ...), empty until reported
+  std::string created_at;
+  std::string started_at;
+  std::string ended_at;
+};
+
+/// A figure reported by a gate. value_json is a JSON number or string.
+struct FigureRecord {
+  std::string name;
+  std::string value_json;
+  std::string unit;
+};
+
+/// One gate of one attempt. status is RUNNING until phase_end arrives.
+struct PhaseRecord {
+  std::string phase;
+  std::string status;
+  std::string reason;
+  std::string classification;
+  std::string started_at;
+  std::string ended_at;
+  std::optional<int64_t> duration_ms;
+  std::vector<FigureRecord> figures;
+};
+
+/// A row of the cell list: the cell and its latest attempt's state.
+struct CellSummary {
+  CellRecord cell;
+  AttemptState status = AttemptState::kQueued;
+};
+
+/// An agent as it registered.
+struct AgentRecord {
+  std::string id;
+  std::string name;
+  std::string capabilities_json;
+  std::string registered_at;
+  std::string last_heartbeat_at;
+  std::string state;  // "connected" | "disconnected"
+};
+
+/// A queued attempt, as the scheduler sees it (FIFO order = creation order).
+struct QueuedAttempt {
+  int64_t attempt_id = 0;
+  std::string cell_id;
+};
+
+/// What one worker event (docs/protocols.md §4) does to the stored evidence.
+struct EventEffect {
+  enum class Kind { kNone, kPhaseStart, kFigure, kPhaseEnd, kRunEnd };
+  Kind kind = Kind::kNone;
+  std::string phase;           // phase_start, figure, phase_end
+  std::string name;            // figure
+  std::string value_json;      // figure: JSON number or string
+  std::string unit;            // figure
+  std::string status;          // phase_end, run_end: PASS|FAIL|BLOCKED|UNKNOWN|SKIPPED
+  std::string reason;          // phase_end
+  std::string classification;  // phase_end (FAIL only)
+  std::optional<int64_t> duration_ms;  // phase_end
+};
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The main job on one machine: set up, start the controller (SQLite file var/gatehouse.db) and
+# one local agent on 127.0.0.1, submit a validation cell for the Llama family on a real
+# checkpoint saved by transformers, wait for it, and print the evidence report and the
+# dashboard URL.
+#   deploy/demo.sh            run it; when run from a terminal, keep serving the dashboard until Ctrl-C
+# Environment: GATEHOUSE_HTTP_PORT (8080), GATEHOUSE_GRPC_PORT (50051), GATEHOUSE_DEMO_CHECKPOINT
+# (llama-tiny-untied; also llama-tiny-tied, llama-tiny-sharded).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${GATEHOUSE_BUILD_DIR:-$ROOT/build}
+VENV=${GATEHOUSE_VENV:-$ROOT/.venv}
+VAR=$ROOT/var
+HTTP_PORT=${GATEHOUSE_HTTP_PORT:-8080}
+GRPC_PORT=${GATEHOUSE_GRPC_PORT:-50051}
+CKPT=${GATEHOUSE_DEMO_CHECKPOINT:-llama-tiny-untied}
+log() { printf '[demo] %s\n' "$*" >&2; }
+
+"$ROOT/deploy/setup.sh"
+mkdir -p "$VAR/logs" "$VAR/demo"
+
+# 1. The bundled checkpoints: tiny Llama models saved by transformers' save_pretrained, with the
+#    reference bundle (probe prompts, fp32 logits, greedy ids) beside each.
+"$VENV/bin/python" "$ROOT/tools/refgen/make_checkpoint.py" --out-root "$VAR/checkpoints" >&2
+
+# 2. The adaptation repository: the reference Llama adapter (models/) committed to a local git
+#    repository; the agent builds the plugin from the commit the controller froze.
+REPO=$VAR/demo/adapter
+mkdir -p "$REPO"
+git -C "$REPO" init -q -b main 2>/dev/null || true
+find "$REPO" -mindepth 1 -maxdepth 1 ! -name .git -exec rm -rf {} +
+cp -r "$ROOT/models/." "$REPO/"
+git -C "$REPO" add -A
+git -C "$REPO" -c user.name=gatehouse-demo -c user.email=demo@gatehouse.invalid \
+  commit -q -m "Llama adapter $(date -u +%FT%TZ)" >/dev/null 2>&1 || true
+
+# 3. Controller and agent (a previous demo's are stopped first).
+for pidfile in "$VAR/demo/agent.pid" "$VAR/demo/controller.pid"; do
+  if [ -f "$pidfile" ]; then kill "$(cat "$pidfile")" 2>/dev/null || true; rm -f "$pidfile"; fi
+done
+sleep 0.5
+TORCH_VERSION=$("$VENV/bin/python" -c 'import torch;print(torch.__version__.split("+")[0])')
+TORCH_PREFIX=$("$VENV/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)')
+"$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db" --http "127.0.0.1:$HTTP_PORT" \
+  --grpc "127.0.0.1:$GRPC_PORT" --mirror-dir "$VAR/mirrors" --web-dir "$ROOT/web" \
+  --torch-pin "$TORCH_VERSION" >"$VAR/logs/controller.out" 2>"$VAR/logs/controller.log" &
+echo $! >"$VAR/demo/controller.pid"
+"$BUILD_DIR/bin/gatehouse-agent" --controller "127.0.0.1:$GRPC_PORT" --name local-agent \
+  --work-dir "$VAR/agent" --sdk-dir "$BUILD_DIR/sdk" --cmake-prefix-path "$TORCH_PREFIX" \
+  --worker "$BUILD_DIR/bin/gatehouse-worker" --torch-version "$TORCH_VERSION" \
+  >"$VAR/logs/agent.out" 2>"$VAR/logs/agent.log" &
+echo $! >"$VAR/demo/agent.pid"
+stop() {
+  for pidfile in "$VAR/demo/agent.pid" "$VAR/demo/controller.pid"; do
+    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+    rm -f "$pidfile"
+  done
+}
+trap stop EXIT
+API=http://127.0.0.1:$HTTP_PORT/api/v1
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$HTTP_PORT/healthz" >/dev/null && break; sleep 0.2; done
+
+# 4. Submit the cell and wait for its verdict.
+BODY=$(printf '{"repository":"%s","branch":"main","model_family":"llama","checkpoint":"%s","reference":"%s"}' \
+  "$REPO" "$VAR/checkpoints/$CKPT/checkpoint" "$VAR/checkpoints/$CKPT/reference")
+log "POST $API/cells $BODY"
+RESPONSE=$(curl -sS -X POST -H 'Content-Type: application/json' -d "$BODY" "$API/cells")
+ID=$(printf '%s' "$RESPONSE" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["id"])') || {
+  log "submit failed: $RESPONSE"; exit 1; }
+log "cell $ID submitted; waiting (the first run builds the adapter plugin)"
+STATUS=""
+for _ in $(seq 1800); do
+  STATUS=$(curl -sS "$API/cells/$ID" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["status"])')
+  case "$STATUS" in passed|failed|error) break ;; esac
+  sleep 1
+done
+curl -sS "$API/cells/$ID/report"
+echo
+echo "Cell $ID: $STATUS"
+echo "Dashboard: http://127.0.0.1:$HTTP_PORT/cell.html?id=$ID   (all cells: http://127.0.0.1:$HTTP_PORT/)"
+if [ -t 0 ]; then
+  echo "Serving the dashboard; press Ctrl-C to stop the controller and agent."
+  wait
+fi
+[ "$STATUS" = passed ]

@@ -1,0 +1,242 @@
+// End-to-end: one validation cell from REST submit to stored evidence, on real checkpoints made
+// by transformers, through the real controller, agent and worker processes on 127.0.0.1.
+//
+// The adaptation repository is a real git repository made here from models/ (the reference
+// Llama adapter): branch `main` holds it as is, branch `rope-keys-bug` commits the adapter bug
+// "RoPE not applied to keys" (tools/refgen/rope_keys_unapplied.patch). The agent builds each
+// branch's plugin from the checked-out commit, so the two branches must give different verdicts.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "http_client.h"
+#include "process_harness.h"
+
+namespace gatehouse::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using std::chrono::seconds;
+
+constexpr const char* kCpuGates[] = {"identity", "config",  "construct", "load",
+                                     "inference", "decode", "training",  "save"};
+
+void Git(const fs::path& repo, const std::vector<std::string>& args) {
+  std::vector<std::string> full = {"-c", "user.name=Gatehouse Test", "-c",
+                                   "user.email=test@gatehouse.invalid"};
+  full.insert(full.end(), args.begin(), args.end());
+  CommandResult r = RunCommand("git", full, repo);
+  ASSERT_EQ(r.exit_code, 0) << "git " << args.front() << ":\n" << r.output;
+}
+
+/// The adapter repository: models/ as its root, two branches.
+void MakeAdapterRepository(const fs::path& repo) {
+  fs::create_directories(repo);
+  fs::copy(GATEHOUSE_MODELS_DIR, repo, fs::copy_options::recursive);
+  Git(repo, {"init", "-q", "-b", "main"});
+  Git(repo, {"add", "-A"});
+  Git(repo, {"commit", "-q", "-m", "Llama adapter"});
+  Git(repo, {"checkout", "-q", "-b", "rope-keys-bug"});
+  Git(repo, {"apply", GATEHOUSE_ROPE_PATCH});
+  Git(repo, {"commit", "-q", "-am", "Llama adapter with RoPE not applied to keys"});
+  Git(repo, {"checkout", "-q", "main"});
+}
+
+const json* FindPhase(const json& cell, const std::string& name) {
+  for (const auto& p : cell.at("phases")) {
+    if (p.at("phase") == name) return &p;
+  }
+  return nullptr;
+}
+
+std::optional<double> Figure(const json& phase, const std::string& name) {
+  for (const auto& f : phase.at("figures")) {
+    if (f.at("name") == name && f.at("value").is_number()) return f.at("value").get<double>();
+  }
+  return std::nullopt;
+}
+
+class EndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("gatehouse-e2e-" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "logs");
+    repo_ = root_ / "adapter";
+    ASSERT_NO_FATAL_FAILURE(MakeAdapterRepository(repo_));
+
+    const std::string bin = GATEHOUSE_BIN_DIR;
+    controller_ = std::make_unique<Daemon>(
+        bin + "/gatehouse-controller",
+        std::vector<std::string>{"--db", (root_ / "gatehouse.db").string(), "--http",
+                                 "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--mirror-dir",
+                                 (root_ / "mirrors").string(), "--web-dir", GATEHOUSE_WEB_DIR,
+                                 "--torch-pin", GATEHOUSE_TORCH_VERSION},
+        root_ / "logs" / "controller");
+    auto http = controller_->WaitForLine(std::regex("http listening on 127\\.0\\.0\\.1:(\\d+)"),
+                                         seconds(30));
+    auto grpc = controller_->WaitForLine(std::regex("grpc listening on 127\\.0\\.0\\.1:(\\d+)"),
+                                         seconds(30));
+    ASSERT_TRUE(http && grpc) << controller_->Stderr();
+    http_port_ = std::stoi(*http);
+
+    agent_ = std::make_unique<Daemon>(
+        bin + "/gatehouse-agent",
+        std::vector<std::string>{"--controller", "127.0.0.1:" + *grpc, "--name", "e2e-agent",
+                                 "--work-dir", (root_ / "agent").string(), "--sdk-dir",
+                                 GATEHOUSE_SDK_DIR, "--cmake-prefix-path",
+                                 GATEHOUSE_TORCH_PREFIX, "--worker",
+                                 bin + "/gatehouse-worker", "--torch-version",
+                                 GATEHOUSE_TORCH_VERSION},
+        root_ / "logs" / "agent");
+    ASSERT_TRUE(agent_->WaitForLine(std::regex("registered as"), seconds(30)))
+        << agent_->Stderr();
+  }
+
+  void TearDown() override {
+    agent_.reset();
+    controller_.reset();
+    if (!HasFailure()) fs::remove_all(root_);
+    else std::cerr << "e2e: keeping " << root_ << " for inspection\n";
+  }
+
+  json Body(const std::string& branch, const std::string& checkpoint) const {
+    const fs::path data = fs::path(GATEHOUSE_TESTDATA_DIR) / checkpoint;
+    return json{{"repository", repo_.string()},
+                {"branch", branch},
+                {"model_family", "llama"},
+                {"checkpoint", (data / "checkpoint").string()},
+                {"reference", (data / "reference").string()}};
+  }
+
+  /// POSTs a cell and returns the response JSON; expects 200 or 201.
+  json Submit(const json& body) {
+    HttpResponse r = HttpRequest(http_port_, "POST", "/api/v1/cells", body.dump());
+    EXPECT_TRUE(r.status == 200 || r.status == 201) << r.status << " " << r.body << r.error;
+    return json::parse(r.body, nullptr, false);
+  }
+
+  /// Polls the cell until its status is final; returns it (or the last seen on timeout).
+  json WaitFinal(const std::string& id, seconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    json cell;
+    while (std::chrono::steady_clock::now() < deadline) {
+      HttpResponse r = HttpRequest(http_port_, "GET", "/api/v1/cells/" + id);
+      cell = json::parse(r.body, nullptr, false);
+      if (r.status == 200 && cell.is_object()) {
+        const std::string s = cell.value("status", "");
+        if (s == "passed" || s == "failed" || s == "error") return cell;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    ADD_FAILURE() << "cell " << id << " not final after " << timeout.count() << " s: "
+                  << cell.dump() << "\nagent stderr:\n" << agent_->Stderr();
+    return cell;
+  }
+
+  void ExpectAllCpuGatesPass(const json& cell) {
+    ASSERT_EQ(cell.value("status", ""), "passed") << cell.dump(2);
+    for (const char* gate : kCpuGates) {
+      const json* p = FindPhase(cell, gate);
+      ASSERT_NE(p, nullptr) << "phase " << gate << " missing";
+      EXPECT_EQ(p->at("status"), "PASS") << gate << ": " << p->dump();
+      EXPECT_FALSE(p->at("figures").empty()) << gate << " reported no figure";
+    }
+    for (const char* gate : {"parallel", "cuda_graph"}) {
+      const json* p = FindPhase(cell, gate);
+      ASSERT_NE(p, nullptr) << "phase " << gate << " missing";
+      EXPECT_EQ(p->at("status"), "SKIPPED") << gate;
+      EXPECT_FALSE(p->at("reason").get<std::string>().empty()) << gate << " skipped silently";
+    }
+    const json* inference = FindPhase(cell, "inference");
+    auto kl = Figure(*inference, "kl_mean");
+    auto top1 = Figure(*inference, "top1_agreement");
+    ASSERT_TRUE(kl && top1);
+    EXPECT_LT(*kl, 1e-6);
+    EXPECT_EQ(*top1, 100.0);
+    const json* decode = FindPhase(cell, "decode");
+    auto matched = Figure(*decode, "tokens_matched");
+    auto total = Figure(*decode, "tokens_total");
+    ASSERT_TRUE(matched && total);
+    EXPECT_EQ(*matched, *total);
+    EXPECT_GE(*total, 32);
+  }
+
+  fs::path root_;
+  fs::path repo_;
+  int http_port_ = 0;
+  std::unique_ptr<Daemon> controller_;
+  std::unique_ptr<Daemon> agent_;
+};
+
+TEST_F(EndToEndTest, CellFromRestToEvidence) {
+  // 1. The correct adapter passes every CPU gate on a tied checkpoint.
+  json tied = Submit(Body("main", "llama-tiny-tied"));
+  ASSERT_TRUE(tied.contains("id")) << tied.dump();
+  const std::string tied_id = tied.at("id");
+  json cell = WaitFinal(tied_id, seconds(900));
+  ASSERT_NO_FATAL_FAILURE(ExpectAllCpuGatesPass(cell));
+
+  // 2. Resubmitting the same inputs returns the same cell, not a new one.
+  json again = Submit(Body("main", "llama-tiny-tied"));
+  EXPECT_EQ(again.value("id", ""), tied_id);
+  EXPECT_EQ(again.value("created", true), false);
+
+  // 3. The report names the commit and every phase.
+  HttpResponse report = HttpRequest(http_port_, "GET", "/api/v1/cells/" + tied_id + "/report");
+  ASSERT_EQ(report.status, 200);
+  EXPECT_NE(report.body.find(cell.at("spec").at("commit").get<std::string>()), std::string::npos);
+  for (const char* gate : kCpuGates) EXPECT_NE(report.body.find(gate), std::string::npos) << gate;
+
+  // 4. Untied and sharded checkpoints pass too (same plugin build, new cells).
+  for (const char* ckpt : {"llama-tiny-untied", "llama-tiny-sharded"}) {
+    json other = Submit(Body("main", ckpt));
+    ASSERT_TRUE(other.contains("id"));
+    EXPECT_NE(other.at("id"), tied_id);
+    ASSERT_NO_FATAL_FAILURE(ExpectAllCpuGatesPass(WaitFinal(other.at("id"), seconds(300))))
+        << ckpt;
+  }
+
+  // 5. The branch that commits the RoPE bug FAILs at inference and stops later gates.
+  json bug = Submit(Body("rope-keys-bug", "llama-tiny-tied"));
+  ASSERT_TRUE(bug.contains("id"));
+  json bug_cell = WaitFinal(bug.at("id"), seconds(600));
+  EXPECT_EQ(bug_cell.value("status", ""), "failed") << bug_cell.dump(2);
+  EXPECT_NE(bug_cell.at("spec").at("commit"), cell.at("spec").at("commit"));
+  const json* inference = FindPhase(bug_cell, "inference");
+  ASSERT_NE(inference, nullptr);
+  EXPECT_EQ(inference->at("status"), "FAIL");
+  auto kl = Figure(*inference, "kl_mean");
+  ASSERT_TRUE(kl);
+  EXPECT_GT(*kl, 1e-6);
+  for (const char* later : {"decode", "training", "save"}) {
+    const json* p = FindPhase(bug_cell, later);
+    ASSERT_NE(p, nullptr) << later;
+    EXPECT_EQ(p->at("status"), "SKIPPED") << later;
+    EXPECT_NE(p->at("reason").get<std::string>().find("inference"), std::string::npos) << later;
+  }
+
+  // 6. Bad input is refused with the offending value named, and the controller keeps serving.
+  json unknown_branch = Body("no-such-branch", "llama-tiny-tied");
+  HttpResponse r = HttpRequest(http_port_, "POST", "/api/v1/cells", unknown_branch.dump());
+  EXPECT_GE(r.status, 400);
+  EXPECT_LT(r.status, 500);
+  EXPECT_NE(r.body.find("no-such-branch"), std::string::npos) << r.body;
+  r = HttpRequest(http_port_, "POST", "/api/v1/cells", "{\"repository\": ");
+  EXPECT_EQ(r.status, 400);
+  json extra = Body("main", "llama-tiny-tied");
+  extra["colour"] = "blue";
+  r = HttpRequest(http_port_, "POST", "/api/v1/cells", extra.dump());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("colour"), std::string::npos) << r.body;
+  EXPECT_EQ(HttpRequest(http_port_, "GET", "/api/v1/cells/" + tied_id).status, 200);
+}
+
+}  // namespace
+}  // namespace gatehouse::testing

@@ -1,0 +1,19 @@
+// A minimal blocking HTTP/1.1 client for tests (Boost.Beast), 127.0.0.1 only.
+#pragma once
+
+#include <string>
+
+namespace gatehouse::testing {
+
+struct HttpResponse {
+  int status = 0;          // 0 when the request could not be sent
+  std::string body;
+  std::string error;       // transport error, if any
+};
+
+/// Sends one request (`method` "GET"/"POST") to 127.0.0.1:`port` and reads the whole response.
+/// Never throws; a transport failure leaves status 0 and sets error. Timeout 30 s.
+HttpResponse HttpRequest(int port, const std::string& method, const std::string& target,
+                         const std::string& body = "");
+
+}  // namespace gatehouse::testing

@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Make tiny, real Hugging Face Llama checkpoints and a reference bundle beside each.
+
+What
+    For each variant NAME this writes
+      OUT_ROOT/NAME/checkpoint/   config.json, generation_config.json and safetensors weights,
+                                  all written by transformers' own ``save_pretrained``;
+      OUT_ROOT/NAME/reference/    reference.safetensors + reference.json: upstream logits and
+                                  greedy tokens for a few fixed probe prompts;
+      OUT_ROOT/NAME/.done         a stamp of the generator parameters (see "Idempotent").
+
+    Variants:
+      llama-tiny-tied     tie_word_embeddings=true  (no lm_head.weight in the file)
+      llama-tiny-untied   tie_word_embeddings=false
+      llama-tiny-sharded  untied, saved with a small max_shard_size: >= 2 shards plus
+                          model.safetensors.index.json
+
+Why
+    The Gatehouse gates (docs/protocols.md, ../shared/DESIGN.md) compare an adaptation against
+    upstream. The fixtures must therefore come from upstream code, not from our own writer: the
+    checkpoint layout, config.json fields and tied-weight handling are whatever this
+    transformers version really does. The model is tiny (2 layers, hidden 64) so each variant
+    takes a few seconds on 2 CPU cores, but its weights are chosen so that adapter bugs show:
+      * rope_theta is 50000, not the 10000 default, so a theta fallback bug changes logits;
+      * norm weights are drawn from U(0.5, 1.5), not left at 1.0, so a skipped norm shows;
+      * weights have O(1) activations (std 1/sqrt(fan_in)), so logits are far from uniform and
+        KL divergence is a sensitive measure;
+      * one probe prompt is 300 tokens long, because RoPE bugs barely show at short positions.
+
+Reference bundle (reference/reference.safetensors), for each probe prompt i:
+      prompts.{i}.input_ids   I64 [T]
+      prompts.{i}.logits      F32 [T, vocab_size]   one full forward pass, eager attention
+      prompts.{i}.greedy_ids  I64 [32]              new tokens only, generate(do_sample=False)
+    reference/reference.json:
+      {"format": "gatehouse-reference/1", "num_prompts": N, "dtype": "float32",
+       "max_new_tokens": 32, "transformers": ver, "torch": ver, "model_type": "llama",
+       "seed": S}
+
+Idempotent
+    A variant is skipped when OUT_ROOT/NAME/.done holds exactly this generator's parameters
+    (variant settings, seed, prompt lengths, script format version, transformers and torch
+    versions). Otherwise it is rebuilt in a temporary folder and moved into place, so an
+    interrupted run never leaves a half-written variant behind a valid stamp.
+
+CLI
+    python tools/refgen/make_checkpoint.py --out-root DIR [--only NAME ...]
+"""
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+# Bump when the output of this script changes for the same parameters.
+GENERATOR_VERSION = 1
+SEED = 20240611
+MAX_NEW_TOKENS = 32
+# Probe prompt lengths; the last one probes RoPE at long positions.
+PROMPT_LENGTHS = [7, 33, 300]
+
+# The tiny Llama shared by all variants (the fields save_pretrained writes come from here).
+BASE_CONFIG = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=50000.0,  # deliberately not the 10000 default
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+VARIANTS = {
+    "llama-tiny-tied": dict(tie_word_embeddings=True, max_shard_size=None),
+    "llama-tiny-untied": dict(tie_word_embeddings=False, max_shard_size=None),
+    # ~440 KB of fp32 weights in 100 KB shards: several shards and an index file.
+    "llama-tiny-sharded": dict(tie_word_embeddings=False, max_shard_size="100KB"),
+}
+
+
+def generator_params(name):
+    """Everything that determines a variant's files; stored in the .done stamp."""
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "name": name,
+        "variant": VARIANTS[name],
+        "config": BASE_CONFIG,
+        "seed": SEED,
+        "prompt_lengths": PROMPT_LENGTHS,
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+
+
+def build_model(tie_word_embeddings):
+    """A fp32 LlamaForCausalLM with seeded weights chosen so that adapter bugs show."""
+    torch.manual_seed(SEED)
+    config = LlamaConfig(**BASE_CONFIG, tie_word_embeddings=tie_word_embeddings)
+    model = LlamaForCausalLM._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)  # away from 1.0: a missing norm must change logits
+            elif param.dim() == 2 and "embed_tokens" in name:
+                param.normal_(0.0, 0.5)
+            elif param.dim() == 2:
+                param.normal_(0.0, param.shape[1] ** -0.5)  # unit-scale activations
+            else:
+                param.normal_(0.0, 0.1)  # biases, when a config enables them
+    model.eval()
+    return model
+
+
+def probe_prompts(vocab_size):
+    """Prompt token ids from a fixed-seed generator, one tensor [T] per prompt."""
+    gen = torch.Generator().manual_seed(SEED + 1)
+    # Ids 0..2 are left out so no prompt contains the pad/bos/eos ids of the config.
+    return [torch.randint(3, vocab_size, (n,), generator=gen, dtype=torch.int64) for n in PROMPT_LENGTHS]
+
+
+@torch.no_grad()
+def make_reference(model, out_dir):
+    """Writes reference.safetensors and reference.json for `model` into out_dir."""
+    tensors = {}
+    prompts = probe_prompts(model.config.vocab_size)
+    for i, ids in enumerate(prompts):
+        batch = ids.unsqueeze(0)
+        mask = torch.ones_like(batch)
+        logits = model(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32)
+        out = model.generate(
+            input_ids=batch,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=MAX_NEW_TOKENS,
+            min_new_tokens=MAX_NEW_TOKENS,  # eos is suppressed until 32 tokens exist
+            pad_token_id=model.config.eos_token_id,
+        )
+        new_ids = out[0, ids.numel():]
+        if new_ids.numel() != MAX_NEW_TOKENS:
+            raise RuntimeError(f"prompt {i}: generate made {new_ids.numel()} tokens, not {MAX_NEW_TOKENS}")
+        tensors[f"prompts.{i}.input_ids"] = ids.contiguous()
+        tensors[f"prompts.{i}.logits"] = logits.contiguous()
+        tensors[f"prompts.{i}.greedy_ids"] = new_ids.to(torch.int64).contiguous()
+    out_dir.mkdir(parents=True)
+    save_file(tensors, str(out_dir / "reference.safetensors"))
+    meta = {
+        "format": "gatehouse-reference/1",
+        "num_prompts": len(prompts),
+        "dtype": "float32",
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "model_type": model.config.model_type,
+        "seed": SEED,
+    }
+    (out_dir / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def make_variant(out_root, name):
+    """Builds OUT_ROOT/name unless its .done stamp already matches. Returns True if built."""
+    params = generator_params(name)
+    final = out_root / name
+    stamp = final / ".done"
+    if stamp.is_file():
+        try:
+            if json.loads(stamp.read_text()) == params:
+                print(f"{name}: up to date", file=sys.stderr)
+                return False
+        except json.JSONDecodeError:
+            pass  # a damaged stamp means rebuild
+
+    tmp = out_root / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    variant = VARIANTS[name]
+    model = build_model(variant["tie_word_embeddings"])
+    save_kwargs = {}
+    if variant["max_shard_size"] is not None:
+        save_kwargs["max_shard_size"] = variant["max_shard_size"]
+    model.save_pretrained(str(tmp / "checkpoint"), **save_kwargs)
+    if variant["max_shard_size"] is not None:
+        shards = sorted((tmp / "checkpoint").glob("model-*.safetensors"))
+        if len(shards) < 2 or not (tmp / "checkpoint" / "model.safetensors.index.json").is_file():
+            raise RuntimeError(f"{name}: expected >= 2 shards and an index, got {[s.name for s in shards]}")
+    make_reference(model, tmp / "reference")
+    (tmp / ".done").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
+
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    print(f"{name}: written to {final}", file=sys.stderr)
+    return True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out-root", required=True, type=Path, help="folder that receives one folder per variant")
+    parser.add_argument("--only", nargs="+", choices=sorted(VARIANTS), metavar="NAME",
+                        help=f"variants to make (default: all of {', '.join(VARIANTS)})")
+    args = parser.parse_args(argv)
+    args.out_root.mkdir(parents=True, exist_ok=True)
+    for name in args.only or list(VARIANTS):
+        make_variant(args.out_root, name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
