@@ -14,21 +14,21 @@ namespace gatehouse::controller {
 
 /// A frozen cell as stored: identity (id, spec_json) plus labels (branch, submitter).
 struct CellRecord {
-  std::string id;          // SHA-256 hex of spec_json
-  std::string spec_json;   // canonical frozen spec, docs/protocols.md §2
+  std::string id;         // SHA-256 hex of spec_json
+  std::string spec_json;  // canonical frozen spec, docs/protocols.md §2
   std::string repository;
   std::string commit_sha;
-  std::string branch;      // label only
+  std::string branch;  // label only
   std::string model_family;
   std::string created_at;
-  std::string submitter;   // label only
+  std::string submitter;  // label only
 };
 
 /// One run of a cell.
 struct AttemptRecord {
   int64_t id = 0;
   std::string cell_id;
-  int number = 0;          // 1, 2, ... per cell
+  int number = 0;  // 1, 2, ... per cell
   AttemptState state = AttemptState::kQueued;
   std::string agent_id;    // empty until leased
   std::string reason;      // why it ended error/failed, when known
@@ -83,14 +83,26 @@ struct QueuedAttempt {
 struct EventEffect {
   enum class Kind { kNone, kPhaseStart, kFigure, kPhaseEnd, kRunEnd };
   Kind kind = Kind::kNone;
-  std::string phase;           // phase_start, figure, phase_end
-  std::string name;            // figure
-  std::string value_json;      // figure: JSON number or string
-  std::string unit;            // figure
-  std::string status;          // phase_end, run_end: PASS|FAIL|BLOCKED|UNKNOWN|SKIPPED
-  std::string reason;          // phase_end
-  std::string classification;  // phase_end (FAIL only)
+  std::string phase;                   // phase_start, figure, phase_end
+  std::string name;                    // figure
+  std::string value_json;              // figure: JSON number or string
+  std::string unit;                    // figure
+  std::string status;                  // phase_end, run_end: PASS|FAIL|BLOCKED|UNKNOWN|SKIPPED
+  std::string reason;                  // phase_end
+  std::string classification;          // phase_end (FAIL only)
   std::optional<int64_t> duration_ms;  // phase_end
+};
+
+}  // namespace gatehouse::controller
+
+namespace gatehouse::controller {
+
+/// A cell with everything the API and the report show about it.
+struct CellDetail {
+  CellRecord cell;
+  AttemptState status = AttemptState::kQueued;  // the latest attempt's state
+  std::vector<AttemptRecord> attempts;          // by number ascending
+  std::vector<PhaseRecord> phases;              // of the latest attempt, in kPhases order
 };
 
 }  // namespace gatehouse::controller

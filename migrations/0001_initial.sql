@@ -1,6 +1,6 @@
 -- Gatehouse controller schema, version 1: cells, attempts and their evidence, agents.
 -- Times are UTC ISO-8601 strings with milliseconds ("2025-01-02T03:04:05.678Z").
--- Applied by controller/store.cc inside one transaction and recorded in schema_migrations.
+-- Applied by controller/store/store.cc inside one transaction and recorded in schema_migrations.
 
 -- A cell: one frozen set of inputs. id = SHA-256 hex of the canonical spec (docs/protocols.md §2).
 CREATE TABLE cells (

@@ -58,7 +58,7 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 # Bump when the output of this script changes for the same parameters.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 SEED = 20240611
 MAX_NEW_TOKENS = 32
 # Probe prompt lengths; the last one probes RoPE at long positions.
@@ -106,8 +106,11 @@ def generator_params(name):
 def build_model(tie_word_embeddings):
     """A fp32 LlamaForCausalLM with seeded weights chosen so that adapter bugs show."""
     torch.manual_seed(SEED)
-    config = LlamaConfig(**BASE_CONFIG, tie_word_embeddings=tie_word_embeddings)
-    model = LlamaForCausalLM._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    # Eager attention: the reference semantics (softmax in fp32 over explicit scores).
+    config = LlamaConfig(**BASE_CONFIG, tie_word_embeddings=tie_word_embeddings,
+                         attn_implementation="eager")
+    model = LlamaForCausalLM(config).to(torch.float32)
+    assert model.config._attn_implementation == "eager"
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -1,10 +1,10 @@
 // Hugging Face checkpoint directories (GATES-NOTES.md "Sharded checkpoints").
 #include "gatehouse/worker/checkpoint.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
-#include <set>
 #include <sstream>
-#include <system_error>
 
 #include "gatehouse/worker/safetensors_torch.h"
 
@@ -20,9 +20,16 @@ constexpr const char* kIndexName = "model.safetensors.index.json";
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
+// stat(2) rather than std::filesystem: the LibTorch wheel exports its own, partly broken, copy
+// of libstdc++'s filesystem functions (pytorch/pytorch#133437), and it wins symbol lookup.
 bool IsFile(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_regular_file(p, ec);
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool IsDirectory(const fs::path& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 // Reads and parses a JSON file that must hold an object.
@@ -78,8 +85,7 @@ Result<std::map<std::string, std::string>> ReadWeightMap(const json& index,
 }  // namespace
 
 Result<Checkpoint> Checkpoint::Open(const std::filesystem::path& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
+  if (!IsDirectory(dir)) {
     return Status::NotFound("checkpoint directory " + Quote(dir.string()) + " does not exist");
   }
   Checkpoint ckpt;

@@ -124,7 +124,7 @@ std::string Show(const json& v) {
 
 // Parses JSON, rejecting a key repeated within one object (nlohmann keeps the last silently;
 // the format forbids duplicates). Throws nlohmann's exceptions on bad JSON.
-// `duplicate` receives "key 'k' in <where>" for the first duplicate found.
+// `duplicate` receives the first one, as "key 'k' at the top level" or "key 'k' inside 'obj'".
 json ParseRejectingDuplicates(std::string_view text, std::string* duplicate) {
   struct Frame {
     std::string name;  // key under which this object sits ("" for the top level)
@@ -157,7 +157,8 @@ json ParseRejectingDuplicates(std::string_view text, std::string* duplicate) {
   return json::parse(text.begin(), text.end(), callback);
 }
 
-// Reads a tensor entry's fields into `info` (types and signs only; sizes are checked later).
+// Reads one tensor entry into `info`, checking field types, dims, and that dtype x shape needs
+// exactly the bytes its offsets hold (how entries tile the buffer is CheckTiling's job).
 Status ParseEntry(const std::string& name, const json& entry, TensorInfo* info) {
   const std::string where = "tensor " + Quote(name);
   if (!entry.is_object()) {
@@ -247,16 +248,17 @@ Status CheckTiling(const std::vector<TensorInfo>& tensors, uint64_t buffer_bytes
   for (const TensorInfo* t : order) {
     const std::string where =
         "tensor " + Quote(t->name) + ": data_offsets " + OffsetsString(t->begin, t->end);
-    const std::string after =
-        previous == nullptr ? std::string("the start of the buffer (0)")
-                            : "tensor " + Quote(previous->name) + " ending at " +
-                                  std::to_string(previous->end);
+    const std::string after = previous == nullptr
+                                  ? std::string("at the start of the data buffer")
+                                  : "after tensor " + Quote(previous->name) + " ending at " +
+                                        std::to_string(previous->end);
     if (t->begin > expected) {
       return Status::DataLoss(where + " leave a hole of " + std::to_string(t->begin - expected) +
-                              " bytes after " + after);
+                              " bytes " + after);
     }
-    if (t->begin < expected) {
-      return Status::DataLoss(where + " overlap " + after);
+    if (t->begin < expected) {  // only possible after a previous tensor
+      return Status::DataLoss(where + " overlap tensor " + Quote(previous->name) + " ending at " +
+                              std::to_string(previous->end));
     }
     if (t->end > buffer_bytes) {
       return Status::DataLoss(where + " run past the end of the data buffer, which holds " +
@@ -542,12 +544,11 @@ Status WriteFile(const std::filesystem::path& path, const std::vector<TensorByte
     ::unlink(tmp.c_str());
     return Status::DataLoss(where + ": write failed: " + Errno(err));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
     ::unlink(tmp.c_str());
     return Status::DataLoss(where + ": rename to " + Quote(path.string()) +
-                            " failed: " + ec.message());
+                            " failed: " + Errno(err));
   }
   return Status::Ok();
 }

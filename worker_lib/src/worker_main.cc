@@ -1,1 +1,89 @@
-int main() { return 0; }  // placeholder, replaced by the worker
+// gatehouse-worker: runs the gates of one attempt (docs/protocols.md §3, §4).
+//
+//   gatehouse-worker --run-spec run.json --plugin libgatehouse_models.so [--plugin ...]
+//
+// Standard output carries only the JSON-lines events; the log (spdlog) goes to standard error.
+// Exit status: 0 when the run completed, whatever the verdict (run_end says it); 2 for a bad
+// command line or run spec (no events are written then).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gatehouse/worker/events.h"
+#include "gatehouse/worker/gates.h"
+#include "gatehouse/worker/log.h"
+#include "gatehouse/worker/model_family.h"
+#include "gatehouse/worker/plugin_loader.h"
+#include "gatehouse/worker/run_spec.h"
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gatehouse;
+  using namespace gatehouse::worker;
+  log::UseStderr();
+
+  CLI::App app{"Gatehouse worker: runs the gates of one attempt and writes JSON-lines events"};
+  std::string run_spec_path;
+  std::vector<std::string> plugins;
+  app.add_option("--run-spec", run_spec_path, "run.json written by the agent")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--plugin", plugins, "model-family plugin shared library (repeatable)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help or the error to the right stream
+    return e.get_exit_code() == 0 ? rc : kExitBadInput;
+  }
+
+  Result<RunSpec> spec = LoadRunSpec(run_spec_path);
+  if (!spec.ok()) {
+    log::Error(spec.status().ToString());
+    return kExitBadInput;
+  }
+
+  try {
+    if (const char* threads = std::getenv("OMP_NUM_THREADS")) {
+      const int n = std::atoi(threads);
+      if (n > 0) torch::set_num_threads(n);
+    }
+    torch::manual_seed(static_cast<uint64_t>(spec->training.seed));
+
+    FamilyRegistry registry;
+    GateContext ctx;
+    ctx.spec = *spec;
+    ctx.registry = &registry;
+    for (const std::string& path : plugins) {
+      Status loaded = LoadPlugin(path, registry);
+      if (!loaded.ok()) {
+        log::Error(loaded.message());
+        ctx.plugin_errors.push_back(loaded.message());
+      } else {
+        log::Info("plugin " + path + " loaded");
+      }
+    }
+    if (plugins.empty()) ctx.plugin_errors.push_back("no --plugin given: no model family is registered");
+    ctx.runtime = ProbeRuntime();
+    log::Info("attempt " + std::to_string(spec->attempt.id) + ": torch " +
+              ctx.runtime.torch_version + ", device " + spec->runtime.device + ", " +
+              std::to_string(spec->phases.size()) + " phase(s) requested");
+
+    JsonlEventSink sink(stdout);
+    EventWriter events(sink);
+    const GateStatus verdict = RunGates(ctx, events);
+    log::Info("run_end " + std::string(GateStatusName(verdict)));
+  } catch (const std::exception& e) {
+    // Gates catch their own errors; this is the last line of defence (e.g. a failed probe).
+    log::Error(std::string("worker error outside the gates: ") + e.what());
+    return 1;
+  }
+  return 0;
+}

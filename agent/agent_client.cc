@@ -1,0 +1,289 @@
+// gRPC transport of the agent: the Connect stream, registration, heartbeats, assignments.
+#include "agent/agent_client.h"
+
+#include <algorithm>
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "gatehouse/agent/v1/agent.grpc.pb.h"
+
+namespace gatehouse::agent {
+namespace {
+
+namespace pb = ::gatehouse::agent::v1;
+
+pb::Capabilities ToProto(const AgentCapabilities& caps) {
+  pb::Capabilities out;
+  out.set_cpu_cores(caps.cpu_cores);
+  out.set_memory_bytes(caps.memory_bytes);
+  for (const GpuInfo& gpu : caps.gpus) {
+    pb::Gpu* g = out.add_gpus();
+    g->set_model(gpu.model);
+    g->set_memory_bytes(gpu.memory_bytes);
+    g->set_uuid(gpu.uuid);
+  }
+  for (const auto& [key, value] : caps.labels) (*out.mutable_labels())[key] = value;
+  out.set_torch_version(caps.torch_version);
+  out.set_slots(caps.slots);
+  return out;
+}
+
+}  // namespace
+
+/// AttemptSink over the stream. Called from the runner thread only.
+class AgentClient::StreamSink : public AttemptSink {
+ public:
+  explicit StreamSink(AgentClient& client) : client_(client) {}
+
+  void Event(int64_t attempt_id, int64_t seq, std::string_view json) override {
+    pb::AgentMessage message;
+    pb::AttemptEvent* event = message.mutable_event();
+    event->set_attempt_id(attempt_id);
+    event->set_seq(seq);
+    event->set_json(std::string(json));
+    Send(message, "event");
+  }
+
+  void Log(int64_t attempt_id, std::string_view stream, int64_t offset,
+           std::string_view data) override {
+    pb::AgentMessage message;
+    pb::LogChunk* chunk = message.mutable_log();
+    chunk->set_attempt_id(attempt_id);
+    chunk->set_stream(std::string(stream));
+    chunk->set_offset(offset);
+    chunk->set_data(std::string(data));
+    Send(message, "log chunk");
+  }
+
+  void End(const AttemptEndReport& report) override {
+    pb::AgentMessage message;
+    pb::AttemptEnd* end = message.mutable_end();
+    end->set_attempt_id(report.attempt_id);
+    end->set_seq(report.seq);
+    end->set_outcome(report.outcome);
+    end->set_reason(report.reason);
+    end->set_exit_code(report.exit_code);
+    Send(message, "end");
+  }
+
+ private:
+  void Send(const pb::AgentMessage& message, const char* what) {
+    // TODO(issue 5): keep unacknowledged messages of the running attempt and resend them after
+    // re-registering, so a reconnect loses nothing (the controller dedupes by attempt id + seq).
+    if (!client_.Write(message)) {
+      const int64_t attempt_id = message.has_event() ? message.event().attempt_id()
+                                 : message.has_log() ? message.log().attempt_id()
+                                                     : message.end().attempt_id();
+      spdlog::warn("controller stream down: attempt {} {} dropped", attempt_id, what);
+    }
+  }
+
+  AgentClient& client_;
+};
+
+AgentClient::AgentClient(AgentClientConfig config, AttemptRunner& runner)
+    : config_(std::move(config)), runner_(runner), sink_(std::make_unique<StreamSink>(*this)) {}
+
+AgentClient::~AgentClient() {
+  Stop();
+  if (runner_thread_.joinable()) runner_thread_.join();
+}
+
+void AgentClient::Stop() {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  stopping_ = true;
+  cancel_running_ = true;
+  if (context_ != nullptr) context_->TryCancel();
+  cv_.notify_all();
+}
+
+int64_t AgentClient::RunningAttempt() const {
+  std::lock_guard lock(mu_);
+  return running_attempt_;
+}
+
+bool AgentClient::Write(const pb::AgentMessage& message) {
+  std::lock_guard lock(write_mu_);
+  return stream_ != nullptr && stream_->Write(message);
+}
+
+Status AgentClient::Run() {
+  runner_thread_ = std::thread([this] { RunnerLoop(); });
+  int failures = 0;
+  while (true) {
+    bool registered = false;
+    const Status ended = Session(registered);
+    if (registered) failures = 0;
+    std::unique_lock lock(mu_);
+    if (stopping_) break;
+    const std::chrono::milliseconds backoff =
+        std::min(config_.max_backoff, config_.initial_backoff * (1 << std::min(failures, 16)));
+    ++failures;
+    spdlog::warn("controller {}: {}; reconnecting in {} ms", config_.controller, ended.ToString(),
+                 backoff.count());
+    cv_.wait_for(lock, backoff, [this] { return stopping_; });
+    if (stopping_) break;
+  }
+  if (runner_thread_.joinable()) runner_thread_.join();
+  return Status::Ok();
+}
+
+Status AgentClient::Session(bool& registered) {
+  auto channel = grpc::CreateChannel(config_.controller, grpc::InsecureChannelCredentials());
+  auto stub = pb::AgentService::NewStub(channel);
+  grpc::ClientContext context;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Status::Unavailable("stopping");
+    context_ = &context;
+    session_over_ = false;
+  }
+  std::unique_ptr<Stream> stream = stub->Connect(&context);
+
+  // A controller that never answers Register would hold Read() forever: cancel the call.
+  std::thread watchdog([this, &context, &registered] {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, config_.register_timeout,
+                      [this, &registered] { return registered || session_over_ || stopping_; })) {
+      context.TryCancel();
+    }
+  });
+  const auto end_session = [&](Status why) {
+    {
+      std::lock_guard lock(write_mu_);
+      stream_ = nullptr;
+    }
+    {
+      std::lock_guard lock(mu_);
+      session_over_ = true;
+      cv_.notify_all();
+    }
+    watchdog.join();
+    const grpc::Status finished = stream->Finish();
+    {
+      std::lock_guard lock(mu_);
+      context_ = nullptr;
+    }
+    if (!finished.ok()) {
+      why = Status(why.code(), why.message() + " (grpc code " +
+                                   std::to_string(finished.error_code()) + ": " +
+                                   finished.error_message() + ")");
+    }
+    return why;
+  };
+
+  pb::AgentMessage hello;
+  pb::Register* reg = hello.mutable_register_();
+  reg->set_agent_name(config_.agent_name);
+  *reg->mutable_capabilities() = ToProto(config_.capabilities);
+  // TODO(issue 5): full re-attachment: the controller should also get the running attempt's
+  // last sequence numbers and decide whether it continues.
+  if (const int64_t running = RunningAttempt(); running != 0) reg->add_running_attempt_ids(running);
+  pb::ControllerMessage reply;
+  if (!stream->Write(hello)) return end_session(Status::Unavailable("cannot send Register"));
+  if (!stream->Read(&reply)) return end_session(Status::Unavailable("stream closed before Registered"));
+  if (!reply.has_registered()) {
+    context.TryCancel();
+    return end_session(Status::FailedPrecondition("first controller message is not Registered"));
+  }
+  const std::string agent_id = reply.registered().agent_id();
+  auto interval = std::chrono::milliseconds(reply.registered().heartbeat_interval_ms());
+  if (interval.count() <= 0) interval = config_.default_heartbeat;
+  {
+    std::lock_guard lock(mu_);
+    registered = true;
+    cv_.notify_all();
+  }
+  {
+    std::lock_guard lock(write_mu_);
+    stream_ = stream.get();
+  }
+  spdlog::info("registered with {} as {} (heartbeat every {} ms)", config_.controller, agent_id,
+               interval.count());
+  if (on_registered_) on_registered_(agent_id);
+
+  std::thread heartbeat([this, interval] { HeartbeatLoop(interval); });
+  while (stream->Read(&reply)) HandleMessage(reply);
+  const Status ended = end_session(Status::Unavailable("stream ended"));
+  heartbeat.join();
+  return ended;
+}
+
+void AgentClient::HeartbeatLoop(std::chrono::milliseconds interval) {
+  int64_t seq = 0;
+  while (true) {
+    pb::AgentMessage message;
+    {
+      std::unique_lock lock(mu_);
+      if (cv_.wait_for(lock, interval, [this] { return session_over_ || stopping_; })) return;
+      pb::Heartbeat* heartbeat = message.mutable_heartbeat();
+      heartbeat->set_seq(++seq);
+      if (running_attempt_ != 0) heartbeat->add_running_attempt_ids(running_attempt_);
+    }
+    if (!Write(message)) return;  // the reader sees the broken stream and reconnects
+  }
+}
+
+void AgentClient::HandleMessage(const pb::ControllerMessage& message) {
+  std::lock_guard lock(mu_);
+  if (message.has_assignment()) {
+    const pb::Assignment& a = message.assignment();
+    const bool known = a.attempt_id() == running_attempt_ ||
+                       std::any_of(queue_.begin(), queue_.end(), [&](const QueuedAttempt& q) {
+                         return q.assignment.attempt_id == a.attempt_id();
+                       });
+    if (known) {
+      spdlog::info("attempt {}: assigned again; already running or queued", a.attempt_id());
+      return;
+    }
+    spdlog::info("attempt {}: assigned (cell {}, branch {})", a.attempt_id(), a.cell_id(), a.branch());
+    queue_.push_back({AttemptAssignment{a.attempt_id(), a.cell_id(), a.spec_json()}, false, ""});
+    cv_.notify_all();
+  } else if (message.has_cancel()) {
+    const pb::Cancel& c = message.cancel();
+    spdlog::info("attempt {}: cancel requested: {}", c.attempt_id(), c.reason());
+    if (c.attempt_id() == running_attempt_) {
+      cancel_running_ = true;
+      return;
+    }
+    for (QueuedAttempt& q : queue_) {
+      if (q.assignment.attempt_id == c.attempt_id()) {
+        q.cancelled = true;
+        q.cancel_reason = c.reason();
+      }
+    }
+  } else if (message.has_registered()) {
+    spdlog::warn("ignoring a second Registered message");
+  }
+}
+
+void AgentClient::RunnerLoop() {
+  while (true) {
+    QueuedAttempt next;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      next = std::move(queue_.front());
+      queue_.pop_front();
+      running_attempt_ = next.assignment.attempt_id;
+      cancel_running_ = false;
+    }
+    if (next.cancelled) {
+      AttemptEndReport end;
+      end.attempt_id = next.assignment.attempt_id;
+      end.seq = 1;
+      end.outcome = std::string(kOutcomeError);
+      end.reason = "cancelled: " + next.cancel_reason;
+      sink_->End(end);
+    } else {
+      runner_.Run(next.assignment, *sink_, CancelToken{&cancel_running_, config_.kill_grace});
+    }
+    std::lock_guard lock(mu_);
+    running_attempt_ = 0;
+  }
+}
+
+}  // namespace gatehouse::agent

@@ -1,0 +1,114 @@
+// The agent's transport: one gRPC bidirectional stream AgentService.Connect to the controller
+// (proto/gatehouse/agent/v1/agent.proto). It translates protobuf to the domain (AttemptAssignment,
+// AttemptSink) and back; the attempt lifecycle itself lives in AttemptRunner.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "agent/attempt_runner.h"
+#include "agent/attempt_sink.h"
+#include "agent/capabilities.h"
+#include "common/status.h"
+
+namespace grpc {
+class ClientContext;
+template <class W, class R>
+class ClientReaderWriter;
+}  // namespace grpc
+
+namespace gatehouse::agent::v1 {
+class AgentMessage;
+class ControllerMessage;
+}  // namespace gatehouse::agent::v1
+
+namespace gatehouse::agent {
+
+struct AgentClientConfig {
+  std::string controller = "127.0.0.1:50051";  // host:port
+  std::string agent_name;
+  AgentCapabilities capabilities;
+  /// Reconnect backoff: initial, doubled per failed connection, capped.
+  std::chrono::milliseconds initial_backoff{200};
+  std::chrono::milliseconds max_backoff{5000};
+  /// A controller that accepts the stream but sends no Registered within this is dropped.
+  std::chrono::milliseconds register_timeout{30000};
+  /// Used when Registered carries no interval.
+  std::chrono::milliseconds default_heartbeat{5000};
+  /// Grace between SIGTERM and SIGKILL when a running worker or build is cancelled.
+  std::chrono::milliseconds kill_grace{10000};
+};
+
+/// Connects to the controller, registers, heartbeats, and runs assigned attempts one at a time.
+///
+/// Threads: Run()'s caller reads the stream (and reconnects); a heartbeat thread per connection
+/// writes Heartbeats; one runner thread runs attempts (AttemptRunner) and writes their events,
+/// log chunks and ends through an AttemptSink. Every write to the stream holds `write_mu_`.
+/// Stop() may be called from any thread (the signal thread).
+class AgentClient {
+ public:
+  AgentClient(AgentClientConfig config, AttemptRunner& runner);
+  ~AgentClient();
+  AgentClient(const AgentClient&) = delete;
+  AgentClient& operator=(const AgentClient&) = delete;
+
+  /// Called on the reading thread after each registration with the id the controller gave.
+  void OnRegistered(std::function<void(const std::string& agent_id)> callback) {
+    on_registered_ = std::move(callback);
+  }
+
+  /// Serves until Stop(): connect, register, read assignments; when the stream breaks,
+  /// reconnects with exponential backoff and registers again. Returns OK after Stop().
+  Status Run();
+
+  /// Ends Run(): cancels the stream and the running attempt (its worker gets SIGTERM, then
+  /// SIGKILL after kill_grace). Idempotent.
+  void Stop();
+
+ private:
+  using Stream = grpc::ClientReaderWriter<v1::AgentMessage, v1::ControllerMessage>;
+  class StreamSink;
+  struct QueuedAttempt {
+    AttemptAssignment assignment;
+    bool cancelled = false;
+    std::string cancel_reason;
+  };
+
+  /// One connection; returns why it ended. Sets `registered` once Registered arrived.
+  Status Session(bool& registered);
+  void HeartbeatLoop(std::chrono::milliseconds interval);
+  void RunnerLoop();
+  void HandleMessage(const v1::ControllerMessage& message);
+  /// Writes under write_mu_; false when no stream is attached or the write failed.
+  bool Write(const v1::AgentMessage& message);
+  int64_t RunningAttempt() const;
+
+  AgentClientConfig config_;
+  AttemptRunner& runner_;
+  std::unique_ptr<StreamSink> sink_;
+  std::function<void(const std::string&)> on_registered_;
+
+  mutable std::mutex mu_;  // guards everything below up to write_mu_
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  grpc::ClientContext* context_ = nullptr;  // of the live session, for Stop()
+  std::deque<QueuedAttempt> queue_;
+  int64_t running_attempt_ = 0;
+  bool session_over_ = false;  // tells the heartbeat thread to end
+  std::atomic<bool> cancel_running_{false};
+
+  std::mutex write_mu_;
+  Stream* stream_ = nullptr;  // attached after Registered, detached before Finish()
+
+  std::thread runner_thread_;
+};
+
+}  // namespace gatehouse::agent

@@ -1,0 +1,99 @@
+// The attempt lifecycle, in order: spec, checkout, recipe, build, worker, end.
+#include "agent/attempt_runner.h"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "agent/recipe.h"
+#include "agent/worker_launcher.h"
+
+namespace gatehouse::agent {
+namespace {
+
+using nlohmann::json;
+
+AttemptEndReport Error(int64_t attempt_id, std::string reason) {
+  AttemptEndReport end;
+  end.attempt_id = attempt_id;
+  end.seq = 1;  // no event was sent before the worker ran
+  end.outcome = std::string(kOutcomeError);
+  end.reason = std::move(reason);
+  return end;
+}
+
+Result<std::string> SpecString(const json& spec, const char* field) {
+  const auto it = spec.find(field);
+  if (it == spec.end() || !it->is_string() || it->get_ref<const std::string&>().empty()) {
+    return Status::InvalidArgument(std::string("spec field '") + field +
+                                   "' must be a non-empty string");
+  }
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+AttemptRunner::AttemptRunner(RunnerConfig config)
+    : config_(std::move(config)), git_(config_.work_dir / "repos") {}
+
+void AttemptRunner::Run(const AttemptAssignment& assignment, AttemptSink& sink,
+                        CancelToken cancel) {
+  spdlog::info("attempt {}: start (cell {})", assignment.attempt_id, assignment.cell_id);
+  const AttemptEndReport end = RunSteps(assignment, sink, cancel);
+  if (end.outcome == kOutcomeFinished) {
+    spdlog::info("attempt {}: finished, worker exit code {}", end.attempt_id, end.exit_code);
+  } else {
+    spdlog::warn("attempt {}: error: {}", end.attempt_id, end.reason);
+  }
+  sink.End(end);
+}
+
+AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, AttemptSink& sink,
+                                         CancelToken cancel) {
+  const int64_t id = assignment.attempt_id;
+  const json spec = json::parse(assignment.spec_json, nullptr, /*allow_exceptions=*/false);
+  if (spec.is_discarded() || !spec.is_object()) {
+    return Error(id, "invalid spec: spec_json is not a JSON object");
+  }
+  auto repository = SpecString(spec, "repository");
+  if (!repository.ok()) return Error(id, "invalid spec: " + repository.status().message());
+  auto commit = SpecString(spec, "commit");
+  if (!commit.ok()) return Error(id, "invalid spec: " + commit.status().message());
+  if (auto env = WorkerEnvironment(spec); !env.ok()) {
+    return Error(id, "invalid spec: " + env.status().message());
+  }
+
+  auto checkout = git_.Checkout(*repository, *commit);
+  if (!checkout.ok()) return Error(id, "checkout failed: " + checkout.status().message());
+  spdlog::info("attempt {}: checked out {} at {}", id, *repository, checkout->head);
+  if (cancel.requested()) return Error(id, "cancelled: after checkout");
+
+  auto recipe = LoadRecipe(checkout->path, *commit);
+  if (!recipe.ok()) return Error(id, recipe.status().message());
+
+  BuildConfig build_config;
+  build_config.work_dir = config_.work_dir;
+  build_config.sdk_dir = config_.sdk_dir;
+  build_config.cmake_prefix_path = config_.cmake_prefix_path;
+  build_config.cmake = config_.cmake;
+  BuildRequest request{checkout->path, RepoKey(*repository), std::move(recipe).value()};
+  LogStream build_log(sink, id, kBuildStream);
+  auto built = RunBuild(
+      build_config, request, [&](std::string_view bytes) { build_log.Write(bytes); }, cancel);
+  if (cancel.requested()) return Error(id, "cancelled: during the build");
+  if (!built.ok()) {
+    const std::string message = built.status().message();
+    return Error(id, message.rfind("build failed", 0) == 0 ? message : "build failed: " + message);
+  }
+
+  WorkerLaunch launch;
+  launch.attempt_id = id;
+  launch.attempt_dir = config_.work_dir / "attempts" / std::to_string(id);
+  launch.spec = spec;
+  launch.checkout = *checkout;
+  launch.plugins = built->plugins;
+  launch.worker = config_.worker;
+  launch.agent_name = config_.agent_name;
+  return RunWorker(launch, sink, cancel);
+}
+
+}  // namespace gatehouse::agent

@@ -1,0 +1,57 @@
+// The build step: configure and build an adaptation repository with its recipe
+// (docs/protocols.md §5), output streamed as the attempt's "build" log.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agent/process.h"
+#include "agent/recipe.h"
+#include "common/status.h"
+
+namespace gatehouse::agent {
+
+/// The agent-wide inputs of every build.
+struct BuildConfig {
+  /// Build trees go to `<work_dir>/build/<repo key>` and persist across attempts (incremental
+  /// builds; ccache keeps object files across repositories).
+  std::filesystem::path work_dir;
+  /// The worker SDK dir holding GatehouseWorkerConfig.cmake.
+  std::filesystem::path sdk_dir;
+  /// LibTorch's CMake prefix; may be empty.
+  std::string cmake_prefix_path;
+  /// The cmake program; a bare name is looked up in PATH.
+  std::filesystem::path cmake = "cmake";
+};
+
+/// One build of one checkout.
+struct BuildRequest {
+  std::filesystem::path checkout;  // the repository's working tree (absolute)
+  std::string repo_key;            // RepoKey(url)
+  Recipe recipe;
+};
+
+/// What the worker is given afterwards.
+struct BuildResult {
+  std::filesystem::path build_dir;
+  std::vector<std::filesystem::path> plugins;  // absolute, in recipe order
+};
+
+/// The configure and build commands of `request`, in order (exposed for tests and logs):
+///   cmake -S <checkout>/<source_dir> -B <build dir> -G Ninja
+///         -DCMAKE_PREFIX_PATH=<sdk>;<prefix> -DGatehouseWorker_DIR=<sdk>
+///         -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTORCH_CUDA_ARCH_LIST=9.0 <recipe cmake_args...>
+///   cmake --build <build dir> --target <target>
+/// Both with CCACHE_BASEDIR=<checkout> and CCACHE_NOHASHDIR=1 in the environment.
+std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildRequest& request);
+
+/// Runs the commands on the calling thread, passing their merged stdout+stderr (preceded by a
+/// "+ <command>" line each) to `log`, then checks every plugin exists.
+/// Errors: FAILED_PRECONDITION "build failed: <step> exited with code N: <last lines>" or
+/// "build failed: plugin ... was not built"; what RunProcess returns when cmake cannot start.
+Result<BuildResult> RunBuild(const BuildConfig& config, const BuildRequest& request,
+                             const OutputHandler& log, CancelToken cancel = {});
+
+}  // namespace gatehouse::agent

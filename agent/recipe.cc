@@ -1,0 +1,186 @@
+// Recipe parsing and validation (docs/protocols.md §5).
+#include "agent/recipe.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace gatehouse::agent {
+namespace {
+
+using nlohmann::json;
+
+Status Invalid(std::string_view field, const std::string& what) {
+  return Status::InvalidArgument(std::string(kRecipeFileName) + ": field '" + std::string(field) +
+                                 "': " + what);
+}
+
+std::string Quote(std::string_view s) { return json(std::string(s)).dump(); }
+
+Status CheckKnownMembers(const json& object, std::string_view where,
+                         const std::set<std::string>& known) {
+  for (const auto& [key, value] : object.items()) {
+    if (known.count(key) == 0) {
+      const std::string field = where.empty() ? key : std::string(where) + "." + key;
+      return Invalid(field, "unknown field");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::string> GetString(const json& object, const std::string& key, std::string_view field,
+                              std::string fallback, bool required) {
+  const auto it = object.find(key);
+  if (it == object.end()) {
+    if (required) return Invalid(field, "is required");
+    return fallback;
+  }
+  if (!it->is_string()) return Invalid(field, "must be a string, got " + it->dump());
+  std::string value = it->get<std::string>();
+  if (value.find('\0') != std::string::npos) return Invalid(field, "contains a NUL byte");
+  return value;
+}
+
+Result<std::vector<std::string>> GetStringArray(const json& object, const std::string& key,
+                                                std::string_view field, bool required) {
+  const auto it = object.find(key);
+  if (it == object.end()) {
+    if (required) return Invalid(field, "is required");
+    return std::vector<std::string>{};
+  }
+  if (!it->is_array()) return Invalid(field, "must be an array of strings, got " + it->dump());
+  std::vector<std::string> values;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& element = (*it)[i];
+    const std::string element_field = std::string(field) + "[" + std::to_string(i) + "]";
+    if (!element.is_string()) return Invalid(element_field, "must be a string, got " + element.dump());
+    std::string value = element.get<std::string>();
+    if (value.find('\0') != std::string::npos) return Invalid(element_field, "contains a NUL byte");
+    values.push_back(std::move(value));
+  }
+  return values;
+}
+
+// A path that stays below the directory it is relative to: not empty, not absolute, no "..".
+Status CheckRelativePath(std::string_view field, const std::string& value) {
+  if (value.empty()) return Invalid(field, "must not be empty");
+  const std::filesystem::path path(value);
+  if (path.is_absolute() || path.has_root_name() || path.has_root_directory()) {
+    return Invalid(field, "must be a relative path, got " + Quote(value));
+  }
+  for (const auto& part : path) {
+    if (part == "..") return Invalid(field, "must not contain \"..\", got " + Quote(value));
+  }
+  return Status::Ok();
+}
+
+Status CheckTarget(const std::string& target) {
+  if (target.empty()) return Invalid("build.target", "must not be empty");
+  if (target.front() == '-') {
+    return Invalid("build.target", "must not start with '-', got " + Quote(target));
+  }
+  for (const char c : target) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
+                    c == '.' || c == '+' || c == '/';
+    if (!ok) return Invalid("build.target", "has a character outside [A-Za-z0-9_.+/-]: " + Quote(target));
+  }
+  return Status::Ok();
+}
+
+Result<Recipe> ParseBuild(const json& build, Recipe recipe) {
+  if (!build.is_object()) return Invalid("build", "must be an object, got " + build.dump());
+  GH_RETURN_IF_ERROR(
+      CheckKnownMembers(build, "build", {"system", "source_dir", "cmake_args", "target"}));
+
+  GH_ASSIGN_OR_RETURN(recipe.build_system,
+                      GetString(build, "system", "build.system", "", /*required=*/true));
+  if (recipe.build_system != "cmake") {
+    return Invalid("build.system", "must be \"cmake\", got " + Quote(recipe.build_system));
+  }
+
+  GH_ASSIGN_OR_RETURN(recipe.source_dir,
+                      GetString(build, "source_dir", "build.source_dir", ".", false));
+  GH_RETURN_IF_ERROR(CheckRelativePath("build.source_dir", recipe.source_dir));
+
+  GH_ASSIGN_OR_RETURN(recipe.cmake_args,
+                      GetStringArray(build, "cmake_args", "build.cmake_args", false));
+  for (size_t i = 0; i < recipe.cmake_args.size(); ++i) {
+    const std::string& arg = recipe.cmake_args[i];
+    if (arg.size() < 3 || arg.rfind("-D", 0) != 0) {
+      return Invalid("build.cmake_args[" + std::to_string(i) + "]",
+                     "must start with \"-D\" and name a variable, got " + Quote(arg));
+    }
+  }
+
+  GH_ASSIGN_OR_RETURN(recipe.target, GetString(build, "target", "build.target", "all", false));
+  GH_RETURN_IF_ERROR(CheckTarget(recipe.target));
+  return recipe;
+}
+
+}  // namespace
+
+Result<Recipe> ParseRecipe(std::string_view text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string(kRecipeFileName) + ": not valid JSON: " + e.what());
+  }
+  if (!doc.is_object()) {
+    return Status::InvalidArgument(std::string(kRecipeFileName) + ": must be a JSON object");
+  }
+  GH_RETURN_IF_ERROR(CheckKnownMembers(doc, "", {"recipe_version", "build", "plugins"}));
+
+  Recipe recipe;
+  const auto version = doc.find("recipe_version");
+  if (version == doc.end()) return Invalid("recipe_version", "is required");
+  if (!version->is_number_integer() || version->get<int64_t>() != 1) {
+    return Invalid("recipe_version", "must be 1, got " + version->dump());
+  }
+
+  const auto build = doc.find("build");
+  if (build == doc.end()) return Invalid("build", "is required");
+  GH_ASSIGN_OR_RETURN(recipe, ParseBuild(*build, std::move(recipe)));
+
+  GH_ASSIGN_OR_RETURN(recipe.plugins, GetStringArray(doc, "plugins", "plugins", true));
+  if (recipe.plugins.empty()) return Invalid("plugins", "must name at least one plugin");
+  for (size_t i = 0; i < recipe.plugins.size(); ++i) {
+    GH_RETURN_IF_ERROR(
+        CheckRelativePath("plugins[" + std::to_string(i) + "]", recipe.plugins[i]));
+  }
+  return recipe;
+}
+
+Result<Recipe> LoadRecipe(const std::filesystem::path& checkout_root, std::string_view commit) {
+  const std::filesystem::path file = checkout_root / kRecipeFileName;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) {
+    return Status::NotFound(std::string(kRecipeFileName) + " not found at " + std::string(commit));
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status::NotFound("cannot open " + file.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  GH_ASSIGN_OR_RETURN(Recipe recipe, ParseRecipe(text.str()));
+
+  // "inside the repo" after symlinks: a checked-in symlink may not lead out of the checkout.
+  const std::filesystem::path root = std::filesystem::weakly_canonical(checkout_root, ec);
+  const std::filesystem::path source =
+      std::filesystem::weakly_canonical(checkout_root / recipe.source_dir, ec);
+  if (ec || !std::filesystem::is_directory(source, ec)) {
+    return Invalid("build.source_dir",
+                   "names no directory in the repository at " + std::string(commit) + ": " +
+                       Quote(recipe.source_dir));
+  }
+  const auto [root_end, unused] = std::mismatch(root.begin(), root.end(), source.begin(), source.end());
+  if (root_end != root.end()) {
+    return Invalid("build.source_dir", "leads outside the repository: " + Quote(recipe.source_dir));
+  }
+  return recipe;
+}
+
+}  // namespace gatehouse::agent

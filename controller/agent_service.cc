@@ -1,0 +1,190 @@
+#include "controller/agent_service.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+
+#include "gatehouse/agent/v1/agent.grpc.pb.h"
+
+namespace gatehouse::controller {
+namespace {
+
+namespace pb = gatehouse::agent::v1;
+using Stream = grpc::ServerReaderWriter<pb::ControllerMessage, pb::AgentMessage>;
+
+constexpr auto kShutdownGrace = std::chrono::seconds(2);
+
+grpc::Status ToGrpc(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return grpc::Status::OK;
+    case StatusCode::kInvalidArgument:
+      return {grpc::StatusCode::INVALID_ARGUMENT, s.message()};
+    case StatusCode::kNotFound:
+      return {grpc::StatusCode::NOT_FOUND, s.message()};
+    case StatusCode::kAlreadyExists:
+      return {grpc::StatusCode::ALREADY_EXISTS, s.message()};
+    case StatusCode::kFailedPrecondition:
+      return {grpc::StatusCode::FAILED_PRECONDITION, s.message()};
+    case StatusCode::kDataLoss:
+      return {grpc::StatusCode::DATA_LOSS, s.message()};
+    case StatusCode::kUnavailable:
+      return {grpc::StatusCode::UNAVAILABLE, s.message()};
+    case StatusCode::kInternal:
+      return {grpc::StatusCode::INTERNAL, s.message()};
+  }
+  return {grpc::StatusCode::UNKNOWN, s.message()};
+}
+
+/// The outbound half of one agent stream. Writes are serialised; after Close() (the handler is
+/// returning) sends fail instead of touching the dead stream.
+class GrpcAgentChannel : public AgentChannel {
+ public:
+  explicit GrpcAgentChannel(Stream* stream) : stream_(stream) {}
+
+  bool SendAssignment(const AssignmentMessage& a) override {
+    pb::ControllerMessage msg;
+    pb::Assignment* out = msg.mutable_assignment();
+    out->set_attempt_id(a.attempt_id);
+    out->set_cell_id(a.cell_id);
+    out->set_spec_json(a.spec_json);
+    out->set_branch(a.branch);
+    return Write(msg);
+  }
+
+  bool Write(const pb::ControllerMessage& msg) {
+    std::lock_guard lock(mu_);
+    return !closed_ && stream_->Write(msg);
+  }
+
+  void Close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+
+ private:
+  std::mutex mu_;
+  Stream* stream_;
+  bool closed_ = false;
+};
+
+class AgentServiceImpl final : public pb::AgentService::Service {
+ public:
+  explicit AgentServiceImpl(ControllerCore& core) : core_(core) {}
+
+  grpc::Status Connect(grpc::ServerContext* context, Stream* stream) override {
+    pb::AgentMessage first;
+    if (!stream->Read(&first)) return grpc::Status::OK;  // closed before saying anything
+    if (!first.has_register_()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "the first message must be Register"};
+    }
+    const pb::Register& reg = first.register_();
+    AgentHello hello;
+    hello.name = reg.agent_name();
+    hello.slots = reg.capabilities().slots() > 0 ? reg.capabilities().slots() : 1;
+    google::protobuf::util::JsonPrintOptions json_options;
+    json_options.preserve_proto_field_names = true;
+    if (!google::protobuf::util::MessageToJsonString(reg.capabilities(), &hello.capabilities_json,
+                                                     json_options)
+             .ok()) {
+      hello.capabilities_json = "{}";
+    }
+    auto agent_id = core_.RegisterAgent(hello);
+    if (!agent_id.ok()) return ToGrpc(agent_id.status());
+    // TODO(issue 5): reconcile reg.running_attempt_ids() with the attempts leased to it.
+
+    auto channel = std::make_shared<GrpcAgentChannel>(stream);
+    pb::ControllerMessage registered;
+    registered.mutable_registered()->set_agent_id(*agent_id);
+    registered.mutable_registered()->set_heartbeat_interval_ms(kHeartbeatIntervalMs);
+    if (!channel->Write(registered)) {
+      core_.DetachAgent(*agent_id, channel.get());
+      return grpc::Status::OK;
+    }
+    spdlog::info("agent '{}' registered from {}", *agent_id, context->peer());
+    core_.AttachAgent(*agent_id, hello.slots, channel);
+
+    pb::AgentMessage msg;
+    while (stream->Read(&msg)) Dispatch(*agent_id, msg);
+
+    channel->Close();
+    core_.DetachAgent(*agent_id, channel.get());
+    return grpc::Status::OK;
+  }
+
+ private:
+  // Applies one message. A bad message is logged and skipped; the stream stays open.
+  void Dispatch(const std::string& agent_id, const pb::AgentMessage& msg) {
+    Status s;
+    switch (msg.msg_case()) {
+      case pb::AgentMessage::kHeartbeat:
+        s = core_.Heartbeat(agent_id);
+        break;
+      case pb::AgentMessage::kEvent: {
+        const auto& e = msg.event();
+        s = core_.RecordEvent(agent_id, e.attempt_id(), e.seq(), e.json());
+        break;
+      }
+      case pb::AgentMessage::kLog: {
+        const auto& l = msg.log();
+        s = core_.RecordLog(agent_id, l.attempt_id(), l.stream(), l.offset(), l.data());
+        break;
+      }
+      case pb::AgentMessage::kEnd: {
+        const auto& e = msg.end();
+        s = core_.EndAttempt(agent_id, e.attempt_id(), e.outcome(), e.reason(), e.exit_code());
+        break;
+      }
+      case pb::AgentMessage::kRegister:
+        s = Status::FailedPrecondition("Register sent twice on one stream; ignored");
+        break;
+      case pb::AgentMessage::MSG_NOT_SET:
+        s = Status::InvalidArgument("empty AgentMessage");
+        break;
+    }
+    if (!s.ok()) spdlog::warn("agent '{}': {}", agent_id, s.ToString());
+  }
+
+  ControllerCore& core_;
+};
+
+}  // namespace
+
+struct AgentRpcServer::Impl {
+  explicit Impl(ControllerCore& core) : service(core) {}
+  AgentServiceImpl service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  bool shut_down = false;
+};
+
+AgentRpcServer::AgentRpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+AgentRpcServer::~AgentRpcServer() { Shutdown(); }
+
+Result<std::unique_ptr<AgentRpcServer>> AgentRpcServer::Start(const std::string& address,
+                                                              ControllerCore& core) {
+  auto impl = std::make_unique<Impl>(core);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  builder.RegisterService(&impl->service);
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || impl->port == 0) {
+    return Status::Unavailable("grpc: cannot listen on '" + address + "'");
+  }
+  return std::unique_ptr<AgentRpcServer>(new AgentRpcServer(std::move(impl)));
+}
+
+int AgentRpcServer::port() const { return impl_->port; }
+
+void AgentRpcServer::Shutdown() {
+  if (!impl_ || impl_->shut_down) return;
+  impl_->shut_down = true;
+  impl_->server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+  impl_->server->Wait();
+}
+
+}  // namespace gatehouse::controller

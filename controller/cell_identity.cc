@@ -1,0 +1,362 @@
+#include "controller/cell_identity.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+
+#include "common/phases.h"
+#include "common/sha256.h"
+
+namespace gatehouse::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kSpecVersion = 1;
+constexpr size_t kMaxShownValue = 80;
+
+// The value as JSON text, shortened for error messages.
+std::string Shown(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > kMaxShownValue) s = s.substr(0, kMaxShownValue) + "...";
+  return s;
+}
+
+Status FieldError(std::string_view field, std::string_view expected, const json& value) {
+  return Status::InvalidArgument("field '" + std::string(field) + "': expected " +
+                                 std::string(expected) + ", got " + Shown(value));
+}
+
+// Rejects members of `obj` not in `known`, naming them as <prefix><name>.
+Status CheckKnownFields(const json& obj, std::initializer_list<std::string_view> known,
+                        std::string_view prefix) {
+  for (const auto& [key, _] : obj.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      return Status::InvalidArgument("unknown field '" + std::string(prefix) + key + "'");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::string> GetString(const json& v, std::string_view field) {
+  if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+    return FieldError(field, "a non-empty string", v);
+  }
+  return v.get<std::string>();
+}
+
+Result<std::string> GetEnum(const json& v, std::string_view field,
+                            std::initializer_list<std::string_view> allowed) {
+  std::string expected = "one of";
+  for (auto a : allowed) expected += std::string(" '") + std::string(a) + "'";
+  if (!v.is_string()) return FieldError(field, expected, v);
+  const auto& s = v.get_ref<const std::string&>();
+  if (std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+    return FieldError(field, expected, v);
+  }
+  return s;
+}
+
+// An integer in [min, max]; floats such as 2.0 are rejected.
+Result<int64_t> GetInt(const json& v, std::string_view field, int64_t min, int64_t max,
+                       std::string_view expected) {
+  if (!v.is_number_integer()) return FieldError(field, expected, v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)) {
+    return FieldError(field, expected, v);
+  }
+  int64_t i = v.get<int64_t>();
+  if (i < min || i > max) return FieldError(field, expected, v);
+  return i;
+}
+
+// Absolute, lexically normal, without a trailing separator.
+Result<std::string> GetAbsolutePath(const json& v, std::string_view field) {
+  GH_ASSIGN_OR_RETURN(std::string s, GetString(v, field));
+  fs::path p(s);
+  if (!p.is_absolute()) return FieldError(field, "an absolute path", v);
+  std::string norm = p.lexically_normal().string();
+  while (norm.size() > 1 && norm.back() == '/') norm.pop_back();
+  return norm;
+}
+
+bool IsHex40(std::string_view s) {
+  return s.size() == 40 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+         });
+}
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+Status ParseTopology(const json& v, SubmitRequest::Topology& out) {
+  if (!v.is_object()) return FieldError("topology", "an object", v);
+  GH_RETURN_IF_ERROR(CheckKnownFields(v, {"tp", "dp", "pp", "ep"}, "topology."));
+  std::pair<const char*, int64_t*> members[] = {
+      {"tp", &out.tp}, {"dp", &out.dp}, {"pp", &out.pp}, {"ep", &out.ep}};
+  for (auto& [name, dst] : members) {
+    if (!v.contains(name)) continue;
+    GH_ASSIGN_OR_RETURN(*dst, GetInt(v.at(name), std::string("topology.") + name, 1, kMaxInt32,
+                                     "a positive integer"));
+  }
+  return Status::Ok();
+}
+
+Status ParseTraining(const json& v, SubmitRequest::Training& out) {
+  if (!v.is_object()) return FieldError("training", "an object", v);
+  GH_RETURN_IF_ERROR(CheckKnownFields(v, {"steps", "lr", "seed"}, "training."));
+  if (v.contains("steps")) {
+    GH_ASSIGN_OR_RETURN(out.steps,
+                        GetInt(v.at("steps"), "training.steps", 2, kMaxInt32, "an integer >= 2"));
+  }
+  if (v.contains("lr")) {
+    const json& lr = v.at("lr");
+    if (!lr.is_number() || !(lr.get<double>() > 0) || !std::isfinite(lr.get<double>())) {
+      return FieldError("training.lr", "a positive number", lr);
+    }
+    out.lr = lr.get<double>();
+  }
+  if (v.contains("seed")) {
+    GH_ASSIGN_OR_RETURN(
+        out.seed, GetInt(v.at("seed"), "training.seed", 0, std::numeric_limits<int64_t>::max(),
+                         "a non-negative integer"));
+  }
+  return Status::Ok();
+}
+
+Status ParseEnv(const json& v, std::map<std::string, std::string>& out) {
+  if (!v.is_object()) return FieldError("env", "an object of strings", v);
+  for (const auto& [key, value] : v.items()) {
+    if (key.empty() || key.find('=') != std::string::npos || key.find('\0') != std::string::npos) {
+      return Status::InvalidArgument("field 'env': invalid variable name " + Shown(json(key)));
+    }
+    if (!value.is_string()) return FieldError("env." + key, "a string", value);
+    out[key] = value.get<std::string>();
+  }
+  return Status::Ok();
+}
+
+Status ParsePhases(const json& v, std::vector<std::string>& out) {
+  if (!v.is_array() || v.empty())
+    return FieldError("phases", "a non-empty array of phase names", v);
+  std::set<size_t> indices;
+  for (const json& p : v) {
+    if (!p.is_string()) return FieldError("phases", "phase names (strings)", p);
+    const auto& name = p.get_ref<const std::string&>();
+    auto index = PhaseIndex(name);
+    if (!index) {
+      std::string known;
+      for (auto k : kPhases) known += (known.empty() ? "" : ", ") + std::string(k);
+      return Status::InvalidArgument("field 'phases': unknown phase " + Shown(p) +
+                                     " (known: " + known + ")");
+    }
+    if (!indices.insert(*index).second) {
+      return Status::InvalidArgument("field 'phases': duplicate phase " + Shown(p));
+    }
+  }
+  out.clear();
+  for (size_t i : indices) out.emplace_back(kPhases[i]);  // canonical order
+  return Status::Ok();
+}
+
+Status ParseRuntime(const json& v, std::string& torch) {
+  if (!v.is_object()) return FieldError("runtime", "an object", v);
+  GH_RETURN_IF_ERROR(CheckKnownFields(v, {"torch"}, "runtime."));
+  if (v.contains("torch")) {
+    GH_ASSIGN_OR_RETURN(torch, GetString(v.at("torch"), "runtime.torch"));
+  }
+  return Status::Ok();
+}
+
+Status CheckDirectory(const std::string& what, const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    return Status::NotFound(what + " '" + path + "': no such directory");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SubmitRequest> ParseSubmitBody(std::string_view body, const IdentityConfig& config) {
+  json in;
+  try {
+    in = json::parse(body);
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("body is not valid JSON: ") + e.what());
+  }
+  if (!in.is_object())
+    return Status::InvalidArgument("body: expected a JSON object, got " + Shown(in));
+  GH_RETURN_IF_ERROR(CheckKnownFields(
+      in,
+      {"repository", "branch", "commit", "model_family", "checkpoint", "reference", "precision",
+       "mode", "device", "topology", "training", "decode", "env", "phases", "runtime"},
+      ""));
+
+  SubmitRequest r;
+  for (const char* required : {"repository", "model_family", "checkpoint"}) {
+    if (!in.contains(required)) {
+      return Status::InvalidArgument(std::string("missing required field '") + required + "'");
+    }
+  }
+  GH_ASSIGN_OR_RETURN(r.repository, GetString(in.at("repository"), "repository"));
+  if (r.repository.front() == '/') {  // a local path: normalise like checkpoint
+    GH_ASSIGN_OR_RETURN(r.repository, GetAbsolutePath(in.at("repository"), "repository"));
+  }
+  if (!in.contains("branch") && !in.contains("commit")) {
+    return Status::InvalidArgument("one of the fields 'branch' or 'commit' is required");
+  }
+  if (in.contains("branch")) {
+    GH_ASSIGN_OR_RETURN(r.branch, GetString(in.at("branch"), "branch"));
+  }
+  if (in.contains("commit")) {
+    const json& c = in.at("commit");
+    if (!c.is_string() || !IsHex40(c.get_ref<const std::string&>())) {
+      return FieldError("commit", "a 40-hex commit SHA", c);
+    }
+    r.commit = Lower(c.get<std::string>());
+  }
+
+  GH_ASSIGN_OR_RETURN(r.model_family, GetString(in.at("model_family"), "model_family"));
+  if (std::find(config.families.begin(), config.families.end(), r.model_family) ==
+      config.families.end()) {
+    std::string known;
+    for (const auto& f : config.families) known += (known.empty() ? "" : ", ") + f;
+    return Status::InvalidArgument("field 'model_family': unknown family " +
+                                   Shown(in.at("model_family")) + " (known: " + known + ")");
+  }
+
+  GH_ASSIGN_OR_RETURN(r.checkpoint, GetAbsolutePath(in.at("checkpoint"), "checkpoint"));
+  if (in.contains("reference")) {
+    GH_ASSIGN_OR_RETURN(r.reference, GetAbsolutePath(in.at("reference"), "reference"));
+  } else {
+    r.reference = (fs::path(r.checkpoint).parent_path() / "reference").lexically_normal().string();
+  }
+
+  if (in.contains("precision")) {
+    GH_ASSIGN_OR_RETURN(r.precision, GetEnum(in.at("precision"), "precision", {"fp32", "bf16"}));
+  }
+  if (in.contains("mode")) {
+    GH_ASSIGN_OR_RETURN(r.mode, GetEnum(in.at("mode"), "mode", {"eager", "cuda_graph"}));
+  }
+  if (in.contains("device")) {
+    GH_ASSIGN_OR_RETURN(r.device, GetEnum(in.at("device"), "device", {"cpu", "cuda"}));
+  }
+  if (in.contains("topology")) GH_RETURN_IF_ERROR(ParseTopology(in.at("topology"), r.topology));
+  if (in.contains("training")) GH_RETURN_IF_ERROR(ParseTraining(in.at("training"), r.training));
+  if (in.contains("decode")) {
+    const json& d = in.at("decode");
+    if (!d.is_object()) return FieldError("decode", "an object", d);
+    GH_RETURN_IF_ERROR(CheckKnownFields(d, {"max_new_tokens"}, "decode."));
+    if (d.contains("max_new_tokens")) {
+      GH_ASSIGN_OR_RETURN(r.max_new_tokens, GetInt(d.at("max_new_tokens"), "decode.max_new_tokens",
+                                                   1, kMaxInt32, "a positive integer"));
+    }
+  }
+  if (in.contains("env")) GH_RETURN_IF_ERROR(ParseEnv(in.at("env"), r.env));
+  if (in.contains("phases")) {
+    GH_RETURN_IF_ERROR(ParsePhases(in.at("phases"), r.phases));
+  } else {
+    r.phases.assign(kDefaultPhases.begin(), kDefaultPhases.end());
+  }
+  r.torch = config.torch_pin;
+  if (in.contains("runtime")) GH_RETURN_IF_ERROR(ParseRuntime(in.at("runtime"), r.torch));
+  return r;
+}
+
+json BuildFrozenSpec(const SubmitRequest& r, const std::string& commit,
+                     const std::string& checkpoint_digest, const std::string& reference_digest) {
+  json spec = json::object();
+  spec["spec_version"] = kSpecVersion;
+  spec["repository"] = r.repository;
+  spec["commit"] = commit;
+  spec["model_family"] = r.model_family;
+  spec["checkpoint"] = {{"path", r.checkpoint}, {"digest", checkpoint_digest}};
+  spec["reference"] = {{"path", r.reference}, {"digest", reference_digest}};
+  spec["runtime"] = {{"torch", r.torch}, {"device", r.device}};
+  spec["launch"] = {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}};
+  spec["topology"] = {
+      {"tp", r.topology.tp}, {"dp", r.topology.dp}, {"pp", r.topology.pp}, {"ep", r.topology.ep}};
+  spec["precision"] = r.precision;
+  spec["mode"] = r.mode;
+  spec["decode"] = {{"max_new_tokens", r.max_new_tokens}, {"sampling", "greedy"}};
+  spec["training"] = {
+      {"steps", r.training.steps}, {"lr", r.training.lr}, {"seed", r.training.seed}};
+  spec["env"] = json::object();
+  for (const auto& [k, v] : r.env) spec["env"][k] = v;
+  spec["phases"] = r.phases;
+  return spec;
+}
+
+std::string CanonicalJson(const json& spec) { return spec.dump(); }
+
+std::string CellIdOf(const json& spec) { return Sha256Hex(CanonicalJson(spec)); }
+
+json ReproduceBody(const json& spec) {
+  json body = json::object();
+  auto copy = [&](const char* key, const json::json_pointer& from) {
+    if (spec.contains(from)) body[key] = spec.at(from);
+  };
+  copy("repository", json::json_pointer("/repository"));
+  copy("commit", json::json_pointer("/commit"));
+  copy("model_family", json::json_pointer("/model_family"));
+  copy("checkpoint", json::json_pointer("/checkpoint/path"));
+  copy("reference", json::json_pointer("/reference/path"));
+  copy("precision", json::json_pointer("/precision"));
+  copy("mode", json::json_pointer("/mode"));
+  copy("device", json::json_pointer("/runtime/device"));
+  copy("topology", json::json_pointer("/topology"));
+  copy("training", json::json_pointer("/training"));
+  copy("env", json::json_pointer("/env"));
+  copy("phases", json::json_pointer("/phases"));
+  if (spec.contains(json::json_pointer("/decode/max_new_tokens"))) {
+    body["decode"] = {{"max_new_tokens", spec.at(json::json_pointer("/decode/max_new_tokens"))}};
+  }
+  if (spec.contains(json::json_pointer("/runtime/torch"))) {
+    body["runtime"] = {{"torch", spec.at(json::json_pointer("/runtime/torch"))}};
+  }
+  return body;
+}
+
+CellFreezer::CellFreezer(IdentityConfig config, CommitResolver& resolver, DigestCache& digests)
+    : config_(std::move(config)), resolver_(resolver), digests_(digests) {}
+
+Result<FrozenCell> CellFreezer::Freeze(std::string_view body) {
+  GH_ASSIGN_OR_RETURN(SubmitRequest r, ParseSubmitBody(body, config_));
+
+  // Cheap filesystem checks before the git fetch.
+  GH_RETURN_IF_ERROR(CheckDirectory("checkpoint", r.checkpoint));
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(r.checkpoint) / "config.json", ec)) {
+    return Status::NotFound("checkpoint '" + r.checkpoint + "': no config.json in it");
+  }
+  GH_RETURN_IF_ERROR(CheckDirectory("reference", r.reference));
+
+  std::string commit;
+  if (!r.commit.empty()) {
+    GH_ASSIGN_OR_RETURN(commit, resolver_.ResolveCommit(r.repository, r.commit));
+  } else {
+    GH_ASSIGN_OR_RETURN(commit, resolver_.ResolveBranch(r.repository, r.branch));
+  }
+
+  GH_ASSIGN_OR_RETURN(std::string ckpt_digest, digests_.Digest(r.checkpoint));
+  GH_ASSIGN_OR_RETURN(std::string ref_digest, digests_.Digest(r.reference));
+
+  json spec = BuildFrozenSpec(r, commit, ckpt_digest, ref_digest);
+  FrozenCell cell;
+  cell.spec_json = CanonicalJson(spec);
+  cell.id = Sha256Hex(cell.spec_json);
+  cell.repository = r.repository;
+  cell.commit = commit;
+  cell.branch = r.branch;
+  cell.model_family = r.model_family;
+  return cell;
+}
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,57 @@
+#include "controller/digest_cache.h"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "common/sha256.h"
+
+namespace gatehouse::controller {
+namespace {
+
+namespace fs = std::filesystem;
+
+// "<rel>\t<size>\t<mtime ns>\n" per regular file, in path order. Empty on any error, which
+// disables caching for that call.
+std::string Fingerprint(const fs::path& dir) {
+  std::error_code ec;
+  std::vector<std::string> lines;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    auto size = it->file_size(ec);
+    auto mtime = it->last_write_time(ec);
+    if (ec) return {};
+    lines.push_back(fs::relative(it->path(), dir, ec).generic_string() + "\t" +
+                    std::to_string(size) + "\t" + std::to_string(mtime.time_since_epoch().count()) +
+                    "\n");
+  }
+  if (ec) return {};
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (const auto& l : lines) out += l;
+  return out;
+}
+
+}  // namespace
+
+Result<std::string> DigestCache::Digest(const fs::path& dir) {
+  const std::string key = dir.lexically_normal().string();
+  const std::string fingerprint = Fingerprint(dir);
+  if (!fingerprint.empty()) {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second.fingerprint == fingerprint) return it->second.digest;
+  }
+  Result<std::string> digest = DirectoryDigest(dir);
+  std::lock_guard lock(mu_);
+  ++computations_;
+  if (digest.ok() && !fingerprint.empty()) entries_[key] = Entry{fingerprint, *digest};
+  return digest;
+}
+
+int DigestCache::computations() const {
+  std::lock_guard lock(mu_);
+  return computations_;
+}
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,184 @@
+#include "controller/git_mirror.h"
+
+#include <git2.h>
+
+#include <vector>
+
+#include "common/sha256.h"
+
+namespace gatehouse::controller {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string LastGitError() {
+  const git_error* e = git_error_last();
+  return e && e->message ? e->message : "unknown libgit2 error";
+}
+
+// RAII for libgit2 handles.
+struct RepoDeleter {
+  void operator()(git_repository* r) const { git_repository_free(r); }
+};
+struct RemoteDeleter {
+  void operator()(git_remote* r) const { git_remote_free(r); }
+};
+struct CommitDeleter {
+  void operator()(git_commit* c) const { git_commit_free(c); }
+};
+using RepoPtr = std::unique_ptr<git_repository, RepoDeleter>;
+using RemotePtr = std::unique_ptr<git_remote, RemoteDeleter>;
+using CommitPtr = std::unique_ptr<git_commit, CommitDeleter>;
+
+std::string OidHex(const git_oid& oid) {
+  char buf[GIT_OID_HEXSZ + 1];
+  git_oid_tostr(buf, sizeof(buf), &oid);
+  return buf;
+}
+
+Status RepositoryError(const std::string& url) {
+  return Status::NotFound("repository '" + url + "': " + LastGitError());
+}
+
+// Opens the bare mirror at `path`, creating it if absent. `created` tells which.
+Result<RepoPtr> OpenOrInitMirror(const fs::path& path, bool& created) {
+  git_repository* raw = nullptr;
+  created = false;
+  std::error_code ec;
+  if (fs::exists(path / "HEAD", ec)) {
+    if (git_repository_open_bare(&raw, path.c_str()) != 0) {
+      return Status::Internal("cannot open mirror '" + path.string() + "': " + LastGitError());
+    }
+    return RepoPtr(raw);
+  }
+  fs::create_directories(path.parent_path(), ec);
+  if (git_repository_init(&raw, path.c_str(), /*is_bare=*/1) != 0) {
+    return Status::Internal("cannot create mirror '" + path.string() + "': " + LastGitError());
+  }
+  created = true;
+  return RepoPtr(raw);
+}
+
+// Connects an anonymous remote for `url` in `repo` for fetching.
+Result<RemotePtr> Connect(git_repository* repo, const std::string& url) {
+  std::error_code ec;
+  if (!url.empty() && url.front() == '/' && !fs::exists(url, ec)) {
+    // libgit2 says "unsupported URL protocol" here, which hides the real problem.
+    return Status::NotFound("repository '" + url + "': no such file or directory");
+  }
+  git_remote* raw = nullptr;
+  if (git_remote_create_anonymous(&raw, repo, url.c_str()) != 0) return RepositoryError(url);
+  RemotePtr remote(raw);
+  git_remote_callbacks callbacks = GIT_REMOTE_CALLBACKS_INIT;
+  if (git_remote_connect(remote.get(), GIT_DIRECTION_FETCH, &callbacks, nullptr, nullptr) != 0) {
+    return RepositoryError(url);
+  }
+  return remote;
+}
+
+Status Fetch(git_remote* remote, const std::string& url, const std::string& refspec) {
+  std::vector<char> spec(refspec.begin(), refspec.end());
+  spec.push_back('\0');
+  char* specs[] = {spec.data()};
+  git_strarray refspecs = {specs, 1};
+  git_fetch_options opts = GIT_FETCH_OPTIONS_INIT;
+  opts.download_tags = GIT_REMOTE_DOWNLOAD_TAGS_NONE;
+  opts.update_fetchhead = 0;
+  if (git_remote_fetch(remote, &refspecs, &opts, "gatehouse fetch") != 0) {
+    return Status::Unavailable("fetch '" + refspec + "' from '" + url + "': " + LastGitError());
+  }
+  return Status::Ok();
+}
+
+Status CheckCommitExists(git_repository* repo, const git_oid& oid, const std::string& what) {
+  git_commit* raw = nullptr;
+  if (git_commit_lookup(&raw, repo, &oid) != 0) return Status::NotFound(what);
+  CommitPtr commit(raw);
+  return Status::Ok();
+}
+
+}  // namespace
+
+GitMirror::GitMirror(fs::path mirror_dir) : mirror_dir_(std::move(mirror_dir)) {
+  static std::once_flag init_once;
+  std::call_once(init_once, [] { git_libgit2_init(); });
+}
+
+fs::path GitMirror::MirrorPath(const std::string& repository) const {
+  return mirror_dir_ / (Sha256Hex(repository) + ".git");
+}
+
+std::mutex& GitMirror::MirrorMutex(const std::string& repository) {
+  std::lock_guard lock(mu_);
+  auto& slot = locks_[repository];
+  if (!slot) slot = std::make_unique<std::mutex>();
+  return *slot;
+}
+
+Result<std::string> GitMirror::ResolveBranch(const std::string& repository,
+                                             const std::string& branch) {
+  const std::string ref = "refs/heads/" + branch;
+  int valid = 0;
+  if (git_reference_name_is_valid(&valid, ref.c_str()) != 0 || !valid) {
+    return Status::InvalidArgument("field 'branch': invalid branch name '" + branch + "'");
+  }
+  std::lock_guard lock(MirrorMutex(repository));
+  const fs::path path = MirrorPath(repository);
+  bool created = false;
+  GH_ASSIGN_OR_RETURN(RepoPtr repo, OpenOrInitMirror(path, created));
+  Result<RemotePtr> remote = Connect(repo.get(), repository);
+  if (!remote.ok()) {
+    if (created) {  // do not keep an empty mirror of an unreachable repository
+      repo.reset();
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+    return remote.status();
+  }
+  // Look the branch up in the remote's advertisement, so a deleted branch is not served from
+  // a stale mirror ref.
+  const git_remote_head** heads = nullptr;
+  size_t count = 0;
+  if (git_remote_ls(&heads, &count, remote->get()) != 0) return RepositoryError(repository);
+  const git_remote_head* head = nullptr;
+  for (size_t i = 0; i < count; ++i) {
+    if (ref == heads[i]->name) head = heads[i];
+  }
+  if (head == nullptr) {
+    return Status::NotFound("branch '" + branch + "' not found in '" + repository + "'");
+  }
+  const git_oid oid = head->oid;
+  GH_RETURN_IF_ERROR(Fetch(remote->get(), repository, "+" + ref + ":" + ref));
+  GH_RETURN_IF_ERROR(CheckCommitExists(
+      repo.get(), oid,
+      "branch '" + branch + "' of '" + repository + "' does not point at a commit"));
+  return OidHex(oid);
+}
+
+Result<std::string> GitMirror::ResolveCommit(const std::string& repository,
+                                             const std::string& commit) {
+  git_oid oid;
+  if (commit.size() != GIT_OID_HEXSZ || git_oid_fromstr(&oid, commit.c_str()) != 0) {
+    return Status::InvalidArgument("field 'commit': expected a 40-hex commit SHA, got '" + commit +
+                                   "'");
+  }
+  std::lock_guard lock(MirrorMutex(repository));
+  const fs::path path = MirrorPath(repository);
+  bool created = false;
+  GH_ASSIGN_OR_RETURN(RepoPtr repo, OpenOrInitMirror(path, created));
+  Result<RemotePtr> remote = Connect(repo.get(), repository);
+  if (!remote.ok()) {
+    if (created) {
+      repo.reset();
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+    return remote.status();
+  }
+  GH_RETURN_IF_ERROR(Fetch(remote->get(), repository, "+refs/heads/*:refs/heads/*"));
+  GH_RETURN_IF_ERROR(CheckCommitExists(
+      repo.get(), oid, "commit '" + commit + "' not found in '" + repository + "'"));
+  return OidHex(oid);
+}
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,46 @@
+// Bare mirrors of adaptation repositories (libgit2), used to resolve branches to commits.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "controller/commit_resolver.h"
+
+namespace gatehouse::controller {
+
+/// One bare mirror per repository under `mirror_dir`, named by the SHA-256 hex of the URL.
+/// Repositories may be remote URLs, file:// URLs or absolute local paths.
+///
+/// Threading: thread-safe. Fetches into one mirror are serialised; different mirrors fetch in
+/// parallel. Blocking (network and disk): do not call on an event loop.
+class GitMirror : public CommitResolver {
+ public:
+  /// Calls git_libgit2_init once per process. The directory is created on first use.
+  explicit GitMirror(std::filesystem::path mirror_dir);
+
+  /// Fetches refs/heads/<branch> into the mirror and returns its commit SHA.
+  /// Errors: NOT_FOUND "repository '<url>': <libgit2 message>" when it cannot be reached;
+  /// NOT_FOUND "branch '<b>' not found in '<url>'"; INVALID_ARGUMENT for a malformed name.
+  Result<std::string> ResolveBranch(const std::string& repository,
+                                    const std::string& branch) override;
+
+  /// Fetches all heads, then checks that `commit` names a commit in the mirror.
+  /// Errors: NOT_FOUND for the repository as above, or "commit '<sha>' not found in '<url>'".
+  Result<std::string> ResolveCommit(const std::string& repository,
+                                    const std::string& commit) override;
+
+  /// The mirror directory of a repository.
+  std::filesystem::path MirrorPath(const std::string& repository) const;
+
+ private:
+  std::mutex& MirrorMutex(const std::string& repository);
+
+  std::filesystem::path mirror_dir_;
+  std::mutex mu_;  // guards locks_
+  std::map<std::string, std::unique_ptr<std::mutex>> locks_;
+};
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,258 @@
+#include "controller/http_server.h"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+namespace gatehouse::controller {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr auto kReadTimeout = std::chrono::seconds(60);
+constexpr auto kWriteTimeout = std::chrono::seconds(60);
+constexpr auto kDrainTimeout = std::chrono::seconds(5);
+constexpr size_t kHeaderLimit = 16 * 1024;
+constexpr size_t kDrainLimit = 64 * 1024 * 1024;
+
+std::string ErrorBody(const std::string& message) {
+  return nlohmann::json{{"error", message}}.dump();
+}
+
+/// One connection. Network I/O runs on the server's io_context (one thread); the handler runs
+/// on the worker pool and posts the response back.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, asio::thread_pool& pool, const HttpServer::Handler& handler,
+          size_t body_limit)
+      : stream_(std::move(socket)), pool_(pool), handler_(handler), body_limit_(body_limit) {}
+
+  void Start() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+  }
+
+ private:
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(body_limit_);
+    parser_->header_limit(kHeaderLimit);
+    stream_.expires_after(kReadTimeout);
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == asio::error::eof) return Close();
+    if (ec == http::error::body_limit) {
+      return Reply(413, ErrorBody("request body over " + std::to_string(body_limit_) + " bytes"),
+                   /*keep_alive=*/false, 11);
+    }
+    if (ec == http::error::header_limit) {
+      return Reply(431, ErrorBody("request header fields too large"), false, 11);
+    }
+    if (ec && ec.category() == beast::http::make_error_code(http::error::bad_target).category()) {
+      return Reply(400, ErrorBody("malformed HTTP request: " + ec.message()), false, 11);
+    }
+    if (ec) return Close();  // timeout, reset: nothing to answer
+
+    http::request<http::string_body> req = parser_->release();
+    HttpRequest request;
+    request.method = std::string(req.method_string());
+    request.target = std::string(req.target());
+    for (const auto& field : req) {
+      std::string name(field.name_string());
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      request.headers[name] = std::string(field.value());
+    }
+    request.body = std::move(req.body());
+    const bool keep_alive = req.keep_alive();
+    const unsigned version = req.version();
+    const bool head = req.method() == http::verb::head;
+
+    asio::post(pool_, [self = shared_from_this(), request = std::move(request), keep_alive, version,
+                       head]() mutable {
+      HttpResponse response;
+      try {
+        response = self->handler_(request);
+      } catch (const std::exception& e) {
+        response.status = 500;
+        response.content_type = "application/json";
+        response.body = ErrorBody(std::string("internal error: ") + e.what());
+      } catch (...) {
+        response.status = 500;
+        response.content_type = "application/json";
+        response.body = ErrorBody("internal error");
+      }
+      asio::post(self->stream_.get_executor(),
+                 [self, response = std::move(response), keep_alive, version, head]() mutable {
+                   self->Write(std::move(response), keep_alive, version, head);
+                 });
+    });
+  }
+
+  // Answers a request that could not be read whole, then drains what the client still sends
+  // before closing: closing with unread input would reset the connection and could destroy
+  // the answer before the client reads it.
+  void Reply(int status, std::string json_body, bool keep_alive, unsigned version) {
+    HttpResponse r;
+    r.status = status;
+    r.body = std::move(json_body);
+    drain_after_write_ = true;
+    Write(std::move(r), keep_alive, version, false);
+  }
+
+  void Drain() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(kDrainTimeout);
+    stream_.async_read_some(asio::buffer(drain_buffer_),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->drained_ += n;
+                              if (ec || self->drained_ > kDrainLimit) return self->Close();
+                              self->Drain();
+                            });
+  }
+
+  void Write(HttpResponse response, bool keep_alive, unsigned version, bool head) {
+    auto res = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(response.status), version);
+    res->set(http::field::server, "gatehouse-controller");
+    res->set(http::field::content_type, response.content_type);
+    for (const auto& [name, value] : response.headers) res->set(name, value);
+    res->keep_alive(keep_alive);
+    res->body() = std::move(response.body);
+    res->prepare_payload();
+    if (head) res->body().clear();  // Content-Length stays that of the GET answer
+    stream_.expires_after(kWriteTimeout);
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res, keep_alive](beast::error_code ec, size_t) {
+                        if (!ec && self->drain_after_write_) return self->Drain();
+                        if (ec || !keep_alive) return self->Close();
+                        self->Read();
+                      });
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  asio::thread_pool& pool_;
+  const HttpServer::Handler& handler_;
+  size_t body_limit_;
+  bool drain_after_write_ = false;
+  size_t drained_ = 0;
+  std::array<char, 16 * 1024> drain_buffer_{};
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(const Options& o, Handler h)
+      : options(o),
+        handler(std::move(h)),
+        pool(static_cast<size_t>(std::max(o.handler_threads, 1))),
+        acceptor(asio::make_strand(ioc)) {}
+
+  void Accept() {
+    acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+      if (!ec) {
+        std::make_shared<Session>(std::move(socket), pool, handler, options.body_limit)->Start();
+      } else {
+        spdlog::warn("http accept: {}", ec.message());
+      }
+      Accept();
+    });
+  }
+
+  Options options;
+  Handler handler;
+  asio::io_context ioc;  // destroyed after the pool and the acceptor
+  asio::thread_pool pool;
+  tcp::acceptor acceptor;
+  std::thread io_thread;
+  uint16_t port = 0;
+  bool stopped = false;
+};
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const Options& options, Handler handler) {
+  beast::error_code ec;
+  const auto address = asio::ip::make_address(options.address, ec);
+  if (ec) {
+    return Status::InvalidArgument("http address '" + options.address + "': " + ec.message());
+  }
+  auto impl = std::make_unique<Impl>(options, std::move(handler));
+  const tcp::endpoint endpoint(address, options.port);
+  auto fail = [&](const char* what) {
+    return Status::Unavailable("http " + std::string(what) + " " + options.address + ":" +
+                               std::to_string(options.port) + ": " + ec.message());
+  };
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (ec) return fail("open");
+  impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  impl->acceptor.bind(endpoint, ec);
+  if (ec) return fail("bind");
+  impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return fail("listen");
+  impl->port = impl->acceptor.local_endpoint().port();
+  impl->Accept();
+  Impl* raw = impl.get();
+  impl->io_thread = std::thread([raw] {
+    for (;;) {
+      try {
+        raw->ioc.run();
+        return;
+      } catch (const std::exception& e) {  // a handler threw: log and keep serving
+        spdlog::error("http: {}", e.what());
+      }
+    }
+  });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+uint16_t HttpServer::port() const { return impl_->port; }
+
+void HttpServer::Stop() {
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  asio::post(impl_->acceptor.get_executor(), [impl = impl_.get()] {
+    beast::error_code ignored;
+    impl->acceptor.close(ignored);
+  });
+  impl_->pool.join();  // let running handlers finish; their posts to ioc are dropped below
+  impl_->ioc.stop();
+  if (impl_->io_thread.joinable()) impl_->io_thread.join();
+}
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,154 @@
+#include "controller/report.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/phases.h"
+#include "controller/cell_identity.h"
+
+namespace gatehouse::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kMaxFiguresShown = 6;
+
+// Text safe inside a Markdown table cell.
+std::string Cell(std::string s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') {
+      out += "\\|";
+    } else if (c == '\n' || c == '\r') {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out.empty() ? "-" : out;
+}
+
+std::string At(const json& spec, const char* pointer) {
+  json::json_pointer p(pointer);
+  if (!spec.contains(p)) return "";
+  const json& v = spec.at(p);
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+std::string FigureText(const FigureRecord& f) {
+  json v = json::parse(f.value_json, nullptr, false);
+  std::string value = v.is_string() ? v.get<std::string>() : f.value_json;
+  if (value.size() > 40) value = value.substr(0, 40) + "...";
+  std::string unit = (f.unit.empty() || f.unit == "text") ? "" : " " + f.unit;
+  return f.name + "=" + value + unit;
+}
+
+}  // namespace
+
+std::string RenderReport(const CellDetail& d) {
+  json spec = json::parse(d.cell.spec_json, nullptr, false);
+  if (spec.is_discarded()) spec = json::object();
+  std::string out;
+  auto line = [&out](std::string_view s) {
+    out += s;
+    out += '\n';
+  };
+
+  line(fmt::format("# Gatehouse evidence report: cell {}", d.cell.id.substr(0, 12)));
+  line("");
+  line("| | |");
+  line("|---|---|");
+  line(fmt::format("| cell | `{}` |", d.cell.id));
+  line(fmt::format("| status | **{}** |", AttemptStateName(d.status)));
+  line(fmt::format("| repository | {} |", Cell(d.cell.repository)));
+  line(fmt::format("| commit | `{}` |", d.cell.commit_sha));
+  line(fmt::format("| branch | {} |", Cell(d.cell.branch)));
+  line(fmt::format("| model family | {} |", Cell(d.cell.model_family)));
+  line(fmt::format("| checkpoint | {} (`{}`) |", Cell(At(spec, "/checkpoint/path")),
+                   At(spec, "/checkpoint/digest")));
+  line(fmt::format("| reference | {} (`{}`) |", Cell(At(spec, "/reference/path")),
+                   At(spec, "/reference/digest")));
+  line(fmt::format("| runtime pin | torch {}, device {} |", Cell(At(spec, "/runtime/torch")),
+                   Cell(At(spec, "/runtime/device"))));
+  line(fmt::format("| topology | tp={} dp={} pp={} ep={} |", At(spec, "/topology/tp"),
+                   At(spec, "/topology/dp"), At(spec, "/topology/pp"), At(spec, "/topology/ep")));
+  line(fmt::format("| precision | {} |", Cell(At(spec, "/precision"))));
+  line(fmt::format("| mode | {} |", Cell(At(spec, "/mode"))));
+  line(fmt::format("| training | steps={} lr={} seed={} |", At(spec, "/training/steps"),
+                   At(spec, "/training/lr"), At(spec, "/training/seed")));
+  line(fmt::format("| submitted | {} by {} |", d.cell.created_at, Cell(d.cell.submitter)));
+  line("");
+
+  const AttemptRecord* latest = d.attempts.empty() ? nullptr : &d.attempts.back();
+  line(latest ? fmt::format("## Phases (attempt {})", latest->number) : "## Phases");
+  line("");
+  line("| phase | status | key figures | reason |");
+  line("|---|---|---|---|");
+  std::vector<std::string> requested;
+  if (spec.contains("phases") && spec["phases"].is_array()) {
+    for (const auto& p : spec["phases"]) {
+      if (p.is_string()) requested.push_back(p.get<std::string>());
+    }
+  }
+  // Reported phases and requested-but-unreported ones, together in phase order.
+  auto phase_row = [&](const PhaseRecord& p) {
+    std::string figures;
+    for (size_t i = 0; i < p.figures.size() && i < kMaxFiguresShown; ++i) {
+      figures += (i ? ", " : "") + FigureText(p.figures[i]);
+    }
+    if (p.figures.size() > kMaxFiguresShown) {
+      figures += fmt::format(" (+{} more)", p.figures.size() - kMaxFiguresShown);
+    }
+    line(fmt::format("| {} | {} | {} | {} |", p.phase, p.status, Cell(figures), Cell(p.reason)));
+  };
+  for (std::string_view name : kPhases) {
+    auto reported = std::find_if(d.phases.begin(), d.phases.end(),
+                                 [&](const PhaseRecord& p) { return p.phase == name; });
+    if (reported != d.phases.end()) {
+      phase_row(*reported);
+    } else if (std::find(requested.begin(), requested.end(), name) != requested.end()) {
+      line(fmt::format("| {} | (not reported) | - | - |", name));
+    }
+  }
+  for (const PhaseRecord& p : d.phases) {  // names outside kPhases, if an agent sent any
+    if (!PhaseIndex(p.phase)) phase_row(p);
+  }
+  line("");
+
+  line("## Attempts");
+  line("");
+  line("| # | state | agent | created | started | ended | reason |");
+  line("|---|---|---|---|---|---|---|");
+  for (const AttemptRecord& a : d.attempts) {
+    line(fmt::format("| {} | {} | {} | {} | {} | {} | {} |", a.number, AttemptStateName(a.state),
+                     Cell(a.agent_id), Cell(a.created_at), Cell(a.started_at), Cell(a.ended_at),
+                     Cell(a.reason)));
+  }
+  line("");
+
+  line("## Reasons for non-PASS phases");
+  line("");
+  bool any = false;
+  for (const PhaseRecord& p : d.phases) {
+    if (p.status == "PASS" || p.status == "RUNNING") continue;
+    any = true;
+    std::string cls = p.classification.empty() ? "" : " (" + p.classification + ")";
+    line(fmt::format("- **{}** {}{}: {}", p.phase, p.status, cls,
+                     p.reason.empty() ? "(no reason given)" : p.reason));
+  }
+  if (!any) line("None.");
+  line("");
+
+  line("## Reproduce");
+  line("");
+  line("Submit this body to `POST /api/v1/cells`; the same inputs give the same cell id.");
+  line("");
+  line("```json");
+  line(ReproduceBody(spec).dump(2));
+  line("```");
+  return out;
+}
+
+}  // namespace gatehouse::controller

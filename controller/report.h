@@ -1,0 +1,15 @@
+// The Markdown evidence report of a cell (DESIGN.md "Evidence").
+#pragma once
+
+#include <string>
+
+#include "controller/records.h"
+
+namespace gatehouse::controller {
+
+/// Renders the cell's identity, the latest attempt's phase table (phase | status | key figures
+/// | reason), its attempts, each non-PASS phase's reason, and the submit body that reproduces
+/// the cell. Pure function of `detail`.
+std::string RenderReport(const CellDetail& detail);
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,532 @@
+#include "controller/store/store.h"
+
+#include <sqlite3.h>
+
+#include <utility>
+
+namespace gatehouse::controller {
+namespace {
+
+Status SqliteError(sqlite3* db, std::string_view what) {
+  return Status::Internal(std::string(what) + ": " + sqlite3_errmsg(db));
+}
+
+/// A prepared statement with positional binds (1-based) and typed column reads (0-based).
+/// Not thread-safe; used under Store::mu_.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, std::string_view sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr);
+    if (rc_ != SQLITE_OK) error_ = SqliteError(db, "prepare '" + std::string(sql) + "'");
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& Bind(int i, std::string_view v) {
+    if (ok())
+      Check(sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+    return *this;
+  }
+  Stmt& BindBlob(int i, std::string_view v) {
+    if (ok())
+      Check(sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+    return *this;
+  }
+  Stmt& Bind(int i, int64_t v) {
+    if (ok()) Check(sqlite3_bind_int64(stmt_, i, v));
+    return *this;
+  }
+  Stmt& Bind(int i, std::optional<int64_t> v) {
+    if (!ok()) return *this;
+    if (v) return Bind(i, *v);
+    Check(sqlite3_bind_null(stmt_, i));
+    return *this;
+  }
+
+  /// Steps once. Returns true while a row is available; false when done or on error (see
+  /// status()).
+  bool Step() {
+    if (!ok()) return false;
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) error_ = SqliteError(db_, "step");
+    return false;
+  }
+  /// Runs a statement that returns no row.
+  Status Exec() {
+    while (Step()) {
+    }
+    return error_;
+  }
+
+  std::string Text(int col) const {
+    const unsigned char* p = sqlite3_column_text(stmt_, col);
+    int n = sqlite3_column_bytes(stmt_, col);
+    return p ? std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(n))
+             : std::string();
+  }
+  std::string Blob(int col) const {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    int n = sqlite3_column_bytes(stmt_, col);
+    return p ? std::string(static_cast<const char*>(p), static_cast<size_t>(n)) : std::string();
+  }
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  bool IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+
+  bool ok() const { return error_.ok(); }
+  const Status& status() const { return error_; }
+
+ private:
+  void Check(int rc) {
+    if (rc != SQLITE_OK) error_ = SqliteError(db_, "bind");
+  }
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_ = SQLITE_OK;
+  Status error_;
+};
+
+Status ExecSql(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return Status::Internal(std::string("'") + sql + "': " + msg);
+  }
+  return Status::Ok();
+}
+
+/// BEGIN IMMEDIATE on construction; ROLLBACK on destruction unless Commit() succeeded.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) { begin_ = ExecSql(db, "BEGIN IMMEDIATE"); }
+  ~Transaction() {
+    if (begin_.ok() && !committed_) (void)ExecSql(db_, "ROLLBACK");
+  }
+  Status begin_status() const { return begin_; }
+  Status Commit() {
+    GH_RETURN_IF_ERROR(ExecSql(db_, "COMMIT"));
+    committed_ = true;
+    return Status::Ok();
+  }
+
+ private:
+  sqlite3* db_;
+  Status begin_;
+  bool committed_ = false;
+};
+
+Result<AttemptState> StateColumn(const Stmt& s, int col) {
+  std::string name = s.Text(col);
+  auto state = ParseAttemptState(name);
+  if (!state) return Status::DataLoss("unknown attempt state '" + name + "' in the database");
+  return *state;
+}
+
+constexpr char kAttemptColumns[] =
+    "id, cell_id, number, state, agent_id, reason, run_status, created_at, started_at, ended_at";
+
+Result<AttemptRecord> AttemptFromRow(const Stmt& s) {
+  AttemptRecord a;
+  a.id = s.Int(0);
+  a.cell_id = s.Text(1);
+  a.number = static_cast<int>(s.Int(2));
+  GH_ASSIGN_OR_RETURN(a.state, StateColumn(s, 3));
+  a.agent_id = s.Text(4);
+  a.reason = s.Text(5);
+  a.run_status = s.Text(6);
+  a.created_at = s.Text(7);
+  a.started_at = s.Text(8);
+  a.ended_at = s.Text(9);
+  return a;
+}
+
+constexpr char kCellColumns[] =
+    "id, spec_json, repository, commit_sha, branch, model_family, created_at, submitter";
+
+CellRecord CellFromRow(const Stmt& s, int first = 0) {
+  CellRecord c;
+  c.id = s.Text(first + 0);
+  c.spec_json = s.Text(first + 1);
+  c.repository = s.Text(first + 2);
+  c.commit_sha = s.Text(first + 3);
+  c.branch = s.Text(first + 4);
+  c.model_family = s.Text(first + 5);
+  c.created_at = s.Text(first + 6);
+  c.submitter = s.Text(first + 7);
+  return c;
+}
+
+// Reads one attempt; NOT_FOUND when absent. Caller holds mu_.
+Result<AttemptRecord> LoadAttempt(sqlite3* db, int64_t attempt_id) {
+  Stmt s(db, std::string("SELECT ") + kAttemptColumns + " FROM attempts WHERE id = ?");
+  s.Bind(1, attempt_id);
+  if (!s.Step()) {
+    GH_RETURN_IF_ERROR(s.status());
+    return Status::NotFound("attempt " + std::to_string(attempt_id) + " not found");
+  }
+  return AttemptFromRow(s);
+}
+
+}  // namespace
+
+Store::Store(sqlite3* db, Clock clock) : db_(db), clock_(std::move(clock)) {}
+
+Store::~Store() { sqlite3_close_v2(db_); }
+
+std::string Store::Now() const { return FormatTimestamp(clock_()); }
+
+Result<std::unique_ptr<Store>> Store::Open(const std::string& path, Clock clock,
+                                           std::span<const Migration> migrations) {
+  sqlite3* db = nullptr;
+  int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close_v2(db);
+    return Status::Unavailable("cannot open database '" + path + "': " + msg);
+  }
+  std::unique_ptr<Store> store(new Store(db, std::move(clock)));
+  sqlite3_busy_timeout(db, 5000);
+  GH_RETURN_IF_ERROR(ExecSql(db, "PRAGMA journal_mode=WAL").WithContext("database '" + path + "'"));
+  GH_RETURN_IF_ERROR(ExecSql(db, "PRAGMA foreign_keys=ON"));
+  GH_RETURN_IF_ERROR(ExecSql(db, "PRAGMA synchronous=NORMAL"));
+  GH_RETURN_IF_ERROR(store->ApplyMigrations(migrations).WithContext("database '" + path + "'"));
+  return store;
+}
+
+Status Store::ApplyMigrations(std::span<const Migration> migrations) {
+  std::lock_guard lock(mu_);
+  GH_RETURN_IF_ERROR(ExecSql(db_,
+                             "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                             "version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                             "applied_at TEXT NOT NULL)"));
+  for (const Migration& m : migrations) {
+    Transaction tx(db_);
+    GH_RETURN_IF_ERROR(tx.begin_status());
+    Stmt seen(db_, "SELECT 1 FROM schema_migrations WHERE version = ?");
+    seen.Bind(1, int64_t{m.version});
+    if (seen.Step()) continue;  // already applied; the transaction rolls back (nothing done)
+    GH_RETURN_IF_ERROR(seen.status());
+    const std::string sql(m.sql);
+    GH_RETURN_IF_ERROR(
+        ExecSql(db_, sql.c_str())
+            .WithContext("migration " + std::to_string(m.version) + "_" + std::string(m.name)));
+    Stmt record(db_, "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?)");
+    record.Bind(1, int64_t{m.version}).Bind(2, m.name).Bind(3, Now());
+    GH_RETURN_IF_ERROR(record.Exec());
+    GH_RETURN_IF_ERROR(tx.Commit());
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<AppliedMigration>> Store::AppliedMigrations() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT version, name, applied_at FROM schema_migrations ORDER BY version");
+  std::vector<AppliedMigration> out;
+  while (s.Step()) {
+    out.push_back({static_cast<int>(s.Int(0)), s.Text(1), s.Text(2)});
+  }
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<bool> Store::CreateCellIfAbsent(const CellRecord& cell) {
+  std::lock_guard lock(mu_);
+  Transaction tx(db_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  const std::string now = Now();
+  Stmt insert(db_, std::string("INSERT OR IGNORE INTO cells(") + kCellColumns +
+                       ") VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  insert.Bind(1, cell.id)
+      .Bind(2, cell.spec_json)
+      .Bind(3, cell.repository)
+      .Bind(4, cell.commit_sha)
+      .Bind(5, cell.branch)
+      .Bind(6, cell.model_family)
+      .Bind(7, now)
+      .Bind(8, cell.submitter);
+  GH_RETURN_IF_ERROR(insert.Exec().WithContext("store cell " + cell.id));
+  if (sqlite3_changes(db_) == 0) return false;  // exists; rollback of an empty transaction
+  Stmt attempt(db_, "INSERT INTO attempts(cell_id, number, state, created_at) VALUES (?, 1, ?, ?)");
+  attempt.Bind(1, cell.id).Bind(2, AttemptStateName(AttemptState::kQueued)).Bind(3, now);
+  GH_RETURN_IF_ERROR(attempt.Exec().WithContext("store attempt 1 of cell " + cell.id));
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return true;
+}
+
+Result<std::optional<CellRecord>> Store::GetCell(const std::string& id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, std::string("SELECT ") + kCellColumns + " FROM cells WHERE id = ?");
+  s.Bind(1, id);
+  if (s.Step()) return std::optional<CellRecord>(CellFromRow(s));
+  GH_RETURN_IF_ERROR(s.status());
+  return std::optional<CellRecord>();
+}
+
+Result<std::vector<CellSummary>> Store::ListCells(int limit, int offset) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_,
+         "SELECT c.id, c.spec_json, c.repository, c.commit_sha, c.branch, c.model_family, "
+         "c.created_at, c.submitter, "
+         "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1) "
+         "FROM cells c ORDER BY c.created_at DESC, c.rowid DESC LIMIT ? OFFSET ?");
+  s.Bind(1, int64_t{limit}).Bind(2, int64_t{offset});
+  std::vector<CellSummary> out;
+  while (s.Step()) {
+    CellSummary summary;
+    summary.cell = CellFromRow(s);
+    GH_ASSIGN_OR_RETURN(summary.status, StateColumn(s, 8));
+    out.push_back(std::move(summary));
+  }
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& cell_id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, std::string("SELECT ") + kAttemptColumns +
+                  " FROM attempts WHERE cell_id = ? ORDER BY number");
+  s.Bind(1, cell_id);
+  std::vector<AttemptRecord> out;
+  while (s.Step()) {
+    GH_ASSIGN_OR_RETURN(AttemptRecord a, AttemptFromRow(s));
+    out.push_back(std::move(a));
+  }
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<AttemptRecord> Store::GetAttempt(int64_t attempt_id) {
+  std::lock_guard lock(mu_);
+  return LoadAttempt(db_, attempt_id);
+}
+
+Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT id, cell_id FROM attempts WHERE state = ? ORDER BY created_at, id");
+  s.Bind(1, AttemptStateName(AttemptState::kQueued));
+  std::vector<QueuedAttempt> out;
+  while (s.Step()) out.push_back({s.Int(0), s.Text(1)});
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<std::map<std::string, int>> Store::ActiveAttemptsByAgent() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT agent_id, COUNT(*) FROM attempts WHERE state IN (?, ?) GROUP BY agent_id");
+  s.Bind(1, AttemptStateName(AttemptState::kLeased))
+      .Bind(2, AttemptStateName(AttemptState::kRunning));
+  std::map<std::string, int> out;
+  while (s.Step()) out[s.Text(0)] = static_cast<int>(s.Int(1));
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Status Store::LeaseAttempts(const std::vector<Lease>& leases) {
+  std::lock_guard lock(mu_);
+  Transaction tx(db_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  for (const Lease& lease : leases) {
+    GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, lease.attempt_id));
+    GH_RETURN_IF_ERROR(CheckTransition(a.id, a.state, AttemptState::kLeased));
+    Stmt s(db_, "UPDATE attempts SET state = ?, agent_id = ? WHERE id = ?");
+    s.Bind(1, AttemptStateName(AttemptState::kLeased)).Bind(2, lease.agent_id).Bind(3, a.id);
+    GH_RETURN_IF_ERROR(s.Exec());
+  }
+  return tx.Commit();
+}
+
+Result<bool> Store::FinishAttempt(int64_t attempt_id, AttemptState to, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  Transaction tx(db_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
+  if (IsTerminal(a.state)) return false;
+  GH_RETURN_IF_ERROR(CheckTransition(a.id, a.state, to));
+  Stmt s(db_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ?");
+  s.Bind(1, AttemptStateName(to)).Bind(2, reason).Bind(3, Now()).Bind(4, attempt_id);
+  GH_RETURN_IF_ERROR(s.Exec());
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return true;
+}
+
+Result<bool> Store::RecordEvent(int64_t attempt_id, int64_t seq, const std::string& json,
+                                const EventEffect& effect) {
+  std::lock_guard lock(mu_);
+  Transaction tx(db_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
+  const std::string now = Now();
+  {
+    Stmt s(db_,
+           "INSERT OR IGNORE INTO events(attempt_id, seq, json, received_at) VALUES (?, ?, ?, ?)");
+    s.Bind(1, attempt_id).Bind(2, seq).Bind(3, json).Bind(4, now);
+    GH_RETURN_IF_ERROR(s.Exec());
+    if (sqlite3_changes(db_) == 0) return false;  // a resend
+  }
+  using Kind = EventEffect::Kind;
+  switch (effect.kind) {
+    case Kind::kNone:
+      break;
+    case Kind::kPhaseStart: {
+      Stmt s(
+          db_,
+          "INSERT INTO phases(attempt_id, phase, status, started_at) VALUES (?, ?, 'RUNNING', ?) "
+          "ON CONFLICT(attempt_id, phase) DO UPDATE SET status = 'RUNNING', "
+          "started_at = excluded.started_at");
+      s.Bind(1, attempt_id).Bind(2, effect.phase).Bind(3, now);
+      GH_RETURN_IF_ERROR(s.Exec());
+      if (IsAllowedTransition(a.state, AttemptState::kRunning)) {
+        Stmt u(db_, "UPDATE attempts SET state = ?, started_at = ? WHERE id = ?");
+        u.Bind(1, AttemptStateName(AttemptState::kRunning)).Bind(2, now).Bind(3, attempt_id);
+        GH_RETURN_IF_ERROR(u.Exec());
+      }
+      break;
+    }
+    case Kind::kFigure: {
+      Stmt s(
+          db_,
+          "INSERT INTO figures(attempt_id, phase, name, value_json, unit) VALUES (?, ?, ?, ?, ?)");
+      s.Bind(1, attempt_id)
+          .Bind(2, effect.phase)
+          .Bind(3, effect.name)
+          .Bind(4, effect.value_json)
+          .Bind(5, effect.unit);
+      GH_RETURN_IF_ERROR(s.Exec());
+      break;
+    }
+    case Kind::kPhaseEnd: {
+      Stmt s(db_,
+             "INSERT INTO phases(attempt_id, phase, status, reason, classification, ended_at, "
+             "duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?) "
+             "ON CONFLICT(attempt_id, phase) DO UPDATE SET status = excluded.status, "
+             "reason = excluded.reason, classification = excluded.classification, "
+             "ended_at = excluded.ended_at, duration_ms = excluded.duration_ms");
+      s.Bind(1, attempt_id)
+          .Bind(2, effect.phase)
+          .Bind(3, effect.status)
+          .Bind(4, effect.reason)
+          .Bind(5, effect.classification)
+          .Bind(6, now)
+          .Bind(7, effect.duration_ms);
+      GH_RETURN_IF_ERROR(s.Exec());
+      break;
+    }
+    case Kind::kRunEnd: {
+      Stmt s(db_, "UPDATE attempts SET run_status = ? WHERE id = ?");
+      s.Bind(1, effect.status).Bind(2, attempt_id);
+      GH_RETURN_IF_ERROR(s.Exec());
+      break;
+    }
+  }
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return true;
+}
+
+Result<std::vector<PhaseRecord>> Store::ListPhases(int64_t attempt_id) {
+  std::lock_guard lock(mu_);
+  std::vector<PhaseRecord> out;
+  std::map<std::string, size_t> index;
+  {
+    Stmt s(db_,
+           "SELECT phase, status, reason, classification, started_at, ended_at, duration_ms "
+           "FROM phases WHERE attempt_id = ?");
+    s.Bind(1, attempt_id);
+    while (s.Step()) {
+      PhaseRecord p;
+      p.phase = s.Text(0);
+      p.status = s.Text(1);
+      p.reason = s.Text(2);
+      p.classification = s.Text(3);
+      p.started_at = s.Text(4);
+      p.ended_at = s.Text(5);
+      if (!s.IsNull(6)) p.duration_ms = s.Int(6);
+      index[p.phase] = out.size();
+      out.push_back(std::move(p));
+    }
+    GH_RETURN_IF_ERROR(s.status());
+  }
+  Stmt f(db_, "SELECT phase, name, value_json, unit FROM figures WHERE attempt_id = ? ORDER BY id");
+  f.Bind(1, attempt_id);
+  while (f.Step()) {
+    std::string phase = f.Text(0);
+    auto it = index.find(phase);
+    if (it == index.end()) {  // a figure for a phase that never started: show it anyway
+      PhaseRecord p;
+      p.phase = phase;
+      p.status = "RUNNING";
+      it = index.emplace(phase, out.size()).first;
+      out.push_back(std::move(p));
+    }
+    out[it->second].figures.push_back({f.Text(1), f.Text(2), f.Text(3)});
+  }
+  GH_RETURN_IF_ERROR(f.status());
+  return out;
+}
+
+Result<bool> Store::AppendLog(int64_t attempt_id, const std::string& stream, int64_t offset,
+                              const std::string& data) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "INSERT OR IGNORE INTO logs(attempt_id, stream, offset, data) VALUES (?, ?, ?, ?)");
+  s.Bind(1, attempt_id).Bind(2, stream).Bind(3, offset).BindBlob(4, data);
+  GH_RETURN_IF_ERROR(s.Exec());
+  return sqlite3_changes(db_) > 0;
+}
+
+Result<std::string> Store::ReadLog(int64_t attempt_id, const std::string& stream) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT data FROM logs WHERE attempt_id = ? AND stream = ? ORDER BY offset");
+  s.Bind(1, attempt_id).Bind(2, stream);
+  std::string out;
+  while (s.Step()) out += s.Blob(0);
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Status Store::UpsertAgent(const AgentRecord& agent) {
+  std::lock_guard lock(mu_);
+  const std::string now = Now();
+  Stmt s(db_,
+         "INSERT INTO agents(id, name, capabilities_json, registered_at, last_heartbeat_at, state) "
+         "VALUES (?, ?, ?, ?, ?, 'connected') ON CONFLICT(id) DO UPDATE SET name = excluded.name, "
+         "capabilities_json = excluded.capabilities_json, registered_at = excluded.registered_at, "
+         "last_heartbeat_at = excluded.last_heartbeat_at, state = 'connected'");
+  s.Bind(1, agent.id)
+      .Bind(2, agent.name)
+      .Bind(3, agent.capabilities_json)
+      .Bind(4, now)
+      .Bind(5, now);
+  return s.Exec();
+}
+
+Status Store::TouchAgent(const std::string& agent_id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE agents SET last_heartbeat_at = ? WHERE id = ?");
+  s.Bind(1, Now()).Bind(2, agent_id);
+  return s.Exec();
+}
+
+Status Store::SetAgentState(const std::string& agent_id, const std::string& state) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE agents SET state = ? WHERE id = ?");
+  s.Bind(1, state).Bind(2, agent_id);
+  return s.Exec();
+}
+
+Result<AgentRecord> Store::GetAgent(const std::string& agent_id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_,
+         "SELECT id, name, capabilities_json, registered_at, last_heartbeat_at, state "
+         "FROM agents WHERE id = ?");
+  s.Bind(1, agent_id);
+  if (!s.Step()) {
+    GH_RETURN_IF_ERROR(s.status());
+    return Status::NotFound("agent '" + agent_id + "' not found");
+  }
+  return AgentRecord{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4), s.Text(5)};
+}
+
+}  // namespace gatehouse::controller

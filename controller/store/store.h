@@ -1,0 +1,127 @@
+// The controller's persistent state in SQLite (one file, WAL mode). Schema: migrations/*.sql,
+// embedded at build time and applied at Open.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/clock.h"
+#include "controller/records.h"
+#include "controller/store/migrations.h"
+
+struct sqlite3;
+
+namespace gatehouse::controller {
+
+/// A migration recorded in schema_migrations.
+struct AppliedMigration {
+  int version = 0;
+  std::string name;
+  std::string applied_at;
+};
+
+/// A placement decided by the scheduler, to persist.
+struct Lease {
+  int64_t attempt_id = 0;
+  std::string agent_id;
+};
+
+/// SQLite-backed store of cells, attempts, evidence and agents.
+///
+/// Threading: thread-safe; one connection guarded by a mutex, so calls are serialised.
+/// Every method that writes more than one row does so in one transaction: on any error
+/// nothing of it is stored. Errors: INTERNAL with SQLite's message for database failures;
+/// NOT_FOUND / FAILED_PRECONDITION where documented.
+class Store {
+ public:
+  /// Opens (creating if needed) the database at `path` (":memory:" works), sets WAL mode and
+  /// applies the `migrations` not yet recorded in schema_migrations, each in one transaction.
+  static Result<std::unique_ptr<Store>> Open(
+      const std::string& path, Clock clock,
+      std::span<const Migration> migrations = EmbeddedMigrations());
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  /// Rows of schema_migrations in version order.
+  Result<std::vector<AppliedMigration>> AppliedMigrations();
+
+  // ---- cells and attempts ----
+
+  /// Stores `cell` and its attempt 1 (queued) in one transaction, unless a cell with that id
+  /// exists. Returns true when it created the cell. `cell.created_at` is set here.
+  Result<bool> CreateCellIfAbsent(const CellRecord& cell);
+
+  /// The cell, or nullopt.
+  Result<std::optional<CellRecord>> GetCell(const std::string& id);
+
+  /// Cells newest first with their latest attempt's state.
+  Result<std::vector<CellSummary>> ListCells(int limit, int offset);
+
+  /// Attempts of a cell, by number ascending.
+  Result<std::vector<AttemptRecord>> ListAttempts(const std::string& cell_id);
+
+  /// NOT_FOUND "attempt <id> not found" when absent.
+  Result<AttemptRecord> GetAttempt(int64_t attempt_id);
+
+  /// Queued attempts, oldest first (FIFO).
+  Result<std::vector<QueuedAttempt>> ListQueuedAttempts();
+
+  /// Number of leased or running attempts per agent id.
+  Result<std::map<std::string, int>> ActiveAttemptsByAgent();
+
+  /// Moves each attempt queued -> leased with its agent, all in one transaction; fails whole
+  /// (FAILED_PRECONDITION) if one attempt is no longer queued.
+  Status LeaseAttempts(const std::vector<Lease>& leases);
+
+  /// Ends an attempt: moves it to `to` (checked against the transition table), sets reason and
+  /// ended_at. Returns false, changing nothing, if it is already terminal (a resend).
+  Result<bool> FinishAttempt(int64_t attempt_id, AttemptState to, const std::string& reason);
+
+  // ---- evidence ----
+
+  /// Stores event (attempt_id, seq) and applies `effect` in one transaction. A seq already
+  /// stored is ignored: returns false and changes nothing. A phase_start moves a leased
+  /// attempt to running. NOT_FOUND if the attempt does not exist.
+  Result<bool> RecordEvent(int64_t attempt_id, int64_t seq, const std::string& json,
+                           const EventEffect& effect);
+
+  /// Phases of an attempt (unordered) with their figures.
+  Result<std::vector<PhaseRecord>> ListPhases(int64_t attempt_id);
+
+  /// Stores a log chunk; a chunk at an (attempt, stream, offset) already stored is ignored
+  /// (returns false).
+  Result<bool> AppendLog(int64_t attempt_id, const std::string& stream, int64_t offset,
+                         const std::string& data);
+
+  /// The chunks of one stream concatenated in offset order.
+  Result<std::string> ReadLog(int64_t attempt_id, const std::string& stream);
+
+  // ---- agents ----
+
+  /// Inserts or replaces the agent row; state "connected", registered_at = now.
+  Status UpsertAgent(const AgentRecord& agent);
+  /// Sets last_heartbeat_at = now.
+  Status TouchAgent(const std::string& agent_id);
+  /// Sets the agent's state ("connected" | "disconnected").
+  Status SetAgentState(const std::string& agent_id, const std::string& state);
+  /// NOT_FOUND when absent.
+  Result<AgentRecord> GetAgent(const std::string& agent_id);
+
+ private:
+  Store(sqlite3* db, Clock clock);
+  Status ApplyMigrations(std::span<const Migration> migrations);
+  std::string Now() const;
+
+  std::mutex mu_;
+  sqlite3* db_;
+  Clock clock_;
+};
+
+}  // namespace gatehouse::controller

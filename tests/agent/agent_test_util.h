@@ -1,0 +1,100 @@
+// Helpers for agent tests: temporary directories, files, and the git CLI (run as argv through
+// the agent's own RunProcess; no shell).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "agent/process.h"
+
+namespace gatehouse::agent::testing {
+
+/// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/gatehouse-agent-XXXXXX";
+    const char* made = ::mkdtemp(pattern.data());
+    EXPECT_NE(made, nullptr) << "mkdtemp " << pattern;
+    path_ = std::filesystem::canonical(pattern);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline void WriteFile(const std::filesystem::path& path, const std::string& text,
+                      bool executable = false) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  ASSERT_TRUE(out) << "cannot write " << path;
+  if (executable) ::chmod(path.c_str(), 0755);
+}
+
+inline std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+/// Runs `git <args>` in `dir` with a fixed identity; returns its stdout without the trailing
+/// newline. Fails the test when git fails.
+inline std::string Git(const std::filesystem::path& dir, std::initializer_list<std::string> args) {
+  ProcessSpec spec;
+  spec.exe = "git";
+  spec.args = args;
+  spec.cwd = dir;
+  spec.env = {{"GIT_AUTHOR_NAME", "Test"},       {"GIT_AUTHOR_EMAIL", "test@example.com"},
+              {"GIT_COMMITTER_NAME", "Test"},    {"GIT_COMMITTER_EMAIL", "test@example.com"},
+              {"GIT_CONFIG_NOSYSTEM", "1"},      {"GIT_CONFIG_GLOBAL", "/dev/null"}};
+  std::string out;
+  std::string err;
+  auto exit = RunProcess(
+      spec, [&](std::string_view b) { out.append(b); }, [&](std::string_view b) { err.append(b); });
+  EXPECT_TRUE(exit.ok()) << exit.status().ToString();
+  if (exit.ok()) {
+    std::string command = "git";
+    for (const auto& a : args) command += " " + a;
+    EXPECT_TRUE(exit->ok()) << command << " " << exit->Describe() << ": " << err;
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+/// `git init` of a repository on branch main at `dir`.
+inline void GitInit(const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  Git(dir, {"init", "-q", "-b", "main"});
+}
+
+/// Writes `files` (path -> text), commits everything and returns the commit SHA.
+inline std::string CommitFiles(const std::filesystem::path& repo,
+                               const std::vector<std::pair<std::string, std::string>>& files,
+                               const std::string& message) {
+  for (const auto& [name, text] : files) WriteFile(repo / name, text);
+  Git(repo, {"add", "-A"});
+  Git(repo, {"commit", "-q", "-m", message});
+  return Git(repo, {"rev-parse", "HEAD"});
+}
+
+}  // namespace gatehouse::agent::testing

@@ -1,0 +1,134 @@
+// Tests of the build step with a tiny torch-free CMake project in a temporary directory.
+#include "agent/build.h"
+
+#include <gtest/gtest.h>
+
+#include "agent_test_util.h"
+
+namespace gatehouse::agent {
+namespace {
+
+using testing::TempDir;
+using testing::WriteFile;
+
+class BuildTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    checkout_ = tmp_.path() / "checkout";
+    WriteFile(checkout_ / "plugin" / "CMakeLists.txt",
+              "cmake_minimum_required(VERSION 3.25)\n"
+              "project(tiny LANGUAGES CXX)\n"
+              "add_library(tiny_plugin SHARED plugin.cc)\n");
+    WriteFile(checkout_ / "plugin" / "plugin.cc", "extern \"C\" int tiny_plugin() { return 42; }\n");
+    std::filesystem::create_directories(tmp_.path() / "sdk");
+    config_.work_dir = tmp_.path() / "work";
+    config_.sdk_dir = tmp_.path() / "sdk";
+    config_.cmake_prefix_path = "/opt/libtorch/share/cmake";
+    request_.checkout = checkout_;
+    request_.repo_key = "0123456789abcdef";
+    request_.recipe.source_dir = "plugin";
+    request_.recipe.cmake_args = {"-DCMAKE_BUILD_TYPE=Release"};
+    request_.recipe.target = "tiny_plugin";
+    request_.recipe.plugins = {"libtiny_plugin.so"};
+  }
+
+  Result<BuildResult> Build() {
+    log_.clear();
+    return RunBuild(config_, request_, [this](std::string_view bytes) { log_.append(bytes); });
+  }
+
+  TempDir tmp_;
+  std::filesystem::path checkout_;
+  BuildConfig config_;
+  BuildRequest request_;
+  std::string log_;
+};
+
+// Verifies the exact configure and build argv and the ccache environment (docs/protocols.md §5).
+TEST_F(BuildTest, CommandsFollowTheRecipe) {
+  const auto commands = BuildCommands(config_, request_);
+  ASSERT_EQ(commands.size(), 2u);
+  const auto build_dir = (config_.work_dir / "build" / "0123456789abcdef").string();
+  EXPECT_EQ(commands[0].exe, "cmake");
+  EXPECT_EQ(commands[0].args,
+            (std::vector<std::string>{
+                "-S", (checkout_ / "plugin").string(), "-B", build_dir, "-G", "Ninja",
+                "-DCMAKE_PREFIX_PATH=" + config_.sdk_dir.string() + ";/opt/libtorch/share/cmake",
+                "-DGatehouseWorker_DIR=" + config_.sdk_dir.string(),
+                "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DTORCH_CUDA_ARCH_LIST=9.0",
+                "-DCMAKE_BUILD_TYPE=Release"}));
+  EXPECT_EQ(commands[1].args,
+            (std::vector<std::string>{"--build", build_dir, "--target", "tiny_plugin"}));
+  for (const auto& command : commands) {
+    EXPECT_TRUE(command.merge_stderr);
+    EXPECT_EQ(command.env, (std::vector<std::pair<std::string, std::string>>{
+                               {"CCACHE_BASEDIR", checkout_.string()}, {"CCACHE_NOHASHDIR", "1"}}));
+  }
+}
+
+// Verifies a successful build: the plugin path is absolute and exists, and the log shows both
+// commands and cmake's own output.
+TEST_F(BuildTest, BuildsTrivialSharedLibrary) {
+  auto built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+  ASSERT_EQ(built->plugins.size(), 1u);
+  EXPECT_TRUE(built->plugins[0].is_absolute());
+  EXPECT_TRUE(std::filesystem::is_regular_file(built->plugins[0]));
+  EXPECT_EQ(built->plugins[0].filename(), "libtiny_plugin.so");
+  EXPECT_NE(log_.find("+ cmake -S"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("+ cmake --build"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("Build files have been written"), std::string::npos) << log_;
+
+  // A second build of the same tree is incremental and still succeeds.
+  auto again = Build();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// Verifies that a compile error ends in "build failed" with the compiler's message in the reason.
+TEST_F(BuildTest, CompileErrorReportsBuildFailed) {
+  WriteFile(checkout_ / "plugin" / "plugin.cc", "int broken( { return; }\n");
+  auto built = Build();
+  ASSERT_FALSE(built.ok());
+  const std::string message = built.status().message();
+  EXPECT_EQ(message.rfind("build failed: cmake --build exited with code", 0), 0u) << message;
+  EXPECT_NE(message.find("plugin.cc"), std::string::npos) << message;
+  EXPECT_NE(log_.find("error"), std::string::npos);
+}
+
+// Verifies that a configure error ends in "build failed" naming the configure step.
+TEST_F(BuildTest, ConfigureErrorReportsBuildFailed) {
+  WriteFile(checkout_ / "plugin" / "CMakeLists.txt",
+            "cmake_minimum_required(VERSION 3.25)\nproject(tiny NONE)\n"
+            "message(FATAL_ERROR \"recipe project refuses\")\n");
+  auto built = Build();
+  ASSERT_FALSE(built.ok());
+  const std::string message = built.status().message();
+  EXPECT_EQ(message.rfind("build failed: cmake configure exited with code 1", 0), 0u) << message;
+  EXPECT_NE(message.find("recipe project refuses"), std::string::npos) << message;
+}
+
+// Verifies that a plugin the recipe names but the build does not produce is reported.
+TEST_F(BuildTest, MissingPluginReported) {
+  request_.recipe.plugins = {"libnot_built.so"};
+  auto built = Build();
+  ASSERT_FALSE(built.ok());
+  EXPECT_NE(built.status().message().find("plugin 'libnot_built.so' was not built"),
+            std::string::npos)
+      << built.status().message();
+}
+
+// Verifies that a build tree configured from another source dir is started afresh instead of
+// making cmake refuse the mismatch.
+TEST_F(BuildTest, SourceDirChangeRebuildsTree) {
+  ASSERT_TRUE(Build().ok()) << log_;
+  WriteFile(checkout_ / "other" / "CMakeLists.txt",
+            "cmake_minimum_required(VERSION 3.25)\nproject(tiny LANGUAGES CXX)\n"
+            "add_library(tiny_plugin SHARED plugin.cc)\n");
+  WriteFile(checkout_ / "other" / "plugin.cc", "extern \"C\" int tiny_plugin() { return 7; }\n");
+  request_.recipe.source_dir = "other";
+  auto built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+}
+
+}  // namespace
+}  // namespace gatehouse::agent

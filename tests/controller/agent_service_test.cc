@@ -1,0 +1,184 @@
+// Verifies the agent gRPC stream in-process: Register -> Registered, an Assignment pushed when
+// a cell is submitted, events/logs/end applied (resends ignored), disconnect recorded, and a
+// stream that does not start with Register refused.
+#include "controller/agent_service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gatehouse/agent/v1/agent.grpc.pb.h"
+#include "tests/controller/test_util.h"
+
+namespace gatehouse::controller {
+namespace {
+
+namespace pb = gatehouse::agent::v1;
+using nlohmann::json;
+
+class AgentServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::MakeCheckpoint(dir_.path());
+    auto store = Store::Open((dir_.path() / "g.db").string(), SystemClock());
+    ASSERT_TRUE(store.ok());
+    store_ = std::move(*store);
+    core_ = std::make_unique<ControllerCore>(*store_, freezer_);
+    auto server = AgentRpcServer::Start("127.0.0.1:0", *core_);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+    stub_ = pb::AgentService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials()));
+  }
+
+  std::string Submit() {
+    json body = {{"repository", "/repos/adapt"},
+                 {"branch", "main"},
+                 {"model_family", "llama"},
+                 {"checkpoint", (dir_.path() / "ckpt").string()}};
+    auto outcome = core_->Submit(body.dump(), "test");
+    EXPECT_TRUE(outcome.ok()) << outcome.status().ToString();
+    return outcome.ok() ? outcome->cell.cell.id : "";
+  }
+
+  static pb::AgentMessage Event(int64_t attempt, int64_t seq, const std::string& line) {
+    pb::AgentMessage m;
+    m.mutable_event()->set_attempt_id(attempt);
+    m.mutable_event()->set_seq(seq);
+    m.mutable_event()->set_json(line);
+    return m;
+  }
+
+  testing::TempDir dir_;
+  testing::FakeCommitResolver resolver_;
+  DigestCache digests_;
+  CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<ControllerCore> core_;
+  std::unique_ptr<AgentRpcServer> server_;
+  std::unique_ptr<pb::AgentService::Stub> stub_;
+};
+
+TEST_F(AgentServiceTest, AnAgentRegistersRunsAnAttemptAndEndsIt) {
+  // Verifies register, assignment, events (resend ignored), logs, end -> passed, disconnect.
+  grpc::ClientContext ctx;
+  auto stream = stub_->Connect(&ctx);
+  pb::AgentMessage reg;
+  reg.mutable_register_()->set_agent_name("cpu-1");
+  reg.mutable_register_()->mutable_capabilities()->set_slots(2);
+  (*reg.mutable_register_()->mutable_capabilities()->mutable_labels())["lane"] = "cpu";
+  ASSERT_TRUE(stream->Write(reg));
+  pb::ControllerMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_TRUE(in.has_registered());
+  EXPECT_EQ(in.registered().agent_id(), "cpu-1");
+  EXPECT_EQ(in.registered().heartbeat_interval_ms(), 5000);
+
+  const std::string cell_id = Submit();
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_TRUE(in.has_assignment());
+  EXPECT_EQ(in.assignment().cell_id(), cell_id);
+  EXPECT_EQ(in.assignment().branch(), "main");
+  EXPECT_EQ(json::parse(in.assignment().spec_json())["model_family"], "llama");
+  const int64_t attempt = in.assignment().attempt_id();
+
+  pb::AgentMessage hb;
+  hb.mutable_heartbeat()->set_seq(1);
+  ASSERT_TRUE(stream->Write(hb));
+  ASSERT_TRUE(stream->Write(Event(attempt, 1, R"({"event":"phase_start","phase":"identity"})")));
+  ASSERT_TRUE(stream->Write(
+      Event(attempt, 2,
+            R"({"event":"figure","phase":"identity","name":"sha","value":"x","unit":"text"})")));
+  ASSERT_TRUE(stream->Write(
+      Event(attempt, 2,
+            R"({"event":"figure","phase":"identity","name":"sha","value":"x","unit":"text"})")));
+  ASSERT_TRUE(stream->Write(Event(
+      attempt, 3,
+      R"({"event":"phase_end","phase":"identity","status":"PASS","reason":"","classification":"","duration_ms":1})")));
+  ASSERT_TRUE(stream->Write(Event(attempt, 4, R"({"event":"run_end","status":"PASS"})")));
+  pb::AgentMessage log;
+  log.mutable_log()->set_attempt_id(attempt);
+  log.mutable_log()->set_stream("worker");
+  log.mutable_log()->set_offset(0);
+  log.mutable_log()->set_data("hello\n");
+  ASSERT_TRUE(stream->Write(log));
+  ASSERT_TRUE(stream->Write(log));  // resend
+  pb::AgentMessage end;
+  end.mutable_end()->set_attempt_id(attempt);
+  end.mutable_end()->set_seq(5);
+  end.mutable_end()->set_outcome("finished");
+  ASSERT_TRUE(stream->Write(end));
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+
+  auto detail = core_->GetCell(cell_id);
+  ASSERT_TRUE(detail.ok());
+  EXPECT_EQ(detail->status, AttemptState::kPassed);
+  EXPECT_EQ(detail->attempts.at(0).agent_id, "cpu-1");
+  ASSERT_EQ(detail->phases.size(), 1u);
+  EXPECT_EQ(detail->phases[0].status, "PASS");
+  EXPECT_EQ(detail->phases[0].figures.size(), 1u);
+  EXPECT_EQ(*core_->ReadLog(cell_id, "worker", std::nullopt), "hello\n");
+  auto agent = store_->GetAgent("cpu-1");
+  ASSERT_TRUE(agent.ok());
+  EXPECT_EQ(agent->state, "disconnected");
+  EXPECT_NE(agent->capabilities_json.find("\"lane\""), std::string::npos);
+}
+
+TEST_F(AgentServiceTest, AnErrorOutcomeEndsTheAttemptInErrorWithTheReason) {
+  // Verifies a waiting attempt is assigned on register and an "error" end keeps the reason.
+  const std::string cell_id = Submit();  // queued before any agent exists
+  grpc::ClientContext ctx;
+  auto stream = stub_->Connect(&ctx);
+  pb::AgentMessage reg;
+  reg.mutable_register_()->set_agent_name("cpu-2");
+  ASSERT_TRUE(stream->Write(reg));
+  pb::ControllerMessage in;
+  ASSERT_TRUE(stream->Read(&in) && in.has_registered());
+  ASSERT_TRUE(stream->Read(&in) && in.has_assignment());
+  pb::AgentMessage end;
+  end.mutable_end()->set_attempt_id(in.assignment().attempt_id());
+  end.mutable_end()->set_outcome("error");
+  end.mutable_end()->set_reason("build failed: cmake exited 1");
+  ASSERT_TRUE(stream->Write(end));
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+  auto detail = *core_->GetCell(cell_id);
+  EXPECT_EQ(detail.status, AttemptState::kError);
+  EXPECT_EQ(detail.attempts.at(0).reason, "build failed: cmake exited 1");
+}
+
+TEST_F(AgentServiceTest, AStreamMustStartWithRegister) {
+  // Verifies a stream whose first message is not Register is refused with INVALID_ARGUMENT.
+  grpc::ClientContext ctx;
+  auto stream = stub_->Connect(&ctx);
+  pb::AgentMessage hb;
+  hb.mutable_heartbeat()->set_seq(1);
+  ASSERT_TRUE(stream->Write(hb));
+  ASSERT_TRUE(stream->WritesDone());
+  pb::ControllerMessage in;
+  EXPECT_FALSE(stream->Read(&in));
+  grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("Register"), std::string::npos);
+}
+
+TEST_F(AgentServiceTest, ShutdownEndsOpenStreams) {
+  // Verifies Shutdown returns promptly with an agent connected and marks it disconnected.
+  grpc::ClientContext ctx;
+  auto stream = stub_->Connect(&ctx);
+  pb::AgentMessage reg;
+  reg.mutable_register_()->set_agent_name("cpu-3");
+  ASSERT_TRUE(stream->Write(reg));
+  pb::ControllerMessage in;
+  ASSERT_TRUE(stream->Read(&in) && in.has_registered());
+  const auto start = std::chrono::steady_clock::now();
+  server_->Shutdown();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE(stream->Read(&in));
+  EXPECT_EQ(store_->GetAgent("cpu-3")->state, "disconnected");
+}
+
+}  // namespace
+}  // namespace gatehouse::controller

@@ -1,0 +1,290 @@
+// Verifies cell identity: submit-body validation, defaults, canonical hashing of the frozen
+// spec (docs/protocols.md §1-2), and the directory digest cache.
+#include "controller/cell_identity.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "common/phases.h"
+#include "common/sha256.h"
+#include "tests/controller/test_util.h"
+
+namespace gatehouse::controller {
+namespace {
+
+using nlohmann::json;
+using testing::FakeCommitResolver;
+using testing::TempDir;
+
+class IdentityTest : public ::testing::Test {
+ protected:
+  IdentityTest() : freezer_(Config(), resolver_, digests_) {
+    testing::MakeCheckpoint(dir_.path());
+    testing::MakeCheckpoint(dir_.path() / "second");
+  }
+
+  static IdentityConfig Config() {
+    IdentityConfig c;
+    c.families = {"llama", "mistral"};
+    c.torch_pin = "2.11.0";
+    return c;
+  }
+
+  json BaseBody() const {
+    return {{"repository", "/repos/adapt"},
+            {"branch", "main"},
+            {"model_family", "llama"},
+            {"checkpoint", (dir_.path() / "ckpt").string()}};
+  }
+
+  std::string IdOf(const json& body) {
+    auto cell = freezer_.Freeze(body.dump());
+    EXPECT_TRUE(cell.ok()) << cell.status().ToString() << " for " << body.dump();
+    return cell.ok() ? cell->id : "";
+  }
+
+  Status ErrorOf(const json& body) { return freezer_.Freeze(body.dump()).status(); }
+
+  TempDir dir_;
+  FakeCommitResolver resolver_;
+  DigestCache digests_;
+  CellFreezer freezer_;
+};
+
+TEST_F(IdentityTest, SameInputsGiveSameIdWhateverTheFieldOrder) {
+  // Verifies field order and explicitly spelled defaults do not change the cell id.
+  const std::string reordered =
+      R"({"topology":{"ep":1,"pp":1,"dp":1,"tp":1},"checkpoint":")" +
+      (dir_.path() / "ckpt").string() +
+      R"(","model_family":"llama","training":{"seed":1234,"lr":0.001,"steps":2},)"
+      R"("branch":"main","repository":"/repos/adapt","precision":"fp32"})";
+  auto a = freezer_.Freeze(BaseBody().dump());
+  auto b = freezer_.Freeze(reordered);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(a->id, b->id);
+  EXPECT_EQ(a->spec_json, b->spec_json);
+  EXPECT_EQ(a->id.size(), 64u);
+  EXPECT_EQ(a->id, CellIdOf(json::parse(a->spec_json)));
+}
+
+TEST_F(IdentityTest, EveryFieldChangeGivesANewId) {
+  // Verifies each hashed input, changed alone, gives a distinct cell id.
+  const std::string second_ckpt = (dir_.path() / "second" / "ckpt").string();
+  const std::string second_ref = (dir_.path() / "second" / "reference").string();
+  const std::vector<std::pair<std::string, json>> changes = {
+      {"repository", {{"repository", "/repos/other"}}},
+      {"branch resolving elsewhere", {{"branch", "other"}}},
+      {"commit", {{"commit", std::string(40, 'c')}}},
+      {"model_family", {{"model_family", "mistral"}}},
+      {"checkpoint",
+       {{"checkpoint", second_ckpt}, {"reference", (dir_.path() / "reference").string()}}},
+      {"reference", {{"reference", second_ref}}},
+      {"precision", {{"precision", "bf16"}}},
+      {"mode", {{"mode", "cuda_graph"}}},
+      {"device", {{"device", "cuda"}}},
+      {"topology.tp", {{"topology", {{"tp", 2}}}}},
+      {"topology.dp", {{"topology", {{"dp", 2}}}}},
+      {"topology.pp", {{"topology", {{"pp", 2}}}}},
+      {"topology.ep", {{"topology", {{"ep", 2}}}}},
+      {"training.steps", {{"training", {{"steps", 3}}}}},
+      {"training.lr", {{"training", {{"lr", 0.01}}}}},
+      {"training.seed", {{"training", {{"seed", 7}}}}},
+      {"decode.max_new_tokens", {{"decode", {{"max_new_tokens", 8}}}}},
+      {"env", {{"env", {{"NCCL_DEBUG", "INFO"}}}}},
+      {"phases", {{"phases", {"identity", "config"}}}},
+      {"runtime.torch", {{"runtime", {{"torch", "2.10.0"}}}}},
+  };
+  const std::string base = IdOf(BaseBody());
+  std::set<std::string> seen = {base};
+  for (const auto& [what, patch] : changes) {
+    json body = BaseBody();
+    body.merge_patch(patch);
+    if (what == "commit") body.erase("branch");
+    const std::string id = IdOf(body);
+    EXPECT_TRUE(seen.insert(id).second) << "changing " << what << " did not change the id";
+  }
+}
+
+TEST_F(IdentityTest, CheckpointContentIsPartOfTheIdentity) {
+  // Verifies rewriting a checkpoint file changes the id (content digest, not just the path).
+  const std::string before = IdOf(BaseBody());
+  testing::WriteFile(dir_.path() / "ckpt" / "model.safetensors", "other weights");
+  EXPECT_NE(IdOf(BaseBody()), before);
+}
+
+TEST_F(IdentityTest, BranchAndSubmitterAreLabelsNotIdentity) {
+  // Verifies the branch is a label: two branches at one commit give one cell id.
+  json dev = BaseBody();
+  dev["branch"] = "dev";
+  auto a = freezer_.Freeze(BaseBody().dump());
+  auto b = freezer_.Freeze(dev.dump());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->id, b->id);
+  EXPECT_EQ(b->branch, "dev");
+  EXPECT_EQ(json::parse(a->spec_json).count("branch"), 0u);
+}
+
+TEST_F(IdentityTest, DefaultsAreFilledExactlyAsTheProtocolSays) {
+  // Verifies a minimal body freezes to exactly the spec of protocols.md §2, canonically.
+  auto cell = freezer_.Freeze(BaseBody().dump());
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  json spec = json::parse(cell->spec_json);
+  const std::string ckpt = (dir_.path() / "ckpt").string();
+  const std::string ref = (dir_.path() / "reference").string();
+  json phases = json::array();
+  for (auto p : kDefaultPhases) phases.push_back(std::string(p));
+  json expected = {
+      {"spec_version", 1},
+      {"repository", "/repos/adapt"},
+      {"commit", FakeCommitResolver::kSha},
+      {"model_family", "llama"},
+      {"checkpoint", {{"path", ckpt}, {"digest", *DirectoryDigest(ckpt)}}},
+      {"reference", {{"path", ref}, {"digest", *DirectoryDigest(ref)}}},
+      {"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}}},
+      {"launch", {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}}},
+      {"topology", {{"tp", 1}, {"dp", 1}, {"pp", 1}, {"ep", 1}}},
+      {"precision", "fp32"},
+      {"mode", "eager"},
+      {"decode", {{"max_new_tokens", 32}, {"sampling", "greedy"}}},
+      {"training", {{"steps", 2}, {"lr", 0.001}, {"seed", 1234}}},
+      {"env", json::object()},
+      {"phases", phases},
+  };
+  EXPECT_EQ(spec, expected) << spec.dump(2);
+  EXPECT_EQ(cell->spec_json, expected.dump());  // canonical: sorted keys, no whitespace
+  EXPECT_EQ(cell->spec_json.find(' '), std::string::npos);
+}
+
+TEST_F(IdentityTest, PhasesAreNormalisedToPhaseOrder) {
+  // Verifies requested phases are a set: their order does not change the id.
+  json a = BaseBody(), b = BaseBody();
+  a["phases"] = {"load", "identity"};
+  b["phases"] = {"identity", "load"};
+  EXPECT_EQ(IdOf(a), IdOf(b));
+}
+
+TEST_F(IdentityTest, UnknownFieldIsRejectedByName) {
+  // Verifies unknown top-level and nested fields are rejected by their dotted name.
+  json body = BaseBody();
+  body["colour"] = "blue";
+  Status s = ErrorOf(body);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'colour'"), std::string::npos) << s.message();
+
+  body = BaseBody();
+  body["topology"] = {{"tp", 1}, {"xp", 2}};
+  s = ErrorOf(body);
+  EXPECT_NE(s.message().find("'topology.xp'"), std::string::npos) << s.message();
+}
+
+TEST_F(IdentityTest, BadValuesNameFieldAndValue) {
+  // Verifies each wrong type or value is INVALID_ARGUMENT naming the field and the value.
+  struct Case {
+    json patch;
+    std::string field;
+    std::string value;
+  };
+  const std::vector<Case> cases = {
+      {{{"topology", {{"tp", "2"}}}}, "topology.tp", "\"2\""},
+      {{{"topology", {{"tp", 0}}}}, "topology.tp", "0"},
+      {{{"topology", {{"dp", 1.5}}}}, "topology.dp", "1.5"},
+      {{{"training", {{"steps", 1}}}}, "training.steps", "1"},
+      {{{"training", {{"lr", -1}}}}, "training.lr", "-1"},
+      {{{"precision", "fp8"}}, "precision", "\"fp8\""},
+      {{{"mode", 3}}, "mode", "3"},
+      {{{"phases", {"identity", "warp"}}}, "phases", "\"warp\""},
+      {{{"model_family", "gpt9"}}, "model_family", "\"gpt9\""},
+      {{{"commit", "abc"}}, "commit", "\"abc\""},
+      {{{"checkpoint", "relative/ckpt"}}, "checkpoint", "\"relative/ckpt\""},
+      {{{"env", {{"A", 1}}}}, "env.A", "1"},
+  };
+  for (const Case& c : cases) {
+    json body = BaseBody();
+    body.merge_patch(c.patch);
+    Status s = ErrorOf(body);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.field << ": " << s.ToString();
+    EXPECT_NE(s.message().find("'" + c.field + "'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(c.value), std::string::npos) << s.message();
+  }
+}
+
+TEST_F(IdentityTest, MalformedOrIncompleteBodiesAreRejected) {
+  // Verifies non-objects, bad JSON and missing required fields are rejected by name.
+  EXPECT_EQ(ErrorOf(json::array()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(freezer_.Freeze("{not json").status().code(), StatusCode::kInvalidArgument);
+  json body = BaseBody();
+  body.erase("branch");
+  Status s = ErrorOf(body);
+  EXPECT_NE(s.message().find("'branch'"), std::string::npos) << s.message();
+  body = BaseBody();
+  body.erase("checkpoint");
+  s = ErrorOf(body);
+  EXPECT_NE(s.message().find("'checkpoint'"), std::string::npos) << s.message();
+}
+
+TEST_F(IdentityTest, MissingDirectoriesAreNotFoundAndNamed) {
+  // Verifies a missing checkpoint, config.json or default reference is NOT_FOUND naming the path.
+  json body = BaseBody();
+  const std::string missing = (dir_.path() / "absent").string();
+  body["checkpoint"] = missing;
+  Status s = ErrorOf(body);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find(missing), std::string::npos) << s.message();
+
+  std::filesystem::create_directories(dir_.path() / "noconfig" / "ckpt");
+  body["checkpoint"] = (dir_.path() / "noconfig" / "ckpt").string();
+  s = ErrorOf(body);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("config.json"), std::string::npos) << s.message();
+
+  // The default reference, <checkpoint>/../reference, must exist too.
+  testing::WriteFile(dir_.path() / "lonely" / "ckpt" / "config.json", "{}");
+  body["checkpoint"] = (dir_.path() / "lonely" / "ckpt").string();
+  s = ErrorOf(body);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find((dir_.path() / "lonely" / "reference").string()), std::string::npos)
+      << s.message();
+}
+
+TEST_F(IdentityTest, ResolverErrorsPassThrough) {
+  // Verifies git resolution errors reach the caller unchanged.
+  json body = BaseBody();
+  body["branch"] = "missing";
+  Status s = ErrorOf(body);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("branch 'missing'"), std::string::npos);
+}
+
+TEST_F(IdentityTest, TheReportsReproduceBodyGivesTheSameCell) {
+  // Verifies the report's reproduce body (commit, no branch) freezes to the same cell id.
+  json body = BaseBody();
+  body["topology"] = {{"tp", 2}};
+  body["env"] = {{"OMP_NUM_THREADS", "1"}};
+  auto cell = freezer_.Freeze(body.dump());
+  ASSERT_TRUE(cell.ok());
+  json again = ReproduceBody(json::parse(cell->spec_json));
+  EXPECT_EQ(again.count("branch"), 0u);
+  EXPECT_EQ(IdOf(again), cell->id);
+}
+
+TEST(DigestCacheTest, ReusesADigestUntilAFileChanges) {
+  // Verifies digests are cached by file size/mtime and recomputed when a file changes.
+  TempDir dir;
+  testing::WriteFile(dir.path() / "a.txt", "one");
+  DigestCache cache;
+  auto first = cache.Digest(dir.path());
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*cache.Digest(dir.path()), *first);
+  EXPECT_EQ(cache.computations(), 1);
+  testing::WriteFile(dir.path() / "a.txt", "two!");  // new size (and mtime)
+  auto second = cache.Digest(dir.path());
+  ASSERT_TRUE(second.ok());
+  EXPECT_NE(*second, *first);
+  EXPECT_EQ(cache.computations(), 2);
+  EXPECT_EQ(*second, *DirectoryDigest(dir.path()));
+}
+
+}  // namespace
+}  // namespace gatehouse::controller

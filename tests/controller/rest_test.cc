@@ -1,0 +1,313 @@
+// Verifies the REST API end to end over real sockets (server on 127.0.0.1, ephemeral port):
+// submit/list/get/report/log shapes, error codes and messages, the body limit, static files
+// without path traversal, and that the server keeps serving after bad requests.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "controller/controller_core.h"
+#include "controller/http_server.h"
+#include "controller/rest_api.h"
+#include "tests/controller/test_util.h"
+
+namespace gatehouse::controller {
+namespace {
+
+using nlohmann::json;
+using testing::TempDir;
+
+struct Reply {
+  int status = 0;
+  std::string head;
+  std::string body;
+};
+
+// Sends raw bytes on a fresh connection and reads until the server closes it.
+Reply RawRequest(uint16_t port, const std::string& bytes) {
+  Reply reply;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return reply;
+  }
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the server may answer and stop reading early (413)
+    sent += static_cast<size_t>(n);
+  }
+  ::shutdown(fd, SHUT_WR);
+  std::string raw;
+  char buf[8192];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
+    raw.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t split = raw.find("\r\n\r\n");
+  if (raw.rfind("HTTP/1.1 ", 0) != 0 || split == std::string::npos) return reply;
+  reply.status = std::stoi(raw.substr(9, 3));
+  reply.head = raw.substr(0, split);
+  reply.body = raw.substr(split + 4);
+  return reply;
+}
+
+Reply Http(uint16_t port, const std::string& method, const std::string& target,
+           const std::string& body = "", const std::string& extra_headers = "") {
+  std::string req = method + " " + target +
+                    " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra_headers;
+  if (!body.empty() || method == "POST") {
+    req +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  return RawRequest(port, req + "\r\n" + body);
+}
+
+/// Records assignments instead of sending them.
+class FakeChannel : public AgentChannel {
+ public:
+  bool SendAssignment(const AssignmentMessage& a) override {
+    std::lock_guard lock(mu);
+    sent.push_back(a);
+    return true;
+  }
+  std::mutex mu;
+  std::vector<AssignmentMessage> sent;
+};
+
+class RestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::MakeCheckpoint(dir_.path());
+    testing::WriteFile(dir_.path() / "web" / "index.html", "<h1>cells</h1>");
+    testing::WriteFile(dir_.path() / "web" / "app.js", "poll();");
+    testing::WriteFile(dir_.path() / "secret.txt", "do not serve");
+    std::filesystem::create_symlink(dir_.path() / "secret.txt", dir_.path() / "web" / "leak.txt");
+    auto store = Store::Open((dir_.path() / "g.db").string(), SystemClock());
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+    core_ = std::make_unique<ControllerCore>(*store_, freezer_);
+    api_ = std::make_unique<RestApi>(*core_, dir_.path() / "web");
+    auto server = HttpServer::Start({}, [this](const HttpRequest& r) { return api_->Handle(r); });
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+    port_ = server_->port();
+  }
+
+  std::string SubmitBody(const std::string& branch = "main") const {
+    return json{{"repository", "/repos/adapt"},
+                {"branch", branch},
+                {"model_family", "llama"},
+                {"checkpoint", (dir_.path() / "ckpt").string()}}
+        .dump();
+  }
+
+  TempDir dir_;
+  testing::FakeCommitResolver resolver_;
+  DigestCache digests_;
+  CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<ControllerCore> core_;
+  std::unique_ptr<RestApi> api_;
+  std::unique_ptr<HttpServer> server_;
+  uint16_t port_ = 0;
+};
+
+TEST_F(RestTest, SubmitCreatesOnceThenReturnsTheSameCell) {
+  // Verifies POST gives 201 created:true, the same inputs 200 created:false; GET returns it.
+  Reply first = Http(port_, "POST", "/api/v1/cells", SubmitBody(), "X-Gatehouse-Submitter: ci\r\n");
+  ASSERT_EQ(first.status, 201) << first.body;
+  json cell = json::parse(first.body);
+  EXPECT_TRUE(cell["created"].get<bool>());
+  EXPECT_EQ(cell["status"], "queued");
+  EXPECT_EQ(cell["labels"]["branch"], "main");
+  EXPECT_EQ(cell["labels"]["submitter"], "ci");
+  EXPECT_EQ(cell["spec"]["commit"], testing::FakeCommitResolver::kSha);
+  EXPECT_EQ(cell["attempts"].size(), 1u);
+  EXPECT_EQ(cell["attempts"][0]["number"], 1);
+  EXPECT_EQ(cell["attempts"][0]["agent"], nullptr);
+  EXPECT_TRUE(cell["phases"].empty());
+
+  Reply again = Http(port_, "POST", "/api/v1/cells", SubmitBody());
+  ASSERT_EQ(again.status, 200) << again.body;
+  json same = json::parse(again.body);
+  EXPECT_FALSE(same["created"].get<bool>());
+  EXPECT_EQ(same["id"], cell["id"]);
+
+  Reply got = Http(port_, "GET", "/api/v1/cells/" + cell["id"].get<std::string>());
+  ASSERT_EQ(got.status, 200);
+  EXPECT_NE(got.head.find("Content-Type: application/json"), std::string::npos);
+  EXPECT_EQ(json::parse(got.body)["spec"], cell["spec"]);
+}
+
+TEST_F(RestTest, BadSubmissionsAreRejectedWithMessagesNamingTheProblem) {
+  // Verifies bad JSON/fields/values are 400 and unknown branch/path 404, naming the culprit.
+  Reply malformed = Http(port_, "POST", "/api/v1/cells", "{\"repository\": ");
+  EXPECT_EQ(malformed.status, 400);
+  EXPECT_NE(json::parse(malformed.body)["error"].get<std::string>().find("not valid JSON"),
+            std::string::npos);
+
+  json body = json::parse(SubmitBody());
+  body["flavour"] = "extra";
+  Reply unknown = Http(port_, "POST", "/api/v1/cells", body.dump());
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_EQ(json::parse(unknown.body)["error"], "unknown field 'flavour'");
+
+  body = json::parse(SubmitBody());
+  body["topology"] = {{"tp", -2}};
+  Reply bad_value = Http(port_, "POST", "/api/v1/cells", body.dump());
+  EXPECT_EQ(bad_value.status, 400);
+  EXPECT_NE(bad_value.body.find("topology.tp"), std::string::npos);
+  EXPECT_NE(bad_value.body.find("-2"), std::string::npos);
+
+  Reply no_branch = Http(port_, "POST", "/api/v1/cells", SubmitBody("missing"));
+  EXPECT_EQ(no_branch.status, 404);
+  EXPECT_NE(no_branch.body.find("branch 'missing'"), std::string::npos);
+
+  body = json::parse(SubmitBody());
+  body["checkpoint"] = "/no/such/ckpt";
+  Reply no_ckpt = Http(port_, "POST", "/api/v1/cells", body.dump());
+  EXPECT_EQ(no_ckpt.status, 404);
+  EXPECT_NE(no_ckpt.body.find("/no/such/ckpt"), std::string::npos);
+
+  EXPECT_EQ(Http(port_, "GET", "/healthz").status, 200);
+}
+
+TEST_F(RestTest, UnknownCellIs404WithItsId) {
+  // Verifies unknown cells, routes and methods answer 404/405 with a JSON error.
+  Reply r = Http(port_, "GET", "/api/v1/cells/feedbeef");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(json::parse(r.body)["error"], "cell 'feedbeef' not found");
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/feedbeef/report").status, 404);
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/feedbeef/log").status, 404);
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/nothing").status, 404);
+  EXPECT_EQ(Http(port_, "DELETE", "/api/v1/cells/feedbeef").status, 405);
+}
+
+TEST_F(RestTest, OversizeAndMalformedRequestsDoNotStopTheServer) {
+  // Verifies a body over 1 MiB is 413, garbage is 400, and the server keeps serving.
+  const std::string big(2 * 1024 * 1024, 'x');
+  Reply over = Http(port_, "POST", "/api/v1/cells", big);
+  EXPECT_EQ(over.status, 413);
+  EXPECT_NE(over.body.find("1048576"), std::string::npos);
+
+  Reply garbage = RawRequest(port_, "THIS IS NOT HTTP\r\n\r\n");
+  EXPECT_EQ(garbage.status, 400);
+
+  Reply health = Http(port_, "GET", "/healthz");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body, "ok");
+}
+
+TEST_F(RestTest, ListsCellsNewestFirstWithPaging) {
+  // Verifies the cell list shape, newest-first order, limit/offset paging and a bad limit.
+  ASSERT_EQ(Http(port_, "POST", "/api/v1/cells", SubmitBody("main")).status, 201);
+  ASSERT_EQ(Http(port_, "POST", "/api/v1/cells", SubmitBody("other")).status, 201);
+  Reply r = Http(port_, "GET", "/api/v1/cells");
+  ASSERT_EQ(r.status, 200);
+  json cells = json::parse(r.body)["cells"];
+  ASSERT_EQ(cells.size(), 2u);
+  EXPECT_EQ(cells[0]["branch"], "other");
+  for (const char* key :
+       {"id", "status", "model_family", "repository", "branch", "commit", "created_at"}) {
+    EXPECT_TRUE(cells[0].contains(key)) << key;
+  }
+  json page = json::parse(Http(port_, "GET", "/api/v1/cells?limit=1&offset=1").body)["cells"];
+  ASSERT_EQ(page.size(), 1u);
+  EXPECT_EQ(page[0]["branch"], "main");
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells?limit=abc").status, 400);
+}
+
+TEST_F(RestTest, AnAttemptsEvidenceShowsInCellReportAndLog) {
+  // Verifies agent events show as phases/figures, status, report table and concatenated log.
+  // An agent takes the attempt, reports two phases and finishes with a FAIL.
+  auto channel = std::make_shared<FakeChannel>();
+  ASSERT_TRUE(core_->RegisterAgent({"agent-1", "{}", 1}).ok());
+  core_->AttachAgent("agent-1", 1, channel);
+  json cell = json::parse(Http(port_, "POST", "/api/v1/cells", SubmitBody()).body);
+  const std::string id = cell["id"];
+  ASSERT_EQ(channel->sent.size(), 1u);
+  const int64_t attempt = channel->sent[0].attempt_id;
+  EXPECT_EQ(channel->sent[0].cell_id, id);
+  EXPECT_EQ(json::parse(channel->sent[0].spec_json), cell["spec"]);
+  EXPECT_EQ(json::parse(Http(port_, "GET", "/api/v1/cells/" + id).body)["status"], "leased");
+
+  const std::vector<std::string> events = {
+      R"({"event":"phase_start","phase":"identity","ts_ms":1})",
+      R"({"event":"figure","phase":"identity","name":"sha","value":"abc","unit":"text"})",
+      R"({"event":"phase_end","phase":"identity","status":"PASS","reason":"","classification":"","duration_ms":3,"ts_ms":2})",
+      R"({"event":"phase_start","phase":"load","ts_ms":3})",
+      R"({"event":"figure","phase":"load","name":"keys_used","value":21,"unit":"count"})",
+      R"({"event":"phase_end","phase":"load","status":"FAIL","reason":"missing key lm_head.weight","classification":"adapter_contract","duration_ms":12,"ts_ms":4})",
+      R"({"event":"run_end","status":"FAIL","ts_ms":5})",
+  };
+  for (size_t i = 0; i < events.size(); ++i) {
+    ASSERT_TRUE(
+        core_->RecordEvent("agent-1", attempt, static_cast<int64_t>(i + 1), events[i]).ok());
+  }
+  EXPECT_EQ(core_->RecordEvent("agent-2", attempt, 99, "{}").code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(core_->RecordLog("agent-1", attempt, "worker", 6, "line 2\n").ok());
+  ASSERT_TRUE(core_->RecordLog("agent-1", attempt, "worker", 0, "line1\n").ok());
+  ASSERT_TRUE(core_->EndAttempt("agent-1", attempt, "finished", "", 1).ok());
+  ASSERT_TRUE(core_->EndAttempt("agent-1", attempt, "error", "resent late", 1).ok());
+
+  json detail = json::parse(Http(port_, "GET", "/api/v1/cells/" + id).body);
+  EXPECT_EQ(detail["status"], "failed");
+  EXPECT_EQ(detail["attempts"][0]["agent"], "agent-1");
+  EXPECT_NE(detail["attempts"][0]["reason"].get<std::string>().find("phase 'load' FAIL"),
+            std::string::npos);
+  ASSERT_EQ(detail["phases"].size(), 2u);
+  EXPECT_EQ(detail["phases"][0]["phase"], "identity");
+  EXPECT_EQ(detail["phases"][1]["phase"], "load");
+  EXPECT_EQ(detail["phases"][1]["status"], "FAIL");
+  EXPECT_EQ(detail["phases"][1]["classification"], "adapter_contract");
+  EXPECT_EQ(detail["phases"][1]["duration_ms"], 12);
+  EXPECT_EQ(detail["phases"][1]["figures"][0],
+            json({{"name", "keys_used"}, {"value", 21}, {"unit", "count"}}));
+
+  Reply report = Http(port_, "GET", "/api/v1/cells/" + id + "/report");
+  ASSERT_EQ(report.status, 200);
+  EXPECT_NE(report.head.find("text/markdown"), std::string::npos);
+  EXPECT_NE(report.body.find("| load | FAIL | keys_used=21 count | missing key lm_head.weight |"),
+            std::string::npos)
+      << report.body;
+  EXPECT_NE(report.body.find(testing::FakeCommitResolver::kSha), std::string::npos);
+  EXPECT_NE(report.body.find("| decode | (not reported) |"), std::string::npos);
+  EXPECT_NE(report.body.find("\"checkpoint\": \"" + (dir_.path() / "ckpt").string()),
+            std::string::npos);
+
+  Reply log = Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker");
+  ASSERT_EQ(log.status, 200);
+  EXPECT_EQ(log.body, "line1\nline 2\n");
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=build").body, "");
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?attempt=2").status, 404);
+}
+
+TEST_F(RestTest, ServesDashboardFilesAndNothingOutsideTheWebDir) {
+  // Verifies dashboard files are served; '..', encoded '..' and outward symlinks are refused.
+  Reply index = Http(port_, "GET", "/");
+  EXPECT_EQ(index.status, 200);
+  EXPECT_EQ(index.body, "<h1>cells</h1>");
+  EXPECT_NE(index.head.find("text/html"), std::string::npos);
+  EXPECT_EQ(Http(port_, "GET", "/static/app.js").body, "poll();");
+  EXPECT_EQ(Http(port_, "GET", "/app.js").status, 200);
+  EXPECT_EQ(Http(port_, "GET", "/static/../secret.txt").status, 400);
+  EXPECT_EQ(Http(port_, "GET", "/static/%2e%2e/secret.txt").status, 400);
+  EXPECT_EQ(Http(port_, "GET", "/static/..%2fsecret.txt").status, 400);
+  Reply leak = Http(port_, "GET", "/static/leak.txt");  // a symlink pointing outside
+  EXPECT_EQ(leak.status, 404);
+  EXPECT_EQ(leak.body.find("do not serve"), std::string::npos);
+  EXPECT_EQ(Http(port_, "GET", "/static/absent.css").status, 404);
+  EXPECT_EQ(Http(port_, "GET", "/healthz").status, 200);
+}
+
+}  // namespace
+}  // namespace gatehouse::controller

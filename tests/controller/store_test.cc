@@ -1,0 +1,269 @@
+// Verifies the SQLite store: migrations applied once and recorded, cells created with their
+// first attempt atomically, idempotent events and log chunks, and all-or-nothing writes.
+#include "controller/store/store.h"
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <atomic>
+#include <vector>
+
+#include "tests/controller/test_util.h"
+
+namespace gatehouse::controller {
+namespace {
+
+using testing::TempDir;
+
+// A clock that advances one millisecond per reading, so order is deterministic.
+Clock SteppingClock() {
+  auto t = std::make_shared<std::atomic<int64_t>>(1'700'000'000'000);
+  return [t] {
+    return std::chrono::system_clock::time_point(std::chrono::milliseconds(t->fetch_add(1)));
+  };
+}
+
+CellRecord MakeCell(const std::string& id) {
+  CellRecord c;
+  c.id = id;
+  c.spec_json = R"({"id":")" + id + R"("})";
+  c.repository = "/repos/adapt";
+  c.commit_sha = std::string(40, 'a');
+  c.branch = "main";
+  c.model_family = "llama";
+  c.submitter = "ci";
+  return c;
+}
+
+// Runs SQL on a second connection to the same file (to plant failures, as a test would).
+void ExecOnFile(const std::filesystem::path& db, const std::string& sql) {
+  sqlite3* conn = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &conn), SQLITE_OK);
+  char* err = nullptr;
+  int rc = sqlite3_exec(conn, sql.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+  sqlite3_free(err);
+  sqlite3_close(conn);
+}
+
+EventEffect PhaseStart(const std::string& phase) {
+  EventEffect e;
+  e.kind = EventEffect::Kind::kPhaseStart;
+  e.phase = phase;
+  return e;
+}
+
+EventEffect Figure(const std::string& phase, const std::string& name, const std::string& value) {
+  EventEffect e;
+  e.kind = EventEffect::Kind::kFigure;
+  e.phase = phase;
+  e.name = name;
+  e.value_json = value;
+  e.unit = "count";
+  return e;
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = Store::Open(db_path(), SteppingClock());
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+  }
+  std::filesystem::path db_path() const { return dir_.path() / "gatehouse.db"; }
+
+  // Creates a cell and leases its attempt 1 to "agent-1"; returns the attempt id.
+  int64_t LeasedAttempt(const std::string& cell_id) {
+    EXPECT_TRUE(*store_->CreateCellIfAbsent(MakeCell(cell_id)));
+    auto attempts = *store_->ListAttempts(cell_id);
+    EXPECT_TRUE(store_->LeaseAttempts({{attempts.at(0).id, "agent-1"}}).ok());
+    return attempts.at(0).id;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(StoreTest, MigrationsAreAppliedOnceAndRecorded) {
+  // Verifies migrations are recorded once, skipped on reopen, and a new one is applied once.
+  auto applied = store_->AppliedMigrations();
+  ASSERT_TRUE(applied.ok());
+  ASSERT_EQ(applied->size(), EmbeddedMigrations().size());
+  EXPECT_EQ(applied->at(0).version, 1);
+  EXPECT_EQ(applied->at(0).name, "initial");
+  const std::string first_applied_at = applied->at(0).applied_at;
+  ASSERT_TRUE(store_->CreateCellIfAbsent(MakeCell("c1")).ok());
+  store_.reset();
+
+  // Reopening skips what is recorded (re-running 0001 would fail: its tables exist) and
+  // applies a new migration once.
+  std::vector<Migration> more(EmbeddedMigrations().begin(), EmbeddedMigrations().end());
+  more.push_back({2, "extra", "CREATE TABLE extra (x INTEGER);"});
+  for (int round = 0; round < 2; ++round) {
+    auto reopened = Store::Open(db_path(), SteppingClock(), more);
+    ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+    auto rows = *(*reopened)->AppliedMigrations();
+    ASSERT_EQ(rows.size(), more.size());
+    EXPECT_EQ(rows[0].applied_at, first_applied_at);
+    EXPECT_EQ(rows.back().version, 2);
+    EXPECT_TRUE((*(*reopened)->GetCell("c1")).has_value());  // data kept
+  }
+}
+
+TEST_F(StoreTest, AFailingMigrationLeavesNothingBehind) {
+  // Verifies a failing migration rolls back whole and is not recorded.
+  store_.reset();
+  std::vector<Migration> more(EmbeddedMigrations().begin(), EmbeddedMigrations().end());
+  more.push_back({2, "broken", "CREATE TABLE half (x INTEGER); THIS IS NOT SQL;"});
+  auto broken = Store::Open(db_path(), SteppingClock(), more);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.status().message().find("2_broken"), std::string::npos)
+      << broken.status().message();
+  // Not recorded, and its first statement rolled back: the fixed migration applies cleanly.
+  more.back() = {2, "broken", "CREATE TABLE half (x INTEGER);"};
+  auto fixed = Store::Open(db_path(), SteppingClock(), more);
+  ASSERT_TRUE(fixed.ok()) << fixed.status().ToString();
+  EXPECT_EQ((*(*fixed)->AppliedMigrations()).size(), 2u);
+}
+
+TEST_F(StoreTest, CreatesACellWithAQueuedFirstAttemptOnce) {
+  // Verifies a cell is stored once, with attempt 1 queued.
+  EXPECT_TRUE(*store_->CreateCellIfAbsent(MakeCell("c1")));
+  EXPECT_FALSE(*store_->CreateCellIfAbsent(MakeCell("c1")));
+  auto cell = *store_->GetCell("c1");
+  ASSERT_TRUE(cell.has_value());
+  EXPECT_EQ(cell->branch, "main");
+  EXPECT_EQ(cell->submitter, "ci");
+  auto attempts = *store_->ListAttempts("c1");
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].number, 1);
+  EXPECT_EQ(attempts[0].state, AttemptState::kQueued);
+  EXPECT_FALSE((*store_->GetCell("absent")).has_value());
+}
+
+TEST_F(StoreTest, ListsCellsNewestFirstWithTheirStatus) {
+  // Verifies cells list newest first with the latest attempt's state.
+  ASSERT_TRUE(store_->CreateCellIfAbsent(MakeCell("old")).ok());
+  ASSERT_TRUE(store_->CreateCellIfAbsent(MakeCell("new")).ok());
+  auto cells = *store_->ListCells(10, 0);
+  ASSERT_EQ(cells.size(), 2u);
+  EXPECT_EQ(cells[0].cell.id, "new");
+  EXPECT_EQ(cells[1].cell.id, "old");
+  EXPECT_EQ(cells[0].status, AttemptState::kQueued);
+  EXPECT_EQ((*store_->ListCells(1, 1)).at(0).cell.id, "old");
+}
+
+TEST_F(StoreTest, ACreateThatFailsHalfwayStoresNothing) {
+  // Verifies a cell whose attempt insert fails (after the cell row) is not stored at all.
+  ExecOnFile(db_path(),
+             "CREATE TRIGGER fail_attempts BEFORE INSERT ON attempts "
+             "BEGIN SELECT RAISE(ABORT, 'injected failure'); END;");
+  auto created = store_->CreateCellIfAbsent(MakeCell("c1"));
+  ASSERT_FALSE(created.ok());
+  EXPECT_NE(created.status().message().find("injected failure"), std::string::npos);
+  EXPECT_FALSE((*store_->GetCell("c1")).has_value());
+  EXPECT_TRUE((*store_->ListCells(10, 0)).empty());
+  // Once the cause is gone the same cell is created whole.
+  ExecOnFile(db_path(), "DROP TRIGGER fail_attempts;");
+  EXPECT_TRUE(*store_->CreateCellIfAbsent(MakeCell("c1")));
+  EXPECT_EQ((*store_->ListAttempts("c1")).size(), 1u);
+}
+
+TEST_F(StoreTest, EventsAreIdempotentBySequenceNumber) {
+  // Verifies a resent (attempt, seq) is ignored and phase events update the phase row.
+  const int64_t id = LeasedAttempt("c1");
+  EXPECT_TRUE(
+      *store_->RecordEvent(id, 1, R"({"event":"phase_start","phase":"load"})", PhaseStart("load")));
+  EXPECT_EQ((*store_->GetAttempt(id)).state, AttemptState::kRunning);
+  EXPECT_TRUE(*store_->RecordEvent(id, 2, "{}", Figure("load", "keys_used", "21")));
+  // A reconnecting agent resends both; nothing is applied twice.
+  EXPECT_FALSE(*store_->RecordEvent(id, 1, "{}", PhaseStart("load")));
+  EXPECT_FALSE(*store_->RecordEvent(id, 2, "{}", Figure("load", "keys_used", "21")));
+  auto phases = *store_->ListPhases(id);
+  ASSERT_EQ(phases.size(), 1u);
+  EXPECT_EQ(phases[0].status, "RUNNING");
+  ASSERT_EQ(phases[0].figures.size(), 1u);
+  EXPECT_EQ(phases[0].figures[0].value_json, "21");
+
+  EventEffect end;
+  end.kind = EventEffect::Kind::kPhaseEnd;
+  end.phase = "load";
+  end.status = "FAIL";
+  end.reason = "missing key lm_head.weight";
+  end.classification = "adapter_contract";
+  end.duration_ms = 12;
+  EXPECT_TRUE(*store_->RecordEvent(id, 3, "{}", end));
+  phases = *store_->ListPhases(id);
+  EXPECT_EQ(phases[0].status, "FAIL");
+  EXPECT_EQ(phases[0].classification, "adapter_contract");
+  EXPECT_EQ(phases[0].duration_ms, 12);
+
+  EXPECT_EQ(store_->RecordEvent(9999, 1, "{}", EventEffect{}).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, AnEventThatFailsHalfwayIsNotRememberedAsSeen) {
+  // Verifies an event whose effect fails is rolled back, so its resend is applied.
+  const int64_t id = LeasedAttempt("c1");
+  ExecOnFile(db_path(),
+             "CREATE TRIGGER fail_figures BEFORE INSERT ON figures "
+             "BEGIN SELECT RAISE(ABORT, 'injected failure'); END;");
+  EXPECT_FALSE(store_->RecordEvent(id, 1, "{}", Figure("load", "keys", "1")).ok());
+  ExecOnFile(db_path(), "DROP TRIGGER fail_figures;");
+  // The resend is applied: the failed attempt did not store seq 1.
+  EXPECT_TRUE(*store_->RecordEvent(id, 1, "{}", Figure("load", "keys", "1")));
+  EXPECT_EQ((*store_->ListPhases(id)).at(0).figures.size(), 1u);
+}
+
+TEST_F(StoreTest, LogChunksKeepOffsetOrderAndIgnoreResends) {
+  // Verifies log chunks concatenate in offset order per stream and resent offsets are ignored.
+  const int64_t id = LeasedAttempt("c1");
+  EXPECT_TRUE(*store_->AppendLog(id, "worker", 6, "world\n"));
+  EXPECT_TRUE(*store_->AppendLog(id, "worker", 0, "hello "));
+  EXPECT_FALSE(*store_->AppendLog(id, "worker", 0, "hello "));
+  EXPECT_TRUE(*store_->AppendLog(id, "build", 0, "cmake\n"));
+  EXPECT_EQ(*store_->ReadLog(id, "worker"), "hello world\n");
+  EXPECT_EQ(*store_->ReadLog(id, "build"), "cmake\n");
+  EXPECT_EQ(*store_->ReadLog(id, "none"), "");
+}
+
+TEST_F(StoreTest, LeasesAreAllOrNothingAndFollowTheTransitionTable) {
+  // Verifies a lease batch is all-or-nothing and ends obey the transition table.
+  ASSERT_TRUE(store_->CreateCellIfAbsent(MakeCell("c1")).ok());
+  ASSERT_TRUE(store_->CreateCellIfAbsent(MakeCell("c2")).ok());
+  const int64_t a1 = (*store_->ListAttempts("c1")).at(0).id;
+  const int64_t a2 = (*store_->ListAttempts("c2")).at(0).id;
+  ASSERT_TRUE(store_->LeaseAttempts({{a2, "agent-1"}}).ok());
+  // a2 is no longer queued, so the whole batch fails and a1 stays queued.
+  Status s = store_->LeaseAttempts({{a1, "agent-1"}, {a2, "agent-2"}});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*store_->GetAttempt(a1)).state, AttemptState::kQueued);
+  EXPECT_EQ((*store_->GetAttempt(a2)).agent_id, "agent-1");
+  EXPECT_EQ((*store_->ActiveAttemptsByAgent()).at("agent-1"), 1);
+  ASSERT_EQ((*store_->ListQueuedAttempts()).size(), 1u);
+
+  EXPECT_TRUE(*store_->FinishAttempt(a2, AttemptState::kPassed, ""));
+  EXPECT_FALSE(*store_->FinishAttempt(a2, AttemptState::kError, "late resend"));
+  EXPECT_EQ((*store_->GetAttempt(a2)).state, AttemptState::kPassed);
+  EXPECT_FALSE((*store_->GetAttempt(a2)).ended_at.empty());
+  EXPECT_EQ(store_->FinishAttempt(a1, AttemptState::kPassed, "").status().code(),
+            StatusCode::kFailedPrecondition);  // queued -> passed is illegal
+}
+
+TEST_F(StoreTest, AgentsAreUpsertedAndTracked) {
+  // Verifies agents re-register as connected with capabilities and heartbeat time.
+  AgentRecord agent{"gpu-1", "gpu-1", R"({"slots":2})", "", "", ""};
+  ASSERT_TRUE(store_->UpsertAgent(agent).ok());
+  ASSERT_TRUE(store_->SetAgentState("gpu-1", "disconnected").ok());
+  ASSERT_TRUE(store_->UpsertAgent(agent).ok());
+  ASSERT_TRUE(store_->TouchAgent("gpu-1").ok());
+  auto row = store_->GetAgent("gpu-1");
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->state, "connected");
+  EXPECT_EQ(row->capabilities_json, R"({"slots":2})");
+  EXPECT_FALSE(row->last_heartbeat_at.empty());
+  EXPECT_EQ(store_->GetAgent("nobody").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace gatehouse::controller

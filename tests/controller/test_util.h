@@ -1,0 +1,68 @@
+// Helpers shared by the controller tests: temporary directories, files, fixtures.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "controller/commit_resolver.h"
+
+namespace gatehouse::controller::testing {
+
+/// A fresh directory under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "gatehouse-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline void WriteFile(const std::filesystem::path& p, const std::string& content) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << content;
+}
+
+/// A checkpoint directory <root>/ckpt (config.json + weights) and <root>/reference.
+inline void MakeCheckpoint(const std::filesystem::path& root) {
+  WriteFile(root / "ckpt" / "config.json", R"({"model_type":"llama"})");
+  WriteFile(root / "ckpt" / "model.safetensors", "weights");
+  WriteFile(root / "reference" / "logits.bin", "reference");
+}
+
+/// Resolves every branch to a fixed SHA; "missing" is an unknown branch; a repository named
+/// "/nowhere" is unknown.
+class FakeCommitResolver : public CommitResolver {
+ public:
+  static constexpr char kSha[] = "0123456789abcdef0123456789abcdef01234567";
+
+  Result<std::string> ResolveBranch(const std::string& repository,
+                                    const std::string& branch) override {
+    if (repository == "/nowhere") return Status::NotFound("repository '/nowhere': absent");
+    if (branch == "missing") {
+      return Status::NotFound("branch 'missing' not found in '" + repository + "'");
+    }
+    ++calls;
+    return branch == "other" ? std::string(40, 'b') : std::string(kSha);
+  }
+  Result<std::string> ResolveCommit(const std::string& repository,
+                                    const std::string& commit) override {
+    if (repository == "/nowhere") return Status::NotFound("repository '/nowhere': absent");
+    ++calls;
+    return commit;
+  }
+  int calls = 0;
+};
+
+}  // namespace gatehouse::controller::testing

@@ -1,0 +1,737 @@
+// Gate tests over the fake family (fake_family.h) and fixtures made from it (gates_fixture.h).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "common/sha256.h"
+#include "gatehouse/worker/gates.h"
+#include "gatehouse/worker/plugin_loader.h"
+#include "gatehouse/worker/reference.h"
+#include "gatehouse/worker/safetensors_torch.h"
+#include "gates_fixture.h"
+
+namespace gatehouse::worker {
+namespace {
+
+using testing::FakeFamily;
+using testing::FakeOptions;
+using testing::Fixture;
+using testing::FixtureOptions;
+using testing::RunThrough;
+using ::testing::HasSubstr;
+
+const Figure& Fig(const GateOutcome& out, std::string_view name) {
+  const Figure* f = out.Find(name);
+  if (f == nullptr) {
+    static const Figure kMissing{"<missing>", std::string("<missing>"), ""};
+    ADD_FAILURE() << "no figure " << name;
+    return kMissing;
+  }
+  return *f;
+}
+int64_t Count(const GateOutcome& out, std::string_view name) {
+  const auto* v = std::get_if<int64_t>(&Fig(out, name).value);
+  return v ? *v : -1;
+}
+double Real(const GateOutcome& out, std::string_view name) {
+  const auto* v = std::get_if<double>(&Fig(out, name).value);
+  return v ? *v : std::nan("");
+}
+std::string Text(const GateOutcome& out, std::string_view name) {
+  const auto* v = std::get_if<std::string>(&Fig(out, name).value);
+  return v ? *v : "";
+}
+
+#define EXPECT_STATUS(out, s) \
+  EXPECT_EQ(GateStatusName((out).status), GateStatusName(s)) << (out).reason
+
+// --- KL reduction ----------------------------------------------------------------------------
+
+// Verifies the per-token KL is summed over the vocabulary and averaged over tokens only
+// ("batchmean"), on a hand-computed 2-token, 2-word example.
+TEST(LogitComparisonTest, BatchmeanKlHandComputed) {
+  // Token 0: p = softmax([0, 0]) = [1/2, 1/2], q = softmax([ln 3, 0]) = [3/4, 1/4]:
+  //   KL_0 = 1/2 ln(2/3) + 1/2 ln 2 = 1/2 ln(4/3); argmax 0 vs 0 (agree).
+  // Token 1: p = softmax([2, 1]) = [s, 1-s] with s = 1/(1+e^-1), q = [1-s, s]:
+  //   KL_1 = s ln(s/(1-s)) + (1-s) ln((1-s)/s) = (2s-1) * 1; argmax 0 vs 1 (disagree).
+  torch::Tensor ref = torch::tensor({{0.0, 0.0}, {2.0, 1.0}}, torch::kDouble);
+  torch::Tensor ours = torch::tensor({{std::log(3.0), 0.0}, {1.0, 2.0}}, torch::kDouble);
+  LogitComparison cmp;
+  cmp.Add(ref, ours);
+  const double s = 1.0 / (1.0 + std::exp(-1.0));
+  const double kl0 = 0.5 * std::log(4.0 / 3.0), kl1 = 2 * s - 1;
+  EXPECT_NEAR(cmp.kl_mean(), (kl0 + kl1) / 2, 1e-12);  // not also divided by V = 2
+  EXPECT_NEAR(cmp.kl_max(), kl1, 1e-12);
+  EXPECT_EQ(cmp.tokens(), 2);
+  EXPECT_DOUBLE_EQ(cmp.top1_agreement_percent(), 50.0);
+  EXPECT_NEAR(cmp.max_abs_diff(), std::log(3.0), 1e-12);
+  EXPECT_NEAR(cmp.mean_abs_diff(), (std::log(3.0) + 0 + 1 + 1) / 4, 1e-12);
+}
+
+// Verifies identical logits give KL 0 and full agreement, accumulated across two prompts.
+TEST(LogitComparisonTest, IdenticalLogitsAcrossPrompts) {
+  LogitComparison cmp;
+  torch::Tensor a = torch::randn({3, 5});
+  cmp.Add(a, a);
+  cmp.Add(a.slice(0, 0, 1), a.slice(0, 0, 1));
+  EXPECT_EQ(cmp.tokens(), 4);
+  EXPECT_NEAR(cmp.kl_mean(), 0.0, 1e-12);
+  EXPECT_EQ(cmp.top1_agreement_percent(), 100.0);
+  EXPECT_EQ(cmp.max_abs_diff(), 0.0);
+}
+
+// --- reference bundle --------------------------------------------------------------------------
+
+// Verifies a missing reference tensor is named in the error.
+TEST(ReferenceTest, MissingTensorIsNamed) {
+  Fixture fx;
+  fx.Write();
+  auto ref = LoadReference(fx.reference_dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EXPECT_EQ(ref->prompts.size(), 3u);
+  EXPECT_EQ(ref->vocab_size, 32);
+
+  std::vector<std::pair<std::string, torch::Tensor>> partial = {
+      {"prompts.0.input_ids", ref->prompts[0].input_ids}, {"prompts.0.logits", ref->prompts[0].logits}};
+  ASSERT_TRUE(safetensors::WriteTensors(fx.reference_dir / "reference.safetensors", partial).ok());
+  std::ofstream(fx.reference_dir / "reference.json") << R"({"format": "gatehouse-reference/1"})";
+  auto broken = LoadReference(fx.reference_dir);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_THAT(broken.status().message(), HasSubstr("prompts.0.greedy_ids"));
+}
+
+// Verifies a wrong format tag is rejected naming the field.
+TEST(ReferenceTest, WrongFormatRejected) {
+  Fixture fx;
+  fx.Write();
+  std::ofstream(fx.reference_dir / "reference.json") << R"({"format": "other/2"})";
+  auto ref = LoadReference(fx.reference_dir);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_THAT(ref.status().message(), HasSubstr("'format'"));
+}
+
+// --- identity ---------------------------------------------------------------------------------
+
+// Verifies identity passes on the frozen commit, clean tree, pinned torch, and reports them.
+TEST(IdentityGateTest, PassesOnMatchingCleanCheckout) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Text(out, "sha"), std::string(40, 'a'));
+  EXPECT_EQ(Text(out, "tree_clean"), "true");
+  EXPECT_EQ(Text(out, "torch_version"), StripLocalVersion(TORCH_VERSION));
+}
+
+// Verifies a checkout at another SHA fails naming both SHAs.
+TEST(IdentityGateTest, ShaMismatchFails) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.spec.attempt.checkout.head = std::string(40, 'b');
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr(std::string(40, 'b')));
+  EXPECT_THAT(out.reason, HasSubstr(std::string(40, 'a')));
+}
+
+// Verifies a dirty tree fails.
+TEST(IdentityGateTest, DirtyTreeFails) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.spec.attempt.checkout.clean = false;
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("not clean"));
+}
+
+// Verifies a torch pin other than the running torch is BLOCKED naming both versions.
+TEST(IdentityGateTest, TorchPinMismatchBlocked) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.spec.runtime.torch = "2.3.1";
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_THAT(out.reason, HasSubstr("2.3.1"));
+  EXPECT_THAT(out.reason, HasSubstr(ctx.runtime.torch_version));
+}
+
+// Verifies device cuda without a usable CUDA device is BLOCKED.
+TEST(IdentityGateTest, CudaWithoutDeviceBlocked) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.spec.runtime.device = "cuda";
+  ctx.runtime.cuda_available = false;
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_THAT(out.reason, HasSubstr("is_available() is false"));
+}
+
+// Verifies the local version suffix is stripped before comparing with the pin.
+TEST(IdentityGateTest, StripsLocalVersion) {
+  EXPECT_EQ(StripLocalVersion("2.11.0+cu130"), "2.11.0");
+  EXPECT_EQ(StripLocalVersion("2.11.0"), "2.11.0");
+}
+
+// --- config -----------------------------------------------------------------------------------
+
+// Verifies config passes on the fake checkpoint with every field accounted for.
+TEST(ConfigGateTest, PassesWithFieldCounts) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "config");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Count(out, "fields_total"), 10);
+  EXPECT_EQ(Count(out, "fields_mapped"), 7);
+  EXPECT_EQ(Count(out, "fields_ignored"), 3);
+  EXPECT_EQ(Count(out, "fields_unmapped"), 0);
+  EXPECT_THAT(Text(out, "args"), HasSubstr("\"hidden_size\":16"));
+}
+
+// Verifies an unregistered family fails naming it and the registered ones.
+TEST(ConfigGateTest, UnknownFamilyFails) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.spec.model_family = "qwen9";
+  GateOutcome out = RunThrough(ctx, "config");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("'qwen9'"));
+  EXPECT_THAT(out.reason, HasSubstr("fake"));
+  EXPECT_EQ(FailureClassName(out.classification), "adapter_contract");
+}
+
+// Verifies a config.json model_type the family does not serve fails naming both.
+TEST(ConfigGateTest, ModelTypeMismatchFails) {
+  Fixture fx;
+  fx.config["model_type"] = "mistral";
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "config");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("'mistral'"));
+  EXPECT_THAT(out.reason, HasSubstr("fake_lm"));
+}
+
+// Verifies a config field the family neither maps nor ignores fails naming the field.
+TEST(ConfigGateTest, UnmappedFieldFails) {
+  Fixture fx;
+  fx.config["rope_scaling"] = {{"type", "yarn"}};
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "config");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("rope_scaling"));
+  EXPECT_EQ(Count(out, "fields_unmapped"), 1);
+}
+
+// Verifies a ParseConfig error fails (adapter_contract) with the family's message.
+TEST(ConfigGateTest, ParseErrorFails) {
+  Fixture fx;
+  fx.config["vocab_size"] = "many";
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "config");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("vocab_size must be an integer"));
+  EXPECT_EQ(FailureClassName(out.classification), "adapter_contract");
+}
+
+// Verifies a TP size that divides neither head count fails naming the values.
+TEST(ConfigGateTest, TpNotDividingHeadsFails) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.spec.topology.tp = 3;
+  GateOutcome out = RunThrough(ctx, "config");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("tp=3"));
+  EXPECT_THAT(out.reason, HasSubstr("num_attention_heads=4"));
+  EXPECT_THAT(out.reason, HasSubstr("num_key_value_heads=2"));
+}
+
+// Verifies a plugin that failed to load makes config FAIL with its message.
+TEST(ConfigGateTest, PluginLoadErrorFails) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.plugin_errors.push_back("plugin /x/libbad.so failed to load: no such file");
+  GateOutcome out = RunThrough(ctx, "config");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("libbad.so failed to load"));
+}
+
+// Verifies a missing checkpoint fails config with the reader's message.
+TEST(ConfigGateTest, MissingCheckpointFails) {
+  Fixture fx;  // nothing written
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "config");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr(fx.checkpoint_dir.string()));
+}
+
+// --- construct ----------------------------------------------------------------------------------
+
+// Verifies construct reports parameter count and bytes in the requested dtype.
+TEST(ConstructGateTest, ReportsParameters) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.spec.precision = "bf16";
+  GateOutcome out = RunThrough(ctx, "construct");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  const int64_t n = 32 * 16 + 2 * 16 * 16 + 16;
+  EXPECT_EQ(Count(out, "param_count"), n);
+  EXPECT_EQ(Count(out, "param_bytes"), 2 * n);
+  EXPECT_EQ(Text(out, "dtype"), "BFloat16");
+}
+
+// --- load -------------------------------------------------------------------------------------
+
+// Verifies a clean load covers every key and parameter, with the coverage figures.
+TEST(LoadGateTest, PassesWithCoverage) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Count(out, "keys_total"), 4);
+  EXPECT_EQ(Count(out, "keys_used"), 4);
+  EXPECT_EQ(Count(out, "keys_missing"), 0);
+  EXPECT_EQ(Count(out, "keys_unexpected"), 0);
+  EXPECT_EQ(Count(out, "params_loaded"), 4);
+  EXPECT_EQ(Count(out, "params_total"), 4);
+  EXPECT_EQ(Text(out, "tied"), "true");
+  EXPECT_EQ(out.Find("tied_lm_head"), nullptr);
+}
+
+// Verifies a key the checkpoint lacks fails naming it.
+TEST(LoadGateTest, MissingKeyFails) {
+  Fixture fx;
+  fx.tensors.erase("model.layers.1.proj.weight");
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("missing key"));
+  EXPECT_THAT(out.reason, HasSubstr("model.layers.1.proj.weight"));
+  EXPECT_EQ(Count(out, "keys_missing"), 1);
+}
+
+// Verifies a key no name-table row maps fails naming it.
+TEST(LoadGateTest, UnexpectedKeyFails) {
+  Fixture fx;
+  fx.tensors["model.layers.0.mlp.gate.weight"] = torch::zeros({4});
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("unexpected key"));
+  EXPECT_THAT(out.reason, HasSubstr("model.layers.0.mlp.gate.weight"));
+  EXPECT_EQ(Count(out, "keys_unexpected"), 1);
+}
+
+// Verifies a shape mismatch fails naming the tensor and both shapes.
+TEST(LoadGateTest, ShapeMismatchFails) {
+  Fixture fx;
+  fx.tensors["model.norm.weight"] = torch::ones({17});
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("model.norm.weight"));
+  EXPECT_THAT(out.reason, HasSubstr("checkpoint [17] vs model [16]"));
+  EXPECT_EQ(Count(out, "keys_missing"), 0);  // the mismatch is not also counted as missing
+}
+
+// Verifies a NaN in a weight fails naming the tensor.
+TEST(LoadGateTest, NanWeightFails) {
+  Fixture fx;
+  fx.tensors["model.layers.0.proj.weight"][3][5] = std::nanf("");
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("model.layers.0.proj.weight"));
+  EXPECT_THAT(out.reason, HasSubstr("1 NaN"));
+}
+
+// Verifies a tied checkpoint that still ships lm_head.weight loads, and says which was used.
+TEST(LoadGateTest, TiedLmHeadAcceptedAndReported) {
+  Fixture fx;
+  fx.tensors["lm_head.weight"] = torch::randn({32, 16});
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Count(out, "keys_total"), 5);
+  EXPECT_EQ(Count(out, "keys_used"), 4);
+  EXPECT_EQ(Text(out, "tied_lm_head"),
+            "checkpoint ships lm_head.weight; tie_word_embeddings=true: "
+            "model.embed_tokens.weight used (as upstream)");
+}
+
+// Verifies an untied model whose checkpoint lacks lm_head.weight fails naming it.
+TEST(LoadGateTest, UntiedLmHeadMissingFails) {
+  Fixture fx(FixtureOptions{.tie = false});
+  fx.tensors.erase("lm_head.weight");
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("lm_head.weight (-> output.weight)"));
+  EXPECT_EQ(Text(out, "tied"), "false");
+}
+
+// Verifies fp32 checkpoint tensors are converted to a bf16 model's dtype.
+TEST(LoadGateTest, ConvertsToModelDtype) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.spec.precision = "bf16";
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  for (const auto& p : ctx.model->parameters()) EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(ctx.model->named_parameters()["norm.weight"],
+                           fx.tensors["model.norm.weight"].to(torch::kBFloat16)));
+}
+
+// --- inference ----------------------------------------------------------------------------------
+
+// Verifies the model matches a reference made from itself: KL ~ 0, top-1 100%.
+TEST(InferenceGateTest, PassesOnOwnReference) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "inference");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_LT(Real(out, "kl_mean"), 1e-9);
+  EXPECT_EQ(Real(out, "top1_agreement"), 100.0);
+  EXPECT_EQ(Count(out, "tokens_compared"), 16);
+  EXPECT_LT(Real(out, "max_abs_diff"), 1e-4);
+}
+
+// Verifies perturbed weights fail with the KL figure and threshold in the reason.
+TEST(InferenceGateTest, PerturbedWeightsFail) {
+  Fixture fx;
+  fx.WriteReference(*fx.model);
+  fx.tensors["model.layers.0.proj.weight"] += 0.5 * torch::randn({16, 16});
+  fx.WriteCheckpoint();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "inference");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_GT(Real(out, "kl_mean"), 1e-6);
+  EXPECT_THAT(out.reason, HasSubstr("kl_mean"));
+  EXPECT_THAT(out.reason, HasSubstr("threshold 1e-06"));
+  EXPECT_EQ(FailureClassName(out.classification), "adapter_contract");
+}
+
+// Verifies a missing reference bundle makes inference UNKNOWN.
+TEST(InferenceGateTest, MissingReferenceUnknown) {
+  Fixture fx;
+  fx.WriteCheckpoint();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "inference");
+  EXPECT_STATUS(out, GateStatus::kUnknown);
+  EXPECT_THAT(out.reason, HasSubstr("reference.json"));
+}
+
+// --- decode ---------------------------------------------------------------------------------
+
+// Verifies cached greedy decode reproduces the uncached reference ids.
+TEST(DecodeGateTest, PassesOnOwnReference) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "decode");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Count(out, "tokens_matched"), 18);
+  EXPECT_EQ(Count(out, "tokens_total"), 18);
+  EXPECT_EQ(Text(out, "first_mismatch"), "none");
+  EXPECT_EQ(Text(out, "reference_text_prompt_0"), "prompt 0");
+}
+
+// Verifies mismatching reference ids fail naming the first mismatch.
+TEST(DecodeGateTest, MismatchingIdsFail) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ASSERT_EQ(RunThrough(ctx, "inference").status, GateStatus::kPass);
+  torch::Tensor& ids = ctx.reference->prompts[1].greedy_ids;
+  const int64_t good = ids[2].item<int64_t>();
+  ids[2] = (good + 1) % 32;
+  GateOutcome out = DecodeGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_EQ(Count(out, "tokens_matched"), 17);
+  EXPECT_EQ(Text(out, "first_mismatch"), "prompt 1 position 2: ours " + std::to_string(good) +
+                                             " vs ref " + std::to_string((good + 1) % 32));
+  EXPECT_THAT(out.reason, HasSubstr("17/18"));
+}
+
+// Verifies a reference with fewer greedy ids than the cell decodes is UNKNOWN.
+TEST(DecodeGateTest, ShortReferenceUnknown) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.spec.decode.max_new_tokens = 9;
+  GateOutcome out = RunThrough(ctx, "decode");
+  EXPECT_STATUS(out, GateStatus::kUnknown);
+  EXPECT_THAT(out.reason, HasSubstr("has 6 greedy ids; the cell decodes 9"));
+}
+
+// --- training -------------------------------------------------------------------------------
+
+// Verifies two AdamW steps run with finite losses and gradient norms, and change the weights.
+TEST(TrainingGateTest, PassesTwoSteps) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ASSERT_EQ(RunThrough(ctx, "decode").status, GateStatus::kPass);
+  const torch::Tensor before = ctx.model->named_parameters()["norm.weight"].detach().clone();
+  GateOutcome out = TrainingGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_TRUE(std::isfinite(Real(out, "loss_step_1")));
+  EXPECT_TRUE(std::isfinite(Real(out, "loss_step_2")));
+  EXPECT_GT(Real(out, "grad_norm_step_2"), 0.0);
+  EXPECT_EQ(out.Find("loss_step_3"), nullptr);
+  EXPECT_FALSE(torch::equal(before, ctx.model->named_parameters()["norm.weight"]));
+}
+
+// Verifies a parameter that gets no gradient fails naming it.
+TEST(TrainingGateTest, ParameterWithoutGradientFails) {
+  Fixture fx(FixtureOptions{.fake = FakeOptions{.unused_param = true}});
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "training");
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("unused.weight (no gradient)"));
+  EXPECT_THAT(out.reason, HasSubstr("step 1: 1 of 5"));
+}
+
+// --- save -------------------------------------------------------------------------------------
+
+// Verifies the trained weights save under HF names, reload into a fresh model bit for bit, and
+// the file is reported as an artifact with its digest.
+TEST(SaveGateTest, RoundTripPasses) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "save");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Count(out, "tensors_compared"), 4);
+  EXPECT_EQ(Count(out, "tensors_equal"), 4);
+  EXPECT_EQ(Real(out, "max_abs_diff"), 0.0);
+  ASSERT_EQ(out.artifacts.size(), 1u);
+  const auto saved = fx.attempt_dir / "save" / "model.safetensors";
+  EXPECT_EQ(out.artifacts[0].path, "save/model.safetensors");
+  EXPECT_EQ(out.artifacts[0].sha256, *Sha256FileHex(saved));
+  EXPECT_EQ(out.artifacts[0].bytes, std::filesystem::file_size(saved));
+  EXPECT_TRUE(std::filesystem::exists(fx.attempt_dir / "save" / "config.json"));
+  auto reopened = Checkpoint::Open(fx.attempt_dir / "save");
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ(reopened->Keys(), (std::vector<std::string>{"model.embed_tokens.weight",
+                                                         "model.layers.0.proj.weight",
+                                                         "model.layers.1.proj.weight",
+                                                         "model.norm.weight"}));
+}
+
+// Verifies an inverse mapping that names a parameter wrongly fails naming the keys.
+TEST(SaveGateTest, BrokenToHfFails) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ASSERT_EQ(RunThrough(ctx, "training").status, GateStatus::kPass);
+  auto broken = StateDictAdapter::Create(
+      {{"model.embed_tokens.weight", "embed.weight", false},
+       {"model.layers.{layer}.proj.weight", "layers.{layer}.proj.weight", true},
+       {"model.final_norm.weight", "norm.weight", false}},
+      2, true, "lm_head.weight");
+  ASSERT_TRUE(broken.ok());
+  ctx.adapter.emplace(*broken);
+  GateOutcome out = SaveGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("not saved model.norm.weight"));
+  EXPECT_THAT(out.reason, HasSubstr("model.final_norm.weight (from norm.weight)"));
+}
+
+// Verifies a parameter without any HF name fails the inverse mapping naming it.
+TEST(SaveGateTest, UnmappedParameterFails) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ASSERT_EQ(RunThrough(ctx, "training").status, GateStatus::kPass);
+  auto broken = StateDictAdapter::Create(
+      {{"model.embed_tokens.weight", "embed.weight", false},
+       {"model.layers.{layer}.proj.weight", "layers.{layer}.proj.weight", true}},
+      2, true, "lm_head.weight");
+  ASSERT_TRUE(broken.ok());
+  ctx.adapter.emplace(*broken);
+  GateOutcome out = SaveGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("no HF name for norm.weight"));
+}
+
+// --- parallel, cuda_graph, performance ---------------------------------------------------------
+
+// Verifies parallel is SKIPPED at world size 1 and BLOCKED above.
+TEST(ParallelGateTest, WorldSize) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  GateOutcome one = ParallelGate(ctx);
+  EXPECT_STATUS(one, GateStatus::kSkipped);
+  EXPECT_EQ(one.reason, "topology tp=1 dp=1 pp=1: world size 1, nothing to compare against TP=1");
+  ctx.spec.topology.tp = 2;
+  GateOutcome two = ParallelGate(ctx);
+  EXPECT_STATUS(two, GateStatus::kBlocked);
+  EXPECT_THAT(two.reason, HasSubstr("not implemented yet (issue 4)"));
+}
+
+// Verifies cuda_graph: SKIPPED without CUDA, BLOCKED in cuda_graph mode, SKIPPED in eager.
+TEST(CudaGraphGateTest, Statuses) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.runtime.cuda_available = false;
+  EXPECT_EQ(CudaGraphGate(ctx).reason, "no CUDA device: torch::cuda::is_available() is false");
+  ctx.runtime.cuda_available = true;
+  EXPECT_EQ(CudaGraphGate(ctx).reason, "mode eager: CUDA-graph decode not requested");
+  ctx.spec.mode = "cuda_graph";
+  EXPECT_STATUS(CudaGraphGate(ctx), GateStatus::kBlocked);
+}
+
+// Verifies performance reports its figures and is BLOCKED for lack of a peer measurement.
+TEST(PerformanceGateTest, BlockedWithFigures) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "performance");
+  EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_GT(Real(out, "prefill_tokens_per_s"), 0.0);
+  EXPECT_GE(Real(out, "decode_ms_per_token"), 0.0);
+}
+
+// --- runner -----------------------------------------------------------------------------------
+
+std::vector<nlohmann::json> PhaseEnds(const MemoryEventSink& sink) {
+  std::vector<nlohmann::json> out;
+  for (const auto& e : sink.events()) {
+    if (e["event"] == "phase_end") out.push_back(e);
+  }
+  return out;
+}
+
+// Verifies a full default run: every gate passes, parallel/cuda_graph/performance are SKIPPED
+// with their reasons, events come in protocol order, run_end is PASS.
+TEST(RunnerTest, FullRunPasses) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.runtime.cuda_available = false;
+  MemoryEventSink sink;
+  int64_t now = 1000;
+  EventWriter events(sink, [&] { return now++; });
+  EXPECT_EQ(RunGates(ctx, events), GateStatus::kPass);
+  const auto ends = PhaseEnds(sink);
+  ASSERT_EQ(ends.size(), kPhases.size());
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(ends[i]["status"], "PASS") << ends[i].dump();
+  EXPECT_EQ(ends[8]["status"], "SKIPPED");
+  EXPECT_EQ(ends[9]["reason"], "no CUDA device: torch::cuda::is_available() is false");
+  EXPECT_EQ(ends[10]["reason"], "not requested");
+  EXPECT_EQ(sink.events().front()["event"], "phase_start");
+  EXPECT_EQ(sink.events().back()["event"], "run_end");
+  EXPECT_EQ(sink.events().back()["status"], "PASS");
+  int artifacts = 0;
+  for (const auto& e : sink.events()) artifacts += e["event"] == "artifact";
+  EXPECT_EQ(artifacts, 1);
+}
+
+// Verifies after a FAIL every later requested phase is SKIPPED naming it; run_end is FAIL.
+TEST(RunnerTest, LaterPhasesSkippedAfterFail) {
+  Fixture fx;
+  fx.tensors.erase("model.norm.weight");
+  fx.Write();
+  GateContext ctx = fx.Context();
+  MemoryEventSink sink;
+  EventWriter events(sink);
+  EXPECT_EQ(RunGates(ctx, events), GateStatus::kFail);
+  const auto ends = PhaseEnds(sink);
+  ASSERT_EQ(ends.size(), kPhases.size());
+  EXPECT_EQ(ends[3]["phase"], "load");
+  EXPECT_EQ(ends[3]["status"], "FAIL");
+  EXPECT_EQ(ends[3]["classification"], "adapter_contract");
+  for (size_t i = 4; i < 10; ++i) {
+    EXPECT_EQ(ends[i]["status"], "SKIPPED");
+    EXPECT_EQ(ends[i]["reason"], "skipped: earlier phase load ended FAIL");
+  }
+  EXPECT_EQ(ends[10]["reason"], "not requested");
+  EXPECT_EQ(sink.events().back()["status"], "FAIL");
+}
+
+// Verifies phases not requested are SKIPPED "not requested" without a phase_start, and a
+// requested phase whose prerequisite was not requested is UNKNOWN.
+TEST(RunnerTest, NotRequestedPhasesSkipped) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.spec.phases = {"identity", "inference"};
+  MemoryEventSink sink;
+  EventWriter events(sink);
+  EXPECT_EQ(RunGates(ctx, events), GateStatus::kUnknown);
+  int starts = 0;
+  for (const auto& e : sink.events()) starts += e["event"] == "phase_start";
+  EXPECT_EQ(starts, 2);
+  const auto ends = PhaseEnds(sink);
+  EXPECT_EQ(ends[1]["reason"], "not requested");
+  EXPECT_EQ(ends[4]["status"], "UNKNOWN");
+  EXPECT_EQ(ends[4]["reason"], "no loaded model: phase load was not requested");
+}
+
+// Verifies exceptions escaping a gate become FAIL: c10::Error native_runtime, others unknown;
+// the run continues to report and ends FAIL.
+TEST(RunnerTest, GateExceptionsBecomeFail) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.spec.phases = {"identity", "config"};
+  std::vector<GateDef> gates = {
+      {"identity", [](GateContext&) -> GateOutcome { TORCH_CHECK(false, "boom from torch"); }},
+      {"config", [](GateContext&) -> GateOutcome { return {}; }}};
+  MemoryEventSink sink;
+  EventWriter events(sink);
+  EXPECT_EQ(RunGates(ctx, events, gates), GateStatus::kFail);
+  auto ends = PhaseEnds(sink);
+  EXPECT_EQ(ends[0]["classification"], "native_runtime");
+  EXPECT_THAT(ends[0]["reason"].get<std::string>(), HasSubstr("boom from torch"));
+  EXPECT_EQ(ends[1]["reason"], "skipped: earlier phase identity ended FAIL");
+
+  gates[0].fn = [](GateContext&) -> GateOutcome { throw std::runtime_error("plain boom"); };
+  MemoryEventSink sink2;
+  EventWriter events2(sink2);
+  RunGates(ctx, events2, gates);
+  ends = PhaseEnds(sink2);
+  EXPECT_EQ(ends[0]["classification"], "unknown");
+  EXPECT_THAT(ends[0]["reason"].get<std::string>(), HasSubstr("plain boom"));
+}
+
+// --- plugin loading ---------------------------------------------------------------------------
+
+// Verifies a plugin that cannot be opened reports the path and dlerror.
+TEST(PluginLoaderTest, MissingLibraryFails) {
+  FamilyRegistry registry;
+  Status s = LoadPlugin("/nonexistent/libnothing.so", registry);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("plugin /nonexistent/libnothing.so failed to load"));
+}
+
+// Verifies the fake plugin library registers its family through the C entry points.
+TEST(PluginLoaderTest, FakePluginRegisters) {
+  FamilyRegistry registry;
+  Status s = LoadPlugin(GATEHOUSE_FAKE_PLUGIN, registry);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(registry.Names(), std::vector<std::string>{"fake"});
+  EXPECT_NE(registry.FindByModelType("fake_lm"), nullptr);
+}
+
+}  // namespace
+}  // namespace gatehouse::worker

@@ -1,0 +1,64 @@
+// Gatehouse dashboard helpers shared by index.html and cell.html. No build step, no external
+// resources. Data is always inserted as text (never as HTML).
+'use strict';
+
+const POLL_MS = 2000;
+const IDLE_POLL_MS = 10000;
+const FINAL_STATES = new Set(['passed', 'failed', 'error']);
+
+/** Fetches JSON (or text with asText) from the controller; throws Error(message) on failure. */
+async function fetchApi(path, asText) {
+  const res = await fetch(path, { cache: 'no-store' });
+  const body = asText ? await res.text() : await res.json().catch(() => ({}));
+  if (!res.ok) {
+    const msg = asText ? body : (body.error || res.statusText);
+    throw new Error(`${res.status}: ${msg}`);
+  }
+  return body;
+}
+
+/** Creates an element with optional class and text. */
+function el(tag, className, text) {
+  const e = document.createElement(tag);
+  if (className) e.className = className;
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  return e;
+}
+
+/** A coloured status badge. */
+function badge(status) {
+  return el('span', `status status-${status}`, status);
+}
+
+/** A table row from cells (strings or nodes). */
+function row(cells) {
+  const tr = document.createElement('tr');
+  for (const c of cells) {
+    const td = document.createElement('td');
+    if (c instanceof Node) td.appendChild(c); else td.textContent = c ?? '';
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
+/** "2025-01-02T03:04:05.678Z" -> local "2025-01-02 04:04:05"; empty for null. */
+function when(ts) {
+  if (!ts) return '';
+  const d = new Date(ts);
+  if (isNaN(d)) return ts;
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+         `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+function showError(err) {
+  const p = document.getElementById('error');
+  if (!p) return;
+  p.hidden = !err;
+  p.textContent = err ? String(err.message || err) : '';
+}
+
+function setRefresh(text) {
+  const r = document.getElementById('refresh');
+  if (r) r.textContent = text;
+}

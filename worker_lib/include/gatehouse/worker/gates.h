@@ -1,0 +1,235 @@
+// The gates (../shared/DESIGN.md "Phases") and the runner that executes them in order.
+//
+// Each gate is a function GateContext& -> GateOutcome. It reads the run spec, uses and extends
+// the state earlier gates left in the context (checkpoint, family, args, model, adapter,
+// reference), and returns a status with figures and artifacts; the runner turns the outcome
+// into events (docs/protocols.md §4). A gate never throws: the runner catches c10::Error
+// (FAIL, native_runtime) and std::exception (FAIL, unknown) around each one, so bad input
+// can never crash the worker.
+//
+// Decisions recorded here:
+//  - identity: a checkout at another SHA or a dirty tree is FAIL, classification unknown (the
+//    evidence cannot be attributed to the frozen commit; not the adapter's contract); a torch
+//    pin mismatch or device cuda without CUDA is BLOCKED (DESIGN.md: never silently accepted).
+//  - Gates do not write events themselves: they return figures and artifacts in GateOutcome
+//    and the runner emits them (so GateContext carries no event sink, and gates are testable
+//    without one).
+//  - The config gate opens the checkpoint (Checkpoint::Open). A missing or corrupt checkpoint
+//    is a FAIL of config, classification unknown (the checkpoint is an input, not the
+//    adapter's doing), with the reader's message.
+//  - A requested phase whose prerequisite was not requested (e.g. inference without load)
+//    ends UNKNOWN: the fact it needs (a loaded model) is missing.
+//  - A missing or malformed reference bundle ends the gate that needs it UNKNOWN.
+//  - Tied embeddings: a checkpoint of a tied model that still ships the tied alias
+//    (lm_head.weight) is accepted; the alias is not loaded and figure tied_lm_head says so.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/phases.h"
+#include "common/status.h"
+#include "gatehouse/worker/checkpoint.h"
+#include "gatehouse/worker/events.h"
+#include "gatehouse/worker/model_family.h"
+#include "gatehouse/worker/reference.h"
+#include "gatehouse/worker/run_spec.h"
+#include "gatehouse/worker/state_dict_adapter.h"
+
+namespace gatehouse::worker {
+
+/// What one gate found.
+struct GateOutcome {
+  GateStatus status = GateStatus::kPass;
+  /// Empty on PASS; says why otherwise (names the tensor, field, figure and threshold).
+  std::string reason;
+  /// Meaningful on FAIL only.
+  FailureClass classification = FailureClass::kUnknown;
+  std::vector<Figure> figures;
+  std::vector<Artifact> artifacts;
+
+  /// Sets status, reason and classification (keeps figures); returns *this.
+  GateOutcome& Set(GateStatus s, std::string why, FailureClass c = FailureClass::kUnknown);
+  GateOutcome& Fail(FailureClass c, std::string why) { return Set(GateStatus::kFail, std::move(why), c); }
+  GateOutcome& Blocked(std::string why) { return Set(GateStatus::kBlocked, std::move(why)); }
+  GateOutcome& Unknown(std::string why) { return Set(GateStatus::kUnknown, std::move(why)); }
+  GateOutcome& Skipped(std::string why) { return Set(GateStatus::kSkipped, std::move(why)); }
+
+  void Count(std::string name, int64_t value) { figures.push_back({std::move(name), value, "count"}); }
+  void Bytes(std::string name, int64_t value) { figures.push_back({std::move(name), value, "bytes"}); }
+  void Real(std::string name, double value, std::string unit) {
+    figures.push_back({std::move(name), value, std::move(unit)});
+  }
+  void Text(std::string name, std::string value) {
+    figures.push_back({std::move(name), std::move(value), "text"});
+  }
+  /// The figure named `name`, or nullptr (tests, and gates that read their own figures).
+  const Figure* Find(std::string_view name) const;
+};
+
+/// The runtime the worker actually runs on (identity gate, cuda_graph gate).
+struct RuntimeInfo {
+  /// LibTorch version the library reports at run time with any local suffix ("+cu130")
+  /// stripped, e.g. "2.11.0"; from at::show_config()'s TORCH_VERSION, else the header macro.
+  std::string torch_version;
+  /// TORCH_VERSION of the headers the worker was compiled against.
+  std::string torch_headers_version;
+  bool cuda_available = false;     // torch::cuda::is_available()
+  int64_t cuda_device_count = 0;   // torch::cuda::device_count()
+};
+
+/// Probes the running LibTorch.
+RuntimeInfo ProbeRuntime();
+
+/// "2.11.0+cu130" -> "2.11.0": the major.minor.patch a runtime pin is compared with.
+std::string StripLocalVersion(std::string_view version);
+
+/// Parameters of a module grouped by identity: a tensor registered under several names (tied
+/// weights) is one group. Order: first appearance in named_parameters().
+struct ParamGroup {
+  std::vector<std::string> names;  // all names of this tensor, in registration order
+  torch::Tensor tensor;
+};
+std::vector<ParamGroup> UniqueParameters(const torch::nn::Module& module);
+
+/// Coverage of a checkpoint -> model load, both ways (the load gate's evidence).
+struct LoadReport {
+  int64_t keys_total = 0;    // tensors in the checkpoint
+  int64_t keys_used = 0;     // copied into a parameter
+  int64_t params_total = 0;  // distinct parameter tensors of the model
+  int64_t params_loaded = 0;
+  uint64_t bytes_loaded = 0;  // checkpoint bytes of the used tensors
+  /// "hf_name (-> internal)" the adapter expects but the checkpoint lacks, and parameters no
+  /// checkpoint key loaded.
+  std::vector<std::string> missing;
+  /// Checkpoint keys no name-table row maps (and that are not the tied alias).
+  std::vector<std::string> unexpected;
+  /// Rows that map a checkpoint key to a parameter the model does not have.
+  std::vector<std::string> unknown_params;
+  /// "key (-> param): checkpoint [a, b] vs model [c, d]".
+  std::vector<std::string> shape_mismatches;
+  /// "key (-> param): n NaN, m Inf" after conversion to the model dtype.
+  std::vector<std::string> nonfinite;
+  /// Parameters two checkpoint keys wrote.
+  std::vector<std::string> loaded_twice;
+  /// Set when the checkpoint ships the tied alias of a tied model (accepted, not loaded).
+  std::string tied_alias;
+
+  bool ok() const {
+    return missing.empty() && unexpected.empty() && unknown_params.empty() &&
+           shape_mismatches.empty() && nonfinite.empty() && loaded_twice.empty();
+  }
+};
+
+/// Copies every checkpoint tensor into the model parameter the adapter maps it to, converted
+/// to the parameter's dtype and device, and records coverage both ways. Shape mismatches and
+/// non-finite tensors are recorded, not copied. Only an unreadable tensor is an error
+/// (the checkpoint's Load status, naming the key).
+Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
+                                 CausalLM& model);
+
+/// Logit comparison against the reference, accumulated over prompts.
+///
+/// Per token t (source: GATES-NOTES.md "Comparing logits"; torch.nn.functional.kl_div with
+/// reduction "batchmean" over tokens): KL_t(ref || ours) = sum_v p_ref(v) (log p_ref(v) -
+/// log p_ours(v)), with p = softmax over the vocabulary, computed in float64. kl_mean is the
+/// mean of KL_t over ALL tokens of all prompts (never also divided by the vocabulary size).
+/// Units: KL in nats; logit differences in logits.
+class LogitComparison {
+ public:
+  /// ref, ours: [T, V] logits (any floating dtype, CPU). Throws c10::Error on shape mismatch.
+  void Add(const torch::Tensor& ref, const torch::Tensor& ours);
+
+  int64_t tokens() const { return tokens_; }
+  double kl_mean() const;                // nats; NaN when no token was added
+  double kl_max() const { return kl_max_; }
+  double top1_agreement_percent() const;  // % tokens with equal argmax
+  double max_abs_diff() const { return max_abs_; }
+  double mean_abs_diff() const;           // mean over all T x V elements
+
+ private:
+  double kl_sum_ = 0;
+  double kl_max_ = 0;
+  int64_t tokens_ = 0;
+  int64_t top1_equal_ = 0;
+  double max_abs_ = 0;
+  double abs_sum_ = 0;
+  int64_t elements_ = 0;
+};
+
+/// Inference thresholds by precision (GATES-NOTES.md: torchtitan conversion KL < 1e-6;
+/// bf16 bar 1e-3).
+struct InferenceThresholds {
+  double kl_mean_below;       // nats, strict
+  double top1_at_least;       // percent
+};
+InferenceThresholds ThresholdsFor(std::string_view precision);
+
+/// Everything the gates share. Filled by the worker (spec, registry, plugin_errors, runtime)
+/// and then by the gates in order. Not thread-safe.
+struct GateContext {
+  RunSpec spec;
+  const FamilyRegistry* registry = nullptr;
+  /// "plugin <path> failed to load: <why>", one per plugin that did not load; config FAILs.
+  std::vector<std::string> plugin_errors;
+  RuntimeInfo runtime;
+
+  // --- state carried between gates -------------------------------------------------------
+  std::optional<Checkpoint> checkpoint;       // config
+  const ModelFamily* family = nullptr;        // config
+  std::shared_ptr<const ModelArgs> args;      // config
+  torch::Dtype dtype = torch::kFloat32;       // construct (from spec.precision)
+  torch::Device device = torch::kCPU;         // construct (from spec.runtime.device)
+  std::shared_ptr<CausalLM> model;            // construct; loaded by load
+  bool model_loaded = false;                  // load PASSed
+  std::optional<StateDictAdapter> adapter;    // load
+  std::optional<LoadReport> load_report;      // load
+  std::optional<ReferenceBundle> reference;   // read on first use (inference, decode, ...)
+};
+
+GateOutcome IdentityGate(GateContext& ctx);
+GateOutcome ConfigGate(GateContext& ctx);
+GateOutcome ConstructGate(GateContext& ctx);
+GateOutcome LoadGate(GateContext& ctx);
+GateOutcome InferenceGate(GateContext& ctx);
+GateOutcome DecodeGate(GateContext& ctx);
+GateOutcome TrainingGate(GateContext& ctx);
+GateOutcome SaveGate(GateContext& ctx);
+GateOutcome ParallelGate(GateContext& ctx);
+GateOutcome CudaGraphGate(GateContext& ctx);
+GateOutcome PerformanceGate(GateContext& ctx);
+
+/// Greedy decode with the model's KV cache: prefill `prompt` ([T] int64), then one token per
+/// step, argmax of the last position's logits, `max_new_tokens` tokens. Returns the new ids
+/// [N] int64 on CPU. `ms_per_token` (optional) receives the mean wall time of the decode steps
+/// after the prefill (ms).
+torch::Tensor GreedyDecode(CausalLM& model, const torch::Tensor& prompt, int64_t max_new_tokens,
+                           torch::Device device, double* ms_per_token = nullptr);
+
+using GateFn = std::function<GateOutcome(GateContext&)>;
+struct GateDef {
+  std::string_view phase;  // a name of kPhases
+  GateFn fn;
+};
+
+/// The eleven gates in kPhases order.
+std::vector<GateDef> DefaultGates();
+
+/// Runs `gates` in order and reports each phase:
+///  - requested and no earlier requested phase stopped the run: phase_start, the gate's
+///    figures and artifacts, phase_end (a non-PASS status without a reason gets one);
+///  - requested after a phase ended FAIL/BLOCKED/UNKNOWN: phase_end SKIPPED
+///    "skipped: earlier phase <name> ended <STATUS>";
+///  - not requested: phase_end SKIPPED "not requested".
+/// Skipped phases get no phase_start (they never started). Ends with run_end, whose status is
+/// FAIL if any phase failed, else BLOCKED, else UNKNOWN, else PASS; it is also returned.
+GateStatus RunGates(GateContext& ctx, EventWriter& events,
+                    const std::vector<GateDef>& gates = DefaultGates());
+
+}  // namespace gatehouse::worker

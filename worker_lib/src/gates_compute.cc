@@ -1,0 +1,359 @@
+// The numerical gates: inference (logits vs reference), decode (greedy with KV cache),
+// training (gradients and optimizer steps), performance. DESIGN.md "Phases";
+// thresholds and reductions from GATES-NOTES.md "Comparing logits".
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "gatehouse/worker/gates.h"
+#include "gates_internal.h"
+
+namespace gatehouse::worker {
+
+using internal::JoinFew;
+using internal::Num;
+using internal::ShapeString;
+
+namespace {
+
+double NowMsSteady() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void SyncDevice(torch::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+/// Positions [1, T] int64: start, start + 1, ...
+torch::Tensor Positions(int64_t start, int64_t t, torch::Device device) {
+  return torch::arange(start, start + t, torch::TensorOptions().dtype(torch::kLong).device(device))
+      .unsqueeze(0);
+}
+
+std::string IdsString(const torch::Tensor& ids) {
+  const torch::Tensor c = ids.to(torch::kLong).cpu().contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  std::string s = "[";
+  for (int64_t i = 0; i < c.numel(); ++i) s += (i ? ", " : "") + std::to_string(p[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+namespace internal {
+
+bool RequireReference(GateContext& ctx, GateOutcome& out) {
+  if (ctx.reference) return true;
+  Result<ReferenceBundle> ref = LoadReference(ctx.spec.reference.path);
+  if (!ref.ok()) {
+    out.Unknown("reference bundle " + ctx.spec.reference.path + ": " + ref.status().ToString());
+    return false;
+  }
+  ctx.reference.emplace(std::move(ref).value());
+  return true;
+}
+
+}  // namespace internal
+
+// --- logit comparison ----------------------------------------------------------------------
+
+void LogitComparison::Add(const torch::Tensor& ref, const torch::Tensor& ours) {
+  TORCH_CHECK(ref.dim() == 2 && ref.sizes() == ours.sizes(), "LogitComparison: reference ",
+              ShapeString(ref.sizes()), " vs ours ", ShapeString(ours.sizes()),
+              "; both must be [T, V]");
+  torch::NoGradGuard no_grad;
+  const torch::Tensor r = ref.detach().to(torch::kCPU, torch::kDouble);
+  const torch::Tensor o = ours.detach().to(torch::kCPU, torch::kDouble);
+  const torch::Tensor log_p = torch::log_softmax(r, -1);
+  const torch::Tensor log_q = torch::log_softmax(o, -1);
+  const torch::Tensor p = log_p.exp();
+  // 0 * log(0 / q) = 0: reference entries of probability 0 (masked logits) contribute nothing.
+  const torch::Tensor terms = torch::where(p > 0, p * (log_p - log_q), torch::zeros_like(p));
+  const torch::Tensor kl = terms.sum(-1);  // [T] nats
+  kl_sum_ += kl.sum().item<double>();
+  const double kl_max = kl.max().item<double>();
+  if (std::isnan(kl_max) || kl_max > kl_max_) kl_max_ = kl_max;
+  tokens_ += r.size(0);
+  top1_equal_ += (r.argmax(-1) == o.argmax(-1)).sum().item<int64_t>();
+  const torch::Tensor diff = (r - o).abs();
+  const double max_abs = diff.max().item<double>();
+  if (std::isnan(max_abs) || max_abs > max_abs_) max_abs_ = max_abs;
+  abs_sum_ += diff.sum().item<double>();
+  elements_ += diff.numel();
+}
+
+double LogitComparison::kl_mean() const {
+  return tokens_ ? kl_sum_ / static_cast<double>(tokens_) : std::numeric_limits<double>::quiet_NaN();
+}
+
+double LogitComparison::top1_agreement_percent() const {
+  return tokens_ ? 100.0 * static_cast<double>(top1_equal_) / static_cast<double>(tokens_)
+                 : std::numeric_limits<double>::quiet_NaN();
+}
+
+double LogitComparison::mean_abs_diff() const {
+  return elements_ ? abs_sum_ / static_cast<double>(elements_)
+                   : std::numeric_limits<double>::quiet_NaN();
+}
+
+InferenceThresholds ThresholdsFor(std::string_view precision) {
+  if (precision == "bf16") return {1e-3, 99.0};
+  return {1e-6, 100.0};
+}
+
+// --- inference -----------------------------------------------------------------------------
+
+GateOutcome InferenceGate(GateContext& ctx) {
+  GateOutcome out;
+  if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
+  CausalLM& model = *ctx.model;
+  const ReferenceBundle& ref = *ctx.reference;
+  model.eval();
+  torch::NoGradGuard no_grad;
+  LogitComparison cmp;
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    const ReferencePrompt& p = ref.prompts[i];
+    const int64_t t = p.input_ids.size(0);
+    const torch::Tensor tokens = p.input_ids.unsqueeze(0).to(ctx.device);
+    const torch::Tensor logits = model.Forward(tokens, Positions(0, t, ctx.device), nullptr);
+    if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != t ||
+        logits.size(2) != ref.vocab_size) {
+      return out.Fail(FailureClass::kAdapterContract,
+                      "prompt " + std::to_string(i) + ": Forward returned logits " +
+                          ShapeString(logits.sizes()) + ", expected [1, " + std::to_string(t) +
+                          ", " + std::to_string(ref.vocab_size) + "] (reference vocabulary)");
+    }
+    cmp.Add(p.logits, logits[0].to(torch::kFloat));
+  }
+  const InferenceThresholds thr = ThresholdsFor(ctx.spec.precision);
+  out.Real("kl_mean", cmp.kl_mean(), "nats");
+  out.Real("kl_max", cmp.kl_max(), "nats");
+  out.Real("top1_agreement", cmp.top1_agreement_percent(), "percent");
+  out.Real("max_abs_diff", cmp.max_abs_diff(), "logits");
+  out.Real("mean_abs_diff", cmp.mean_abs_diff(), "logits");
+  out.Count("tokens_compared", cmp.tokens());
+  out.Count("prompts", static_cast<int64_t>(ref.prompts.size()));
+  out.Text("thresholds", ctx.spec.precision + ": kl_mean < " + Num(thr.kl_mean_below) +
+                             " nats, top1_agreement >= " + Num(thr.top1_at_least) + "%");
+
+  std::vector<std::string> failed;
+  if (!(cmp.kl_mean() < thr.kl_mean_below)) {
+    failed.push_back("kl_mean " + Num(cmp.kl_mean()) + " nats is not below the " +
+                     ctx.spec.precision + " threshold " + Num(thr.kl_mean_below));
+  }
+  if (!(cmp.top1_agreement_percent() >= thr.top1_at_least)) {
+    failed.push_back("top1_agreement " + Num(cmp.top1_agreement_percent()) + "% is below the " +
+                     ctx.spec.precision + " threshold " + Num(thr.top1_at_least) + "%");
+  }
+  if (!failed.empty()) return out.Fail(FailureClass::kAdapterContract, JoinFew(failed));
+  return out;
+}
+
+// --- decode --------------------------------------------------------------------------------
+
+torch::Tensor GreedyDecode(CausalLM& model, const torch::Tensor& prompt, int64_t max_new_tokens,
+                           torch::Device device, double* ms_per_token) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  const int64_t t = prompt.size(0);
+  std::unique_ptr<KVCache> cache = model.NewKVCache(1, t + max_new_tokens);
+  std::vector<int64_t> ids;
+  ids.reserve(static_cast<size_t>(max_new_tokens));
+  torch::Tensor logits =
+      model.Forward(prompt.unsqueeze(0).to(device), Positions(0, t, device), cache.get());
+  torch::Tensor next = logits.select(0, 0).select(0, -1).argmax();
+  ids.push_back(next.item<int64_t>());
+  SyncDevice(device);
+  const double t0 = NowMsSteady();
+  for (int64_t step = 1; step < max_new_tokens; ++step) {
+    logits = model.Forward(next.view({1, 1}).to(device), Positions(t + step - 1, 1, device),
+                           cache.get());
+    next = logits.select(0, 0).select(0, -1).argmax();
+    ids.push_back(next.item<int64_t>());
+  }
+  SyncDevice(device);
+  if (ms_per_token != nullptr) {
+    *ms_per_token = max_new_tokens > 1 ? (NowMsSteady() - t0) / double(max_new_tokens - 1) : 0.0;
+  }
+  return torch::tensor(ids, torch::kLong);
+}
+
+GateOutcome DecodeGate(GateContext& ctx) {
+  GateOutcome out;
+  if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
+  const ReferenceBundle& ref = *ctx.reference;
+  const int64_t n = ctx.spec.decode.max_new_tokens;
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    const int64_t have = ref.prompts[i].greedy_ids.size(0);
+    if (have < n) {
+      return out.Unknown("reference prompt " + std::to_string(i) + " has " +
+                         std::to_string(have) + " greedy ids; the cell decodes " +
+                         std::to_string(n));
+    }
+  }
+  int64_t matched = 0, total = 0;
+  double ms_sum = 0;
+  std::string first_mismatch;
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    const ReferencePrompt& p = ref.prompts[i];
+    double ms = 0;
+    const torch::Tensor ours = GreedyDecode(*ctx.model, p.input_ids, n, ctx.device, &ms);
+    ms_sum += ms;
+    const torch::Tensor want = p.greedy_ids.slice(0, 0, n);
+    const torch::Tensor eq = ours == want;
+    matched += eq.sum().item<int64_t>();
+    total += n;
+    if (first_mismatch.empty() && !eq.all().item<bool>()) {
+      const int64_t j = (~eq).nonzero()[0][0].item<int64_t>();
+      first_mismatch = "prompt " + std::to_string(i) + " position " + std::to_string(j) +
+                       ": ours " + std::to_string(ours[j].item<int64_t>()) + " vs ref " +
+                       std::to_string(want[j].item<int64_t>());
+    }
+    if (i == 0) {
+      out.Text("generated_ids_prompt_0", IdsString(ours));
+      out.Text("reference_ids_prompt_0", IdsString(want));
+    }
+  }
+  // Text of the probe and upstream continuation, when refgen stored it.
+  if (auto prompts = ref.meta.find("prompts");
+      prompts != ref.meta.end() && prompts->is_array() && !prompts->empty() &&
+      (*prompts)[0].is_object()) {
+    for (const char* key : {"text", "greedy_text"}) {
+      auto it = (*prompts)[0].find(key);
+      if (it != (*prompts)[0].end() && it->is_string()) {
+        out.Text(std::string("reference_") + key + "_prompt_0", it->get<std::string>());
+      }
+    }
+  }
+  out.Count("tokens_matched", matched);
+  out.Count("tokens_total", total);
+  out.Text("first_mismatch", first_mismatch.empty() ? "none" : first_mismatch);
+  out.Real("ms_per_token", ms_sum / static_cast<double>(ref.prompts.size()), "ms");
+  if (matched != total) {
+    return out.Fail(FailureClass::kAdapterContract,
+                    "greedy decode matched " + std::to_string(matched) + "/" +
+                        std::to_string(total) + " reference tokens; first mismatch at " +
+                        first_mismatch);
+  }
+  return out;
+}
+
+// --- training ------------------------------------------------------------------------------
+
+GateOutcome TrainingGate(GateContext& ctx) {
+  GateOutcome out;
+  if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
+  std::vector<const ReferencePrompt*> usable;
+  for (const auto& p : ctx.reference->prompts) {
+    if (p.input_ids.size(0) >= 2) usable.push_back(&p);
+  }
+  if (usable.empty()) return out.Unknown("no reference prompt has 2 or more tokens to train on");
+
+  CausalLM& model = *ctx.model;
+  torch::manual_seed(static_cast<uint64_t>(ctx.spec.training.seed));
+  std::vector<ParamGroup> trainable;
+  std::vector<torch::Tensor> params;
+  for (auto& g : UniqueParameters(model)) {
+    if (!g.tensor.requires_grad()) continue;
+    params.push_back(g.tensor);
+    trainable.push_back(std::move(g));
+  }
+  out.Count("trainable_tensors", static_cast<int64_t>(trainable.size()));
+  if (trainable.empty()) return out.Fail(FailureClass::kAdapterContract, "no trainable parameter");
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(ctx.spec.training.lr));
+  model.train();
+  struct EvalOnExit {
+    CausalLM& m;
+    ~EvalOnExit() { m.eval(); }
+  } eval_on_exit{model};
+
+  double step_ms_sum = 0;
+  for (int64_t step = 1; step <= ctx.spec.training.steps; ++step) {
+    const ReferencePrompt& p = *usable[static_cast<size_t>(step - 1) % usable.size()];
+    const int64_t t = p.input_ids.size(0);
+    const torch::Tensor ids = p.input_ids.to(ctx.device);
+    const torch::Tensor inputs = ids.slice(0, 0, t - 1).unsqueeze(0);  // [1, T-1]
+    const torch::Tensor labels = ids.slice(0, 1, t);                    // [T-1]
+    SyncDevice(ctx.device);
+    const double t0 = NowMsSteady();
+    optimizer.zero_grad();
+    const torch::Tensor logits =
+        model.Forward(inputs, Positions(0, t - 1, ctx.device), nullptr).to(torch::kFloat);
+    const torch::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), labels);
+    loss.backward();
+
+    const std::string k = std::to_string(step);
+    const double loss_value = loss.item<double>();
+    out.Real("loss_step_" + k, loss_value, "nats");
+    std::vector<std::string> bad;
+    double norm_sq = 0;
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& g : trainable) {
+        const torch::Tensor grad = g.tensor.grad();
+        if (!grad.defined()) {
+          bad.push_back(g.names[0] + " (no gradient)");
+          continue;
+        }
+        const torch::Tensor gd = grad.to(torch::kDouble);
+        if (!torch::isfinite(gd).all().item<bool>()) {
+          bad.push_back(g.names[0] + " (non-finite gradient)");
+        } else if (!(gd != 0).any().item<bool>()) {
+          bad.push_back(g.names[0] + " (all-zero gradient)");
+        }
+        norm_sq += gd.pow(2).sum().item<double>();
+      }
+    }
+    out.Real("grad_norm_step_" + k, std::sqrt(norm_sq), "l2_norm");
+    if (!std::isfinite(loss_value)) {
+      return out.Fail(FailureClass::kAdapterContract,
+                      "step " + k + ": loss is " + Num(loss_value));
+    }
+    if (!bad.empty()) {
+      return out.Fail(FailureClass::kAdapterContract,
+                      "step " + k + ": " + std::to_string(bad.size()) + " of " +
+                          std::to_string(trainable.size()) +
+                          " trainable parameters lack a finite nonzero gradient: " +
+                          JoinFew(bad, 10));
+    }
+    optimizer.step();
+    SyncDevice(ctx.device);
+    step_ms_sum += NowMsSteady() - t0;
+  }
+  out.Real("step_ms", step_ms_sum / static_cast<double>(ctx.spec.training.steps), "ms");
+  return out;
+}
+
+// --- performance ---------------------------------------------------------------------------
+
+GateOutcome PerformanceGate(GateContext& ctx) {
+  GateOutcome out;
+  if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
+  CausalLM& model = *ctx.model;
+  const ReferencePrompt& p = ctx.reference->prompts[0];
+  const int64_t t = p.input_ids.size(0);
+  model.eval();
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor tokens = p.input_ids.unsqueeze(0).to(ctx.device);
+    const torch::Tensor pos = Positions(0, t, ctx.device);
+    model.Forward(tokens, pos, nullptr);  // warm-up
+    constexpr int kRuns = 3;
+    SyncDevice(ctx.device);
+    const double t0 = NowMsSteady();
+    for (int r = 0; r < kRuns; ++r) model.Forward(tokens, pos, nullptr);
+    SyncDevice(ctx.device);
+    const double ms = NowMsSteady() - t0;
+    out.Real("prefill_tokens_per_s", ms > 0 ? 1000.0 * kRuns * double(t) / ms : 0.0, "tokens/s");
+  }
+  double ms_per_token = 0;
+  GreedyDecode(model, p.input_ids, ctx.spec.decode.max_new_tokens, ctx.device, &ms_per_token);
+  out.Real("decode_ms_per_token", ms_per_token, "ms");
+  out.Count("prompt_tokens", t);
+  return out.Blocked("transformers peer measurement not implemented (issue 4)");
+}
+
+}  // namespace gatehouse::worker

@@ -1,0 +1,46 @@
+// Helpers shared by gates.cc and gates_compute.cc (not SDK API).
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gatehouse/worker/gates.h"
+
+namespace gatehouse::worker::internal {
+
+/// "a, b, c" or "a, b, c, ... (12 in all)" when there are more than `max` items.
+inline std::string JoinFew(const std::vector<std::string>& items, size_t max = 5) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < max; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > max) out += ", ... (" + std::to_string(items.size()) + " in all)";
+  return out;
+}
+
+inline std::string ShapeString(c10::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// A double in short scientific/general form ("3.2e-07", "0.5").
+inline std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4g", v);
+  return buf;
+}
+
+/// True when an earlier gate left a loaded model (and its family/args); else sets `out`
+/// UNKNOWN naming what is missing.
+inline bool RequireLoadedModel(const GateContext& ctx, GateOutcome& out) {
+  if (ctx.model && ctx.model_loaded && ctx.family && ctx.args) return true;
+  out.Unknown(ctx.spec.Requested("load")
+                  ? "no loaded model: phase load did not pass"
+                  : "no loaded model: phase load was not requested");
+  return false;
+}
+
+/// Reads the reference bundle on first use; on failure sets `out` UNKNOWN with the reason.
+bool RequireReference(GateContext& ctx, GateOutcome& out);
+
+}  // namespace gatehouse::worker::internal

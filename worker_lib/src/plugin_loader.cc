@@ -1,0 +1,45 @@
+// Model-family plugin loading (model_family.h: plugin entry points).
+#include "gatehouse/worker/plugin_loader.h"
+
+#include <dlfcn.h>
+
+#include <string>
+
+#include "gatehouse/worker/model_family.h"
+
+namespace gatehouse::worker {
+
+Status LoadPlugin(const std::filesystem::path& path, FamilyRegistry& registry) {
+  const std::string where = "plugin " + path.string();
+  dlerror();  // clear
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    return Status::Unavailable(where + " failed to load: " + (err ? err : "unknown dlopen error"));
+  }
+  auto abi = reinterpret_cast<GatehousePluginAbiVersionFn>(
+      dlsym(handle, "gatehouse_plugin_abi_version"));
+  auto reg = reinterpret_cast<GatehousePluginRegisterFn>(
+      dlsym(handle, "gatehouse_plugin_register"));
+  if (abi == nullptr || reg == nullptr) {
+    return Status::FailedPrecondition(
+        where + " failed to load: it does not export " +
+        (abi == nullptr ? "gatehouse_plugin_abi_version" : "gatehouse_plugin_register") +
+        " (define it with GATEHOUSE_DEFINE_PLUGIN)");
+  }
+  const int version = abi();
+  if (version != kPluginAbiVersion) {
+    return Status::FailedPrecondition(where + " failed to load: plugin ABI version " +
+                                      std::to_string(version) + ", this worker expects " +
+                                      std::to_string(kPluginAbiVersion));
+  }
+  char error[1024] = {0};
+  if (reg(&registry, error, static_cast<int>(sizeof(error))) != 0) {
+    return Status::InvalidArgument(where + " failed to register: " +
+                                   (error[0] ? std::string(error) : std::string("no message")));
+  }
+  // Never dlclose: the registry holds family objects whose vtables live in the library.
+  return Status::Ok();
+}
+
+}  // namespace gatehouse::worker
