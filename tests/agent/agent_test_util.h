@@ -15,30 +15,11 @@
 #include <vector>
 
 #include "agent/process.h"
+#include "tests/common/temp_dir.h"
 
 namespace gatehouse::agent::testing {
 
-/// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/gatehouse-agent-XXXXXX";
-    const char* made = ::mkdtemp(pattern.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp " << pattern;
-    path_ = std::filesystem::canonical(pattern);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using gatehouse::test_util::TempDir;
 
 inline void WriteFile(const std::filesystem::path& path, const std::string& text,
                       bool executable = false) {

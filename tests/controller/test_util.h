@@ -7,27 +7,11 @@
 #include <string>
 
 #include "controller/commit_resolver.h"
+#include "tests/common/temp_dir.h"
 
 namespace gatehouse::controller::testing {
 
-/// A fresh directory under $TMPDIR, removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "gatehouse-test-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using gatehouse::test_util::TempDir;
 
 inline void WriteFile(const std::filesystem::path& p, const std::string& content) {
   std::filesystem::create_directories(p.parent_path());

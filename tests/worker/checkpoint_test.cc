@@ -2,8 +2,9 @@
 // and sharded checkpoint directories built here.
 #include "gatehouse/worker/checkpoint.h"
 
-#include <ftw.h>
 #include <gtest/gtest.h>
+
+#include "tests/common/temp_dir.h"
 #include <stdlib.h>
 
 #include <fstream>
@@ -21,26 +22,7 @@ testing::AssertionResult Contains(const std::string& message, const std::string&
   return testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << part << "\"";
 }
 
-// A fresh directory under $TMPDIR, removed with its files at scope end. POSIX calls on purpose:
-// the LibTorch wheel exports its own std::filesystem::remove_all, which crashes on a non-empty
-// directory with this system's libstdc++ (pytorch/pytorch#133437).
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& prefix) {
-    std::string tmpl = (fs::path(testing::TempDir()) / (prefix + "_XXXXXX")).string();
-    if (::mkdtemp(tmpl.data()) == nullptr) ADD_FAILURE() << "mkdtemp " << tmpl << " failed";
-    path_ = tmpl;
-  }
-  ~ScratchDir() {
-    ::nftw(path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) {
-      return ::remove(p);
-    }, 16, FTW_DEPTH | FTW_PHYS);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using ScratchDir = gatehouse::test_util::TempDir;
 
 class CheckpointTest : public testing::Test {
  protected:

@@ -1,6 +1,5 @@
 #include "gates_fixture.h"
 
-#include <ftw.h>
 #include <gtest/gtest.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,20 +14,6 @@ namespace gatehouse::worker::testing {
 
 namespace fs = std::filesystem;
 
-TempDir::TempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "gh-gates-XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  path_ = tmpl;
-}
-
-// Removed with nftw, not std::filesystem::remove_all: the torch wheel's libtorch.so exports
-// its own copy of std::filesystem, and its remove_all crashes when it wins symbol lookup.
-TempDir::~TempDir() {
-  nftw(
-      path_.c_str(),
-      [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-      FTW_DEPTH | FTW_PHYS);
-}
 
 Fixture::Fixture(FixtureOptions opts) : options(std::move(opts)) {
   checkpoint_dir = dir.path() / "checkpoint";

@@ -11,21 +11,11 @@
 
 #include "fake_family.h"
 #include "gatehouse/worker/gates.h"
+#include "tests/common/temp_dir.h"
 
 namespace gatehouse::worker::testing {
 
-/// A fresh directory under the system temp dir, removed with everything in it at destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using gatehouse::test_util::TempDir;
 
 struct FixtureOptions {
   bool tie = true;
