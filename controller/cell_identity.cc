@@ -208,6 +208,11 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const IdentityConfi
   GH_ASSIGN_OR_RETURN(r.repository, GetString(in.at("repository"), "repository"));
   if (r.repository.front() == '/') {  // a local path: normalise like checkpoint
     GH_ASSIGN_OR_RETURN(r.repository, GetAbsolutePath(in.at("repository"), "repository"));
+  } else if (r.repository.find("://") == std::string::npos) {
+    // A relative path would be resolved against whichever process reads it (controller,
+    // agent): not one repository.
+    return Status::InvalidArgument("field 'repository' = " + Shown(in.at("repository")) +
+                                   ": expected a URL (scheme://...) or an absolute path");
   }
   if (!in.contains("branch") && !in.contains("commit")) {
     return Status::InvalidArgument("one of the fields 'branch' or 'commit' is required");
@@ -337,6 +342,12 @@ Result<FrozenCell> CellFreezer::Freeze(std::string_view body) {
     return Status::NotFound("checkpoint '" + r.checkpoint + "': no config.json in it");
   }
   GH_RETURN_IF_ERROR(CheckDirectory("reference", r.reference));
+  for (const char* file : {"reference.json", "reference.safetensors"}) {
+    if (!fs::is_regular_file(fs::path(r.reference) / file, ec)) {
+      return Status::NotFound("reference '" + r.reference + "': no " + file +
+                              " in it (not a reference bundle made by tools/refgen)");
+    }
+  }
 
   std::string commit;
   if (!r.commit.empty()) {

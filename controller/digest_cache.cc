@@ -1,5 +1,7 @@
 #include "controller/digest_cache.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <vector>
@@ -11,19 +13,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// "<rel>\t<size>\t<mtime ns>\n" per regular file, in path order. Empty on any error, which
+// "<rel>\t<size>\t<mtime ns>\t<ctime ns>\t<inode>\n" per regular file, in path order. The
+// status-change time cannot be set back by a user (unlike mtime, `touch -r`), so a rewrite of
+// a file with the same size and mtime still changes the fingerprint. Empty on any error, which
 // disables caching for that call.
 std::string Fingerprint(const fs::path& dir) {
   std::error_code ec;
   std::vector<std::string> lines;
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (!it->is_regular_file(ec)) continue;
-    auto size = it->file_size(ec);
-    auto mtime = it->last_write_time(ec);
-    if (ec) return {};
+    struct stat st {};
+    if (::stat(it->path().c_str(), &st) != 0) return {};
+    auto ns = [](const timespec& t) {
+      return std::to_string(static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec);
+    };
     lines.push_back(fs::relative(it->path(), dir, ec).generic_string() + "\t" +
-                    std::to_string(size) + "\t" + std::to_string(mtime.time_since_epoch().count()) +
-                    "\n");
+                    std::to_string(st.st_size) + "\t" + ns(st.st_mtim) + "\t" + ns(st.st_ctim) +
+                    "\t" + std::to_string(st.st_ino) + "\n");
   }
   if (ec) return {};
   std::sort(lines.begin(), lines.end());

@@ -40,12 +40,17 @@ std::string ErrorBody(const std::string& message) {
 }
 
 /// One connection. Network I/O runs on the server's io_context (one thread); the handler runs
-/// on the worker pool and posts the response back.
+/// on a worker pool and posts the response back: GET/HEAD on the read pool, everything else on
+/// the write pool, so a submit stuck in a slow git fetch never delays reads or /healthz.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, asio::thread_pool& pool, const HttpServer::Handler& handler,
-          size_t body_limit)
-      : stream_(std::move(socket)), pool_(pool), handler_(handler), body_limit_(body_limit) {}
+  Session(tcp::socket socket, asio::thread_pool& read_pool, asio::thread_pool& write_pool,
+          const HttpServer::Handler& handler, size_t body_limit)
+      : stream_(std::move(socket)),
+        read_pool_(read_pool),
+        write_pool_(write_pool),
+        handler_(handler),
+        body_limit_(body_limit) {}
 
   void Start() {
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
@@ -91,8 +96,10 @@ class Session : public std::enable_shared_from_this<Session> {
     const unsigned version = req.version();
     const bool head = req.method() == http::verb::head;
 
-    asio::post(pool_, [self = shared_from_this(), request = std::move(request), keep_alive, version,
-                       head]() mutable {
+    const bool read_only = req.method() == http::verb::get || head;
+    asio::thread_pool& pool = read_only ? read_pool_ : write_pool_;
+    asio::post(pool, [self = shared_from_this(), request = std::move(request), keep_alive, version,
+                      head]() mutable {
       HttpResponse response;
       try {
         response = self->handler_(request);
@@ -163,7 +170,8 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  asio::thread_pool& pool_;
+  asio::thread_pool& read_pool_;
+  asio::thread_pool& write_pool_;
   const HttpServer::Handler& handler_;
   size_t body_limit_;
   bool drain_after_write_ = false;
@@ -177,14 +185,17 @@ struct HttpServer::Impl {
   Impl(const Options& o, Handler h)
       : options(o),
         handler(std::move(h)),
-        pool(static_cast<size_t>(std::max(o.handler_threads, 1))),
+        read_pool(static_cast<size_t>(std::max(o.handler_threads, 1))),
+        write_pool(static_cast<size_t>(std::max(o.write_handler_threads, 1))),
         acceptor(asio::make_strand(ioc)) {}
 
   void Accept() {
     acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
       if (!ec) {
-        std::make_shared<Session>(std::move(socket), pool, handler, options.body_limit)->Start();
+        std::make_shared<Session>(std::move(socket), read_pool, write_pool, handler,
+                                  options.body_limit)
+            ->Start();
       } else {
         spdlog::warn("http accept: {}", ec.message());
       }
@@ -195,7 +206,8 @@ struct HttpServer::Impl {
   Options options;
   Handler handler;
   asio::io_context ioc;  // destroyed after the pool and the acceptor
-  asio::thread_pool pool;
+  asio::thread_pool read_pool;
+  asio::thread_pool write_pool;
   tcp::acceptor acceptor;
   std::thread io_thread;
   uint16_t port = 0;
@@ -250,7 +262,8 @@ void HttpServer::Stop() {
     beast::error_code ignored;
     impl->acceptor.close(ignored);
   });
-  impl_->pool.join();  // let running handlers finish; their posts to ioc are dropped below
+  impl_->read_pool.join();  // let running handlers finish; their posts to ioc are dropped below
+  impl_->write_pool.join();
   impl_->ioc.stop();
   if (impl_->io_thread.joinable()) impl_->io_thread.join();
 }

@@ -17,7 +17,8 @@ namespace gatehouse::controller {
 /// answered 413, a malformed request 400; both close that connection, never the server.
 /// Keep-alive is supported.
 ///
-/// Threading: one network thread plus `handler_threads` workers; the handler must be
+/// Threading: one network thread plus `handler_threads` read workers and
+/// `write_handler_threads` write workers; the handler must be
 /// thread-safe and should not throw (exceptions are caught and answered 500).
 class HttpServer {
  public:
@@ -27,7 +28,8 @@ class HttpServer {
     std::string address = "127.0.0.1";
     uint16_t port = 0;                // 0: an ephemeral port; see port()
     size_t body_limit = 1024 * 1024;  // bytes
-    int handler_threads = 4;
+    int handler_threads = 4;        // GET/HEAD
+    int write_handler_threads = 4;  // POST and the rest (submits may wait on git and hashing)
   };
 
   /// Binds and starts serving. Errors: UNAVAILABLE naming the address when it cannot bind,

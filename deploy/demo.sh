@@ -16,7 +16,8 @@ GRPC_PORT=${GATEHOUSE_GRPC_PORT:-50051}
 CKPT=${GATEHOUSE_DEMO_CHECKPOINT:-llama-tiny-untied}
 log() { printf '[demo] %s\n' "$*" >&2; }
 
-"$ROOT/deploy/setup.sh"
+# The demo needs the daemons and the worker SDK; the adapter plugin is built by the agent.
+"$ROOT/deploy/setup.sh" gatehouse-controller gatehouse-agent gatehouse-worker
 mkdir -p "$VAR/logs" "$VAR/demo"
 
 # 1. The bundled checkpoints: tiny Llama models saved by transformers' save_pretrained, with the
@@ -81,5 +82,8 @@ echo "Dashboard: http://127.0.0.1:$HTTP_PORT/cell.html?id=$ID   (all cells: http
 if [ -t 0 ]; then
   echo "Serving the dashboard; press Ctrl-C to stop the controller and agent."
   wait
+else
+  echo "(not run from a terminal: the controller and agent stop now; run deploy/demo.sh from a"
+  echo " terminal to keep the dashboard up, the evidence stays in $VAR/gatehouse.db)"
 fi
 [ "$STATUS" = passed ]

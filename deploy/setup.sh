@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a Debian 12 machine for Gatehouse and builds it. Idempotent: a second run only checks
 # and rebuilds what changed.
-#   deploy/setup.sh            Debian packages, project venv (.venv), CMake configure + build
+#   deploy/setup.sh [TARGET...]   Debian packages, project venv (.venv), CMake configure, and a
+#                                 build of the TARGETs (default: everything, tests included)
 # Environment: GATEHOUSE_BUILD_DIR (default <repo>/build), GATEHOUSE_VENV (default <repo>/.venv),
 #              GATEHOUSE_JOBS (default: number of cores).
 set -euo pipefail
@@ -11,7 +12,8 @@ VENV=${GATEHOUSE_VENV:-$ROOT/.venv}
 JOBS=${GATEHOUSE_JOBS:-$(nproc)}
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# 1. Debian packages (see ../shared/BUILD-NOTES.md; googletest is already on the image).
+# 1. Debian packages (googletest is on the Debian 12 image; libboost1.81-dev must not meet the
+#    1.74 meta packages libboost-dev/libboost-all-dev, which conflict with it).
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config git python3-venv
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev libgit2-dev libspdlog-dev
@@ -42,14 +44,19 @@ if ! cmp -s "$REQ" "$STAMP" 2>/dev/null; then
 fi
 TORCH_PREFIX=$("$VENV/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 
-# 3. Configure and build (Ninja + ccache).
+# 3. Configure and build (Ninja + ccache). Paths under the checkout are hashed relative to it,
+#    so another clone of the same sources (CI, a second checkout) hits the same cache entries.
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 ccache --max-size=8G >/dev/null 2>&1 || true
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   log "configuring $BUILD_DIR"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DGATEHOUSE_PYTHON="$VENV/bin/python" >/dev/null
 fi
-log "building ($JOBS jobs)"
-cmake --build "$BUILD_DIR" -j "$JOBS"
+TARGETS=()
+for t in "$@"; do TARGETS+=(--target "$t"); done
+log "building ${*:-everything} ($JOBS jobs)"
+cmake --build "$BUILD_DIR" -j "$JOBS" "${TARGETS[@]}" >&2
 log "ready: $BUILD_DIR"

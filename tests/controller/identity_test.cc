@@ -246,6 +246,21 @@ TEST_F(IdentityTest, MissingDirectoriesAreNotFoundAndNamed) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find((dir_.path() / "lonely" / "reference").string()), std::string::npos)
       << s.message();
+
+  // A reference directory must be a reference bundle, not any directory.
+  testing::WriteFile(dir_.path() / "lonely" / "reference" / "notes.txt", "not a bundle");
+  s = ErrorOf(body);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("reference.json"), std::string::npos) << s.message();
+}
+
+TEST_F(IdentityTest, RelativeRepositoryIsRejected) {
+  // Verifies a relative repository path (resolved differently by each process) is a 400 naming it.
+  json body = BaseBody();
+  body["repository"] = "var/demo/adapter";
+  Status s = ErrorOf(body);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("var/demo/adapter"), std::string::npos) << s.message();
 }
 
 TEST_F(IdentityTest, ResolverErrorsPassThrough) {

@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "controller/controller_core.h"
@@ -307,6 +310,43 @@ TEST_F(RestTest, ServesDashboardFilesAndNothingOutsideTheWebDir) {
   EXPECT_EQ(leak.body.find("do not serve"), std::string::npos);
   EXPECT_EQ(Http(port_, "GET", "/static/absent.css").status, 404);
   EXPECT_EQ(Http(port_, "GET", "/healthz").status, 200);
+}
+
+}  // namespace
+}  // namespace gatehouse::controller
+
+namespace gatehouse::controller {
+namespace {
+
+// Verifies that submits stuck in slow work (a git server that never answers) occupy only the
+// write pool: GET requests and /healthz are still answered while every write worker is busy.
+TEST(HttpServerPoolsTest, StuckWritesDoNotDelayReads) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  HttpServer::Options options;
+  options.handler_threads = 2;
+  options.write_handler_threads = 2;
+  auto server = HttpServer::Start(options, [released](const HttpRequest& r) {
+    HttpResponse response;
+    if (r.method == "POST") released.wait();  // stands in for a fetch that never returns
+    response.status = 200;
+    response.content_type = "text/plain";
+    response.body = "ok";
+    return response;
+  });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const uint16_t port = (*server)->port();
+  std::vector<std::thread> writers;
+  for (int i = 0; i < 4; ++i) {  // more stuck writes than write workers
+    writers.emplace_back([port] { Http(port, "POST", "/api/v1/cells", "{}"); });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto start = std::chrono::steady_clock::now();
+  Reply health = Http(port, "GET", "/healthz");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  release.set_value();
+  for (auto& t : writers) t.join();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "common/phases.h"
+#include "common/sha256.h"
 #include "gatehouse/worker/reference.h"
 #include "gatehouse/worker/safetensors_torch.h"
 
@@ -87,13 +88,18 @@ void Fixture::WriteReference(CausalLM& source) {
 
 nlohmann::json Fixture::SpecJson() const {
   const std::string sha(40, 'a');
+  // The digests the controller would freeze (the identity gate recomputes them).
+  auto digest = [](const fs::path& dir) {
+    Result<std::string> d = DirectoryDigest(dir);
+    return d.ok() ? *d : std::string("sha256:missing");
+  };
   return {
       {"spec_version", 1},
       {"repository", "/tmp/adaptation"},
       {"commit", sha},
       {"model_family", "fake"},
-      {"checkpoint", {{"path", checkpoint_dir.string()}, {"digest", "sha256:00"}}},
-      {"reference", {{"path", reference_dir.string()}, {"digest", "sha256:00"}}},
+      {"checkpoint", {{"path", checkpoint_dir.string()}, {"digest", digest(checkpoint_dir)}}},
+      {"reference", {{"path", reference_dir.string()}, {"digest", digest(reference_dir)}}},
       {"runtime", {{"torch", StripLocalVersion(TORCH_VERSION)}, {"device", "cpu"}}},
       {"launch", {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}}},
       {"topology", {{"tp", 1}, {"dp", 1}, {"pp", 1}, {"ep", 1}}},

@@ -118,9 +118,12 @@ TEST(ReferenceTest, WrongFormatRejected) {
 // Verifies identity passes on the frozen commit, clean tree, pinned torch, and reports them.
 TEST(IdentityGateTest, PassesOnMatchingCleanCheckout) {
   Fixture fx;
+  fx.Write();
   GateContext ctx = fx.Context();
   GateOutcome out = IdentityGate(ctx);
   EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Text(out, "checkpoint_digest"), ctx.spec.checkpoint.digest);
+  EXPECT_EQ(Text(out, "reference_digest"), ctx.spec.reference.digest);
   EXPECT_EQ(Text(out, "sha"), std::string(40, 'a'));
   EXPECT_EQ(Text(out, "tree_clean"), "true");
   EXPECT_EQ(Text(out, "torch_version"), StripLocalVersion(TORCH_VERSION));
@@ -265,10 +268,32 @@ TEST(ConfigGateTest, PluginLoadErrorFails) {
 }
 
 // Verifies a missing checkpoint fails config with the reader's message.
+// Verifies a checkpoint changed on the node after the cell was frozen BLOCKs identity, naming
+// the input and both digests.
+TEST(IdentityGateTest, ChangedCheckpointBlocked) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  std::ofstream(fx.checkpoint_dir / "config.json", std::ios::app) << " ";
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_THAT(out.reason, HasSubstr(fx.checkpoint_dir.string()));
+  EXPECT_THAT(out.reason, HasSubstr("frozen with " + ctx.spec.checkpoint.digest));
+}
+
+// Verifies a checkpoint missing on the node BLOCKs identity, naming its path.
+TEST(IdentityGateTest, MissingCheckpointBlocked) {
+  Fixture fx;  // nothing written
+  GateContext ctx = fx.Context();
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_THAT(out.reason, HasSubstr(fx.checkpoint_dir.string()));
+}
+
 TEST(ConfigGateTest, MissingCheckpointFails) {
   Fixture fx;  // nothing written
   GateContext ctx = fx.Context();
-  GateOutcome out = RunThrough(ctx, "config");
+  GateOutcome out = ConfigGate(ctx);
   EXPECT_STATUS(out, GateStatus::kFail);
   EXPECT_THAT(out.reason, HasSubstr(fx.checkpoint_dir.string()));
 }
@@ -434,7 +459,12 @@ TEST(InferenceGateTest, MissingReferenceUnknown) {
   Fixture fx;
   fx.WriteCheckpoint();
   GateContext ctx = fx.Context();
-  GateOutcome out = RunThrough(ctx, "inference");
+  // Identity would BLOCK on the missing reference first; run the gates after it directly.
+  for (auto gate : {ConfigGate, ConstructGate, LoadGate}) {
+    GateOutcome before = gate(ctx);
+    ASSERT_EQ(before.status, GateStatus::kPass) << before.reason;
+  }
+  GateOutcome out = InferenceGate(ctx);
   EXPECT_STATUS(out, GateStatus::kUnknown);
   EXPECT_THAT(out.reason, HasSubstr("reference.json"));
 }

@@ -107,6 +107,21 @@ GateOutcome IdentityGate(GateContext& ctx) {
   if (spec.runtime.device == "cuda" && !ctx.runtime.cuda_available) {
     blocks.push_back("device cuda requested but torch::cuda::is_available() is false");
   }
+  // The inputs on this node must be the frozen ones: a checkpoint or reference changed (or
+  // missing) since the cell was frozen would make the evidence belong to other inputs.
+  for (const auto& [name, input] : {std::pair{"checkpoint", &spec.checkpoint},
+                                    std::pair{"reference", &spec.reference}}) {
+    Result<std::string> digest = DirectoryDigest(input->path);
+    if (!digest.ok()) {
+      blocks.push_back(std::string(name) + " " + input->path + ": " + digest.status().message());
+      continue;
+    }
+    out.Text(std::string(name) + "_digest", *digest);
+    if (*digest != input->digest) {
+      blocks.push_back(std::string(name) + " " + input->path + " has digest " + *digest +
+                       " on this node but the cell is frozen with " + input->digest);
+    }
+  }
   if (!blocks.empty()) return out.Blocked(JoinFew(blocks));
   return out;
 }

@@ -11,6 +11,8 @@
 //  - identity: a checkout at another SHA or a dirty tree is FAIL, classification unknown (the
 //    evidence cannot be attributed to the frozen commit; not the adapter's contract); a torch
 //    pin mismatch or device cuda without CUDA is BLOCKED (DESIGN.md: never silently accepted).
+//    So is a checkpoint or reference whose content digest on this node differs from the
+//    frozen one (or that is missing): the evidence would belong to other inputs.
 //  - Gates do not write events themselves: they return figures and artifacts in GateOutcome
 //    and the runner emits them (so GateContext carries no event sink, and gates are testable
 //    without one).

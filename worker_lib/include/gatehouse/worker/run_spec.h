@@ -16,7 +16,7 @@
 namespace gatehouse::worker {
 
 /// A path with the controller's content digest ("sha256:<hex>", common/sha256.h
-/// DirectoryDigest). The worker reports the digest; it does not recompute it.
+/// DirectoryDigest). The identity gate recomputes it on the node and BLOCKs on a mismatch.
 struct DigestedPath {
   std::string path;
   std::string digest;
