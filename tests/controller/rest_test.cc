@@ -34,6 +34,10 @@ struct Reply {
 Reply RawRequest(uint16_t port, const std::string& bytes) {
   Reply reply;
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  // A server that never answers must fail the test in seconds, not hang it.
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
