@@ -74,7 +74,7 @@ int Run(int argc, char** argv) {
   std::string grpc = "127.0.0.1:50051";
   std::string mirror_dir = "var/mirrors";
   std::string web_dir = GATEHOUSE_DEFAULT_WEB_DIR;
-  std::string families = "llama";
+  std::string families = "llama,qwen2,qwen3,qwen3_moe,mistral,gemma,gemma2,gemma3,phi3";
   std::string torch_pin = "2.11.0";
   app.add_option("--db", db, "SQLite database file")->capture_default_str();
   app.add_option("--http", http, "REST/dashboard listen address host:port (port 0: any)")

@@ -3,7 +3,7 @@
 //
 // The adaptation repository is a real git repository made here from models/ (the reference
 // Llama adapter): branch `main` holds it as is, branch `rope-keys-bug` commits the adapter bug
-// "RoPE not applied to keys" (tools/refgen/rope_keys_unapplied.patch). The agent builds each
+// "RoPE not applied to keys" (tools/mutations/rope_keys_unapplied.patch). The agent builds each
 // branch's plugin from the checked-out commit, so the two branches must give different verdicts.
 #include <gtest/gtest.h>
 

@@ -5,21 +5,20 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
 #include "gatehouse/worker/model_family.h"
+#include "tests/models/family_test_util.h"
 
 extern "C" int gatehouse_plugin_abi_version();
-extern "C" int gatehouse_plugin_register(gatehouse::worker::FamilyRegistry* registry, char* error,
-                                         int error_size);
 
 namespace gatehouse::worker {
 namespace {
 
 using nlohmann::json;
+using test_util::ParamNames;
 
 // config.json exactly as transformers 5.24 LlamaForCausalLM.save_pretrained wrote it for the
 // llama-tiny-tied fixture (tools/refgen/make_checkpoint.py).
@@ -52,18 +51,7 @@ constexpr const char* kSavedTiedConfig = R"({
 })";
 
 /// The llama family, registered once through the plugin's exported entry point.
-const ModelFamily& Llama() {
-  static FamilyRegistry* registry = [] {
-    auto* r = new FamilyRegistry();
-    char error[256] = {0};
-    const int rc = gatehouse_plugin_register(r, error, sizeof(error));
-    EXPECT_EQ(rc, 0) << error;
-    return r;
-  }();
-  const ModelFamily* family = registry->FindByName("llama");
-  EXPECT_NE(family, nullptr);
-  return *family;
-}
+const ModelFamily& Llama() { return test_util::FamilyByName("llama"); }
 
 json SavedConfig(bool tied) {
   json c = json::parse(kSavedTiedConfig);
@@ -82,12 +70,6 @@ std::shared_ptr<CausalLM> Build(const json& config) {
   auto model = Llama().Construct(*args, torch::kFloat32, torch::kCPU);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   return *model;
-}
-
-std::set<std::string> ParamNames(const CausalLM& model) {
-  std::set<std::string> names;
-  for (const auto& item : model.named_parameters()) names.insert(item.key());
-  return names;
 }
 
 /// Re-draws every weight at unit activation scale (norms away from 1.0), so logits are far from
@@ -140,8 +122,8 @@ TEST(LlamaConfig, SavedConfigFullyAccounted) {
   EXPECT_EQ(args.max_position_embeddings(), 512);
   EXPECT_TRUE(args.tie_word_embeddings());
   const json j = args.ToJson();
-  EXPECT_EQ(j["rope_theta"].get<double>(), 50000.0);
-  EXPECT_EQ(j["rope_theta_source"], "rope_parameters.rope_theta");
+  EXPECT_EQ(j["ropes"][0]["rope_theta"].get<double>(), 50000.0);
+  EXPECT_EQ(j["ropes"][0]["rope_theta_source"], "rope_parameters.rope_theta");
   EXPECT_EQ(j["rms_norm_eps"].get<double>(), 1e-5);
   EXPECT_EQ(j["hidden_size"], 64);
   EXPECT_EQ(j["intermediate_size"], 128);
@@ -151,16 +133,14 @@ TEST(LlamaConfig, SavedConfigFullyAccounted) {
 // unmapped (guards against a transformers upgrade adding a field).
 TEST(LlamaConfig, FixtureConfigsFullyAccounted) {
   for (const char* name : {"llama-tiny-tied", "llama-tiny-untied", "llama-tiny-sharded"}) {
-    const std::filesystem::path path =
-        std::filesystem::path(GATEHOUSE_TESTDATA_DIR) / name / "checkpoint" / "config.json";
+    const std::filesystem::path path = test_util::FixtureCheckpointDir(name) / "config.json";
     if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " absent: run through ctest";
-    std::ifstream in(path);
-    const json config = json::parse(in);
+    const json config = test_util::FixtureConfig(name);
     auto parsed = Llama().ParseConfig(config);
     ASSERT_TRUE(parsed.ok()) << name << ": " << parsed.status().ToString();
     EXPECT_TRUE(parsed->report.unmapped.empty()) << name << ": " << json(parsed->report.unmapped);
     EXPECT_EQ(parsed->report.mapped.size() + parsed->report.ignored.size(), config.size());
-    EXPECT_EQ(parsed->args->ToJson()["rope_theta"].get<double>(), 50000.0) << name;
+    EXPECT_EQ(parsed->args->ToJson()["ropes"][0]["rope_theta"].get<double>(), 50000.0) << name;
   }
 }
 
@@ -187,8 +167,8 @@ TEST(LlamaConfig, UpstreamDefaults) {
   ASSERT_NE(args, nullptr);
   EXPECT_EQ(args->num_key_value_heads(), 4);
   EXPECT_EQ(args->head_dim(), 16);
-  EXPECT_EQ(args->ToJson()["rope_theta"].get<double>(), 10000.0);
-  EXPECT_EQ(args->ToJson()["rope_theta_source"], "default");
+  EXPECT_EQ(args->ToJson()["ropes"][0]["rope_theta"].get<double>(), 10000.0);
+  EXPECT_EQ(args->ToJson()["ropes"][0]["rope_theta_source"], "default");
 }
 
 // The legacy spelling (top-level rope_theta, rope_scaling null or {"type": "default"}) parses
@@ -202,18 +182,18 @@ TEST(LlamaConfig, LegacyRopeSpelling) {
     auto parsed = Llama().ParseConfig(config);
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
     EXPECT_TRUE(parsed->report.unmapped.empty());
-    EXPECT_EQ(parsed->args->ToJson()["rope_theta"].get<double>(), 50000.0);
+    EXPECT_EQ(parsed->args->ToJson()["ropes"][0]["rope_theta"].get<double>(), 50000.0);
   }
 }
 
 // An unknown or not-yet-implemented rope type is rejected naming the field and the value.
 TEST(LlamaConfig, UnknownRopeTypeRejected) {
   json config = SavedConfig(false);
-  config["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0}};
+  config["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 500000.0}, {"factor", 8.0}};
   Status s = ParseError(config);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("rope_parameters.rope_type"), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find("llama3"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("yarn"), std::string::npos) << s.ToString();
 
   config.erase("rope_parameters");
   config["rope_scaling"] = {{"type", "no-such-rope"}, {"factor", 2.0}};
@@ -228,12 +208,36 @@ TEST(LlamaConfig, UnknownRopeTypeRejected) {
 TEST(LlamaConfig, UnknownFieldIsUnmapped) {
   json config = SavedConfig(false);
   config["sliding_window"] = 128;
-  config["rope_parameters"]["partial_rotary_factor"] = 0.5;
+  config["rope_parameters"]["beta_fast"] = 32;
   auto parsed = Llama().ParseConfig(config);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
   std::set<std::string> unmapped(parsed->report.unmapped.begin(), parsed->report.unmapped.end());
-  EXPECT_EQ(unmapped,
-            (std::set<std::string>{"sliding_window", "rope_parameters.partial_rotary_factor"}));
+  EXPECT_EQ(unmapped, (std::set<std::string>{"sliding_window", "rope_parameters.beta_fast"}));
+}
+
+// The scaled RoPE types parse with their parameters; a missing parameter is named.
+TEST(LlamaConfig, RopeScalingParsedAndChecked) {
+  json config = SavedConfig(false);
+  config["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0},
+                               {"factor", 8.0}, {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0},
+                               {"original_max_position_embeddings", 64}};
+  auto args = ParseOk(config);
+  ASSERT_NE(args, nullptr);
+  const json rope = args->ToJson()["ropes"][0];
+  EXPECT_EQ(rope["rope_type"], "llama3");
+  EXPECT_EQ(rope["factor"].get<double>(), 8.0);
+  EXPECT_EQ(rope["original_max_position_embeddings"], 64);
+
+  config["rope_parameters"].erase("low_freq_factor");
+  Status s = ParseError(config);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rope_parameters.low_freq_factor"), std::string::npos)
+      << s.ToString();
+
+  config["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 500000.0}};
+  s = ParseError(config);
+  EXPECT_NE(s.message().find("rope_parameters.factor"), std::string::npos) << s.ToString();
 }
 
 // Values the family cannot honour are INVALID_ARGUMENT naming field and value.
@@ -383,29 +387,9 @@ TEST(LlamaModel, KVCacheDecodeMatchesFullForward) {
   for (const bool tied : {true, false}) {
     auto model = Build(SavedConfig(tied));
     Randomize(*model, 11);
-    torch::NoGradGuard no_grad;
-    constexpr int64_t kBatch = 2, kPrefill = 7, kSteps = 4, kChunk = 3;
-    constexpr int64_t kTotal = kPrefill + kSteps + kChunk;
-    auto tokens = torch::randint(0, 256, {kBatch, kTotal}, torch::kLong);
-    auto positions =
-        torch::arange(kTotal, torch::kLong).unsqueeze(0).expand({kBatch, kTotal}).contiguous();
-    auto full = model->Forward(tokens, positions, nullptr);
-
-    auto cache = model->NewKVCache(kBatch, 64);
-    std::vector<torch::Tensor> pieces;
-    auto run = [&](int64_t start, int64_t len) {
-      pieces.push_back(model->Forward(tokens.narrow(1, start, len).contiguous(),
-                                      positions.narrow(1, start, len).contiguous(), cache.get()));
-      EXPECT_EQ(cache->length(), start + len);
-    };
-    run(0, kPrefill);
-    for (int64_t i = 0; i < kSteps; ++i) run(kPrefill + i, 1);
-    run(kPrefill + kSteps, kChunk);
-    auto incremental = torch::cat(pieces, 1);
-    ASSERT_EQ(incremental.sizes(), full.sizes());
-    EXPECT_TRUE(torch::allclose(incremental, full, /*rtol=*/1e-5, /*atol=*/1e-5))
-        << "tied=" << tied << " max abs diff "
-        << (incremental - full).abs().max().item<float>();
+    test_util::ExpectKVCacheDecodeMatchesFullForward(
+        *model, {.batch = 2, .prefill = 7, .steps = 4, .chunk = 3, .cache_capacity = 64},
+        "tied=" + std::to_string(tied));
   }
 }
 

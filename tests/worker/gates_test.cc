@@ -267,7 +267,6 @@ TEST(ConfigGateTest, PluginLoadErrorFails) {
   EXPECT_THAT(out.reason, HasSubstr("libbad.so failed to load"));
 }
 
-// Verifies a missing checkpoint fails config with the reader's message.
 // Verifies a checkpoint changed on the node after the cell was frozen BLOCKs identity, naming
 // the input and both digests.
 TEST(IdentityGateTest, ChangedCheckpointBlocked) {
@@ -290,11 +289,13 @@ TEST(IdentityGateTest, MissingCheckpointBlocked) {
   EXPECT_THAT(out.reason, HasSubstr(fx.checkpoint_dir.string()));
 }
 
-TEST(ConfigGateTest, MissingCheckpointFails) {
+// Verifies a missing checkpoint BLOCKs config (an input fault, not the adapter's) with the
+// reader's message naming the path.
+TEST(ConfigGateTest, MissingCheckpointBlocked) {
   Fixture fx;  // nothing written
   GateContext ctx = fx.Context();
   GateOutcome out = ConfigGate(ctx);
-  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
   EXPECT_THAT(out.reason, HasSubstr(fx.checkpoint_dir.string()));
 }
 
@@ -372,22 +373,24 @@ TEST(LoadGateTest, ShapeMismatchFails) {
   EXPECT_EQ(Count(out, "keys_missing"), 0);  // the mismatch is not also counted as missing
 }
 
-// Verifies a NaN in a weight fails naming the tensor.
-TEST(LoadGateTest, NanWeightFails) {
+// Verifies a NaN in a weight BLOCKs load (the checkpoint's data, not the adapter's mapping),
+// naming the tensor.
+TEST(LoadGateTest, NanWeightBlocked) {
   Fixture fx;
   fx.tensors["model.layers.0.proj.weight"][3][5] = std::nanf("");
   fx.Write();
   GateContext ctx = fx.Context();
   GateOutcome out = RunThrough(ctx, "load");
-  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
   EXPECT_THAT(out.reason, HasSubstr("model.layers.0.proj.weight"));
   EXPECT_THAT(out.reason, HasSubstr("1 NaN"));
 }
 
-// Verifies a tied checkpoint that still ships lm_head.weight loads, and says which was used.
+// Verifies a tied checkpoint that still ships lm_head.weight equal to the embedding loads,
+// and says which was used (upstream ties equal weights).
 TEST(LoadGateTest, TiedLmHeadAcceptedAndReported) {
   Fixture fx;
-  fx.tensors["lm_head.weight"] = torch::randn({32, 16});
+  fx.tensors["lm_head.weight"] = fx.tensors["model.embed_tokens.weight"].clone();
   fx.Write();
   GateContext ctx = fx.Context();
   GateOutcome out = RunThrough(ctx, "load");
@@ -395,8 +398,22 @@ TEST(LoadGateTest, TiedLmHeadAcceptedAndReported) {
   EXPECT_EQ(Count(out, "keys_total"), 5);
   EXPECT_EQ(Count(out, "keys_used"), 4);
   EXPECT_EQ(Text(out, "tied_lm_head"),
-            "checkpoint ships lm_head.weight; tie_word_embeddings=true: "
-            "model.embed_tokens.weight used (as upstream)");
+            "checkpoint ships lm_head.weight (equal to model.embed_tokens.weight); "
+            "tie_word_embeddings=true: model.embed_tokens.weight used (as upstream)");
+}
+
+// Verifies a tied checkpoint shipping an lm_head.weight unlike the embedding BLOCKs load
+// naming both (upstream would untie them; a tied model cannot).
+TEST(LoadGateTest, TiedLmHeadDifferentBlocked) {
+  Fixture fx;
+  fx.tensors["lm_head.weight"] = torch::randn({32, 16});
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_THAT(out.reason, HasSubstr("ships lm_head.weight different from "
+                                    "model.embed_tokens.weight (512 of 512 elements differ"));
+  EXPECT_FALSE(ctx.model_loaded);
 }
 
 // Verifies an untied model whose checkpoint lacks lm_head.weight fails naming it.

@@ -31,6 +31,9 @@ Reference bundle (reference/reference.safetensors), for each probe prompt i:
       prompts.{i}.input_ids   I64 [T]
       prompts.{i}.logits      F32 [T, vocab_size]   one full forward pass, eager attention
       prompts.{i}.greedy_ids  I64 [32]              new tokens only, generate(do_sample=False)
+      prompts.{i}.logits_bf16 F32 [T, vocab_size]   the same forward of the checkpoint loaded
+                                                    with from_pretrained(dtype=bfloat16): the
+                                                    bf16 cells' reference
     reference/reference.json:
       {"format": "gatehouse-reference/1", "num_prompts": N, "dtype": "float32",
        "max_new_tokens": 32, "transformers": ver, "torch": ver, "model_type": "llama",
@@ -47,6 +50,7 @@ CLI
 """
 
 import argparse
+import copy
 import json
 import shutil
 import sys
@@ -55,37 +59,20 @@ from pathlib import Path
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
 # Bump when the output of this script changes for the same parameters.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 6
 SEED = 20240611
 MAX_NEW_TOKENS = 32
 # Probe prompt lengths; the last one probes RoPE at long positions.
 PROMPT_LENGTHS = [7, 33, 300]
 
-# The tiny Llama shared by all variants (the fields save_pretrained writes come from here).
-BASE_CONFIG = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    rope_theta=50000.0,  # deliberately not the 10000 default
-    hidden_act="silu",
-    bos_token_id=1,
-    eos_token_id=2,
-)
+# Variants come from one module per family in tools/refgen/families/ (a dict VARIANTS of
+# name -> families.Variant); adding a family adds a module there.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from families import all_variants  # noqa: E402
 
-VARIANTS = {
-    "llama-tiny-tied": dict(tie_word_embeddings=True, max_shard_size=None),
-    "llama-tiny-untied": dict(tie_word_embeddings=False, max_shard_size=None),
-    # ~440 KB of fp32 weights in 100 KB shards: several shards and an index file.
-    "llama-tiny-sharded": dict(tie_word_embeddings=False, max_shard_size="100KB"),
-}
+VARIANTS = all_variants()
 
 
 def generator_params(name):
@@ -93,8 +80,7 @@ def generator_params(name):
     return {
         "generator_version": GENERATOR_VERSION,
         "name": name,
-        "variant": VARIANTS[name],
-        "config": BASE_CONFIG,
+        "variant": VARIANTS[name].stamp(),
         "seed": SEED,
         "prompt_lengths": PROMPT_LENGTHS,
         "max_new_tokens": MAX_NEW_TOKENS,
@@ -103,18 +89,20 @@ def generator_params(name):
     }
 
 
-def build_model(tie_word_embeddings):
-    """A fp32 LlamaForCausalLM with seeded weights chosen so that adapter bugs show."""
+def build_model(variant):
+    """A fp32 *ForCausalLM of the variant's family with seeded weights chosen so that adapter
+    bugs show."""
     torch.manual_seed(SEED)
     # Eager attention: the reference semantics (softmax in fp32 over explicit scores).
-    config = LlamaConfig(**BASE_CONFIG, tie_word_embeddings=tie_word_embeddings,
-                         attn_implementation="eager")
-    model = LlamaForCausalLM(config).to(torch.float32)
+    config = variant.config_class(**variant.config, attn_implementation="eager")
+    model = variant.model_class(config).to(torch.float32)
     assert model.config._attn_implementation == "eager"
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)  # away from 1.0: a missing norm must change logits
+                # Away from the identity: a missing norm must change logits. Norms computing
+                # x * (1 + w) (Gemma) get w around 0, the others w around 1.
+                param.uniform_(-0.5, 0.5) if variant.norm_offset_one else param.uniform_(0.5, 1.5)
             elif param.dim() == 2 and "embed_tokens" in name:
                 param.normal_(0.0, 0.5)
             elif param.dim() == 2:
@@ -125,35 +113,43 @@ def build_model(tie_word_embeddings):
     return model
 
 
-def probe_prompts(vocab_size):
+def probe_prompts(vocab_size, lengths):
     """Prompt token ids from a fixed-seed generator, one tensor [T] per prompt."""
     gen = torch.Generator().manual_seed(SEED + 1)
     # Ids 0..2 are left out so no prompt contains the pad/bos/eos ids of the config.
-    return [torch.randint(3, vocab_size, (n,), generator=gen, dtype=torch.int64) for n in PROMPT_LENGTHS]
+    return [torch.randint(3, vocab_size, (n,), generator=gen, dtype=torch.int64) for n in lengths]
 
 
 @torch.no_grad()
-def make_reference(model, out_dir):
-    """Writes reference.safetensors and reference.json for `model` into out_dir."""
+def make_reference(model, checkpoint_dir, out_dir, lengths):
+    """Writes reference.safetensors and reference.json for `model` (saved in checkpoint_dir)
+    into out_dir."""
     tensors = {}
-    prompts = probe_prompts(model.config.vocab_size)
+    prompts = probe_prompts(model.config.vocab_size, lengths)
+    # The bf16 reference: the checkpoint loaded as upstream loads it in bf16 (weights in bf16,
+    # RoPE inv_freq buffers kept in fp32; a plain .to(bfloat16) would round those too), computed
+    # in bf16. A bf16 cell is compared with this: bf16 rounding alone moves the top-1 of
+    # near-tied logits.
+    model_bf16 = type(model).from_pretrained(str(checkpoint_dir), dtype=torch.bfloat16,
+                                             attn_implementation="eager").eval()
     for i, ids in enumerate(prompts):
         batch = ids.unsqueeze(0)
         mask = torch.ones_like(batch)
         logits = model(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32)
-        out = model.generate(
-            input_ids=batch,
-            attention_mask=mask,
-            do_sample=False,
-            max_new_tokens=MAX_NEW_TOKENS,
-            min_new_tokens=MAX_NEW_TOKENS,  # eos is suppressed until 32 tokens exist
-            pad_token_id=model.config.eos_token_id,
-        )
+        # Plain greedy, as the decode gate computes it: argmax at every step for exactly
+        # MAX_NEW_TOKENS tokens. No eos stop and no eos suppression (min_new_tokens would mask
+        # eos when it is the true argmax, and a fixture would then disagree with plain greedy).
+        gen_config = copy.deepcopy(model.generation_config)
+        gen_config.update(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=[],
+                          pad_token_id=0)
+        out = model.generate(input_ids=batch, attention_mask=mask, generation_config=gen_config)
         new_ids = out[0, ids.numel():]
         if new_ids.numel() != MAX_NEW_TOKENS:
             raise RuntimeError(f"prompt {i}: generate made {new_ids.numel()} tokens, not {MAX_NEW_TOKENS}")
         tensors[f"prompts.{i}.input_ids"] = ids.contiguous()
         tensors[f"prompts.{i}.logits"] = logits.contiguous()
+        tensors[f"prompts.{i}.logits_bf16"] = (
+            model_bf16(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32).contiguous())
         tensors[f"prompts.{i}.greedy_ids"] = new_ids.to(torch.int64).contiguous()
     out_dir.mkdir(parents=True)
     save_file(tensors, str(out_dir / "reference.safetensors"))
@@ -187,16 +183,16 @@ def make_variant(out_root, name):
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     variant = VARIANTS[name]
-    model = build_model(variant["tie_word_embeddings"])
+    model = build_model(variant)
     save_kwargs = {}
-    if variant["max_shard_size"] is not None:
-        save_kwargs["max_shard_size"] = variant["max_shard_size"]
+    if variant.max_shard_size is not None:
+        save_kwargs["max_shard_size"] = variant.max_shard_size
     model.save_pretrained(str(tmp / "checkpoint"), **save_kwargs)
-    if variant["max_shard_size"] is not None:
+    if variant.max_shard_size is not None:
         shards = sorted((tmp / "checkpoint").glob("model-*.safetensors"))
         if len(shards) < 2 or not (tmp / "checkpoint" / "model.safetensors.index.json").is_file():
             raise RuntimeError(f"{name}: expected >= 2 shards and an index, got {[s.name for s in shards]}")
-    make_reference(model, tmp / "reference")
+    make_reference(model, tmp / "checkpoint", tmp / "reference", variant.prompt_lengths or PROMPT_LENGTHS)
     (tmp / ".done").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
 
     shutil.rmtree(final, ignore_errors=True)

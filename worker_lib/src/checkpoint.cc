@@ -84,13 +84,17 @@ Result<std::map<std::string, std::string>> ReadWeightMap(const json& index,
 
 }  // namespace
 
-Result<Checkpoint> Checkpoint::Open(const std::filesystem::path& dir) {
+Result<nlohmann::json> Checkpoint::ReadConfig(const std::filesystem::path& dir) {
   if (!IsDirectory(dir)) {
     return Status::NotFound("checkpoint directory " + Quote(dir.string()) + " does not exist");
   }
+  return ReadJsonObject(dir / kConfigName);
+}
+
+Result<Checkpoint> Checkpoint::Open(const std::filesystem::path& dir) {
   Checkpoint ckpt;
   ckpt.dir_ = dir;
-  GH_ASSIGN_OR_RETURN(ckpt.config_, ReadJsonObject(dir / kConfigName));
+  GH_ASSIGN_OR_RETURN(ckpt.config_, ReadConfig(dir));
 
   const fs::path index_path = dir / kIndexName;
   if (!IsFile(index_path)) {

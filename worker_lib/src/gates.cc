@@ -148,15 +148,14 @@ GateOutcome ConfigGate(GateContext& ctx) {
   if (!ctx.plugin_errors.empty()) {
     return out.Fail(FailureClass::kAdapterContract, JoinFew(ctx.plugin_errors));
   }
-  Result<Checkpoint> ckpt = Checkpoint::Open(ctx.spec.checkpoint.path);
-  if (!ckpt.ok()) {
-    return out.Fail(FailureClass::kUnknown,
-                    "checkpoint " + ctx.spec.checkpoint.path + ": " + ckpt.status().ToString());
+  // config.json alone: the tensor files are the load gate's, so a missing shard or a corrupt
+  // file is reported there, naming the file and tensor. An unreadable config.json is a fault
+  // of the input, not of the adapter: BLOCKED (docs/protocols.md §4).
+  Result<nlohmann::json> read = Checkpoint::ReadConfig(ctx.spec.checkpoint.path);
+  if (!read.ok()) {
+    return out.Blocked("checkpoint " + ctx.spec.checkpoint.path + ": " + read.status().ToString());
   }
-  ctx.checkpoint.emplace(std::move(ckpt).value());
-  const nlohmann::json& config = ctx.checkpoint->config();
-  out.Count("checkpoint_tensors", static_cast<int64_t>(ctx.checkpoint->Keys().size()));
-  out.Bytes("checkpoint_bytes", static_cast<int64_t>(ctx.checkpoint->total_bytes()));
+  const nlohmann::json config = std::move(read).value();
 
   const ModelFamily* family =
       ctx.registry ? ctx.registry->FindByName(ctx.spec.model_family) : nullptr;
@@ -302,8 +301,15 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
     for (const auto& n : groups[i].names) group_of.emplace(n, i);
   }
   rep.params_total = static_cast<int64_t>(groups.size());
-  std::vector<int> loads(groups.size(), 0);
+  // Writes per parameter: whole-tensor loads, and per slice along dim 0 for a stacked one
+  // (sized to dim 0 on the first slice load).
+  std::vector<int> whole_loads(groups.size(), 0);
+  std::vector<std::vector<int>> slice_loads(groups.size());
   std::vector<bool> reported(groups.size(), false);  // already named in a failure list
+  auto target_of = [](const TensorSlot& slot) {
+    return slot.slice < 0 ? slot.internal
+                          : slot.internal + "[" + std::to_string(slot.slice) + "]";
+  };
 
   const std::vector<std::string> keys = checkpoint.Keys();
   const std::set<std::string> key_set(keys.begin(), keys.end());
@@ -314,25 +320,39 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
       rep.tied_alias = key;
       continue;
     }
-    Result<std::string> internal = adapter.ToInternal(key);
-    if (!internal.ok()) {
+    Result<TensorSlot> slot = adapter.Resolve(key);
+    if (!slot.ok()) {
       rep.unexpected.push_back(key);
       continue;
     }
-    auto git = group_of.find(*internal);
+    const std::string target = target_of(*slot);
+    auto git = group_of.find(slot->internal);
     if (git == group_of.end()) {
-      rep.unknown_params.push_back(key + " (-> " + *internal + ", which the model lacks)");
+      rep.unknown_params.push_back(key + " (-> " + target + ", which the model lacks)");
       continue;
     }
     const size_t g = git->second;
-    torch::Tensor param = groups[g].tensor;
+    const torch::Tensor& param = groups[g].tensor;
+    torch::Tensor dest = param;
+    std::string of_stack;  // " (slice of [E, ...])" for a stacked parameter
+    if (slot->slice >= 0) {
+      if (param.dim() == 0 || slot->slice >= param.size(0)) {
+        rep.shape_mismatches.push_back(key + " (-> " + target + "): model " +
+                                       ShapeString(param.sizes()) + " has no slice " +
+                                       std::to_string(slot->slice) + " along dim 0");
+        reported[g] = true;
+        continue;
+      }
+      dest = param.select(0, slot->slice);
+      of_stack = " (slice of " + ShapeString(param.sizes()) + ")";
+    }
     const safetensors::TensorInfo* info = checkpoint.Info(key);
-    const std::vector<int64_t> model_shape(param.sizes().begin(), param.sizes().end());
+    const std::vector<int64_t> model_shape(dest.sizes().begin(), dest.sizes().end());
     if (info == nullptr || info->shape != model_shape) {
       rep.shape_mismatches.push_back(
-          key + " (-> " + *internal + "): checkpoint " +
+          key + " (-> " + target + "): checkpoint " +
           (info ? ShapeString(info->shape) : std::string("?")) + " vs model " +
-          ShapeString(param.sizes()));
+          ShapeString(dest.sizes()) + of_stack);
       reported[g] = true;
       continue;
     }
@@ -341,57 +361,123 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
     const int64_t nans = t.isnan().sum().item<int64_t>();
     const int64_t infs = t.isinf().sum().item<int64_t>();
     if (nans || infs) {
-      rep.nonfinite.push_back(key + " (-> " + *internal + "): " + std::to_string(nans) +
+      rep.nonfinite.push_back(key + " (-> " + target + "): " + std::to_string(nans) +
                               " NaN, " + std::to_string(infs) + " Inf");
       reported[g] = true;
       continue;
     }
-    param.copy_(t);
-    if (++loads[g] == 2) rep.loaded_twice.push_back(*internal);
+    dest.copy_(t);
+    int* count = &whole_loads[g];
+    if (slot->slice >= 0) {
+      if (slice_loads[g].empty()) slice_loads[g].assign(static_cast<size_t>(param.size(0)), 0);
+      count = &slice_loads[g][static_cast<size_t>(slot->slice)];
+    }
+    if (++*count == 2) rep.loaded_twice.push_back(target);
     ++rep.keys_used;
     rep.bytes_loaded += info->end - info->begin;
   }
 
-  // Coverage the other way: every expected HF name present, every parameter loaded.
+  // Coverage the other way: every expected HF name present (a missing expert is named by its
+  // own key), every parameter loaded (a stacked one in every slice).
   for (const std::string& hf : adapter.ExpectedHfNames()) {
     if (key_set.count(hf)) continue;
-    Result<std::string> internal = adapter.ToInternal(hf);
+    Result<TensorSlot> slot = adapter.Resolve(hf);
     std::string label = hf;
-    if (internal.ok()) {
-      label += " (-> " + *internal + ")";
-      if (auto it = group_of.find(*internal); it != group_of.end()) reported[it->second] = true;
+    if (slot.ok()) {
+      label += " (-> " + target_of(*slot) + ")";
+      auto it = group_of.find(slot->internal);
+      if (it != group_of.end()) reported[it->second] = true;
     }
     rep.missing.push_back(label);
   }
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (loads[g] > 0) {
+    std::vector<std::string> unloaded;  // slices of a partly loaded stacked parameter
+    for (size_t s = 0; s < slice_loads[g].size(); ++s) {
+      if (slice_loads[g][s] == 0) unloaded.push_back(std::to_string(s));
+    }
+    const bool any_slice = unloaded.size() < slice_loads[g].size();
+    if (whole_loads[g] > 0 && any_slice) {
+      rep.loaded_twice.push_back(groups[g].names[0] + " (as a whole and by slices)");
+    }
+    const bool loaded = whole_loads[g] > 0 || (!slice_loads[g].empty() && unloaded.empty());
+    if (loaded) {
       ++rep.params_loaded;
     } else if (!reported[g]) {
-      rep.missing.push_back("parameter " + groups[g].names[0] +
-                            " (no checkpoint key maps to it)");
+      if (slice_loads[g].empty()) {
+        rep.missing.push_back("parameter " + groups[g].names[0] +
+                              " (no checkpoint key maps to it)");
+      } else {
+        rep.missing.push_back("parameter " + groups[g].names[0] + ": slice(s) " +
+                              JoinFew(unloaded) + " of " +
+                              std::to_string(slice_loads[g].size()) +
+                              " along dim 0 (no checkpoint key maps to them)");
+      }
     }
   }
   return rep;
 }
 
+namespace {
+
+/// The checkpoint tensor a tied model uses as its lm_head: the expected HF tensor whose shape
+/// the alias has, a name with "embed" first (the input embedding in every family we know).
+/// Empty when the checkpoint holds none.
+std::string TiedSource(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
+                       const std::string& alias) {
+  const safetensors::TensorInfo* alias_info = checkpoint.Info(alias);
+  if (alias_info == nullptr) return "";
+  std::string fallback;
+  for (const std::string& hf : adapter.ExpectedHfNames()) {
+    const safetensors::TensorInfo* info = checkpoint.Info(hf);
+    if (info == nullptr || info->shape != alias_info->shape) continue;
+    if (hf.find("embed") != std::string::npos) return hf;
+    if (fallback.empty()) fallback = hf;
+  }
+  return fallback;
+}
+
+/// True for a checkpoint-read error that is the input's fault (a missing, truncated or lying
+/// file, an index that disagrees with its shards, a dtype LibTorch lacks).
+bool IsCheckpointDataError(const Status& s) {
+  return s.code() == StatusCode::kNotFound || s.code() == StatusCode::kDataLoss ||
+         s.code() == StatusCode::kInvalidArgument;
+}
+
+}  // namespace
+
 GateOutcome LoadGate(GateContext& ctx) {
   GateOutcome out;
-  if (!ctx.model || !ctx.checkpoint || !ctx.family || !ctx.args) {
+  if (!ctx.model || !ctx.family || !ctx.args) {
     return out.Unknown(ctx.spec.Requested("construct")
                            ? "no constructed model: phase construct did not pass"
                            : "no constructed model: phase construct was not requested");
   }
+  // The tensor files are opened and validated here (the config gate read config.json only).
+  // A fault of the files is the input's, not the adapter's: BLOCKED, naming the file, the
+  // tensor and the offsets or sizes (docs/protocols.md §4).
+  const std::string where = "checkpoint " + ctx.spec.checkpoint.path;
+  ctx.checkpoint.reset();
+  Result<Checkpoint> opened = Checkpoint::Open(ctx.spec.checkpoint.path);
+  if (!opened.ok()) return out.Blocked(where + ": " + opened.status().ToString());
+  ctx.checkpoint.emplace(std::move(opened).value());
+  const Checkpoint& checkpoint = *ctx.checkpoint;
+  out.Count("checkpoint_files", static_cast<int64_t>(checkpoint.files().size()));
+  out.Bytes("checkpoint_bytes", static_cast<int64_t>(checkpoint.total_bytes()));
+
   Result<StateDictAdapter> adapter = ctx.family->Adapter(*ctx.args);
   if (!adapter.ok()) {
     return out.Fail(FailureClass::kAdapterContract, "Adapter: " + adapter.status().ToString());
   }
   ctx.adapter.emplace(std::move(adapter).value());
-  Result<LoadReport> loaded = LoadStateDict(*ctx.checkpoint, *ctx.adapter, *ctx.model);
+  Result<LoadReport> loaded = LoadStateDict(checkpoint, *ctx.adapter, *ctx.model);
   if (!loaded.ok()) {
-    return out.Fail(FailureClass::kUnknown, "reading the checkpoint: " + loaded.status().ToString());
+    const std::string why = where + ": reading a tensor: " + loaded.status().ToString();
+    if (IsCheckpointDataError(loaded.status())) return out.Blocked(why);
+    return out.Fail(FailureClass::kUnknown, why);
   }
   const LoadReport& rep = *loaded;
   ctx.load_report = rep;
+  const bool tied = ctx.adapter->tie_word_embeddings();
   out.Count("keys_total", rep.keys_total);
   out.Count("keys_used", rep.keys_used);
   out.Count("keys_missing", static_cast<int64_t>(rep.missing.size()));
@@ -399,43 +485,73 @@ GateOutcome LoadGate(GateContext& ctx) {
   out.Count("params_loaded", rep.params_loaded);
   out.Count("params_total", rep.params_total);
   out.Bytes("bytes_loaded", static_cast<int64_t>(rep.bytes_loaded));
-  out.Text("tied", ctx.adapter->tie_word_embeddings() ? "true" : "false");
+  out.Text("tied", tied ? "true" : "false");
+
+  // A tied model's checkpoint that still ships lm_head.weight. Upstream (transformers 5.24
+  // PreTrainedModel.tie_weights during from_pretrained) ties the two when their loaded values
+  // are equal (torch.equal), so the embedding is used; when they differ it does NOT tie them
+  // and uses the shipped lm_head, which a tied model cannot follow: the checkpoint contradicts
+  // its own config (upstream's warning says to set tie_word_embeddings=false).
+  std::vector<std::string> data_problems;  // faults of the checkpoint's data, not the adapter
   if (!rep.tied_alias.empty()) {
-    // Name the weight used instead: the expected tensor whose shape the alias has (the input
-    // embedding for every family we know).
-    std::string used = "the input embedding";
-    if (const auto* alias = ctx.checkpoint->Info(rep.tied_alias)) {
-      for (const auto& hf : ctx.adapter->ExpectedHfNames()) {
-        const auto* info = ctx.checkpoint->Info(hf);
-        if (info && info->shape == alias->shape) {
-          used = hf;
-          break;
-        }
+    const std::string source = TiedSource(checkpoint, *ctx.adapter, rep.tied_alias);
+    if (source.empty()) {
+      out.Text("tied_lm_head", "checkpoint ships " + rep.tied_alias +
+                                   "; tie_word_embeddings=true; no checkpoint tensor of its shape "
+                                   "to tie it to");
+    } else {
+      Result<torch::Tensor> alias_t = checkpoint.Load(rep.tied_alias);
+      Result<torch::Tensor> source_t = checkpoint.Load(source);
+      for (const Result<torch::Tensor>* r : {&alias_t, &source_t}) {
+        if (!r->ok()) return out.Blocked(where + ": reading a tensor: " + r->status().ToString());
+      }
+      torch::NoGradGuard no_grad;
+      const torch::Tensor a = alias_t->to(ctx.dtype), b = source_t->to(ctx.dtype);
+      if (torch::equal(a, b)) {
+        out.Text("tied_lm_head", "checkpoint ships " + rep.tied_alias + " (equal to " + source +
+                                     "); tie_word_embeddings=true: " + source +
+                                     " used (as upstream)");
+      } else {
+        const int64_t differing = a.ne(b).sum().item<int64_t>();
+        const double max_abs = (a - b).abs().max().to(torch::kDouble).item<double>();
+        data_problems.push_back(
+            "tie_word_embeddings=true but the checkpoint ships " + rep.tied_alias +
+            " different from " + source + " (" + std::to_string(differing) + " of " +
+            std::to_string(a.numel()) + " elements differ in " +
+            std::string(c10::toString(ctx.dtype)) + ", max abs diff " + Num(max_abs) +
+            "): upstream would not tie them and would use " + rep.tied_alias +
+            " as a separate head, which a tied model cannot do; config.json should say "
+            "tie_word_embeddings=false");
       }
     }
-    out.Text("tied_lm_head", "checkpoint ships " + rep.tied_alias +
-                                 "; tie_word_embeddings=true: " + used + " used (as upstream)");
   }
 
   std::vector<std::string> problems;
-  auto add = [&](const std::vector<std::string>& list, const char* what) {
+  auto add = [](std::vector<std::string>& to, const std::vector<std::string>& list,
+                const std::string& what) {
     if (!list.empty()) {
-      problems.push_back(std::to_string(list.size()) + " " + what + ": " + JoinFew(list));
+      to.push_back(std::to_string(list.size()) + " " + what + ": " + JoinFew(list));
     }
   };
-  add(rep.shape_mismatches, "shape mismatch(es)");
-  add(rep.missing, "missing key(s)");
-  add(rep.unexpected, "unexpected key(s)");
-  add(rep.unknown_params, "key(s) mapped to unknown parameters");
-  add(rep.loaded_twice, "parameter(s) loaded twice");
-  const bool contract = !problems.empty();
-  add(rep.nonfinite, "tensor(s) with NaN/Inf");
-  if (!problems.empty()) {
+  add(problems, rep.shape_mismatches, "shape mismatch(es)");
+  add(problems, rep.missing,
+      std::string("missing key(s) (tie_word_embeddings=") + (tied ? "true" : "false") + ")");
+  add(problems, rep.unexpected, "unexpected key(s)");
+  add(problems, rep.unknown_params, "key(s) mapped to unknown parameters");
+  add(problems, rep.loaded_twice, "parameter(s) loaded twice");
+  add(data_problems, rep.nonfinite, "tensor(s) with NaN/Inf");
+  auto join = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
     std::string reason;
-    for (const auto& p : problems) reason += (reason.empty() ? "" : "; ") + p;
-    // NaN/Inf alone is the checkpoint's data, not the adapter's mapping.
-    return out.Fail(contract ? FailureClass::kAdapterContract : FailureClass::kUnknown, reason);
-  }
+    for (const auto* list : {&a, &b}) {
+      for (const auto& p : *list) reason += (reason.empty() ? "" : "; ") + p;
+    }
+    return reason;
+  };
+  // Names or shapes that do not meet the adapter's table are its contract (the gate cannot
+  // tell a wrong table from a mutilated checkpoint; the reason names the keys and shapes).
+  // NaN/Inf or a lm_head that contradicts the config, alone, are the checkpoint's data.
+  if (!problems.empty()) return out.Fail(FailureClass::kAdapterContract, join(problems, data_problems));
+  if (!data_problems.empty()) return out.Blocked(where + ": " + join(data_problems, {}));
   ctx.model_loaded = true;
   return out;
 }
@@ -448,39 +564,56 @@ GateOutcome SaveGate(GateContext& ctx) {
   if (!ctx.adapter || !ctx.checkpoint) return out.Unknown("no adapter or checkpoint from phase load");
   const StateDictAdapter& adapter = *ctx.adapter;
 
-  // Inverse mapping: every parameter gets its HF name.
+  // Inverse mapping: every parameter gets its HF name; a stacked parameter (MoE experts) is
+  // written slice by slice along dim 0, each slice under its own HF name.
   const auto groups = UniqueParameters(*ctx.model);
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  std::vector<std::string> unmapped, duplicated;
+  std::vector<std::string> unmapped, duplicated, miscounted;
   std::map<std::string, std::string> hf_to_internal;
   for (const auto& g : groups) {
-    std::optional<std::string> hf;
+    std::optional<std::vector<HfSlice>> slices;
     std::string why;
     for (const auto& name : g.names) {
-      Result<std::string> r = adapter.ToHf(name);
+      Result<std::vector<HfSlice>> r = adapter.HfSlices(name);
       if (r.ok()) {
-        hf = *r;
+        slices = std::move(r).value();
         break;
       }
       why = r.status().message();
     }
-    if (!hf) {
+    if (!slices) {
       unmapped.push_back(g.names[0] + " (" + why + ")");
       continue;
     }
-    if (!hf_to_internal.emplace(*hf, g.names[0]).second) {
-      duplicated.push_back(*hf + " (from " + hf_to_internal[*hf] + " and " + g.names[0] + ")");
+    const bool stacked = slices->front().slice >= 0;
+    const int64_t n = static_cast<int64_t>(slices->size());
+    if (stacked && (g.tensor.dim() == 0 || g.tensor.size(0) != n)) {
+      miscounted.push_back(g.names[0] + " (shape " + ShapeString(g.tensor.sizes()) +
+                           ", but the name table splits it into " + std::to_string(n) +
+                           " HF tensors along dim 0)");
       continue;
     }
-    tensors.emplace_back(*hf, g.tensor.detach());
+    for (const HfSlice& s : *slices) {
+      const std::string from =
+          stacked ? g.names[0] + "[" + std::to_string(s.slice) + "]" : g.names[0];
+      if (!hf_to_internal.emplace(s.hf, from).second) {
+        duplicated.push_back(s.hf + " (from " + hf_to_internal[s.hf] + " and " + from + ")");
+        continue;
+      }
+      const torch::Tensor t = g.tensor.detach();
+      tensors.emplace_back(s.hf, stacked ? t.select(0, s.slice) : t);
+    }
   }
   out.Count("tensors_saved", static_cast<int64_t>(tensors.size()));
-  if (!unmapped.empty() || !duplicated.empty()) {
-    std::string reason = "inverse mapping (ToHf): ";
-    if (!unmapped.empty()) reason += "no HF name for " + JoinFew(unmapped);
-    if (!duplicated.empty()) {
-      reason += std::string(unmapped.empty() ? "" : "; ") + "HF name written twice: " + JoinFew(duplicated);
+  if (!unmapped.empty() || !duplicated.empty() || !miscounted.empty()) {
+    std::vector<std::string> parts;
+    if (!unmapped.empty()) parts.push_back("no HF name for " + JoinFew(unmapped));
+    if (!duplicated.empty()) parts.push_back("HF name written twice: " + JoinFew(duplicated));
+    if (!miscounted.empty()) {
+      parts.push_back("stacked parameter split wrongly: " + JoinFew(miscounted));
     }
+    std::string reason = "inverse mapping (HfSlices): ";
+    for (size_t i = 0; i < parts.size(); ++i) reason += (i ? "; " : "") + parts[i];
     return out.Fail(FailureClass::kAdapterContract, reason);
   }
 

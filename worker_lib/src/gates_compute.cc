@@ -112,7 +112,11 @@ GateOutcome InferenceGate(GateContext& ctx) {
   const ReferenceBundle& ref = *ctx.reference;
   model.eval();
   torch::NoGradGuard no_grad;
-  LogitComparison cmp;
+  // The verdict compares like with like: in bf16 against upstream's own bf16 run when the
+  // bundle has one (bf16 rounding alone moves a random model's top-1 on near-ties), else
+  // against the fp32 reference. The fp32 comparison is always reported.
+  const bool bf16_reference = ctx.spec.precision == "bf16" && ref.has_bf16();
+  LogitComparison cmp, vs_fp32;
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const ReferencePrompt& p = ref.prompts[i];
     const int64_t t = p.input_ids.size(0);
@@ -125,14 +129,23 @@ GateOutcome InferenceGate(GateContext& ctx) {
                           ShapeString(logits.sizes()) + ", expected [1, " + std::to_string(t) +
                           ", " + std::to_string(ref.vocab_size) + "] (reference vocabulary)");
     }
-    cmp.Add(p.logits, logits[0].to(torch::kFloat));
+    const torch::Tensor ours = logits[0].to(torch::kFloat);
+    cmp.Add(bf16_reference ? p.logits_bf16 : p.logits, ours);
+    if (bf16_reference) vs_fp32.Add(p.logits, ours);
   }
   const InferenceThresholds thr = ThresholdsFor(ctx.spec.precision);
+  out.Text("reference", bf16_reference ? "transformers bf16 forward (same precision)"
+                                       : "transformers fp32 forward");
   out.Real("kl_mean", cmp.kl_mean(), "nats");
   out.Real("kl_max", cmp.kl_max(), "nats");
   out.Real("top1_agreement", cmp.top1_agreement_percent(), "percent");
   out.Real("max_abs_diff", cmp.max_abs_diff(), "logits");
   out.Real("mean_abs_diff", cmp.mean_abs_diff(), "logits");
+  if (bf16_reference) {
+    out.Real("kl_mean_vs_fp32", vs_fp32.kl_mean(), "nats");
+    out.Real("top1_agreement_vs_fp32", vs_fp32.top1_agreement_percent(), "percent");
+    out.Real("max_abs_diff_vs_fp32", vs_fp32.max_abs_diff(), "logits");
+  }
   out.Count("tokens_compared", cmp.tokens());
   out.Count("prompts", static_cast<int64_t>(ref.prompts.size()));
   out.Text("thresholds", ctx.spec.precision + ": kl_mean < " + Num(thr.kl_mean_below) +

@@ -107,6 +107,16 @@ Result<ReferenceBundle> LoadReference(const std::filesystem::path& dir) {
                                      std::to_string(v) + "; prompt 0 has " +
                                      std::to_string(bundle.vocab_size));
     }
+    if (file.Find(prefix + "logits_bf16") != nullptr) {
+      GH_ASSIGN_OR_RETURN(p.logits_bf16, ReadChecked(file, prefix + "logits_bf16",
+                                                     safetensors::Dtype::kF32, 2));
+      if (p.logits_bf16.sizes() != p.logits.sizes()) {
+        return Status::InvalidArgument(
+            "reference tensor '" + prefix + "logits_bf16' has shape " +
+            ShapeString(p.logits_bf16.sizes().vec()) + " but '" + prefix + "logits' has " +
+            ShapeString(p.logits.sizes().vec()));
+      }
+    }
     bundle.vocab_size = v;
     bundle.prompts.push_back(std::move(p));
   }

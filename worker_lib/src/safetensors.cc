@@ -443,7 +443,13 @@ Result<File> File::Open(const std::filesystem::path& path) {
   impl->buffer_bytes = file_bytes - kLengthFieldBytes - header_bytes;
   Result<std::vector<TensorInfo>> tensors =
       ParseHeader(header, impl->buffer_bytes, &impl->metadata);
-  if (!tensors.ok()) return tensors.status().WithContext(where);
+  if (!tensors.ok()) {
+    // The sizes make a truncated file plain (tensor offsets count from the buffer's start).
+    return tensors.status().WithContext(
+        where + " (" + std::to_string(file_bytes) + " bytes: 8-byte length field, " +
+        std::to_string(header_bytes) + "-byte header, " + std::to_string(impl->buffer_bytes) +
+        "-byte data buffer)");
+  }
   impl->tensors = std::move(tensors).value();
   return File(std::move(impl));
 }

@@ -1,17 +1,27 @@
 #include "gatehouse/worker/state_dict_adapter.h"
 
-#include <set>
+#include <algorithm>
 
 namespace gatehouse::worker {
 namespace {
 
-std::string ExpandLayer(const std::string& tmpl, int64_t layer) {
-  static const std::string kKey = "{layer}";
-  std::string out = tmpl;
-  for (size_t pos = out.find(kKey); pos != std::string::npos; pos = out.find(kKey, pos)) {
-    out.replace(pos, kKey.size(), std::to_string(layer));
+constexpr std::string_view kLayerKey = "{layer}";
+constexpr std::string_view kExpertKey = "{expert}";
+
+std::string Expand(std::string tmpl, std::string_view key, int64_t index) {
+  for (size_t pos = tmpl.find(key); pos != std::string::npos; pos = tmpl.find(key, pos)) {
+    tmpl.replace(pos, key.size(), std::to_string(index));
   }
-  return out;
+  return tmpl;
+}
+
+bool Contains(const std::string& s, std::string_view key) {
+  return s.find(key) != std::string::npos;
+}
+
+std::string SlotName(const TensorSlot& slot) {
+  return slot.slice < 0 ? slot.internal
+                        : slot.internal + "[" + std::to_string(slot.slice) + "]";
 }
 
 }  // namespace
@@ -23,43 +33,99 @@ Result<StateDictAdapter> StateDictAdapter::Create(std::vector<TensorNameRule> ru
   StateDictAdapter a;
   a.tie_word_embeddings_ = tie_word_embeddings;
   a.tied_hf_name_ = std::move(tied_hf_name);
-  std::set<std::string> seen_hf, seen_internal;
-  auto add = [&](std::string hf, std::string internal) -> Status {
-    if (tie_word_embeddings && hf == a.tied_hf_name_) return Status::Ok();  // no own parameter
-    if (!seen_hf.insert(hf).second) {
+  auto add = [&](std::string hf, std::string internal, int64_t slice) -> Status {
+    if (tie_word_embeddings && slice < 0 && hf == a.tied_hf_name_) {
+      return Status::Ok();  // no own parameter
+    }
+    if (a.by_hf_.count(hf)) {
       return Status::InvalidArgument("name table maps HF name '" + hf + "' twice");
     }
-    if (!seen_internal.insert(internal).second) {
-      return Status::InvalidArgument("name table maps internal name '" + internal + "' twice");
+    std::vector<size_t>& same = a.by_internal_[internal];
+    for (size_t i : same) {
+      const TensorSlot& other = a.slots_[i];
+      if ((other.slice < 0) != (slice < 0)) {
+        return Status::InvalidArgument("name table maps internal name '" + internal +
+                                       "' both as a stacked parameter and as a whole one ('" +
+                                       a.hf_names_[i] + "' and '" + hf + "')");
+      }
+      if (other.slice == slice) {
+        return Status::InvalidArgument(
+            "name table maps internal name '" + SlotName({internal, slice}) + "' twice ('" +
+            a.hf_names_[i] + "' and '" + hf + "')");
+      }
     }
+    same.push_back(a.slots_.size());
+    a.by_hf_.emplace(hf, a.slots_.size());
     a.hf_names_.push_back(std::move(hf));
-    a.internal_names_.push_back(std::move(internal));
+    a.slots_.push_back({std::move(internal), slice});
     return Status::Ok();
   };
   for (const auto& rule : rules) {
-    if (rule.per_layer) {
-      for (int64_t l = 0; l < num_hidden_layers; ++l) {
-        GH_RETURN_IF_ERROR(add(ExpandLayer(rule.hf, l), ExpandLayer(rule.internal, l)));
+    const std::string row = "name-table row '" + rule.hf + "' -> '" + rule.internal + "'";
+    if (rule.num_experts < 0) {
+      return Status::InvalidArgument(row + ": num_experts = " + std::to_string(rule.num_experts) +
+                                     " is negative");
+    }
+    const bool stacked = rule.num_experts > 0;
+    if (stacked != Contains(rule.hf, kExpertKey)) {
+      return Status::InvalidArgument(
+          row + (stacked ? ": num_experts > 0 but the HF name has no {expert}"
+                         : ": the HF name has {expert} but num_experts is 0"));
+    }
+    if (Contains(rule.internal, kExpertKey)) {
+      return Status::InvalidArgument(
+          row + ": {expert} in the internal name (experts are slices of one stacked parameter)");
+    }
+    const int64_t layers = rule.per_layer ? num_hidden_layers : 1;
+    for (int64_t l = 0; l < layers; ++l) {
+      std::string hf = rule.per_layer ? Expand(rule.hf, kLayerKey, l) : rule.hf;
+      std::string internal = rule.per_layer ? Expand(rule.internal, kLayerKey, l) : rule.internal;
+      if (!stacked) {
+        GH_RETURN_IF_ERROR(add(std::move(hf), std::move(internal), -1));
+        continue;
       }
-    } else {
-      GH_RETURN_IF_ERROR(add(rule.hf, rule.internal));
+      for (int64_t e = 0; e < rule.num_experts; ++e) {
+        GH_RETURN_IF_ERROR(add(Expand(hf, kExpertKey, e), internal, e));
+      }
     }
   }
   return a;
 }
 
-Result<std::string> StateDictAdapter::ToInternal(const std::string& hf_name) const {
-  for (size_t i = 0; i < hf_names_.size(); ++i) {
-    if (hf_names_[i] == hf_name) return internal_names_[i];
+Result<TensorSlot> StateDictAdapter::Resolve(const std::string& hf_name) const {
+  auto it = by_hf_.find(hf_name);
+  if (it == by_hf_.end()) {
+    return Status::NotFound("no name-table row maps checkpoint key '" + hf_name + "'");
   }
-  return Status::NotFound("no name-table row maps checkpoint key '" + hf_name + "'");
+  return slots_[it->second];
+}
+
+Result<std::vector<HfSlice>> StateDictAdapter::HfSlices(const std::string& internal_name) const {
+  auto it = by_internal_.find(internal_name);
+  if (it == by_internal_.end() || it->second.empty()) {
+    return Status::NotFound("no name-table row maps parameter '" + internal_name + "'");
+  }
+  std::vector<HfSlice> out;
+  out.reserve(it->second.size());
+  for (size_t i : it->second) out.push_back({hf_names_[i], slots_[i].slice});
+  std::sort(out.begin(), out.end(),
+            [](const HfSlice& x, const HfSlice& y) { return x.slice < y.slice; });
+  return out;
+}
+
+Result<std::string> StateDictAdapter::ToInternal(const std::string& hf_name) const {
+  GH_ASSIGN_OR_RETURN(TensorSlot slot, Resolve(hf_name));
+  return slot.internal;
 }
 
 Result<std::string> StateDictAdapter::ToHf(const std::string& internal_name) const {
-  for (size_t i = 0; i < internal_names_.size(); ++i) {
-    if (internal_names_[i] == internal_name) return hf_names_[i];
+  GH_ASSIGN_OR_RETURN(std::vector<HfSlice> slices, HfSlices(internal_name));
+  if (slices.size() != 1 || slices[0].slice >= 0) {
+    return Status::InvalidArgument("parameter '" + internal_name + "' is stacked over " +
+                                   std::to_string(slices.size()) +
+                                   " HF tensors (one per expert); it has no single HF name");
   }
-  return Status::NotFound("no name-table row maps parameter '" + internal_name + "'");
+  return slices[0].hf;
 }
 
 bool StateDictAdapter::IsTiedAlias(const std::string& hf_name) const {

@@ -16,13 +16,26 @@
 namespace gatehouse::worker {
 
 /// The tensors of a checkpoint, each in exactly one file, opened and validated up front.
+///
+/// Two ways in, for two gates (docs/protocols.md §4, "Which gate reports a checkpoint fault"):
+/// ReadConfig reads config.json alone (the config gate), Open reads and validates every
+/// tensor file too (the load gate). A missing shard or a corrupt file is thus a load fault.
 class Checkpoint {
  public:
-  /// Opens `dir`. With model.safetensors.index.json: every shard it names must exist and open,
-  /// every key it lists must be present in the shard it names, and no shard may hold a key the
-  /// index does not list. Without one: model.safetensors. config.json must parse as an object.
-  /// Errors: NOT_FOUND (missing dir/config/shard, naming it), DATA_LOSS (corrupt file, key
-  /// absent from its shard, naming key and shard), INVALID_ARGUMENT (bad JSON).
+  /// Reads `dir`/config.json alone; opens no index and no tensor file.
+  /// Errors: NOT_FOUND (missing directory or config.json, naming the path), INVALID_ARGUMENT
+  /// (not valid JSON, or not a JSON object, naming the path).
+  static Result<nlohmann::json> ReadConfig(const std::filesystem::path& dir);
+
+  /// Opens `dir`: config.json (as ReadConfig), then the tensor files. With
+  /// model.safetensors.index.json: every shard it names must exist and open, every key it
+  /// lists must be present in the shard it names, and no shard may hold a key the index does
+  /// not list. Without one: model.safetensors. Each file is validated by
+  /// safetensors::File::Open (header, offsets tiling the data buffer, file length).
+  /// Errors: NOT_FOUND (missing dir/config/shard, naming it and a tensor the index puts
+  /// there), DATA_LOSS (truncated or lying file, naming the file, the tensor, its offsets and
+  /// the buffer size; key absent from its shard or a shard key the index does not list, naming
+  /// key and shard), INVALID_ARGUMENT (bad JSON, naming the file and field).
   static Result<Checkpoint> Open(const std::filesystem::path& dir);
 
   const std::filesystem::path& dir() const { return dir_; }

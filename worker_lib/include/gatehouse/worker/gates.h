@@ -16,14 +16,17 @@
 //  - Gates do not write events themselves: they return figures and artifacts in GateOutcome
 //    and the runner emits them (so GateContext carries no event sink, and gates are testable
 //    without one).
-//  - The config gate opens the checkpoint (Checkpoint::Open). A missing or corrupt checkpoint
-//    is a FAIL of config, classification unknown (the checkpoint is an input, not the
-//    adapter's doing), with the reader's message.
+//  - The config gate reads config.json only (Checkpoint::ReadConfig); the load gate opens and
+//    validates the tensor files. An unreadable config.json, a missing, truncated or
+//    inconsistent tensor file, NaN/Inf in a weight, or a tied model's lm_head.weight that
+//    differs from the embedding is BLOCKED (the input's fault, not the adapter's); key
+//    coverage and shape problems are FAIL adapter_contract.
 //  - A requested phase whose prerequisite was not requested (e.g. inference without load)
 //    ends UNKNOWN: the fact it needs (a loaded model) is missing.
 //  - A missing or malformed reference bundle ends the gate that needs it UNKNOWN.
 //  - Tied embeddings: a checkpoint of a tied model that still ships the tied alias
-//    (lm_head.weight) is accepted; the alias is not loaded and figure tied_lm_head says so.
+//    (lm_head.weight) is accepted when its values equal the embedding's (as upstream ties only
+//    equal weights); the alias is not loaded and figure tied_lm_head says which weight is used.
 #pragma once
 
 #include <torch/torch.h>
@@ -100,25 +103,30 @@ struct ParamGroup {
 };
 std::vector<ParamGroup> UniqueParameters(const torch::nn::Module& module);
 
-/// Coverage of a checkpoint -> model load, both ways (the load gate's evidence).
+/// Coverage of a checkpoint -> model load, both ways (the load gate's evidence). A stacked
+/// parameter (StateDictAdapter slices, e.g. MoE experts [E, ...]) is loaded one HF tensor per
+/// slice along dim 0; "-> param[e]" names slice e.
 struct LoadReport {
   int64_t keys_total = 0;    // tensors in the checkpoint
   int64_t keys_used = 0;     // copied into a parameter
   int64_t params_total = 0;  // distinct parameter tensors of the model
+  /// Parameters written in full: a stacked one only when every slice along dim 0 was.
   int64_t params_loaded = 0;
   uint64_t bytes_loaded = 0;  // checkpoint bytes of the used tensors
-  /// "hf_name (-> internal)" the adapter expects but the checkpoint lacks, and parameters no
-  /// checkpoint key loaded.
+  /// "hf_name (-> internal)" the adapter expects but the checkpoint lacks (a missing expert
+  /// is named by its own key), and parameters (or slices of a stacked one) no checkpoint key
+  /// loaded.
   std::vector<std::string> missing;
   /// Checkpoint keys no name-table row maps (and that are not the tied alias).
   std::vector<std::string> unexpected;
   /// Rows that map a checkpoint key to a parameter the model does not have.
   std::vector<std::string> unknown_params;
-  /// "key (-> param): checkpoint [a, b] vs model [c, d]".
+  /// "key (-> param): checkpoint [a, b] vs model [c, d]"; for a slice the model shape is the
+  /// slice's, followed by " (slice of [E, c, d])", or "model [..] has no slice e along dim 0".
   std::vector<std::string> shape_mismatches;
   /// "key (-> param): n NaN, m Inf" after conversion to the model dtype.
   std::vector<std::string> nonfinite;
-  /// Parameters two checkpoint keys wrote.
+  /// Parameters (or slices "param[e]") two checkpoint keys wrote.
   std::vector<std::string> loaded_twice;
   /// Set when the checkpoint ships the tied alias of a tied model (accepted, not loaded).
   std::string tied_alias;
@@ -129,9 +137,10 @@ struct LoadReport {
   }
 };
 
-/// Copies every checkpoint tensor into the model parameter the adapter maps it to, converted
-/// to the parameter's dtype and device, and records coverage both ways. Shape mismatches and
-/// non-finite tensors are recorded, not copied. Only an unreadable tensor is an error
+/// Copies every checkpoint tensor into the model parameter the adapter maps it to (or into
+/// slice e along dim 0 of a stacked parameter, StateDictAdapter::Resolve), converted to the
+/// parameter's dtype and device, and records coverage both ways. Shape mismatches (against
+/// the slice for a stacked parameter) and non-finite tensors are recorded, not copied. Only an unreadable tensor is an error
 /// (the checkpoint's Load status, naming the key).
 Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
                                  CausalLM& model);
@@ -183,7 +192,7 @@ struct GateContext {
   RuntimeInfo runtime;
 
   // --- state carried between gates -------------------------------------------------------
-  std::optional<Checkpoint> checkpoint;       // config
+  std::optional<Checkpoint> checkpoint;       // load
   const ModelFamily* family = nullptr;        // config
   std::shared_ptr<const ModelArgs> args;      // config
   torch::Dtype dtype = torch::kFloat32;       // construct (from spec.precision)

@@ -22,8 +22,10 @@
 
 namespace gatehouse::worker {
 
-/// Bump when any type in this header changes layout; the worker refuses other versions.
-inline constexpr int kPluginAbiVersion = 1;
+/// Bump when any type in this header or the SDK headers it includes changes layout; the worker
+/// refuses other versions. 2: TensorNameRule::num_experts and the stacked-slice lookups of
+/// StateDictAdapter (state_dict_adapter.h).
+inline constexpr int kPluginAbiVersion = 2;
 
 /// How each top-level field of config.json was treated. Every field must land in `mapped` or
 /// `ignored`; a field the family cannot honour makes ParseConfig fail instead.

@@ -8,6 +8,8 @@
 //     prompts.{i}.input_ids   I64 [T]      prompt token ids (T >= 1)
 //     prompts.{i}.logits      F32 [T, V]   upstream logits of every prompt position
 //     prompts.{i}.greedy_ids  I64 [N]      upstream greedy continuation (new tokens only)
+//     prompts.{i}.logits_bf16 F32 [T, V]   optional: upstream logits with the weights and
+//                                          compute in bf16 (the bf16 inference reference)
 // Without "prompts"/"num_prompts" the count is the number of consecutive i from 0 for which
 // prompts.{i}.input_ids exists.
 #pragma once
@@ -30,9 +32,19 @@ struct ReferencePrompt {
   torch::Tensor input_ids;   // int64 [T], CPU
   torch::Tensor logits;      // float32 [T, V], CPU
   torch::Tensor greedy_ids;  // int64 [N], CPU
+  /// float32 [T, V], CPU, or undefined when the bundle has no bf16 run.
+  torch::Tensor logits_bf16;
 };
 
 struct ReferenceBundle {
+  /// True when every prompt carries logits_bf16.
+  bool has_bf16() const {
+    for (const auto& p : prompts) {
+      if (!p.logits_bf16.defined()) return false;
+    }
+    return !prompts.empty();
+  }
+
   std::filesystem::path dir;
   nlohmann::json meta;  // reference.json as read
   std::vector<ReferencePrompt> prompts;

@@ -57,7 +57,8 @@ class File {
  public:
   /// Opens and validates `path`: at least 8 bytes, header length <= kMaxHeaderBytes and within
   /// the file, header starts with '{', then ParseHeader over the rest of the file.
-  /// Errors: NOT_FOUND (cannot open), DATA_LOSS (truncated or lying header), naming the path.
+  /// Errors: NOT_FOUND (cannot open), DATA_LOSS (truncated or lying header), naming the path;
+  /// a ParseHeader error also gets the file, header and data buffer sizes in bytes.
   static Result<File> Open(const std::filesystem::path& path);
 
   File(File&&) noexcept;

@@ -1,0 +1,434 @@
+#include "decoder/model.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+
+namespace gatehouse::models {
+namespace {
+
+using nlohmann::json;
+
+/// Standard deviation of upstream's fresh-weight init (initializer_range default).
+constexpr double kInitStd = 0.02;
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  torch::nn::Linear linear(torch::nn::LinearOptions(in, out).bias(bias));
+  torch::NoGradGuard no_grad;
+  linear->weight.normal_(0.0, kInitStd);
+  if (bias) linear->bias.zero_();
+  return linear;
+}
+
+torch::Tensor Activate(Activation act, const torch::Tensor& x) {
+  return act == Activation::kSilu ? torch::silu(x) : torch::gelu(x, "tanh");
+}
+
+/// cap * tanh(x / cap) (Gemma 2 soft-capping).
+torch::Tensor SoftCap(const torch::Tensor& x, double cap) { return torch::tanh(x / cap) * cap; }
+
+/// repeat_kv: [B, H_kv, S, D] -> [B, H_kv * n_rep, S, D], each kv head repeated n_rep times
+/// consecutively (equivalent to repeat_interleave on dim 1).
+torch::Tensor RepeatKv(const torch::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const auto b = x.size(0), h = x.size(1), s = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, h, n_rep, s, d}).reshape({b, h * n_rep, s, d});
+}
+
+/// Mask over a cached prefix: [T, past + T] bool, true where query slot past + t may attend key
+/// slot s: s <= past + t, and with a sliding window also past + t - s < window.
+torch::Tensor AttentionMask(int64_t past, int64_t t, int64_t window, torch::Device device) {
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  auto query_slot = torch::arange(past, past + t, opts).unsqueeze(1);
+  auto key_slot = torch::arange(0, past + t, opts).unsqueeze(0);
+  auto mask = key_slot <= query_slot;
+  if (window > 0) mask = mask.logical_and(key_slot > query_slot - window);
+  return mask;
+}
+
+Status Positive(std::string_view field, double value) {
+  if (value > 0) return Status::Ok();
+  return Status::InvalidArgument("config field '" + std::string(field) + "' = " +
+                                 json(value).dump() + ": must be positive");
+}
+
+std::string ActivationName(Activation a) {
+  return a == Activation::kSilu ? "silu" : "gelu_pytorch_tanh";
+}
+
+}  // namespace
+
+// --- DecoderSpec --------------------------------------------------------------------------
+
+Status DecoderSpec::Validate() const {
+  GH_RETURN_IF_ERROR(Positive("vocab_size", static_cast<double>(vocab_size)));
+  GH_RETURN_IF_ERROR(Positive("hidden_size", static_cast<double>(hidden_size)));
+  GH_RETURN_IF_ERROR(Positive("num_hidden_layers", static_cast<double>(num_hidden_layers)));
+  GH_RETURN_IF_ERROR(Positive("num_attention_heads", static_cast<double>(num_attention_heads)));
+  GH_RETURN_IF_ERROR(Positive("num_key_value_heads", static_cast<double>(num_key_value_heads)));
+  GH_RETURN_IF_ERROR(Positive("head_dim", static_cast<double>(head_dim)));
+  GH_RETURN_IF_ERROR(
+      Positive("max_position_embeddings", static_cast<double>(max_position_embeddings)));
+  GH_RETURN_IF_ERROR(Positive("rms_norm_eps", rms_norm_eps));
+  GH_RETURN_IF_ERROR(Positive("attention scaling", attention_scaling));
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return Status::InvalidArgument(
+        "config field 'num_attention_heads' = " + std::to_string(num_attention_heads) +
+        " is not a multiple of 'num_key_value_heads' = " + std::to_string(num_key_value_heads));
+  }
+  if (ropes.empty()) return Status::InvalidArgument("no RoPE setting (a family bug)");
+  for (const auto& rope : ropes) {
+    const int64_t dim = RotaryDim(rope, head_dim);
+    if (dim < 2 || dim % 2 != 0 || dim > head_dim) {
+      return Status::InvalidArgument(
+          "config field 'head_dim' = " + std::to_string(head_dim) + " with partial_rotary_factor " +
+          json(rope.partial_rotary_factor).dump() + " gives rotary dim " + std::to_string(dim) +
+          "; it must be even and at least 2");
+    }
+  }
+  if (static_cast<int64_t>(layers.size()) != num_hidden_layers) {
+    return Status::InvalidArgument("layer_types has " + std::to_string(layers.size()) +
+                                   " entries but num_hidden_layers = " +
+                                   std::to_string(num_hidden_layers));
+  }
+  bool any_moe = false, any_dense = false;
+  for (const auto& l : layers) {
+    if (l.rope < 0 || l.rope >= static_cast<int>(ropes.size())) {
+      return Status::InvalidArgument("layer RoPE index out of range (a family bug)");
+    }
+    if (l.sliding_window < 0) {
+      return Status::InvalidArgument("config field 'sliding_window' = " +
+                                     std::to_string(l.sliding_window) + ": must be positive");
+    }
+    (l.moe ? any_moe : any_dense) = true;
+  }
+  if (any_dense) GH_RETURN_IF_ERROR(Positive("intermediate_size", static_cast<double>(intermediate_size)));
+  if (any_moe) {
+    GH_RETURN_IF_ERROR(Positive("num_experts", static_cast<double>(num_experts)));
+    GH_RETURN_IF_ERROR(
+        Positive("moe_intermediate_size", static_cast<double>(moe_intermediate_size)));
+    if (num_experts_per_tok <= 0 || num_experts_per_tok > num_experts) {
+      return Status::InvalidArgument("config field 'num_experts_per_tok' = " +
+                                     std::to_string(num_experts_per_tok) + ": must be in [1, " +
+                                     "num_experts = " + std::to_string(num_experts) + "]");
+    }
+  }
+  if (pad_token_id.has_value() && (*pad_token_id < 0 || *pad_token_id >= vocab_size)) {
+    return Status::InvalidArgument("config field 'pad_token_id' = " +
+                                   std::to_string(*pad_token_id) + ": must be in [0, vocab_size)");
+  }
+  for (const auto& [field, cap] : {std::pair{"attn_logit_softcapping", attn_logit_softcapping},
+                                   std::pair{"final_logit_softcapping", final_logit_softcapping}}) {
+    if (cap.has_value()) GH_RETURN_IF_ERROR(Positive(field, *cap));
+  }
+  return Status::Ok();
+}
+
+json DecoderSpec::ToJson() const {
+  json layer_list = json::array();
+  for (const auto& l : layers) {
+    layer_list.push_back({{"sliding_window", l.sliding_window}, {"rope", l.rope}, {"moe", l.moe}});
+  }
+  json rope_list = json::array();
+  for (const auto& r : ropes) rope_list.push_back(r.ToJson());
+  json j{
+      {"model_type", model_type},
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"head_dim", head_dim},
+      {"max_position_embeddings", max_position_embeddings},
+      {"rms_norm_eps", rms_norm_eps},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"pad_token_id", pad_token_id.has_value() ? json(*pad_token_id) : json(nullptr)},
+      {"hidden_act", ActivationName(hidden_act)},
+      {"norm", norm == NormKind::kLlama ? "weight * x" : "x * (1 + weight), fp32"},
+      {"qkv_bias", qkv_bias},
+      {"o_bias", o_bias},
+      {"mlp_bias", mlp_bias},
+      {"qk_norm", qk_norm},
+      {"sandwich_norm", sandwich_norm},
+      {"fused_qkv", fused_qkv},
+      {"fused_gate_up", fused_gate_up},
+      {"scale_embeddings", scale_embeddings},
+      {"attention_scaling", attention_scaling},
+      {"attn_logit_softcapping",
+       attn_logit_softcapping ? json(*attn_logit_softcapping) : json(nullptr)},
+      {"final_logit_softcapping",
+       final_logit_softcapping ? json(*final_logit_softcapping) : json(nullptr)},
+      {"ropes", rope_list},
+      {"layers", layer_list},
+  };
+  if (num_experts > 0) {
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+  }
+  return j;
+}
+
+// --- RMSNorm ------------------------------------------------------------------------------
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, NormKind kind) : eps_(eps), kind_(kind) {
+  // Identity at init: weight 1 for weight * x, weight 0 for x * (1 + weight).
+  weight_ = register_parameter(
+      "weight", kind == NormKind::kLlama ? torch::ones({dim}) : torch::zeros({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  if (kind_ == NormKind::kLlama) return weight_ * h.to(x.scalar_type());
+  return (h * (1.0 + weight_.to(torch::kFloat32))).to(x.scalar_type());
+}
+
+// --- Attention ----------------------------------------------------------------------------
+
+AttentionImpl::AttentionImpl(const DecoderSpec& spec)
+    : num_heads_(spec.num_attention_heads),
+      num_kv_heads_(spec.num_key_value_heads),
+      head_dim_(spec.head_dim),
+      scaling_(spec.attention_scaling),
+      softcap_(spec.attn_logit_softcapping) {
+  const int64_t hidden = spec.hidden_size;
+  const int64_t q_out = num_heads_ * head_dim_, kv_out = num_kv_heads_ * head_dim_;
+  if (spec.fused_qkv) {
+    wqkv_ = register_module("wqkv", MakeLinear(hidden, q_out + 2 * kv_out, spec.qkv_bias));
+  } else {
+    wq_ = register_module("wq", MakeLinear(hidden, q_out, spec.qkv_bias));
+    wk_ = register_module("wk", MakeLinear(hidden, kv_out, spec.qkv_bias));
+    wv_ = register_module("wv", MakeLinear(hidden, kv_out, spec.qkv_bias));
+  }
+  wo_ = register_module("wo", MakeLinear(q_out, hidden, spec.o_bias));
+  if (spec.qk_norm) {
+    q_norm_ = register_module("q_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm));
+    k_norm_ = register_module("k_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm));
+  }
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
+                                     const torch::Tensor& mask, worker::KVCache* cache,
+                                     int64_t layer) {
+  const int64_t b = x.size(0), t = x.size(1);
+  torch::Tensor q, k, v;
+  if (wqkv_) {
+    auto qkv = wqkv_(x);
+    const int64_t q_out = num_heads_ * head_dim_, kv_out = num_kv_heads_ * head_dim_;
+    q = qkv.narrow(-1, 0, q_out);
+    k = qkv.narrow(-1, q_out, kv_out);
+    v = qkv.narrow(-1, q_out + kv_out, kv_out);
+  } else {
+    q = wq_(x);
+    k = wk_(x);
+    v = wv_(x);
+  }
+  q = q.view({b, t, num_heads_, head_dim_});
+  k = k.view({b, t, num_kv_heads_, head_dim_});
+  if (q_norm_) {
+    q = q_norm_(q);  // per head, over head_dim (Qwen3Attention / Gemma3Attention)
+    k = k_norm_(k);
+  }
+  q = q.transpose(1, 2);                                                   // [B, H, T, D]
+  k = k.transpose(1, 2);                                                   // [B, Hkv, T, D]
+  v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);            // [B, Hkv, T, D]
+
+  // RoPE (apply_rotary_pos_emb): rotate queries and keys by their absolute positions.
+  q = ApplyRotary(q, rope);
+  k = ApplyRotary(k, rope);
+
+  torch::Tensor keys = k, values = v;
+  if (cache != nullptr) {
+    std::tie(keys, values) = cache->Append(layer, k, v);  // [B, Hkv, past + T, D]
+  }
+  const int64_t n_rep = num_heads_ / num_kv_heads_;
+  keys = RepeatKv(keys, n_rep);
+  values = RepeatKv(values, n_rep);
+
+  // Eager attention (eager_attention_forward): scores, optional soft-cap, mask, softmax in fp32
+  // cast back to the query dtype.
+  auto scores = torch::matmul(q, keys.transpose(2, 3)) * scaling_;  // [B, H, T, S]
+  if (softcap_) scores = SoftCap(scores, *softcap_);
+  scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  auto out = torch::matmul(probs, values);  // [B, H, T, D]
+  out = out.transpose(1, 2).contiguous().reshape({b, t, num_heads_ * head_dim_});
+  return wo_(out);
+}
+
+// --- Feed-forward -------------------------------------------------------------------------
+
+FeedForwardImpl::FeedForwardImpl(const DecoderSpec& spec, int64_t intermediate_size)
+    : act_(spec.hidden_act) {
+  const int64_t hidden = spec.hidden_size;
+  if (spec.fused_gate_up) {
+    w13_ = register_module("w13", MakeLinear(hidden, 2 * intermediate_size, spec.mlp_bias));
+  } else {
+    w1_ = register_module("w1", MakeLinear(hidden, intermediate_size, spec.mlp_bias));
+    w3_ = register_module("w3", MakeLinear(hidden, intermediate_size, spec.mlp_bias));
+  }
+  w2_ = register_module("w2", MakeLinear(intermediate_size, hidden, spec.mlp_bias));
+}
+
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
+  if (w13_) {
+    auto gate_up = w13_(x).chunk(2, -1);  // Phi3MLP: gate first, then up
+    return w2_(gate_up[1] * Activate(act_, gate_up[0]));
+  }
+  return w2_(Activate(act_, w1_(x)) * w3_(x));
+}
+
+// --- MoE ----------------------------------------------------------------------------------
+
+MoEImpl::MoEImpl(const DecoderSpec& spec)
+    : num_experts_(spec.num_experts),
+      top_k_(spec.num_experts_per_tok),
+      norm_topk_prob_(spec.norm_topk_prob),
+      act_(spec.hidden_act) {
+  const int64_t e = spec.num_experts, h = spec.hidden_size, i = spec.moe_intermediate_size;
+  router_ = register_module("router", MakeLinear(h, e, false));
+  auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
+  torch::NoGradGuard no_grad;
+  w1_ = experts->register_parameter("w1", torch::empty({e, i, h}).normal_(0.0, kInitStd));
+  w2_ = experts->register_parameter("w2", torch::empty({e, h, i}).normal_(0.0, kInitStd));
+  w3_ = experts->register_parameter("w3", torch::empty({e, i, h}).normal_(0.0, kInitStd));
+}
+
+torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
+  const auto shape = x.sizes().vec();
+  auto flat = x.reshape({-1, shape.back()});                       // [N, H]
+  auto logits = router_(flat);                                      // [N, E]
+  auto probs = torch::softmax(logits, -1, torch::kFloat32);
+  auto [top_p, top_i] = torch::topk(probs, top_k_, -1);            // [N, k]
+  if (norm_topk_prob_) top_p = top_p / top_p.sum(-1, /*keepdim=*/true);
+  top_p = top_p.to(logits.scalar_type());
+
+  auto out = torch::zeros_like(flat);
+  // Which (token, slot) pairs chose each expert; experts in index order, as upstream.
+  auto hits = torch::one_hot(top_i, num_experts_).permute({2, 1, 0});  // [E, k, N]
+  auto used = hits.sum({1, 2}).gt(0).nonzero().flatten().cpu();
+  for (int64_t n = 0; n < used.size(0); ++n) {
+    const int64_t e = used[n].item<int64_t>();
+    auto where = torch::where(hits[e]);  // (slot, token)
+    const auto& slot = where[0];
+    const auto& token = where[1];
+    auto state = flat.index_select(0, token);
+    auto hidden = Activate(act_, torch::linear(state, w1_[e])) * torch::linear(state, w3_[e]);
+    hidden = torch::linear(hidden, w2_[e]);
+    hidden = hidden * top_p.index({token, slot}).unsqueeze(-1);
+    out.index_add_(0, token, hidden.to(out.scalar_type()));
+  }
+  return out.reshape(shape);
+}
+
+// --- Decoder layer ------------------------------------------------------------------------
+
+TransformerBlockImpl::TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer) {
+  const int64_t h = spec.hidden_size;
+  attention_norm_ = register_module("attention_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
+  attention_ = register_module("attention", Attention(spec));
+  if (spec.sandwich_norm) {
+    attention_post_norm_ =
+        register_module("attention_post_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
+  }
+  ffn_norm_ = register_module("ffn_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
+  if (layer.moe) {
+    moe_ = register_module("moe", MoE(spec));
+  } else {
+    feed_forward_ = register_module("feed_forward", FeedForward(spec, spec.intermediate_size));
+  }
+  if (spec.sandwich_norm) {
+    ffn_post_norm_ = register_module("ffn_post_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
+  }
+}
+
+torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
+                                            const torch::Tensor& mask, worker::KVCache* cache,
+                                            int64_t layer) {
+  auto a = attention_(attention_norm_(x), rope, mask, cache, layer);
+  if (attention_post_norm_) a = attention_post_norm_(a);
+  auto h = x + a;
+  auto n = ffn_norm_(h);
+  auto m = moe_ ? moe_(n) : feed_forward_(n);
+  if (ffn_post_norm_) m = ffn_post_norm_(m);
+  return h + m;
+}
+
+// --- Causal LM ----------------------------------------------------------------------------
+
+DecoderModel::DecoderModel(const DecoderSpec& spec) : spec_(spec) {
+  auto emb_opts = torch::nn::EmbeddingOptions(spec.vocab_size, spec.hidden_size);
+  if (spec.pad_token_id.has_value()) emb_opts.padding_idx(*spec.pad_token_id);
+  tok_embeddings_ = register_module("tok_embeddings", torch::nn::Embedding(emb_opts));
+  {
+    torch::NoGradGuard no_grad;
+    tok_embeddings_->weight.normal_(0.0, kInitStd);
+    if (spec.pad_token_id.has_value()) tok_embeddings_->weight[*spec.pad_token_id].zero_();
+  }
+  layers_ = register_module("layers", torch::nn::ModuleList());
+  for (const auto& layer : spec.layers) layers_->push_back(TransformerBlock(spec, layer));
+  norm_ = register_module("norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm));
+  if (!spec.tie_word_embeddings) {
+    output_ = register_module("output", MakeLinear(spec.hidden_size, spec.vocab_size, false));
+  }
+}
+
+torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const torch::Tensor& positions,
+                                    worker::KVCache* cache) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
+              "tokens must be int64 [B, T], got ", tokens.scalar_type(), " ", tokens.sizes());
+  TORCH_CHECK(positions.sizes() == tokens.sizes() && positions.scalar_type() == torch::kLong,
+              "positions must be int64 with the shape of tokens ", tokens.sizes(), ", got ",
+              positions.scalar_type(), " ", positions.sizes());
+  const int64_t t = tokens.size(1);
+  const int64_t past = cache != nullptr ? cache->length() : 0;
+  const auto device = tokens.device();
+
+  auto h = tok_embeddings_(tokens);  // [B, T, hidden]
+  if (spec_.scale_embeddings) {
+    // GemmaModel: the normaliser sqrt(hidden_size) is first rounded to the hidden dtype.
+    auto normalizer = torch::tensor(std::sqrt(static_cast<double>(spec_.hidden_size)),
+                                    torch::TensorOptions().dtype(h.scalar_type()).device(device));
+    h = h * normalizer;
+  }
+  // RoPE tables per distinct setting; "dynamic" depends on the largest position.
+  const int64_t seq_len = positions.numel() > 0 ? positions.max().item<int64_t>() + 1 : 0;
+  std::vector<RotaryTables> ropes;
+  ropes.reserve(spec_.ropes.size());
+  for (const auto& r : spec_.ropes) {
+    auto inv_freq = RopeInverseFrequencies(r, spec_.head_dim, spec_.max_position_embeddings,
+                                           seq_len, device);
+    ropes.push_back(RopeTables(positions, inv_freq, h.scalar_type()));
+  }
+  // Masks per distinct window.
+  std::map<int64_t, torch::Tensor> masks;
+  for (const auto& l : spec_.layers) {
+    if (!masks.count(l.sliding_window)) {
+      masks.emplace(l.sliding_window, AttentionMask(past, t, l.sliding_window, device));
+    }
+  }
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    const LayerSpec& l = spec_.layers[i];
+    h = layers_->at<TransformerBlockImpl>(i).forward(h, ropes[l.rope], masks.at(l.sliding_window),
+                                                      cache, static_cast<int64_t>(i));
+  }
+  h = norm_(h);
+  auto logits = output_ ? output_(h) : torch::linear(h, tok_embeddings_->weight);
+  if (spec_.final_logit_softcapping) logits = SoftCap(logits, *spec_.final_logit_softcapping);
+  if (cache != nullptr) cache->Advance(t);
+  return logits;
+}
+
+std::unique_ptr<worker::KVCache> DecoderModel::NewKVCache(int64_t batch, int64_t max_len) const {
+  const auto& w = tok_embeddings_->weight;
+  return std::make_unique<worker::KVCache>(spec_.num_hidden_layers, batch,
+                                           spec_.num_key_value_heads, max_len, spec_.head_dim,
+                                           w.scalar_type(), w.device());
+}
+
+}  // namespace gatehouse::models

@@ -1,0 +1,247 @@
+// The decoder-only transformer every family here is an instance of, in LibTorch.
+//
+// A family (models/<family>/) maps its config.json to a DecoderSpec and names its tensors; the
+// computation lives here once, switched by the spec. Each switch follows an upstream modeling
+// file of transformers 5.x:
+//   llama    modeling_llama.py    RMSNorm w * x, RoPE (rotate_half), GQA, SwiGLU MLP
+//   qwen2    modeling_qwen2.py    q/k/v bias, sliding window on layers >= max_window_layers
+//   qwen3    modeling_qwen3.py    q_norm / k_norm (RMSNorm over head_dim) before RoPE
+//   mistral  modeling_mistral.py  sliding window on every layer
+//   gemma*   modeling_gemma*.py   RMSNorm (1 + w) in fp32, embeddings * sqrt(hidden_size),
+//                                 GELU(tanh) MLP, sandwich norms, attention / final logit
+//                                 soft-capping, query_pre_attn_scalar, per-layer-type RoPE
+//   phi3     modeling_phi3.py     fused qkv_proj and gate_up_proj, partial rotary
+//   qwen3_moe modeling_qwen3_moe.py  top-k softmax router and experts held as 3-D tensors
+//
+// Internal parameter names (torchtitan-style; the right-hand side of every family's name
+// table):
+//   tok_embeddings.weight, norm.weight, output.weight (absent when tied),
+//   layers.{i}.attention_norm.weight, layers.{i}.attention_post_norm.weight (sandwich),
+//   layers.{i}.ffn_norm.weight, layers.{i}.ffn_post_norm.weight (sandwich),
+//   layers.{i}.attention.{wq,wk,wv,wo}.{weight,bias} or attention.wqkv.{weight,bias} (fused),
+//   layers.{i}.attention.{q_norm,k_norm}.weight,
+//   layers.{i}.feed_forward.{w1,w2,w3}.{weight,bias} or feed_forward.{w13,w2} (fused),
+//   layers.{i}.moe.router.weight [E, hidden],
+//   layers.{i}.moe.experts.{w1,w3} [E, moe_intermediate, hidden], moe.experts.w2
+//   [E, hidden, moe_intermediate].
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "decoder/rope.h"
+#include "common/status.h"
+#include "gatehouse/worker/kv_cache.h"
+#include "gatehouse/worker/model_family.h"
+
+namespace gatehouse::models {
+
+/// How RMSNorm applies its weight.
+enum class NormKind {
+  /// LlamaRMSNorm: normalise in fp32, cast to the input dtype, then weight * x.
+  kLlama,
+  /// GemmaRMSNorm: normalise and multiply by (1 + weight) in fp32, then cast.
+  kGemma,
+};
+
+/// MLP activation (hidden_act / hidden_activation).
+enum class Activation {
+  kSilu,      // "silu"
+  kGeluTanh,  // "gelu_pytorch_tanh" (GELU, tanh approximation)
+};
+
+/// Per-layer settings.
+struct LayerSpec {
+  /// 0 = full causal attention; else a query at position q sees keys k with q - k < window
+  /// (masking_utils.sliding_window_overlay).
+  int64_t sliding_window = 0;
+  /// Index into DecoderSpec::ropes.
+  int rope = 0;
+  /// A sparse MoE block instead of the dense MLP.
+  bool moe = false;
+};
+
+/// Everything that decides the computation of one decoder model.
+struct DecoderSpec {
+  std::string model_type;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  /// Embedding padding_idx: that row gets no gradient (torch.nn.Embedding); no effect forward.
+  std::optional<int64_t> pad_token_id;
+
+  Activation hidden_act = Activation::kSilu;
+  NormKind norm = NormKind::kLlama;
+  bool qkv_bias = false;      // biases on q/k/v projections
+  bool o_bias = false;        // bias on the output projection
+  bool mlp_bias = false;      // biases on gate/up/down
+  bool qk_norm = false;       // q_norm / k_norm over head_dim, before RoPE
+  bool sandwich_norm = false; // post-attention and post-feed-forward norms (Gemma 2/3)
+  bool fused_qkv = false;     // one wqkv projection: rows q, then k, then v (Phi-3)
+  bool fused_gate_up = false; // one w13 projection: rows gate, then up (Phi-3)
+  /// Multiply the embeddings by sqrt(hidden_size), rounded to the model dtype (Gemma).
+  bool scale_embeddings = false;
+  /// Multiplier of q.k^T: head_dim^-0.5, or query_pre_attn_scalar^-0.5 (Gemma 2/3).
+  double attention_scaling = 0.0;
+  /// tanh soft-capping of attention scores / final logits: cap * tanh(x / cap).
+  std::optional<double> attn_logit_softcapping;
+  std::optional<double> final_logit_softcapping;
+
+  /// RoPE settings referenced by LayerSpec::rope (at least one).
+  std::vector<RopeConfig> ropes;
+  /// One entry per layer.
+  std::vector<LayerSpec> layers;
+
+  /// Sparse MoE (qwen3_moe): experts, experts per token, expert intermediate size, and whether
+  /// the top-k probabilities are renormalised to sum to 1.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+
+  /// Positivity, divisibility and consistency. Errors: INVALID_ARGUMENT naming the field.
+  Status Validate() const;
+  nlohmann::json ToJson() const;
+};
+
+/// ModelArgs of every decoder family: a validated DecoderSpec.
+class DecoderArgs : public worker::ModelArgs {
+ public:
+  explicit DecoderArgs(DecoderSpec spec) : spec_(std::move(spec)) {}
+  const DecoderSpec& spec() const { return spec_; }
+
+  nlohmann::json ToJson() const override { return spec_.ToJson(); }
+  int64_t vocab_size() const override { return spec_.vocab_size; }
+  int64_t num_hidden_layers() const override { return spec_.num_hidden_layers; }
+  int64_t num_key_value_heads() const override { return spec_.num_key_value_heads; }
+  int64_t head_dim() const override { return spec_.head_dim; }
+  int64_t max_position_embeddings() const override { return spec_.max_position_embeddings; }
+  bool tie_word_embeddings() const override { return spec_.tie_word_embeddings; }
+
+ private:
+  DecoderSpec spec_;
+};
+
+/// RMSNorm over the last dimension, weight [dim] (see NormKind for the two upstream forms).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, NormKind kind);
+  /// x: [..., dim] -> [..., dim], in x's dtype.
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::Tensor weight_;
+  double eps_;
+  NormKind kind_;
+};
+TORCH_MODULE(RMSNorm);
+
+/// Self-attention with grouped KV heads (repeat_kv), optional q/k norm, RoPE, sliding window
+/// and soft-capping; eager softmax in fp32 (eager_attention_forward).
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const DecoderSpec& spec);
+  /// x: [B, T, hidden]; mask: [T, S] bool, true = may attend (S = cached prefix + T);
+  /// cache: when non-null, this layer's new K/V are appended at `layer`. Returns [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
+                        const torch::Tensor& mask, worker::KVCache* cache, int64_t layer);
+
+ private:
+  int64_t num_heads_;
+  int64_t num_kv_heads_;
+  int64_t head_dim_;
+  double scaling_;
+  std::optional<double> softcap_;
+  torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wqkv_{nullptr}, wo_{nullptr};
+  RMSNorm q_norm_{nullptr}, k_norm_{nullptr};
+};
+TORCH_MODULE(Attention);
+
+/// Gated MLP: w2(act(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj (or w13 =
+/// gate_up_proj, split in halves). x: [B, T, hidden] -> [B, T, hidden].
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  FeedForwardImpl(const DecoderSpec& spec, int64_t intermediate_size);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  Activation act_;
+  torch::nn::Linear w1_{nullptr}, w2_{nullptr}, w3_{nullptr}, w13_{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+/// Sparse MoE block (Qwen3MoeSparseMoeBlock): router logits = x router^T; softmax in fp32;
+/// top-k experts; optional renormalisation; each expert is a SwiGLU MLP; outputs weighted and
+/// summed in expert order (index_add_), as upstream. x: [B, T, hidden] -> [B, T, hidden].
+class MoEImpl : public torch::nn::Module {
+ public:
+  explicit MoEImpl(const DecoderSpec& spec);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  int64_t num_experts_;
+  int64_t top_k_;
+  bool norm_topk_prob_;
+  Activation act_;
+  torch::nn::Linear router_{nullptr};
+  torch::Tensor w1_, w2_, w3_;  // [E, I, H], [E, H, I], [E, I, H]
+};
+TORCH_MODULE(MoE);
+
+/// One pre-norm decoder layer (optionally with Gemma 2/3 sandwich norms):
+/// h = x + post(attention(attention_norm(x))); out = h + post(mlp(ffn_norm(h))).
+class TransformerBlockImpl : public torch::nn::Module {
+ public:
+  TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer);
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
+                        const torch::Tensor& mask, worker::KVCache* cache, int64_t layer);
+
+ private:
+  RMSNorm attention_norm_{nullptr}, attention_post_norm_{nullptr};
+  Attention attention_{nullptr};
+  RMSNorm ffn_norm_{nullptr}, ffn_post_norm_{nullptr};
+  FeedForward feed_forward_{nullptr};
+  MoE moe_{nullptr};
+};
+TORCH_MODULE(TransformerBlock);
+
+/// The causal LM. With tie_word_embeddings it registers no `output` parameter and computes
+/// logits with tok_embeddings.weight, as upstream's tied lm_head does.
+class DecoderModel : public worker::CausalLM {
+ public:
+  /// Builds fp32 CPU parameters initialised like upstream's _init_weights (normal(0, 0.02) for
+  /// linears and embeddings, zero biases, norms at their identity). `spec` must be valid.
+  /// Throws c10::Error.
+  explicit DecoderModel(const DecoderSpec& spec);
+
+  /// tokens, positions: [B, T] int64. Returns logits [B, T, vocab] in the model dtype.
+  /// See worker::CausalLM::Forward for the cache contract. Throws c10::Error on bad shapes or
+  /// cache overflow.
+  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& positions,
+                        worker::KVCache* cache) override;
+  std::unique_ptr<worker::KVCache> NewKVCache(int64_t batch, int64_t max_len) const override;
+
+  const DecoderSpec& spec() const { return spec_; }
+
+ private:
+  DecoderSpec spec_;
+  torch::nn::Embedding tok_embeddings_{nullptr};
+  torch::nn::ModuleList layers_{nullptr};
+  RMSNorm norm_{nullptr};
+  torch::nn::Linear output_{nullptr};  // null when tie_word_embeddings
+};
+
+}  // namespace gatehouse::models

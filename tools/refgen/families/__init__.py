@@ -1,0 +1,47 @@
+"""Checkpoint variants per model family, for make_checkpoint.py.
+
+Each module in this package (one per family) defines ``VARIANTS``: a dict of variant name ->
+``Variant``. Names are unique across families and start with the family name
+("qwen3-tiny-tied"). A variant is a tiny config of that family's transformers classes; the
+generator saves it with ``save_pretrained`` and records upstream logits and greedy ids.
+"""
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Variant:
+    family: str              # Gatehouse family name (models/<family>)
+    config_class: type       # transformers config class, e.g. LlamaConfig
+    model_class: type        # transformers *ForCausalLM class
+    config: dict             # keyword arguments of config_class
+    max_shard_size: str | None = None  # e.g. "100KB": several shards plus an index
+    norm_offset_one: bool = False      # norms compute x * (1 + w) (Gemma): init w near 0
+    prompt_lengths: list | None = None  # default: make_checkpoint.PROMPT_LENGTHS
+    notes: str = ""
+
+    def stamp(self):
+        """What determines the files (for the .done stamp)."""
+        return {
+            "family": self.family,
+            "config_class": self.config_class.__name__,
+            "model_class": self.model_class.__name__,
+            "config": self.config,
+            "max_shard_size": self.max_shard_size,
+            "norm_offset_one": self.norm_offset_one,
+            "prompt_lengths": self.prompt_lengths,
+        }
+
+
+def all_variants():
+    """name -> Variant over every family module, in module then definition order."""
+    out = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for name, variant in module.VARIANTS.items():
+            if name in out:
+                raise RuntimeError(f"variant {name} defined twice")
+            out[name] = variant
+    return out

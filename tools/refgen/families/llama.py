@@ -1,0 +1,47 @@
+"""Llama variants: tied, untied, sharded, and RoPE-scaled (linear, dynamic, llama3) configs whose
+long probe (300 tokens) runs past the scaling threshold, where RoPE mistakes show."""
+
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from . import Variant
+
+BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=50000.0,  # deliberately not the 10000 default
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _v(**overrides):
+    shard = overrides.pop("max_shard_size", None)
+    return Variant("llama", LlamaConfig, LlamaForCausalLM, {**BASE, **overrides}, shard)
+
+
+VARIANTS = {
+    "llama-tiny-tied": _v(tie_word_embeddings=True),
+    "llama-tiny-untied": _v(tie_word_embeddings=False),
+    # ~440 KB of fp32 weights in 100 KB shards: several shards and an index file.
+    "llama-tiny-sharded": _v(tie_word_embeddings=False, max_shard_size="100KB"),
+    # llama3 scaling with original_max_position_embeddings 64 < the 300-token probe.
+    "llama-tiny-rope-llama3": _v(
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64}),
+    "llama-tiny-rope-linear": _v(
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 50000.0, "factor": 4.0}),
+    # dynamic NTK grows the base once positions pass max_position_embeddings (128 < 300).
+    "llama-tiny-rope-dynamic": _v(
+        tie_word_embeddings=False, max_position_embeddings=128,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 50000.0, "factor": 2.0}),
+}

@@ -1,0 +1,46 @@
+"""Phi-3 variants: fused qkv_proj and gate_up_proj, partial rotary (factor 0.5 and 0.75),
+tied and untied, one sharded, one with a 16-token sliding window (< the 300-token probe)."""
+
+from transformers import Phi3Config, Phi3ForCausalLM
+
+from . import Variant
+
+BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    bos_token_id=1,
+    # No eos: make_checkpoint's generate(min_new_tokens=32) bans the eos id, so a reference
+    # whose plain argmax is the eos id (these weights hit id 2) would not be greedy decoding.
+    eos_token_id=None,
+    pad_token_id=0,  # Phi3Config's default 32000 lies outside this tiny vocabulary
+)
+
+
+def _rope(partial_rotary_factor):
+    # rope_theta deliberately not the 10000 default.
+    return {"rope_type": "default", "rope_theta": 50000.0,
+            "partial_rotary_factor": partial_rotary_factor}
+
+
+def _v(**overrides):
+    shard = overrides.pop("max_shard_size", None)
+    return Variant("phi3", Phi3Config, Phi3ForCausalLM, {**BASE, **overrides}, shard)
+
+
+VARIANTS = {
+    # Half of each head's 16 channels rotated.
+    "phi3-tiny-untied": _v(tie_word_embeddings=False, rope_parameters=_rope(0.5)),
+    "phi3-tiny-tied": _v(tie_word_embeddings=True, rope_parameters=_rope(1.0)),
+    # ~330 KB of fp32 weights in 100 KB shards: several shards plus an index.
+    "phi3-tiny-sharded": _v(tie_word_embeddings=False, rope_parameters=_rope(0.5),
+                            max_shard_size="100KB"),
+    "phi3-tiny-sliding": _v(tie_word_embeddings=False, rope_parameters=_rope(0.75),
+                            sliding_window=16),
+}

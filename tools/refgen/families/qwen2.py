@@ -1,0 +1,48 @@
+"""Qwen2 variants: tied, untied, sharded, and sliding-window configs whose 300-token probe runs
+far past the window, where a mask mistake shows.
+
+Qwen2 always has q/k/v biases (no o_proj bias); make_checkpoint draws them N(0, 0.1) so a
+dropped bias changes the logits. Qwen2Config.__post_init__ sets sliding_window to None unless
+use_sliding_window, and derives layer_types: "sliding_attention" for layers i >=
+max_window_layers when sliding is on (configuration_qwen2.py); save_pretrained writes the derived
+layer_types into config.json.
+"""
+
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from . import Variant
+
+BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=50000.0,  # deliberately not the 10000 default
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _v(**overrides):
+    shard = overrides.pop("max_shard_size", None)
+    return Variant("qwen2", Qwen2Config, Qwen2ForCausalLM, {**BASE, **overrides}, shard)
+
+
+VARIANTS = {
+    "qwen2-tiny-tied": _v(tie_word_embeddings=True),
+    "qwen2-tiny-untied": _v(tie_word_embeddings=False),
+    "qwen2-tiny-sharded": _v(tie_word_embeddings=False, max_shard_size="100KB"),
+    # 3 layers, max_window_layers 1: layer 0 full attention, layers 1 and 2 slide over 16 keys.
+    "qwen2-tiny-sliding": _v(tie_word_embeddings=False, num_hidden_layers=3,
+                             use_sliding_window=True, sliding_window=16, max_window_layers=1),
+    # Sliding window configured but switched off (use_sliding_window false): full attention
+    # everywhere, although sliding_window and max_window_layers are set.
+    "qwen2-tiny-sliding-off": _v(tie_word_embeddings=True, num_hidden_layers=3,
+                                 use_sliding_window=False, sliding_window=16,
+                                 max_window_layers=1),
+}

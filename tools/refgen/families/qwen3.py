@@ -1,0 +1,45 @@
+"""Qwen3 variants: tied, untied, sharded, attention_bias, and a sliding-window config whose
+300-token probe runs far past the window.
+
+Qwen3 normalises q and k per head over head_dim (q_norm / k_norm, RMSNorm) before RoPE, and its
+head_dim is its own field: here 32 with hidden 64 and 4 heads (not hidden / heads = 16), so
+using the derived head_dim breaks shapes. Sliding-window flags work as in Qwen2
+(configuration_qwen3.py).
+"""
+
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from . import Variant
+
+BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=50000.0,
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _v(**overrides):
+    shard = overrides.pop("max_shard_size", None)
+    return Variant("qwen3", Qwen3Config, Qwen3ForCausalLM, {**BASE, **overrides}, shard)
+
+
+VARIANTS = {
+    "qwen3-tiny-tied": _v(tie_word_embeddings=True),
+    "qwen3-tiny-untied": _v(tie_word_embeddings=False),
+    "qwen3-tiny-sharded": _v(tie_word_embeddings=False, max_shard_size="100KB"),
+    # q/k/v/o biases.
+    "qwen3-tiny-bias": _v(tie_word_embeddings=True, attention_bias=True),
+    # 3 layers, max_window_layers 1: layer 0 full, layers 1 and 2 slide over 32 keys.
+    "qwen3-tiny-sliding": _v(tie_word_embeddings=False, num_hidden_layers=3,
+                             use_sliding_window=True, sliding_window=32, max_window_layers=1),
+}
