@@ -113,4 +113,27 @@ std::unique_ptr<worker::ModelFamily> MakeGemmaFamily() {
                                          &ParseGemmaConfig);
 }
 
+Status ParseGemma2StyleCore(ConfigReader& reader, std::string_view mlp_class, DecoderSpec& spec) {
+  GH_RETURN_IF_ERROR(RequirePresent(reader, "num_key_value_heads"));
+  CoreDefaults defaults;
+  defaults.tie_word_embeddings = true;
+  defaults.activation_field = "hidden_activation";
+  defaults.activation = Activation::kGeluTanh;
+  defaults.head_dim_optional = false;
+  GH_RETURN_IF_ERROR(ParseCoreFields(reader, defaults, spec));
+  reader.Ignore("hidden_act", std::string(mlp_class) +
+                                  " applies hidden_activation; hidden_act (found in Hub "
+                                  "configs) is never read");
+  reader.Ignore("cache_implementation",
+                "generate()'s cache layout (\"hybrid\"); the decode gate's KV cache gives the "
+                "same attention");
+  spec.norm = NormKind::kGemma;
+  spec.scale_embeddings = true;
+  spec.sandwich_norm = true;
+  GH_ASSIGN_OR_RETURN(bool attention_bias, reader.Bool("attention_bias", false));
+  spec.qkv_bias = spec.o_bias = attention_bias;
+  GH_RETURN_IF_ERROR(RejectBidirectional(reader));
+  return ReadQueryPreAttnScalar(reader, spec);
+}
+
 }  // namespace gatehouse::models::gemma

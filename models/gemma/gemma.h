@@ -59,6 +59,13 @@ Status RejectBidirectional(ConfigReader& reader);
 /// Errors: INVALID_ARGUMENT naming `field` and the value.
 Status RequireFullRotary(const RopeConfig& rope, std::string_view field);
 
+/// What Gemma 2 and Gemma 3 text share: num_key_value_heads and head_dim required, tied by
+/// default, GELU(tanh) from hidden_activation (hidden_act ignored: `mlp_class` names the upstream
+/// MLP that never reads it), cache_implementation ignored, (1 + w) norms, scaled embeddings,
+/// sandwich norms, attention_bias on q/k/v/o, use_bidirectional_attention rejected,
+/// query_pre_attn_scalar. Errors: INVALID_ARGUMENT naming the field.
+Status ParseGemma2StyleCore(ConfigReader& reader, std::string_view mlp_class, DecoderSpec& spec);
+
 /// query_pre_attn_scalar (Gemma 2/3): attention_scaling = query_pre_attn_scalar^-0.5, default
 /// 256. Errors: INVALID_ARGUMENT for a non-number or a value <= 0.
 Status ReadQueryPreAttnScalar(ConfigReader& reader, DecoderSpec& spec);

@@ -7,26 +7,7 @@ namespace gatehouse::models::gemma2 {
 
 Result<DecoderSpec> ParseGemma2Config(ConfigReader& reader) {
   DecoderSpec spec;
-  GH_RETURN_IF_ERROR(gemma::RequirePresent(reader, "num_key_value_heads"));
-  CoreDefaults defaults;
-  defaults.tie_word_embeddings = true;
-  defaults.activation_field = "hidden_activation";
-  defaults.activation = Activation::kGeluTanh;
-  defaults.head_dim_optional = false;
-  GH_RETURN_IF_ERROR(ParseCoreFields(reader, defaults, spec));
-  reader.Ignore("hidden_act",
-                "Gemma2MLP applies hidden_activation; hidden_act (found in Hub configs) is "
-                "never read");
-  reader.Ignore("cache_implementation",
-                "generate()'s cache layout (\"hybrid\"); the decode gate's KV cache gives the "
-                "same attention");
-  spec.norm = NormKind::kGemma;
-  spec.scale_embeddings = true;
-  spec.sandwich_norm = true;
-  GH_ASSIGN_OR_RETURN(bool attention_bias, reader.Bool("attention_bias", false));
-  spec.qkv_bias = spec.o_bias = attention_bias;
-  GH_RETURN_IF_ERROR(gemma::RejectBidirectional(reader));
-  GH_RETURN_IF_ERROR(gemma::ReadQueryPreAttnScalar(reader, spec));
+  GH_RETURN_IF_ERROR(gemma::ParseGemma2StyleCore(reader, "Gemma2MLP", spec));
   GH_ASSIGN_OR_RETURN(spec.attn_logit_softcapping,
                       gemma::ReadSoftcap(reader, "attn_logit_softcapping", 50.0));
   GH_ASSIGN_OR_RETURN(spec.final_logit_softcapping,

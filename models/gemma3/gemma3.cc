@@ -82,28 +82,11 @@ Result<std::vector<std::string>> ReadGemma3LayerTypes(ConfigReader& reader, int6
 
 Result<DecoderSpec> ParseGemma3TextConfig(ConfigReader& reader) {
   DecoderSpec spec;
-  GH_RETURN_IF_ERROR(gemma::RequirePresent(reader, "num_key_value_heads"));
-  CoreDefaults defaults;
-  defaults.tie_word_embeddings = true;
-  defaults.activation_field = "hidden_activation";
-  defaults.activation = Activation::kGeluTanh;
-  defaults.head_dim_optional = false;
-  GH_RETURN_IF_ERROR(ParseCoreFields(reader, defaults, spec));
-  reader.Ignore("hidden_act", "Gemma3MLP applies hidden_activation; hidden_act is never read");
-  reader.Ignore("cache_implementation",
-                "generate()'s cache layout (\"hybrid\"); the decode gate's KV cache gives the "
-                "same attention");
+  GH_RETURN_IF_ERROR(gemma::ParseGemma2StyleCore(reader, "Gemma3MLP", spec));
   reader.Ignore("attn_logit_softcapping",
                 "Gemma3Attention (transformers 5.24) does not pass it to the attention "
                 "function: scores are not capped");
-  spec.norm = NormKind::kGemma;
-  spec.scale_embeddings = true;
-  spec.sandwich_norm = true;
   spec.qk_norm = true;
-  GH_ASSIGN_OR_RETURN(bool attention_bias, reader.Bool("attention_bias", false));
-  spec.qkv_bias = spec.o_bias = attention_bias;
-  GH_RETURN_IF_ERROR(gemma::RejectBidirectional(reader));
-  GH_RETURN_IF_ERROR(gemma::ReadQueryPreAttnScalar(reader, spec));
   GH_ASSIGN_OR_RETURN(spec.final_logit_softcapping,
                       gemma::ReadSoftcap(reader, "final_logit_softcapping", std::nullopt));
 
