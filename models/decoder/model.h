@@ -149,6 +149,18 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+/// torch.nn.Linear as upstream's Python modules compute it: y = x W^T + b through at::linear,
+/// which folds a contiguous [B, T, in] input to 2-D and adds the bias inside the GEMM (addmm).
+/// The C++ frontend's torch::nn::Linear instead computes matmul, then adds the bias
+/// (torch/nn/functional/linear.h): in bf16 that rounds twice and moves the top-1 of 2-4 % of
+/// tokens against transformers' bf16 forward. x: [..., in] -> [..., out], dtype of the weight.
+class LinearImpl : public torch::nn::LinearImpl {
+ public:
+  using torch::nn::LinearImpl::LinearImpl;
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight, bias); }
+};
+TORCH_MODULE(Linear);
+
 /// Self-attention with grouped KV heads (repeat_kv), optional q/k norm, RoPE, sliding window
 /// and soft-capping; eager softmax in fp32 (eager_attention_forward).
 class AttentionImpl : public torch::nn::Module {
@@ -165,7 +177,7 @@ class AttentionImpl : public torch::nn::Module {
   int64_t head_dim_;
   double scaling_;
   std::optional<double> softcap_;
-  torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wqkv_{nullptr}, wo_{nullptr};
+  Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wqkv_{nullptr}, wo_{nullptr};
   RMSNorm q_norm_{nullptr}, k_norm_{nullptr};
 };
 TORCH_MODULE(Attention);
@@ -179,7 +191,7 @@ class FeedForwardImpl : public torch::nn::Module {
 
  private:
   Activation act_;
-  torch::nn::Linear w1_{nullptr}, w2_{nullptr}, w3_{nullptr}, w13_{nullptr};
+  Linear w1_{nullptr}, w2_{nullptr}, w3_{nullptr}, w13_{nullptr};
 };
 TORCH_MODULE(FeedForward);
 
@@ -196,7 +208,7 @@ class MoEImpl : public torch::nn::Module {
   int64_t top_k_;
   bool norm_topk_prob_;
   Activation act_;
-  torch::nn::Linear router_{nullptr};
+  Linear router_{nullptr};
   torch::Tensor w1_, w2_, w3_;  // [E, I, H], [E, H, I], [E, I, H]
 };
 TORCH_MODULE(MoE);
@@ -241,7 +253,7 @@ class DecoderModel : public worker::CausalLM {
   torch::nn::Embedding tok_embeddings_{nullptr};
   torch::nn::ModuleList layers_{nullptr};
   RMSNorm norm_{nullptr};
-  torch::nn::Linear output_{nullptr};  // null when tie_word_embeddings
+  Linear output_{nullptr};  // null when tie_word_embeddings
 };
 
 }  // namespace gatehouse::models

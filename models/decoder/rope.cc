@@ -153,21 +153,27 @@ int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim) {
 torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim,
                                      int64_t max_position_embeddings, int64_t seq_len,
                                      torch::Device device) {
+  // Operation order follows modeling_rope_utils.py op for op, including Python's
+  // `scalar / tensor`, which torch evaluates as tensor.reciprocal() * scalar (two roundings,
+  // not one division): a single-ulp difference in one frequency moves bf16 logits.
   const int64_t dim = RotaryDim(rope, head_dim);
-  double base = rope.rope_theta;
-  if (rope.rope_type == "dynamic") {
-    // _compute_dynamic_ntk_parameters: the base grows once the sequence outgrows
-    // max_position_embeddings.
-    const double len = static_cast<double>(std::max(seq_len, max_position_embeddings));
-    base = base * std::pow(rope.factor * len / static_cast<double>(max_position_embeddings) -
-                               (rope.factor - 1.0),
-                           static_cast<double>(dim) / static_cast<double>(dim - 2));
-  }
-  auto exponent =
+  const auto exponent =
       torch::arange(0, dim, 2, torch::TensorOptions().dtype(torch::kLong).device(device))
           .to(torch::kFloat32) /
       static_cast<double>(dim);
-  torch::Tensor inv_freq = 1.0 / torch::pow(base, exponent);
+  torch::Tensor inv_freq;
+  if (rope.rope_type == "dynamic" && seq_len > max_position_embeddings) {
+    // _compute_dynamic_ntk_parameters with seq_len = torch.max(position_ids) + 1, a 0-d int64
+    // tensor (dynamic_rope_update): the grown base is computed in fp32 tensor arithmetic.
+    // Up to max_position_embeddings upstream keeps the init-time frequencies (plain base).
+    const auto len = torch::scalar_tensor(seq_len, torch::TensorOptions().dtype(torch::kLong));
+    auto base = torch::pow(len * rope.factor / max_position_embeddings - (rope.factor - 1.0),
+                           static_cast<double>(dim) / static_cast<double>(dim - 2)) *
+                rope.rope_theta;
+    inv_freq = torch::pow(base.to(device), exponent).reciprocal();
+  } else {
+    inv_freq = torch::pow(rope.rope_theta, exponent).reciprocal();
+  }
   if (rope.rope_type == "linear") {
     inv_freq = inv_freq / rope.factor;
   } else if (rope.rope_type == "llama3") {
@@ -176,9 +182,9 @@ torch::Tensor RopeInverseFrequencies(const RopeConfig& rope, int64_t head_dim,
     const double old_context = static_cast<double>(rope.original_max_position_embeddings);
     const double low_freq_wavelen = old_context / rope.low_freq_factor;
     const double high_freq_wavelen = old_context / rope.high_freq_factor;
-    auto wavelen = 2 * M_PI / inv_freq;
+    auto wavelen = inv_freq.reciprocal() * (2 * M_PI);  // 2 * math.pi / inv_freq
     auto scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq);
-    auto smooth = (old_context / wavelen - rope.low_freq_factor) /
+    auto smooth = (wavelen.reciprocal() * old_context - rope.low_freq_factor) /
                   (rope.high_freq_factor - rope.low_freq_factor);
     auto smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;
     auto is_medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);

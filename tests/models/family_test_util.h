@@ -18,11 +18,16 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "gatehouse/worker/checkpoint.h"
+#include "gatehouse/worker/gates.h"
 #include "gatehouse/worker/model_family.h"
+#include "gatehouse/worker/run_spec.h"
 
 #ifndef GATEHOUSE_TESTDATA_DIR
 #error "GATEHOUSE_TESTDATA_DIR must be defined by the test target (tests/models/CMakeLists.txt)"
@@ -78,6 +83,81 @@ inline std::filesystem::path FixtureCheckpointDir(const std::string& variant) {
 inline nlohmann::json FixtureConfig(const std::string& variant) {
   std::ifstream in(FixtureCheckpointDir(variant) / "config.json");
   return nlohmann::json::parse(in);
+}
+
+/// A CPU run spec over a fixture folder (`variant_dir`/checkpoint and /reference, digests
+/// unchecked) for `family` in `precision` ("fp32" / "bf16"): every phase from config to save,
+/// 32 greedy tokens, 2 training steps. A spec that does not parse fails the calling test.
+inline worker::RunSpec FixtureRunSpec(const std::filesystem::path& variant_dir,
+                                      const std::string& family, const std::string& precision,
+                                      const std::filesystem::path& attempt_dir) {
+  const nlohmann::json j = {
+      {"spec_version", 1},
+      {"repository", "/tmp/unused"},
+      {"commit", std::string(40, '0')},
+      {"model_family", family},
+      {"checkpoint", {{"path", (variant_dir / "checkpoint").string()}, {"digest", "unchecked"}}},
+      {"reference", {{"path", (variant_dir / "reference").string()}, {"digest", "unchecked"}}},
+      {"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}}},
+      {"launch", {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}}},
+      {"topology", {{"tp", 1}, {"dp", 1}, {"pp", 1}, {"ep", 1}}},
+      {"precision", precision},
+      {"mode", "eager"},
+      {"decode", {{"max_new_tokens", 32}, {"sampling", "greedy"}}},
+      {"training", {{"steps", 2}, {"lr", 0.001}, {"seed", 1234}}},
+      {"env", nlohmann::json::object()},
+      {"phases", {"config", "construct", "load", "inference", "decode", "training", "save"}},
+      {"attempt",
+       {{"id", 1},
+        {"dir", attempt_dir.string()},
+        {"checkout", {{"head", std::string(40, '0')}, {"clean", true}, {"path", "/tmp"}}},
+        {"agent", "families-test"}}},
+  };
+  auto spec = worker::ParseRunSpec(j);
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  return spec.ok() ? *spec : worker::RunSpec{};
+}
+
+/// A gate in the fixed phase order, with its phase name.
+struct NamedGate {
+  const char* phase;
+  worker::GateOutcome (*run)(worker::GateContext&);
+};
+
+/// The gates from config up to and including `last` ("inference", "save", ...), in order.
+inline std::vector<NamedGate> GatesThrough(std::string_view last) {
+  const NamedGate all[] = {
+      {"config", worker::ConfigGate},       {"construct", worker::ConstructGate},
+      {"load", worker::LoadGate},           {"inference", worker::InferenceGate},
+      {"decode", worker::DecodeGate},       {"training", worker::TrainingGate},
+      {"save", worker::SaveGate}};
+  std::vector<NamedGate> out;
+  for (const NamedGate& g : all) {
+    out.push_back(g);
+    if (g.phase == last) break;
+  }
+  return out;
+}
+
+/// A gate context over FixtureRunSpec(...) and the in-tree plugin's registry.
+inline worker::GateContext FixtureContext(const std::filesystem::path& variant_dir,
+                                          const std::string& family, const std::string& precision,
+                                          const std::filesystem::path& attempt_dir) {
+  worker::GateContext ctx;
+  ctx.spec = FixtureRunSpec(variant_dir, family, precision, attempt_dir);
+  ctx.registry = &Registry();
+  return ctx;
+}
+
+/// A gate figure as text (numbers through std::to_string), or "-" when the gate did not report
+/// `name`.
+inline std::string FigureText(const worker::GateOutcome& out, std::string_view name) {
+  const worker::Figure* f = out.Find(name);
+  if (f == nullptr) return "-";
+  return std::visit([](const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) return v;
+    else return std::to_string(v);
+  }, f->value);
 }
 
 /// The internal (torchtitan-style) names of every parameter of `model`.

@@ -498,7 +498,47 @@ TEST(DecodeGateTest, PassesOnOwnReference) {
   EXPECT_EQ(Count(out, "tokens_matched"), 18);
   EXPECT_EQ(Count(out, "tokens_total"), 18);
   EXPECT_EQ(Text(out, "first_mismatch"), "none");
-  EXPECT_EQ(Text(out, "reference_text_prompt_0"), "prompt 0");
+  EXPECT_EQ(Text(out, "input_text_prompt_0"), "prompt 0");
+}
+
+// Verifies that with a tokenizer.json beside the checkpoint the decode gate shows our
+// continuation as text and counts how many equal the reference's greedy_text; without one it
+// says why no text is shown. Text never decides the verdict (the ids do).
+TEST(DecodeGateTest, ShowsTextThroughTheCheckpointTokenizer) {
+  Fixture fx;
+  fx.Write();
+  {
+    GateContext plain = fx.Context();
+    GateOutcome out = RunThrough(plain, "decode");
+    EXPECT_STATUS(out, GateStatus::kPass);
+    EXPECT_THAT(Text(out, "detokenizer"), HasSubstr("no text shown: no tokenizer file"));
+    EXPECT_EQ(out.Find("generated_text_prompt_0"), nullptr);
+  }
+  // Token i is "Ġt<i>" (" t<i>" once decoded); the fake family's vocabulary is 32.
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int i = 0; i < 32; ++i) vocab["\xC4\xA0t" + std::to_string(i)] = i;
+  std::ofstream(fx.checkpoint_dir / "tokenizer.json")
+      << nlohmann::json{{"decoder", {{"type", "ByteLevel"}}},
+                        {"model", {{"type", "BPE"}, {"vocab", vocab}}}}
+             .dump();
+  GateContext ctx = fx.Context();
+  ASSERT_EQ(RunThrough(ctx, "inference").status, GateStatus::kPass);
+  auto text_of = [](const torch::Tensor& ids) {
+    std::string s;
+    for (int64_t i = 0; i < ids.size(0); ++i) s += " t" + std::to_string(ids[i].item<int64_t>());
+    return s;
+  };
+  auto& prompts = ctx.reference->meta["prompts"];
+  for (size_t i = 0; i < ctx.reference->prompts.size(); ++i) {
+    prompts[i]["greedy_text"] = text_of(ctx.reference->prompts[i].greedy_ids);
+  }
+  prompts[2]["greedy_text"] = "something else";
+  GateOutcome out = DecodeGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Text(out, "detokenizer"), "tokenizer.json (ByteLevel, 32 tokens)");
+  EXPECT_EQ(Text(out, "generated_text_prompt_1"), text_of(ctx.reference->prompts[1].greedy_ids));
+  EXPECT_EQ(Text(out, "reference_text_prompt_2"), "something else");
+  EXPECT_EQ(Text(out, "text_vs_reference"), "2/3 continuations equal");
 }
 
 // Verifies mismatching reference ids fail naming the first mismatch.

