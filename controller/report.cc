@@ -1,6 +1,9 @@
 #include "controller/report.h"
 
 #include <algorithm>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -43,6 +46,37 @@ std::string FigureText(const FigureRecord& f) {
   if (value.size() > 40) value = value.substr(0, 40) + "...";
   std::string unit = (f.unit.empty() || f.unit == "text") ? "" : " " + f.unit;
   return f.name + "=" + value + unit;
+}
+
+/// The decode phase's text figures (input_text_prompt_{i}, generated_text_prompt_{i},
+/// reference_text_prompt_{i}; worker_lib gates_compute.cc) in full, one JSON-quoted line each,
+/// in a fenced block; empty when the phase showed no generated text.
+std::vector<std::string> DecodedTextLines(const std::vector<PhaseRecord>& phases) {
+  auto decode = std::find_if(phases.begin(), phases.end(),
+                             [](const PhaseRecord& p) { return p.phase == "decode"; });
+  if (decode == phases.end()) return {};
+  const std::pair<const char*, const char*> kinds[] = {{"input_text_prompt_", "input"},
+                                                       {"generated_text_prompt_", "ours"},
+                                                       {"reference_text_prompt_", "upstream"}};
+  std::vector<std::string> lines;
+  bool any_generated = false;
+  for (int i = 0;; ++i) {
+    bool found = false;
+    for (const auto& [prefix, label] : kinds) {
+      const std::string name = prefix + std::to_string(i);
+      auto f = std::find_if(decode->figures.begin(), decode->figures.end(),
+                            [&](const FigureRecord& r) { return r.name == name; });
+      if (f == decode->figures.end()) continue;
+      found = true;
+      any_generated |= std::string_view(prefix) == "generated_text_prompt_";
+      json v = json::parse(f->value_json, nullptr, false);
+      lines.push_back(fmt::format("prompt {} {:<9} {}", i, std::string(label) + ":",
+                                  (v.is_string() ? v : json(f->value_json)).dump()));
+    }
+    if (!found) break;
+  }
+  if (!any_generated) return {};
+  return lines;
 }
 
 }  // namespace
@@ -116,6 +150,18 @@ std::string RenderReport(const CellDetail& d) {
     if (!PhaseIndex(p.phase)) phase_row(p);
   }
   line("");
+
+  if (auto text = DecodedTextLines(d.phases); !text.empty()) {
+    line("## Decoded text (decode phase)");
+    line("");
+    line("Greedy continuations as text, through the checkpoint's tokenizer.json; \"upstream\" is "
+         "transformers' decode of its own greedy ids. The verdict is on the ids.");
+    line("");
+    line("```text");
+    for (const std::string& l : text) line(l);
+    line("```");
+    line("");
+  }
 
   line("## Attempts");
   line("");

@@ -8,8 +8,9 @@
 namespace gatehouse::controller {
 
 /// Renders the cell's identity, the latest attempt's phase table (phase | status | key figures
-/// | reason), its attempts, each non-PASS phase's reason, and the submit body that reproduces
-/// the cell. Pure function of `detail`.
+/// | reason), the decode phase's text in full when it showed any (prompt, ours, upstream), its
+/// attempts, each non-PASS phase's reason, and the submit body that reproduces the cell. Pure
+/// function of `detail`.
 std::string RenderReport(const CellDetail& detail);
 
 }  // namespace gatehouse::controller

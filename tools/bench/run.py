@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 SHAPES = {
     "medium": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
                    num_key_value_heads=4, intermediate_size=1408, vocab_size=8000,
-                   max_position_embeddings=1024, batch=1, seq=256, warmup=2, reps=5),
+                   max_position_embeddings=1024, batch=1, seq=256, warmup=2, reps=3),
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=128, vocab_size=256,
                  max_position_embeddings=128, batch=1, seq=32, warmup=1, reps=2),
@@ -144,7 +144,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, help="override the batch size")
     ap.add_argument("--reps", type=int, help="override timed repetitions per round")
     ap.add_argument("--warmup", type=int, help="override warm-up iterations per measurement")
-    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 2)")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 4)")
     ap.add_argument("--attn", default="sdpa,eager", help="transformers attention impls")
     ap.add_argument("--profile", action="store_true", help="also print per-op self times")
     ap.add_argument("--metric", choices=["wall", "cpu"], default="wall",
@@ -160,7 +160,7 @@ def main() -> int:
         if getattr(a, k) is not None:
             shape[k] = getattr(a, k)
     dtypes = (a.dtypes or ("fp32" if a.tiny else "fp32,bf16")).split(",")
-    rounds = a.rounds if a.rounds is not None else (1 if a.tiny else 2)
+    rounds = a.rounds if a.rounds is not None else (1 if a.tiny else 4)
     attns = [x for x in a.attn.split(",") if x]
     bench_bin = a.bench_bin or a.build_dir / "bin" / "gatehouse-bench"
     plugin = a.plugin or a.build_dir / "lib" / "libgatehouse_models.so"
@@ -203,10 +203,19 @@ def main() -> int:
                     if last:
                         profiles[(dtype, side)] = json.loads(ops.read_text())
 
+    def metric_key(key):
+        return key.replace("_ms", "_cpu_ms") if a.metric == "cpu" else key
+
     def pooled(dtype, side, key):
-        if a.metric == "cpu":
-            key = key.replace("_ms", "_cpu_ms")
-        return [x for res in runs[(dtype, side)] for x in res[key]]
+        return [x for res in runs[(dtype, side)] for x in res[metric_key(key)]]
+
+    def paired_ratios(dtype, side, key):
+        """Per round: transformers median / Gatehouse median of that round's repetitions. The
+        sides of one round run back to back, so a slow phase of the machine that spans a round
+        moves both; the median over rounds is the reported ratio."""
+        k = metric_key(key)
+        return [statistics.median(hf[k]) / statistics.median(gh[k])
+                for gh, hf in zip(runs[(dtype, "gatehouse")], runs[(dtype, side)])]
 
     first = runs[(dtypes[0], sides[1][0])][0] if len(sides) > 1 else runs[(dtypes[0], "gatehouse")][0]
     print(f"Gatehouse vs transformers {first.get('transformers', '?')}, torch {first['torch']}, CPU, "
@@ -215,12 +224,13 @@ def main() -> int:
           f"{cfg['num_hidden_layers']} layers, heads {cfg['num_attention_heads']}/"
           f"{cfg['num_key_value_heads']} kv, intermediate {cfg['intermediate_size']}, "
           f"vocab {cfg['vocab_size']}")
-    print(f"B={shape['batch']} T={shape['seq']} (train step on T-1 inputs); median of "
+    print(f"B={shape['batch']} T={shape['seq']} (train step on T-1 inputs); times: median of "
           f"{shape['reps']} reps x {rounds} round(s), {shape['warmup']} warm-up each; {a.metric} time; "
-          f"ratio = transformers time / Gatehouse time (>1: Gatehouse faster)\n")
+          f"ratio = transformers time / Gatehouse time (>1: Gatehouse faster), median over rounds "
+          f"of each round's paired ratio [lowest-highest round]\n")
     head = f"{'dtype':<6}{'measure':<20}{'gatehouse':>16}"
     for side, _ in sides[1:]:
-        head += f"{side:>24}{'ratio':>8}"
+        head += f"{side:>24}{'ratio [range]':>22}"
     print(head)
     table = []
     for dtype in dtypes:
@@ -236,10 +246,12 @@ def main() -> int:
             row = {"dtype": dtype, "measure": label, "gatehouse_ms": gh, "tokens": toks}
             for side, _ in sides[1:]:
                 hf = statistics.median(pooled(dtype, side, key))
-                ratio = hf / gh
-                line += f"{show(hf):>24}{ratio:>7.2f}x"
+                per_round = paired_ratios(dtype, side, key)
+                ratio = statistics.median(per_round)
+                line += f"{show(hf):>24}{ratio:>7.2f}x [{min(per_round):.2f}-{max(per_round):.2f}]"
                 row[side + "_ms"] = hf
                 row[side + "_ratio"] = ratio
+                row[side + "_ratio_per_round"] = per_round
             print(line)
             table.append(row)
     print()

@@ -24,6 +24,7 @@ What
 CLI
     python tools/mutations/run_mutations.py [--build-dir build] [--work var/mutations]
         [--only NAME ...] [--out docs/mutations.md] [--timeout-s 900]
+    python tools/mutations/run_mutations.py --check   # every patch still applies (a ctest)
     Exit status 1 unless every control passes and every mutation is caught.
 """
 
@@ -35,6 +36,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -125,6 +127,25 @@ def verdict(cell):
     return None, "-", f"{cell.get('status')}: {reason}"
 
 
+def check_patches(mutations):
+    """git apply --check of every patch against a copy of models/ (a patch whose context drifted
+    with the code would make the suite silently test nothing). Returns the exit status."""
+    bad = []
+    with tempfile.TemporaryDirectory(prefix="gh-mutcheck-") as tmp:
+        shutil.copytree(ROOT / "models", Path(tmp) / "m")
+        for m in mutations:
+            proc = subprocess.run(["git", "apply", "--check", str(HERE / m["patch"])],
+                                  cwd=Path(tmp) / "m", capture_output=True, text=True)
+            print(f"{'ok  ' if proc.returncode == 0 else 'FAIL'} {m['name']} ({m['patch']})"
+                  + (f": {proc.stderr.strip()}" if proc.returncode else ""))
+            if proc.returncode:
+                bad.append(m["name"])
+    if bad:
+        print(f"{len(bad)} patch(es) no longer apply to models/: regenerate them "
+              f"(apply the same bug to the current code, git diff > the .patch)")
+    return 1 if bad else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build")
@@ -132,6 +153,8 @@ def main(argv=None):
     ap.add_argument("--only", nargs="+", metavar="NAME")
     ap.add_argument("--out", type=Path, help="also write the Markdown table here")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per cell")
+    ap.add_argument("--check", action="store_true",
+                    help="only check that every patch still applies to models/ (no build, no run)")
     args = ap.parse_args(argv)
     build = args.build_dir.resolve()
     work = args.work.resolve()
@@ -143,6 +166,8 @@ def main(argv=None):
         if unknown:
             ap.error(f"unknown mutation(s) {sorted(unknown)}")
         mutations = [m for m in mutations if m["name"] in args.only]
+    if args.check:
+        return check_patches(mutations)
     fixtures = sorted({m["fixture"] for m in mutations})
     sys.path.insert(0, str(ROOT / "tools" / "refgen"))
     from families import all_variants  # noqa: E402
