@@ -1,0 +1,156 @@
+// ReadRankEnv (torchrun variables) and JoinGlooGroup: c10d gloo groups of 2 and 4 ranks, here
+// one thread per rank in one process, on 127.0.0.1.
+#include "gatehouse/worker/distributed.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gatehouse::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+/// getenv over a fixed map.
+auto Env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+// Verifies a process without WORLD_SIZE is rank 0 of 1, and a full torchrun set is read.
+TEST(RankEnvTest, ReadsTorchrunVariables) {
+  auto alone = ReadRankEnv(Env({}));
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  EXPECT_EQ(alone->rank, 0);
+  EXPECT_EQ(alone->world_size, 1);
+
+  auto r = ReadRankEnv(Env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
+                            {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29555"}}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->world_size, 4);
+  EXPECT_EQ(r->local_rank, 1);
+  EXPECT_EQ(r->master_addr, "127.0.0.1");
+  EXPECT_EQ(r->master_port, 29555);
+}
+
+// Verifies each bad value is INVALID_ARGUMENT naming the variable and the value.
+TEST(RankEnvTest, BadValuesNameTheVariable) {
+  const std::map<std::string, std::string> ok = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29555"}};
+  auto with = [&](const std::string& k, const std::string& v) {
+    auto vars = ok;
+    vars[k] = v;
+    return ReadRankEnv(Env(vars));
+  };
+  auto without = [&](const std::string& k) {
+    auto vars = ok;
+    vars.erase(k);
+    return ReadRankEnv(Env(vars));
+  };
+  EXPECT_THAT(with("WORLD_SIZE", "two").status().message(), HasSubstr("WORLD_SIZE='two'"));
+  EXPECT_THAT(with("WORLD_SIZE", "0").status().message(), HasSubstr("WORLD_SIZE=0"));
+  EXPECT_THAT(with("RANK", "2").status().message(), HasSubstr("RANK=2 is outside [0, WORLD_SIZE=2)"));
+  EXPECT_THAT(with("RANK", "-1").status().message(), HasSubstr("RANK=-1"));
+  EXPECT_THAT(with("MASTER_PORT", "70000").status().message(), HasSubstr("MASTER_PORT=70000"));
+  EXPECT_THAT(without("MASTER_ADDR").status().message(), HasSubstr("MASTER_ADDR is required"));
+  EXPECT_THAT(without("MASTER_PORT").status().message(), HasSubstr("MASTER_PORT is required"));
+  EXPECT_EQ(with("RANK", "2").status().code(), StatusCode::kInvalidArgument);
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/// Runs `world` ranks (one thread each) through JoinGlooGroup, then allreduce (sum) of
+/// [rank + 1, 10 * (rank + 1)] and allgather of [rank]; returns per rank the reduced tensor
+/// and the gathered ranks, or fails the test with the rank's error.
+void ExpectCollectives(int world) {
+  const int port = FreePort();
+  std::vector<torch::Tensor> reduced(world), gathered(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      RankEnv env;
+      env.rank = r;
+      env.world_size = world;
+      env.master_addr = "127.0.0.1";
+      env.master_port = port;
+      auto group = JoinGlooGroup(env, std::chrono::seconds(30));
+      if (!group.ok()) {
+        errors[r] = group.status().ToString();
+        return;
+      }
+      std::vector<at::Tensor> t{torch::tensor({1.0f * (r + 1), 10.0f * (r + 1)})};
+      (*group)->allreduce(t)->wait();
+      reduced[r] = t[0];
+      std::vector<std::vector<at::Tensor>> out(1);
+      for (int i = 0; i < world; ++i) out[0].push_back(torch::empty({1}, torch::kLong));
+      std::vector<at::Tensor> in{torch::tensor({static_cast<int64_t>(r)})};
+      (*group)->allgather(out, in)->wait();
+      gathered[r] = torch::cat(out[0]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const float sum = world * (world + 1) / 2.0f;
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_TRUE(torch::equal(reduced[r], torch::tensor({sum, 10 * sum}))) << reduced[r];
+    EXPECT_TRUE(torch::equal(gathered[r], torch::arange(world, torch::kLong))) << gathered[r];
+  }
+}
+
+// Verifies a gloo group of 2 ranks joins on 127.0.0.1 and its collectives are exact.
+TEST(GlooGroupTest, TwoRanks) { ExpectCollectives(2); }
+
+// Verifies the same with 4 ranks (the TP=4 case of issue 4).
+TEST(GlooGroupTest, FourRanks) { ExpectCollectives(4); }
+
+// Verifies a rank whose peers never come fails with UNAVAILABLE at the timeout, naming the
+// address, instead of hanging.
+TEST(GlooGroupTest, MissingPeerTimesOut) {
+  RankEnv env;
+  env.rank = 0;
+  env.world_size = 2;
+  env.master_port = FreePort();
+  auto group = JoinGlooGroup(env, std::chrono::milliseconds(1500));
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(group.status().message(), HasSubstr("127.0.0.1:" + std::to_string(env.master_port)));
+}
+
+// Verifies a master address that is not IPv4 is INVALID_ARGUMENT naming it.
+TEST(GlooGroupTest, BadMasterAddress) {
+  RankEnv env;
+  env.world_size = 2;
+  env.master_addr = "not-an-address";
+  env.master_port = FreePort();
+  auto group = JoinGlooGroup(env, std::chrono::milliseconds(500));
+  EXPECT_EQ(group.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(group.status().message(), HasSubstr("not-an-address"));
+}
+
+}  // namespace
+}  // namespace gatehouse::worker

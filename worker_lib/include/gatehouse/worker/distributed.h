@@ -1,0 +1,48 @@
+// Process groups for tensor parallelism (issue 4): one worker process per rank, found the
+// torchrun way, joined through LibTorch's c10d. Collectives are c10d's (gloo on the CPU; NCCL
+// on GPUs to come), never our own.
+//
+// Build note: LibTorch's wheel ships c10d's headers but not gloo's, which ProcessGroupGloo.hpp
+// includes; the declarations come from Debian's libgloo-dev (deploy/setup.sh installs it) and
+// every gloo symbol from the wheel's libtorch_cpu, into which torch links its own gloo. Only
+// distributed.cc includes ProcessGroupGloo.hpp, and it holds gloo objects only by pointer.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "common/status.h"
+
+namespace gatehouse::worker {
+
+/// Where this process sits in its group (torchrun's environment variables).
+struct RankEnv {
+  int rank = 0;        // RANK, 0 .. world_size - 1
+  int world_size = 1;  // WORLD_SIZE
+  int local_rank = 0;  // LOCAL_RANK (this node's index; the device index on a GPU node)
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR: where rank 0 hosts the store
+  int master_port = 0;                    // MASTER_PORT
+};
+
+/// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT through `getenv`. Without
+/// WORLD_SIZE the process is alone (rank 0 of 1). Errors: INVALID_ARGUMENT naming the variable
+/// and its value: not an integer, WORLD_SIZE < 1, RANK outside [0, WORLD_SIZE), a port outside
+/// [1, 65535], or MASTER_ADDR / MASTER_PORT missing when WORLD_SIZE > 1.
+Result<RankEnv> ReadRankEnv(
+    const std::function<const char*(const char*)>& getenv = [](const char* name) {
+      return std::getenv(name);
+    });
+
+/// Joins the group of `env.world_size` ranks: rank 0 binds a listening socket to
+/// master_addr:master_port (that address only) and hosts a c10d::TCPStore on it; every rank
+/// connects to it and creates a c10d ProcessGroupGloo whose transport binds to master_addr.
+/// Blocks until all ranks joined or `timeout` passed. Errors: INVALID_ARGUMENT (bad
+/// master_addr), UNAVAILABLE naming the address and the cause (cannot bind, a rank missing at
+/// the timeout, gloo failures).
+Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
+                                                       std::chrono::milliseconds timeout);
+
+}  // namespace gatehouse::worker

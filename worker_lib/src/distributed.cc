@@ -1,0 +1,119 @@
+// Rank environment and c10d gloo process groups (distributed.h).
+#include "gatehouse/worker/distributed.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <optional>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace gatehouse::worker {
+namespace {
+
+Result<std::optional<int>> IntVar(const std::function<const char*(const char*)>& getenv,
+                                  const char* name) {
+  const char* raw = getenv(name);
+  if (raw == nullptr) return std::optional<int>();
+  const std::string s(raw);
+  int v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || s.empty()) {
+    return Status::InvalidArgument("environment variable " + std::string(name) + "='" + s +
+                                   "' is not an integer");
+  }
+  return std::optional<int>(v);
+}
+
+/// A TCP socket listening on addr:port (IPv4), for the TCPStore server to take over.
+Result<int> ListenOn(const std::string& addr, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
+    return Status::InvalidArgument("MASTER_ADDR='" + addr + "' is not an IPv4 address");
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Unavailable(std::string("socket(): ") + std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(fd, 128) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Status::Unavailable("cannot listen on " + addr + ":" + std::to_string(port) + ": " +
+                               why);
+  }
+  return fd;
+}
+
+}  // namespace
+
+Result<RankEnv> ReadRankEnv(const std::function<const char*(const char*)>& getenv) {
+  RankEnv env;
+  GH_ASSIGN_OR_RETURN(auto world, IntVar(getenv, "WORLD_SIZE"));
+  if (!world) return env;
+  if (*world < 1) {
+    return Status::InvalidArgument("environment variable WORLD_SIZE=" + std::to_string(*world) +
+                                   " must be at least 1");
+  }
+  env.world_size = *world;
+  GH_ASSIGN_OR_RETURN(auto rank, IntVar(getenv, "RANK"));
+  env.rank = rank.value_or(0);
+  if (env.rank < 0 || env.rank >= env.world_size) {
+    return Status::InvalidArgument("environment variable RANK=" + std::to_string(env.rank) +
+                                   " is outside [0, WORLD_SIZE=" +
+                                   std::to_string(env.world_size) + ")");
+  }
+  GH_ASSIGN_OR_RETURN(auto local, IntVar(getenv, "LOCAL_RANK"));
+  env.local_rank = local.value_or(env.rank);
+  if (env.world_size == 1) return env;
+  const char* addr = getenv("MASTER_ADDR");
+  GH_ASSIGN_OR_RETURN(auto port, IntVar(getenv, "MASTER_PORT"));
+  if (addr == nullptr || !port) {
+    return Status::InvalidArgument(std::string("environment variable ") +
+                                   (addr == nullptr ? "MASTER_ADDR" : "MASTER_PORT") +
+                                   " is required when WORLD_SIZE=" +
+                                   std::to_string(env.world_size));
+  }
+  if (*port < 1 || *port > 65535) {
+    return Status::InvalidArgument("environment variable MASTER_PORT=" + std::to_string(*port) +
+                                   " is outside [1, 65535]");
+  }
+  env.master_addr = addr;
+  env.master_port = *port;
+  return env;
+}
+
+Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
+                                                       std::chrono::milliseconds timeout) {
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(env.master_port);
+    opts.numWorkers = static_cast<size_t>(env.world_size);
+    opts.waitWorkers = false;
+    opts.timeout = timeout;
+    if (env.rank == 0) {
+      GH_ASSIGN_OR_RETURN(int fd, ListenOn(env.master_addr, env.master_port));
+      opts.isServer = true;
+      opts.masterListenFd = fd;
+    }
+    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr));
+    c10::intrusive_ptr<c10d::Backend> group =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, gloo);
+    return group;
+  } catch (const std::exception& e) {
+    return Status::Unavailable("rank " + std::to_string(env.rank) + " of " +
+                               std::to_string(env.world_size) + " could not join the gloo group at " +
+                               where + ": " + e.what());
+  }
+}
+
+}  // namespace gatehouse::worker
