@@ -11,6 +11,25 @@ import pkgutil
 from dataclasses import dataclass, field
 
 
+# The tiny decoder most families start from (their modules override what differs): 2 layers,
+# hidden 64, 4 query heads over 2 KV heads (GQA), a 256-token vocabulary, and rope_theta 50000,
+# deliberately not the 10000 default, so a theta fallback bug changes logits.
+TINY_BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=50000.0,
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
 @dataclass
 class Variant:
     family: str              # Gatehouse family name (models/<family>)

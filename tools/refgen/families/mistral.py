@@ -8,23 +8,9 @@ is set and create_causal_mask when it is null (modeling_mistral.py).
 
 from transformers import MistralConfig, MistralForCausalLM
 
-from . import Variant
+from . import TINY_BASE, Variant
 
-BASE = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    rope_theta=50000.0,
-    hidden_act="silu",
-    sliding_window=16,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+BASE = dict(TINY_BASE, sliding_window=16)
 
 
 def _v(**overrides):

@@ -10,22 +10,9 @@ layer_types into config.json.
 
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from . import Variant
+from . import TINY_BASE, Variant
 
-BASE = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    rope_theta=50000.0,  # deliberately not the 10000 default
-    hidden_act="silu",
-    bos_token_id=1,
-    eos_token_id=2,
-)
+BASE = dict(TINY_BASE)
 
 
 def _v(**overrides):

@@ -9,23 +9,9 @@ using the derived head_dim breaks shapes. Sliding-window flags work as in Qwen2
 
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from . import Variant
+from . import TINY_BASE, Variant
 
-BASE = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    rope_theta=50000.0,
-    hidden_act="silu",
-    bos_token_id=1,
-    eos_token_id=2,
-)
+BASE = dict(TINY_BASE, head_dim=32)  # head_dim != hidden_size / num_attention_heads
 
 
 def _v(**overrides):
