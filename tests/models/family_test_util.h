@@ -160,6 +160,29 @@ inline std::string FigureText(const worker::GateOutcome& out, std::string_view n
   }, f->value);
 }
 
+/// Expects the config report to account for every field of `config` exactly once: nothing
+/// unmapped, every ignored field with a reason, no field both mapped and ignored, and every
+/// config field either mapped or ignored (counts equal). Returns the ignored fields for
+/// family-specific checks. `label` names the case in failures.
+inline std::set<std::string> ExpectConfigFullyAccounted(const worker::ConfigReport& report,
+                                                        const nlohmann::json& config,
+                                                        const std::string& label = "") {
+  EXPECT_TRUE(report.unmapped.empty()) << label << ": " << nlohmann::json(report.unmapped).dump();
+  std::set<std::string> accounted(report.mapped.begin(), report.mapped.end());
+  std::set<std::string> ignored;
+  for (const auto& [field, reason] : report.ignored) {
+    EXPECT_FALSE(reason.empty()) << label << ": " << field;
+    EXPECT_TRUE(accounted.insert(field).second) << label << ": " << field
+                                                << " both mapped and ignored";
+    ignored.insert(field);
+  }
+  for (const auto& [field, value] : config.items()) {
+    EXPECT_TRUE(accounted.count(field)) << label << ": " << field;
+  }
+  EXPECT_EQ(accounted.size(), config.size()) << label;
+  return ignored;
+}
+
 /// The internal (torchtitan-style) names of every parameter of `model`.
 inline std::set<std::string> ParamNames(const worker::CausalLM& model) {
   std::set<std::string> names;

@@ -227,17 +227,7 @@ TEST(GemmaConfig, SavedConfigsFullyAccounted) {
     const json config = SavedConfig(family);
     auto parsed = Family(family).ParseConfig(config);
     ASSERT_TRUE(parsed.ok()) << family << ": " << parsed.status().ToString();
-    const ConfigReport& report = parsed->report;
-    EXPECT_TRUE(report.unmapped.empty()) << family << ": " << json(report.unmapped);
-    std::set<std::string> accounted(report.mapped.begin(), report.mapped.end());
-    for (const auto& [field, reason] : report.ignored) {
-      EXPECT_FALSE(reason.empty()) << field;
-      EXPECT_TRUE(accounted.insert(field).second) << field << " both mapped and ignored";
-    }
-    for (const auto& [field, value] : config.items()) {
-      EXPECT_TRUE(accounted.count(field)) << family << ": " << field;
-    }
-    EXPECT_EQ(accounted.size(), config.size()) << family;
+    test_util::ExpectConfigFullyAccounted(parsed->report, config, family);
     EXPECT_EQ(parsed->args->head_dim(), 32) << family;  // not hidden / heads = 4
     EXPECT_TRUE(parsed->args->tie_word_embeddings()) << family;
   }

@@ -104,15 +104,7 @@ TEST(LlamaConfig, SavedConfigFullyAccounted) {
   const json config = SavedConfig(true);
   auto parsed = Llama().ParseConfig(config);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-  const ConfigReport& report = parsed->report;
-  EXPECT_TRUE(report.unmapped.empty()) << json(report.unmapped).dump();
-  std::set<std::string> accounted(report.mapped.begin(), report.mapped.end());
-  for (const auto& [field, reason] : report.ignored) {
-    EXPECT_FALSE(reason.empty()) << field;
-    EXPECT_TRUE(accounted.insert(field).second) << field << " both mapped and ignored";
-  }
-  for (const auto& [field, value] : config.items()) EXPECT_TRUE(accounted.count(field)) << field;
-  EXPECT_EQ(accounted.size(), config.size());
+  test_util::ExpectConfigFullyAccounted(parsed->report, config, "llama-tiny-tied");
 
   const ModelArgs& args = *parsed->args;
   EXPECT_EQ(args.vocab_size(), 256);

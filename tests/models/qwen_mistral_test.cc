@@ -193,15 +193,7 @@ TEST(QwenMistralConfig, FixtureConfigsFullyAccountedAndParsed) {
     if (!config.ok()) GTEST_SKIP() << config.status().ToString() << ": run through ctest";
     auto parsed = Parse(f.family, *config);
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-    const ConfigReport& report = parsed->report;
-    EXPECT_TRUE(report.unmapped.empty()) << json(report.unmapped).dump();
-    std::set<std::string> accounted(report.mapped.begin(), report.mapped.end());
-    for (const auto& [field, reason] : report.ignored) {
-      EXPECT_FALSE(reason.empty()) << field;
-      EXPECT_TRUE(accounted.insert(field).second) << field << " both mapped and ignored";
-    }
-    EXPECT_EQ(accounted.size(), config->size());
-    for (const auto& [field, value] : config->items()) EXPECT_TRUE(accounted.count(field)) << field;
+    test_util::ExpectConfigFullyAccounted(parsed->report, *config, f.variant);
 
     const json spec = parsed->args->ToJson();
     EXPECT_EQ(spec["head_dim"], f.head_dim);
