@@ -39,6 +39,16 @@ Result<EventEffect> ParseWorkerEvent(std::string_view text) {
   }
   GH_ASSIGN_OR_RETURN(std::string kind, MemberString(e, "event", true));
   EventEffect effect;
+  // Ranks of a tensor-parallel group tag their events; rank 0's are the evidence (§4).
+  if (auto rank = e.find("rank"); rank != e.end()) {
+    const bool valid = rank->is_number_unsigned() ||
+                       (rank->is_number_integer() && rank->get<int64_t>() >= 0);
+    if (!valid) {
+      return Status::InvalidArgument("event: 'rank' must be a non-negative integer, got " +
+                                     rank->dump());
+    }
+    if (rank->get<uint64_t>() != 0) return effect;  // kNone: stored for the record only
+  }
   using Kind = EventEffect::Kind;
   if (kind == "phase_start") {
     effect.kind = Kind::kPhaseStart;

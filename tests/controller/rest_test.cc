@@ -116,6 +116,32 @@ class RestTest : public ::testing::Test {
         .dump();
   }
 
+  struct Submitted {
+    json cell;
+    std::string id;
+    int64_t attempt = 0;  // the attempt assigned to agent-1 (0 when none was)
+  };
+  // Connects agent-1 through `channel`, submits a cell and returns it with its attempt.
+  Submitted SubmitToAgent(const std::shared_ptr<FakeChannel>& channel) {
+    EXPECT_TRUE(core_->RegisterAgent({"agent-1", "{}", 1}).ok());
+    core_->AttachAgent("agent-1", 1, channel);
+    Submitted s;
+    s.cell = json::parse(Http(port_, "POST", "/api/v1/cells", SubmitBody()).body);
+    s.id = s.cell["id"];
+    EXPECT_EQ(channel->sent.size(), 1u);
+    if (!channel->sent.empty()) s.attempt = channel->sent[0].attempt_id;
+    return s;
+  }
+
+  // Records `events` for agent-1's `attempt` with seq 1, 2, ...
+  void RecordEvents(int64_t attempt, const std::vector<std::string>& events) {
+    for (size_t i = 0; i < events.size(); ++i) {
+      ASSERT_TRUE(
+          core_->RecordEvent("agent-1", attempt, static_cast<int64_t>(i + 1), events[i]).ok())
+          << events[i];
+    }
+  }
+
   TempDir dir_;
   testing::FakeCommitResolver resolver_;
   DigestCache digests_;
@@ -236,12 +262,8 @@ TEST_F(RestTest, AnAttemptsEvidenceShowsInCellReportAndLog) {
   // Verifies agent events show as phases/figures, status, report table and concatenated log.
   // An agent takes the attempt, reports two phases and finishes with a FAIL.
   auto channel = std::make_shared<FakeChannel>();
-  ASSERT_TRUE(core_->RegisterAgent({"agent-1", "{}", 1}).ok());
-  core_->AttachAgent("agent-1", 1, channel);
-  json cell = json::parse(Http(port_, "POST", "/api/v1/cells", SubmitBody()).body);
-  const std::string id = cell["id"];
+  const auto [cell, id, attempt] = SubmitToAgent(channel);
   ASSERT_EQ(channel->sent.size(), 1u);
-  const int64_t attempt = channel->sent[0].attempt_id;
   EXPECT_EQ(channel->sent[0].cell_id, id);
   EXPECT_EQ(json::parse(channel->sent[0].spec_json), cell["spec"]);
   EXPECT_EQ(json::parse(Http(port_, "GET", "/api/v1/cells/" + id).body)["status"], "leased");
@@ -255,10 +277,7 @@ TEST_F(RestTest, AnAttemptsEvidenceShowsInCellReportAndLog) {
       R"({"event":"phase_end","phase":"load","status":"FAIL","reason":"missing key lm_head.weight","classification":"adapter_contract","duration_ms":12,"ts_ms":4})",
       R"({"event":"run_end","status":"FAIL","ts_ms":5})",
   };
-  for (size_t i = 0; i < events.size(); ++i) {
-    ASSERT_TRUE(
-        core_->RecordEvent("agent-1", attempt, static_cast<int64_t>(i + 1), events[i]).ok());
-  }
+  RecordEvents(attempt, events);
   EXPECT_EQ(core_->RecordEvent("agent-2", attempt, 99, "{}").code(),
             StatusCode::kFailedPrecondition);
   ASSERT_TRUE(core_->RecordLog("agent-1", attempt, "worker", 6, "line 2\n").ok());
@@ -296,6 +315,42 @@ TEST_F(RestTest, AnAttemptsEvidenceShowsInCellReportAndLog) {
   EXPECT_EQ(log.body, "line1\nline 2\n");
   EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=build").body, "");
   EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?attempt=2").status, 404);
+}
+
+TEST_F(RestTest, OnlyRankZeroEventsAreEvidenceAndRankStreamsAreStored) {
+  // Verifies a tensor-parallel attempt: events tagged "rank" > 0 are stored but do not touch the
+  // phase table or the verdict, and the per-rank log streams are kept and readable.
+  auto channel = std::make_shared<FakeChannel>();
+  const auto [cell, id, attempt] = SubmitToAgent(channel);
+  ASSERT_EQ(channel->sent.size(), 1u);
+
+  const std::vector<std::string> events = {
+      R"({"event":"phase_start","phase":"identity","ts_ms":1,"rank":1})",
+      R"({"event":"phase_start","phase":"identity","ts_ms":1,"rank":0})",
+      R"({"event":"phase_end","phase":"identity","status":"FAIL","reason":"rank 1 view","classification":"unknown","ts_ms":2,"rank":1})",
+      R"({"event":"phase_end","phase":"identity","status":"PASS","ts_ms":2,"rank":0})",
+      R"({"event":"phase_start","phase":"load","ts_ms":3,"rank":1})",
+      R"({"event":"run_end","status":"FAIL","ts_ms":5,"rank":1})",
+      R"({"event":"run_end","status":"PASS","ts_ms":5,"rank":0})",
+  };
+  RecordEvents(attempt, events);
+  ASSERT_TRUE(core_->RecordLog("agent-1", attempt, "worker", 0, "rank 0 log\n").ok());
+  ASSERT_TRUE(core_->RecordLog("agent-1", attempt, "worker.rank1", 0, "rank 1 log\n").ok());
+  ASSERT_TRUE(
+      core_->RecordLog("agent-1", attempt, "worker-stdout.rank1", 0, "rank 1 text\n").ok());
+  ASSERT_TRUE(core_->EndAttempt("agent-1", attempt, "finished", "", 0).ok());
+
+  json detail = json::parse(Http(port_, "GET", "/api/v1/cells/" + id).body);
+  EXPECT_EQ(detail["status"], "passed");
+  ASSERT_EQ(detail["phases"].size(), 1u) << detail["phases"].dump();
+  EXPECT_EQ(detail["phases"][0]["phase"], "identity");
+  EXPECT_EQ(detail["phases"][0]["status"], "PASS");
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker").body,
+            "rank 0 log\n");
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker.rank1").body,
+            "rank 1 log\n");
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker-stdout.rank1").body,
+            "rank 1 text\n");
 }
 
 TEST_F(RestTest, ServesDashboardFilesAndNothingOutsideTheWebDir) {
