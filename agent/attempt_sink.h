@@ -8,7 +8,8 @@
 
 namespace gatehouse::agent {
 
-/// Log stream names (docs/protocols.md §4).
+/// Log stream names (docs/protocols.md §4). With several ranks, rank r > 0 writes the worker
+/// streams as `<name>.rank<r>` ("worker.rank1"; RankLogStream in agent/worker_launcher.h, §3.1).
 inline constexpr std::string_view kBuildStream = "build";                // cmake configure + build
 inline constexpr std::string_view kWorkerStream = "worker";              // worker standard error
 inline constexpr std::string_view kWorkerStdoutStream = "worker-stdout";  // non-JSON stdout lines

@@ -1,7 +1,23 @@
 // Worker launch and output relay (docs/protocols.md §3, §4).
 #include "agent/worker_launcher.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <system_error>
+#include <thread>
 
 namespace gatehouse::agent {
 namespace {
@@ -49,7 +65,68 @@ json MakeRunSpec(const WorkerLaunch& launch) {
   return run;
 }
 
-Result<std::vector<std::pair<std::string, std::string>>> WorkerEnvironment(const json& spec) {
+Result<int> WorldSize(const json& spec) {
+  const auto topology = spec.find("topology");
+  if (topology == spec.end() || topology->is_null()) return 1;
+  if (!topology->is_object()) {
+    return Status::InvalidArgument("spec field 'topology' must be an object, got " +
+                                   topology->dump());
+  }
+  constexpr int64_t kTooMany = int64_t{kMaxWorldSize} + 1;  // products saturate here
+  int64_t world = 1;
+  for (const char* field : {"tp", "dp", "pp"}) {
+    const auto it = topology->find(field);
+    if (it == topology->end()) continue;
+    int64_t factor = 0;  // stays 0 for a value that is not an integer
+    if (it->is_number_unsigned()) {  // never read a huge one as a negative int64
+      factor = static_cast<int64_t>(std::min(it->get<uint64_t>(), uint64_t{kTooMany}));
+    } else if (it->is_number_integer()) {
+      factor = it->get<int64_t>();
+    }
+    if (factor < 1) {
+      return Status::InvalidArgument(std::string("spec field 'topology.") + field +
+                                     "' must be an integer >= 1, got " + it->dump());
+    }
+    world = std::min(world * std::min(factor, kTooMany), kTooMany);
+  }
+  if (world > kMaxWorldSize) {
+    return Status::InvalidArgument("spec field 'topology': tp x dp x pp of " + topology->dump() +
+                                   " exceeds the agent's maximum of " +
+                                   std::to_string(kMaxWorldSize) + " ranks");
+  }
+  return static_cast<int>(world);
+}
+
+Result<int> FindFreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  std::string failed;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    failed = "bind 127.0.0.1:0";
+  } else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    failed = "getsockname";
+  }
+  const int error = errno;
+  ::close(fd);
+  if (!failed.empty()) return Status::Unavailable(failed + ": " + std::strerror(error));
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+std::string RankLogStream(std::string_view stream, int rank) {
+  std::string name(stream);
+  if (rank != 0) name += ".rank" + std::to_string(rank);
+  return name;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> WorkerEnvironment(const json& spec,
+                                                                           int rank,
+                                                                           int world_size,
+                                                                           int master_port) {
   std::vector<std::pair<std::string, std::string>> env;
   const auto it = spec.find("env");
   if (it != spec.end() && !it->is_null()) {
@@ -67,14 +144,25 @@ Result<std::vector<std::pair<std::string, std::string>>> WorkerEnvironment(const
       env.emplace_back(key, value.get<std::string>());
     }
   }
-  env.emplace_back("RANK", "0");
-  env.emplace_back("WORLD_SIZE", "1");
-  env.emplace_back("LOCAL_RANK", "0");
+  // Later entries replace earlier ones (ProcessSpec::env), so the rank variables win.
+  env.emplace_back("RANK", std::to_string(rank));
+  env.emplace_back("WORLD_SIZE", std::to_string(world_size));
+  env.emplace_back("LOCAL_RANK", std::to_string(rank));
+  if (world_size > 1) {
+    env.emplace_back("LOCAL_WORLD_SIZE", std::to_string(world_size));
+    env.emplace_back("MASTER_ADDR", "127.0.0.1");
+    env.emplace_back("MASTER_PORT", std::to_string(master_port));
+  }
   return env;
 }
 
 WorkerStdoutRelay::WorkerStdoutRelay(AttemptSink& sink, int64_t attempt_id)
     : sink_(sink), attempt_id_(attempt_id), text_(sink, attempt_id, kWorkerStdoutStream) {}
+
+WorkerStdoutRelay::WorkerStdoutRelay(AttemptSink& sink, int64_t attempt_id, int64_t* next_seq,
+                                     std::string_view text_stream)
+    : sink_(sink), attempt_id_(attempt_id), text_(sink, attempt_id, text_stream),
+      next_seq_(next_seq) {}
 
 void WorkerStdoutRelay::Feed(std::string_view bytes) {
   while (!bytes.empty()) {
@@ -126,14 +214,266 @@ void WorkerStdoutRelay::Line(std::string_view line) {
     return;
   }
   const json& event = parsed["event"];
-  if (event.is_string() && event.get_ref<const std::string&>() == "run_end") saw_run_end_ = true;
-  sink_.Event(attempt_id_, next_seq_++, body);
+  if (event.is_string() && event.get_ref<const std::string&>() == "run_end") {
+    saw_run_end_ = true;
+    const auto status = parsed.find("status");
+    run_end_status_ = status != parsed.end() && status->is_string() ? status->get<std::string>()
+                                                                     : std::string();
+  }
+  sink_.Event(attempt_id_, (*next_seq_)++, body);
+  ++events_sent_;
 }
+
+namespace {
+
+constexpr auto kCancelPoll = std::chrono::milliseconds(50);
+
+// "0, 2, 3"
+std::string JoinRanks(const std::vector<int>& ranks) {
+  std::string out;
+  for (const int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// Supervises the ranks of one attempt for RunWorker: one thread per rank runs RunProcess; the
+// first failure observed, or a cancel, stops the others through their shared stop flag. Every
+// sink call (and the shared event counter) is guarded by mu_.
+class WorkerGroup {
+ public:
+  WorkerGroup(int64_t attempt_id, AttemptSink& sink, CancelToken cancel,
+              std::vector<ProcessSpec> specs)
+      : attempt_id_(attempt_id),
+        sink_(sink),
+        cancel_(cancel),
+        specs_(std::move(specs)),
+        world_size_(static_cast<int>(specs_.size())),
+        ranks_(specs_.size()) {
+    for (int r = 0; r < world_size_; ++r) {
+      Rank& rank = ranks_[static_cast<size_t>(r)];
+      rank.relay = std::make_unique<WorkerStdoutRelay>(
+          sink_, attempt_id_, &next_seq_, RankLogStream(kWorkerStdoutStream, r));
+      rank.stderr_log =
+          std::make_unique<LogStream>(sink_, attempt_id_, RankLogStream(kWorkerStream, r));
+    }
+  }
+
+  // Starts every rank, waits for all of them (stopping the group on the first failure or a
+  // cancel), joins the threads and returns the end report.
+  AttemptEndReport Run() {
+    std::vector<std::thread> threads;
+    threads.reserve(ranks_.size());
+    for (int r = 0; r < world_size_; ++r) {
+      try {
+        threads.emplace_back([this, r] { RunRank(r); });
+      } catch (const std::system_error& e) {
+        std::lock_guard lock(mu_);
+        for (int rest = r; rest < world_size_; ++rest) {
+          ranks_[static_cast<size_t>(rest)].ended = true;
+          ++ended_;
+        }
+        ranks_[static_cast<size_t>(r)].run_error =
+            Status::Unavailable(std::string("cannot create a thread: ") + e.what());
+        if (!stop_) {
+          first_failure_ = r;
+          Stop();
+        }
+        break;
+      }
+    }
+    {
+      std::unique_lock lock(mu_);
+      while (ended_ < world_size_) {
+        if (!stop_ && cancel_.requested()) {
+          cancelled_ = true;
+          Stop();
+        }
+        ended_cv_.wait_for(lock, kCancelPoll);
+      }
+    }
+    for (std::thread& t : threads) t.join();
+    return Report();
+  }
+
+ private:
+  struct Rank {
+    std::unique_ptr<WorkerStdoutRelay> relay;
+    std::unique_ptr<LogStream> stderr_log;
+    bool stderr_at_line_start = true;
+    std::optional<ProcessExit> exit;  // empty when it never ran or RunProcess failed
+    Status run_error;                 // why RunProcess failed (cannot start, ...)
+    bool ended = false;
+  };
+
+  // A rank that ended this way fails the group.
+  static bool Failed(const Rank& rank) {
+    return !rank.exit || !rank.exit->ok() || !rank.relay->saw_run_end();
+  }
+
+  void RunRank(int r) {
+    Rank& rank = ranks_[static_cast<size_t>(r)];
+    std::optional<Result<ProcessExit>> exit;
+    if (!stop_) {  // else the group is already stopping: do not start this rank at all
+      exit = RunProcess(
+          specs_[static_cast<size_t>(r)],
+          [&](std::string_view bytes) {
+            std::lock_guard lock(mu_);
+            rank.relay->Feed(bytes);
+          },
+          [&](std::string_view bytes) {
+            std::lock_guard lock(mu_);
+            rank.stderr_log->Write(bytes);
+            rank.stderr_at_line_start = bytes.back() == '\n';
+          },
+          CancelToken{&stop_, cancel_.grace});
+    }
+    std::lock_guard lock(mu_);
+    rank.relay->Finish();
+    if (exit && exit->ok()) {
+      rank.exit = **exit;
+    } else if (exit) {
+      rank.run_error = exit->status();
+    }
+    rank.ended = true;
+    ++ended_;
+    if (!stop_ && Failed(rank)) {
+      first_failure_ = r;
+      Stop();
+    }
+    ended_cv_.notify_all();
+  }
+
+  // Stops every rank still running (mu_ held).
+  void Stop() {
+    stop_ = true;
+    for (int r = 0; r < world_size_; ++r) {
+      if (!ranks_[static_cast<size_t>(r)].ended) stopped_.push_back(r);
+    }
+  }
+
+  std::string OfN(int r) const { return std::to_string(r) + " of " + std::to_string(world_size_); }
+
+  // "rank 1 of 4 exited with code 137 (signal 9) before run_end"
+  std::string DescribeFailure(int r) const {
+    const Rank& rank = ranks_[static_cast<size_t>(r)];
+    if (!rank.run_error.ok()) {
+      const bool start = rank.run_error.code() == StatusCode::kNotFound ||
+                         rank.run_error.code() == StatusCode::kUnavailable;
+      return (start ? "cannot start rank " : "rank ") + OfN(r) + ": " + rank.run_error.message();
+    }
+    if (!rank.exit) return "rank " + OfN(r) + " did not start";
+    return "rank " + OfN(r) + " " + rank.exit->Describe() +
+           (rank.relay->saw_run_end() ? " after run_end" : " before run_end");
+  }
+
+  // After a finished group: a line on rank 0's stderr stream for each rank r > 0 whose run_end
+  // status differs from rank 0's or that exited non-zero after its run_end.
+  void NoteDisagreements() {
+    const Rank& first = ranks_[0];
+    for (int r = 1; r < world_size_; ++r) {
+      const Rank& rank = ranks_[static_cast<size_t>(r)];
+      std::string note;
+      if (rank.relay->run_end_status() != first.relay->run_end_status()) {
+        note = "gatehouse-agent: rank " + OfN(r) + " ended with run_end status '" +
+               rank.relay->run_end_status() + "', rank 0 with '" + first.relay->run_end_status() +
+               "'; rank 0's events are the evidence\n";
+      }
+      if (!rank.exit->ok()) {
+        note += "gatehouse-agent: rank " + OfN(r) + " " + rank.exit->Describe() +
+                " after run_end\n";
+      }
+      if (note.empty()) continue;
+      if (!ranks_[0].stderr_at_line_start) note.insert(0, "\n");
+      ranks_[0].stderr_log->Write(note);
+      ranks_[0].stderr_at_line_start = true;
+    }
+  }
+
+  AttemptEndReport Report() {
+    std::lock_guard lock(mu_);  // every thread has joined; taken for form's sake
+    const int64_t events = next_seq_ - 1;
+    bool all_finished = true;
+    for (const Rank& rank : ranks_) {
+      all_finished = all_finished && rank.exit && rank.relay->saw_run_end();
+    }
+    const Rank& first = ranks_[0];
+    if (all_finished) {
+      if (world_size_ > 1) NoteDisagreements();
+      AttemptEndReport end;
+      end.attempt_id = attempt_id_;
+      end.seq = next_seq_;
+      end.outcome = std::string(kOutcomeFinished);
+      end.exit_code = first.exit->exit_code;
+      return end;
+    }
+    if (world_size_ == 1) {  // the single worker's wording, as before groups
+      if (!first.run_error.ok()) {
+        return ErrorEnd(attempt_id_, events, "cannot start worker: " + first.run_error.message());
+      }
+      if (!first.exit) return ErrorEnd(attempt_id_, events, "worker not started (cancelled)");
+      std::string reason = "worker " + first.exit->Describe() + " before run_end";
+      if (cancelled_ || cancel_.requested()) reason += " (cancelled)";
+      AttemptEndReport end = ErrorEnd(attempt_id_, events, std::move(reason));
+      end.exit_code = first.exit->exit_code;
+      return end;
+    }
+    std::string reason;
+    const Rank* blamed = &first;
+    if (first_failure_) {
+      blamed = &ranks_[static_cast<size_t>(*first_failure_)];
+      reason = DescribeFailure(*first_failure_);
+      if (!stopped_.empty()) {
+        reason +=
+            (stopped_.size() == 1 ? "; rank " : "; ranks ") + JoinRanks(stopped_) + " stopped";
+      }
+    } else if (cancelled_) {
+      reason = (stopped_.size() == 1 ? "rank " : "ranks ") + JoinRanks(stopped_) + " of " +
+               std::to_string(world_size_) + " stopped before run_end (cancelled)";
+    } else {
+      reason = "not every rank of " + std::to_string(world_size_) + " emitted run_end";
+    }
+    AttemptEndReport end = ErrorEnd(attempt_id_, events, std::move(reason));
+    if (blamed->exit) end.exit_code = blamed->exit->exit_code;
+    return end;
+  }
+
+  const int64_t attempt_id_;
+  AttemptSink& sink_;
+  const CancelToken cancel_;
+  const std::vector<ProcessSpec> specs_;
+  const int world_size_;
+  std::atomic<bool> stop_{false};  // the ranks' cancel flag
+
+  std::mutex mu_;
+  std::condition_variable ended_cv_;
+  int64_t next_seq_ = 1;           // the attempt's event sequence, shared by the ranks' relays
+  std::vector<Rank> ranks_;        // fixed size; each thread touches its own, under mu_
+  int ended_ = 0;                  // ranks that have ended (or will never start)
+  std::optional<int> first_failure_;
+  bool cancelled_ = false;
+  std::vector<int> stopped_;       // ranks still running when the group was stopped
+};
+
+}  // namespace
 
 AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel) {
   const int64_t id = launch.attempt_id;
-  auto env = WorkerEnvironment(launch.spec);
-  if (!env.ok()) return ErrorEnd(id, 0, "invalid spec: " + env.status().message());
+  auto world = WorldSize(launch.spec);
+  if (!world.ok()) return ErrorEnd(id, 0, "invalid spec: " + world.status().message());
+  const int world_size = *world;
+  int master_port = 0;
+  if (world_size > 1) {
+    auto port = FindFreePort();
+    if (!port.ok()) {
+      return ErrorEnd(id, 0, "cannot find a free port for MASTER_PORT: " + port.status().message());
+    }
+    master_port = *port;
+  }
+  std::vector<ProcessSpec> specs(static_cast<size_t>(world_size));
+  for (int rank = 0; rank < world_size; ++rank) {
+    auto env = WorkerEnvironment(launch.spec, rank, world_size, master_port);
+    if (!env.ok()) return ErrorEnd(id, 0, "invalid spec: " + env.status().message());
+    specs[static_cast<size_t>(rank)].env = std::move(env).value();
+  }
 
   std::error_code ec;
   std::filesystem::create_directories(launch.attempt_dir, ec);
@@ -145,39 +485,16 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
   if (Status s = WriteFile(run_spec, MakeRunSpec(launch).dump(2) + "\n"); !s.ok()) {
     return ErrorEnd(id, 0, s.message());
   }
-
-  ProcessSpec spec;
-  spec.exe = launch.worker;
-  spec.args = {"--run-spec", run_spec.string()};
-  for (const auto& plugin : launch.plugins) {
-    spec.args.push_back("--plugin");
-    spec.args.push_back(plugin.string());
+  for (ProcessSpec& spec : specs) {
+    spec.exe = launch.worker;
+    spec.args = {"--run-spec", run_spec.string()};
+    for (const auto& plugin : launch.plugins) {
+      spec.args.push_back("--plugin");
+      spec.args.push_back(plugin.string());
+    }
+    spec.cwd = launch.attempt_dir;
   }
-  spec.cwd = launch.attempt_dir;
-  spec.env = std::move(env).value();
-
-  WorkerStdoutRelay relay(sink, id);
-  LogStream stderr_log(sink, id, kWorkerStream);
-  auto exit = RunProcess(
-      spec, [&](std::string_view bytes) { relay.Feed(bytes); },
-      [&](std::string_view bytes) { stderr_log.Write(bytes); }, cancel);
-  relay.Finish();
-  if (!exit.ok()) {
-    return ErrorEnd(id, relay.events_sent(), "cannot start worker: " + exit.status().message());
-  }
-  if (relay.saw_run_end()) {
-    AttemptEndReport end;
-    end.attempt_id = id;
-    end.seq = relay.events_sent() + 1;
-    end.outcome = std::string(kOutcomeFinished);
-    end.exit_code = exit->exit_code;
-    return end;
-  }
-  std::string reason = "worker " + exit->Describe() + " before run_end";
-  if (cancel.requested()) reason += " (cancelled)";
-  AttemptEndReport end = ErrorEnd(id, relay.events_sent(), std::move(reason));
-  end.exit_code = exit->exit_code;
-  return end;
+  return WorkerGroup(launch.attempt_id, sink, cancel, std::move(specs)).Run();
 }
 
 }  // namespace gatehouse::agent

@@ -31,23 +31,54 @@ struct WorkerLaunch {
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.
 nlohmann::json MakeRunSpec(const WorkerLaunch& launch);
 
-/// The worker's extra environment: the spec's "env" entries (in key order), then RANK=0,
-/// WORLD_SIZE=1, LOCAL_RANK=0. Errors: INVALID_ARGUMENT when "env" is not an object of strings.
+/// The most ranks one attempt may launch (topology tp x dp x pp).
+inline constexpr int kMaxWorldSize = 64;
+
+/// The number of worker processes the spec asks for: topology.tp x topology.dp x topology.pp,
+/// each 1 when absent ("ep" does not add ranks). Errors: INVALID_ARGUMENT naming the field and
+/// its value when "topology" is not an object or a factor is not an integer >= 1, or naming the
+/// product when it exceeds kMaxWorldSize.
+Result<int> WorldSize(const nlohmann::json& spec);
+
+/// A TCP port on 127.0.0.1 that was free a moment ago: binds a socket to port 0, reads the port
+/// the kernel chose and closes the socket (torchrun's way; another process may take it before
+/// the worker binds it). Errors: UNAVAILABLE naming the failing call and the OS error.
+Result<int> FindFreePort();
+
+/// The log stream of rank `rank` for a worker stream: `stream` itself for rank 0,
+/// `<stream>.rank<rank>` for the others ("worker.rank1", "worker-stdout.rank3").
+std::string RankLogStream(std::string_view stream, int rank);
+
+/// The extra environment of rank `rank` of `world_size`: the spec's "env" entries (in key
+/// order), then the rank variables, which win over the spec's. For world_size 1: RANK=0,
+/// WORLD_SIZE=1, LOCAL_RANK=0. For more (torchrun's conventions, one node): RANK, WORLD_SIZE,
+/// LOCAL_RANK=RANK, LOCAL_WORLD_SIZE=WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=master_port.
+/// Errors: INVALID_ARGUMENT when "env" is not an object of strings.
 Result<std::vector<std::pair<std::string, std::string>>> WorkerEnvironment(
-    const nlohmann::json& spec);
+    const nlohmann::json& spec, int rank = 0, int world_size = 1, int master_port = 0);
 
 /// Splits the worker's standard output into lines. A line that is a JSON object with an "event"
-/// member goes to the sink as an AttemptEvent (seq 1, 2, ...); any other line (and a line over
-/// 4 MiB) goes, with its newline, to log stream "worker-stdout", whose offsets count only those
-/// bytes. Free text is never interpreted. Not thread-safe.
+/// member goes to the sink verbatim as an AttemptEvent; any other line (and a line over 4 MiB)
+/// goes, with its newline, to log stream `text_stream` ("worker-stdout" by default), whose
+/// offsets count only those bytes. Free text is never interpreted. Not thread-safe.
 class WorkerStdoutRelay {
  public:
+  /// Events are numbered 1, 2, 3, ... by this relay alone.
   WorkerStdoutRelay(AttemptSink& sink, int64_t attempt_id);
+  /// Events take their number from `*next_seq` (then increment it), a counter the relays of all
+  /// ranks of one attempt share; the caller serialises the relays that share it.
+  WorkerStdoutRelay(AttemptSink& sink, int64_t attempt_id, int64_t* next_seq,
+                    std::string_view text_stream);
+  WorkerStdoutRelay(const WorkerStdoutRelay&) = delete;  // may point at its own counter
+  WorkerStdoutRelay& operator=(const WorkerStdoutRelay&) = delete;
   void Feed(std::string_view bytes);
   /// Relays a final line that had no newline.
   void Finish();
-  int64_t events_sent() const { return next_seq_ - 1; }
+  /// Events this relay sent.
+  int64_t events_sent() const { return events_sent_; }
   bool saw_run_end() const { return saw_run_end_; }
+  /// The "status" member of the run_end event (empty when none or not a string).
+  const std::string& run_end_status() const { return run_end_status_; }
 
  private:
   void Line(std::string_view line);
@@ -57,17 +88,34 @@ class WorkerStdoutRelay {
   LogStream text_;
   std::string partial_;
   bool overlong_ = false;  // in a line already sent to the log in pieces
-  int64_t next_seq_ = 1;
+  int64_t own_seq_ = 1;
+  int64_t* next_seq_ = &own_seq_;
+  int64_t events_sent_ = 0;
   bool saw_run_end_ = false;
+  std::string run_end_status_;
 };
 
-/// Writes `<attempt_dir>/run.json`, runs
+/// Writes `<attempt_dir>/run.json` and runs WorldSize(spec) worker processes ("ranks"), each
 /// `<worker> --run-spec <attempt_dir>/run.json --plugin <p>...` with cwd = attempt_dir and
-/// env = the agent's environment + WorkerEnvironment(spec), and relays its standard output
-/// (WorkerStdoutRelay) and standard error (log stream "worker") to `sink` until it exits.
-/// Does not call sink.End(); returns the report to send: outcome "finished" with the exit code
-/// when the worker emitted a run_end event, else "error" with the reason ("worker exited with
-/// code N [(signal S)] before run_end", "cannot start worker: ...", ...). `seq` is events + 1.
+/// env = the agent's environment + WorkerEnvironment(spec, rank, world size, one free port),
+/// each on its own thread through RunProcess. Every rank's standard output goes through a
+/// WorkerStdoutRelay (text on RankLogStream("worker-stdout", rank)) and its standard error to
+/// RankLogStream("worker", rank); all sink calls are serialised and the attempt's events share
+/// one sequence (1, 2, 3, ... in relay order). Events are relayed verbatim.
+///
+/// A rank fails when it cannot start, ends without a run_end event, or exits non-zero or by a
+/// signal. The first failure the agent observes (or `cancel`) stops every other rank: SIGTERM
+/// to its process group, then SIGKILL after `cancel.grace`. Returns once every rank has ended
+/// and every thread has joined. Does not call sink.End(); returns the report to send:
+///  - "finished" with rank 0's exit code when every rank emitted run_end (with more than one
+///    rank, a rank r > 0 whose run_end status differs from rank 0's, or that exited non-zero
+///    after its run_end, gets a "gatehouse-agent: ..." line on log stream "worker");
+///  - else "error". One rank: "worker exited with code N [(signal S)] before run_end
+///    [(cancelled)]" or "cannot start worker: ...". More: "rank R of N exited with code C
+///    [(signal S)] before|after run_end[; ranks a, b stopped]", "cannot start rank R of N: ...",
+///    or "ranks a, b of N stopped before run_end (cancelled)"; exit_code is the failed rank's.
+/// Errors before any launch (bad spec, attempt dir, run.json, no free port) are "error" ends
+/// too ("invalid spec: ..." for a bad "env" or "topology"). `seq` is events + 1.
 AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel = {});
 
 }  // namespace gatehouse::agent

@@ -2,7 +2,20 @@
 // fake workers written as small shell scripts and a recording sink.
 #include "agent/worker_launcher.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -34,6 +47,85 @@ class WorkerLauncherTest : public ::testing::Test {
     launch.worker = worker;
     launch.agent_name = "agent-under-test";
     return launch;
+  }
+
+  // A launch of attempt 7 with topology {"tp": tp} whose every rank runs the script `body`.
+  WorkerLaunch MakeGroupLaunch(int tp, const std::string& body) {
+    WorkerLaunch launch = MakeLaunch(body);
+    launch.spec["topology"] = {{"tp", tp}};
+    return launch;
+  }
+
+  // The pid a fake worker wrote to `pid.<rank>` in the attempt dir (0 when none).
+  static pid_t RankPid(const WorkerLaunch& launch, int rank) {
+    const std::string text = ReadFile(launch.attempt_dir / ("pid." + std::to_string(rank)));
+    return text.empty() ? 0 : static_cast<pid_t>(std::stol(text));
+  }
+
+  // Expects rank `rank`'s process (its pid file) to be gone: kill(pid, 0) fails with ESRCH.
+  static void ExpectGone(const WorkerLaunch& launch, int rank) {
+    const pid_t pid = RankPid(launch, rank);
+    ASSERT_GT(pid, 0) << "rank " << rank << " wrote no pid";
+    errno = 0;
+    EXPECT_EQ(::kill(pid, 0), -1) << "rank " << rank << " (pid " << pid << ") is still alive";
+    EXPECT_EQ(errno, ESRCH) << "rank " << rank;
+  }
+
+  // Runs a tp-rank group whose ranks report their environment, write one stderr line, one text
+  // line and two events each, and checks everything arrives on the right stream.
+  void ExpectGroupRelay(int tp) {
+    WorkerLaunch launch = MakeGroupLaunch(tp, R"(
+printf '%s|%s|%s|%s|%s|%s|%s\n' "$RANK" "$WORLD_SIZE" "$LOCAL_RANK" "$LOCAL_WORLD_SIZE" \
+  "$MASTER_ADDR" "$MASTER_PORT" "$GH_TEST_VAR" > "env.$RANK.txt"
+echo "{\"event\":\"phase_start\",\"phase\":\"identity\",\"rank\":$RANK}"
+echo "stderr of rank $RANK" >&2
+echo "text of rank $RANK"
+echo "{\"event\":\"run_end\",\"status\":\"PASS\",\"rank\":$RANK}"
+)");
+    // The spec's own values for rank variables lose to the agent's.
+    launch.spec["env"]["RANK"] = "99";
+    launch.spec["env"]["MASTER_PORT"] = "1";
+    const AttemptEndReport end = RunWorker(launch, sink_);
+    EXPECT_EQ(end.outcome, "finished") << end.reason;
+    EXPECT_EQ(end.exit_code, 0);
+    EXPECT_EQ(end.seq, 2 * tp + 1);
+
+    ASSERT_EQ(sink_.events.size(), static_cast<size_t>(2 * tp));
+    std::set<std::string> jsons;
+    std::map<int, std::vector<std::string>> per_rank;  // rank -> its events in seq order
+    for (size_t i = 0; i < sink_.events.size(); ++i) {
+      EXPECT_EQ(sink_.events[i].seq, static_cast<int64_t>(i + 1));
+      jsons.insert(sink_.events[i].json);
+      const json e = json::parse(sink_.events[i].json);
+      per_rank[e["rank"].get<int>()].push_back(e["event"].get<std::string>());
+    }
+    EXPECT_EQ(jsons.size(), static_cast<size_t>(2 * tp)) << "an event was relayed twice";
+
+    std::set<std::string> ports;
+    for (int r = 0; r < tp; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      // Relayed verbatim, in each rank's own order.
+      EXPECT_TRUE(jsons.contains(R"({"event":"run_end","status":"PASS","rank":)" +
+                                 std::to_string(r) + "}"));
+      EXPECT_EQ(per_rank[r], (std::vector<std::string>{"phase_start", "run_end"}));
+      EXPECT_EQ(sink_.LogText(RankLogStream("worker", r)),
+                "stderr of rank " + std::to_string(r) + "\n");
+      EXPECT_EQ(sink_.LogText(RankLogStream("worker-stdout", r)),
+                "text of rank " + std::to_string(r) + "\n");
+      std::string env = ReadFile(launch.attempt_dir / ("env." + std::to_string(r) + ".txt"));
+      const std::string rank = std::to_string(r);
+      const std::string n = std::to_string(tp);
+      const std::string prefix = rank + "|" + n + "|" + rank + "|" + n + "|127.0.0.1|";
+      ASSERT_EQ(env.substr(0, prefix.size()), prefix) << env;
+      env.erase(0, prefix.size());
+      const std::string port = env.substr(0, env.find('|'));
+      EXPECT_EQ(env.substr(port.size()), "|hello world; $(not expanded)\n");
+      ports.insert(port);
+      EXPECT_GE(std::stoi(port), 1024);
+      EXPECT_LE(std::stoi(port), 65535);
+    }
+    EXPECT_EQ(ports.size(), 1u) << "ranks saw different MASTER_PORTs";
+    EXPECT_EQ(sink_.LogText("worker.rank" + std::to_string(tp)), "");
   }
 
   TempDir tmp_;
@@ -154,6 +246,232 @@ TEST_F(WorkerLauncherTest, NonStringEnvIsInvalidSpec) {
   const AttemptEndReport end = RunWorker(launch, sink_);
   EXPECT_EQ(end.outcome, "error");
   EXPECT_NE(end.reason.find("env.N"), std::string::npos) << end.reason;
+}
+
+// Verifies a tp=2 group: torchrun variables and one MASTER_PORT for every rank, the spec's env
+// kept but losing to the rank variables, one event sequence, per-rank streams, outcome finished.
+TEST_F(WorkerLauncherTest, TensorParallelTwoRanksRelayEveryRank) { ExpectGroupRelay(2); }
+
+// Verifies the same with tp=4.
+TEST_F(WorkerLauncherTest, TensorParallelFourRanksRelayEveryRank) { ExpectGroupRelay(4); }
+
+// Verifies the issue's requirement: a rank crash ends the attempt naming the rank. Rank 2 of 4
+// is killed by SIGKILL while the others sleep for 30 s: RunWorker returns at once, the reason
+// names rank 2 and signal 9 (the stopped ranks are not blamed), and no other rank is left.
+TEST_F(WorkerLauncherTest, RankCrashEndsTheAttemptNamingTheRank) {
+  const WorkerLaunch launch = MakeGroupLaunch(4, R"(
+echo $$ > "pid.$RANK"
+if [ "$RANK" = 2 ]; then
+  echo '{"event":"phase_start","phase":"identity","rank":2}'
+  i=0
+  while { [ ! -s pid.0 ] || [ ! -s pid.1 ] || [ ! -s pid.3 ]; } && [ $i -lt 100 ]; do
+    sleep 0.05; i=$((i+1))
+  done
+  kill -9 $$
+fi
+exec sleep 30
+)");
+  const auto start = std::chrono::steady_clock::now();
+  const AttemptEndReport end =
+      RunWorker(launch, sink_, CancelToken{nullptr, std::chrono::seconds(5)});
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+
+  EXPECT_LT(elapsed, std::chrono::seconds(8));
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason,
+            "rank 2 of 4 exited with code 137 (signal 9) before run_end; ranks 0, 1, 3 stopped");
+  EXPECT_EQ(end.exit_code, 137);
+  EXPECT_EQ(end.seq, 2);
+  ASSERT_EQ(sink_.events.size(), 1u);
+  EXPECT_EQ(sink_.events[0].json, R"({"event":"phase_start","phase":"identity","rank":2})");
+  for (int r = 0; r < 4; ++r) ExpectGone(launch, r);
+}
+
+// Verifies that a rank exiting 0 without run_end, while the others keep running, ends the group
+// naming that rank.
+TEST_F(WorkerLauncherTest, RankExitingWithoutRunEndStopsTheGroup) {
+  const WorkerLaunch launch = MakeGroupLaunch(2, R"(
+echo $$ > "pid.$RANK"
+if [ "$RANK" = 1 ]; then
+  i=0
+  while [ ! -s pid.0 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+  exit 0
+fi
+exec sleep 30
+)");
+  const auto start = std::chrono::steady_clock::now();
+  const AttemptEndReport end = RunWorker(launch, sink_);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason, "rank 1 of 2 exited with code 0 before run_end; rank 0 stopped");
+  EXPECT_EQ(end.exit_code, 0);
+  ExpectGone(launch, 0);
+  ExpectGone(launch, 1);
+}
+
+// Verifies that a rank that ignores SIGTERM is killed with SIGKILL after the token's grace.
+TEST_F(WorkerLauncherTest, StoppedRankIgnoringSigtermIsKilled) {
+  const WorkerLaunch launch = MakeGroupLaunch(2, R"(
+if [ "$RANK" = 1 ]; then
+  i=0
+  while [ ! -s pid.0 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+  exit 3
+fi
+trap '' TERM
+echo $$ > pid.0
+while :; do sleep 0.1; done
+)");
+  const auto start = std::chrono::steady_clock::now();
+  const AttemptEndReport end =
+      RunWorker(launch, sink_, CancelToken{nullptr, std::chrono::milliseconds(300)});
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(elapsed, std::chrono::milliseconds(300));
+  EXPECT_LT(elapsed, std::chrono::seconds(8));
+  EXPECT_EQ(end.reason, "rank 1 of 2 exited with code 3 before run_end; rank 0 stopped");
+  ExpectGone(launch, 0);
+}
+
+// Verifies that an external cancel stops every rank and says so.
+TEST_F(WorkerLauncherTest, CancelStopsEveryRank) {
+  const WorkerLaunch launch = MakeGroupLaunch(3, R"(
+echo $$ > "pid.$RANK"
+exec sleep 30
+)");
+  std::atomic<bool> cancel{false};
+  std::thread canceller([&] {
+    for (int i = 0; i < 200; ++i) {
+      if (RankPid(launch, 0) > 0 && RankPid(launch, 1) > 0 && RankPid(launch, 2) > 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    cancel = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const AttemptEndReport end =
+      RunWorker(launch, sink_, CancelToken{&cancel, std::chrono::seconds(5)});
+  canceller.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason, "ranks 0, 1, 2 of 3 stopped before run_end (cancelled)");
+  for (int r = 0; r < 3; ++r) ExpectGone(launch, r);
+}
+
+// Verifies that ranks disagreeing on the run_end status (or exiting non-zero after it) still
+// finish, with a note on rank 0's stream "worker".
+TEST_F(WorkerLauncherTest, RunEndStatusDisagreementIsNotedOnWorkerStream) {
+  const WorkerLaunch launch = MakeGroupLaunch(2, R"(
+if [ "$RANK" = 0 ]; then
+  echo '{"event":"run_end","status":"PASS"}'
+  printf 'rank 0 log without newline' >&2
+  touch done.0
+  exit 0
+fi
+echo '{"event":"run_end","status":"FAIL","rank":1}'
+i=0
+while [ ! -f done.0 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+exit 5
+)");
+  const AttemptEndReport end = RunWorker(launch, sink_);
+  EXPECT_EQ(end.outcome, "finished") << end.reason;
+  EXPECT_EQ(end.seq, 3);
+  EXPECT_EQ(sink_.LogText("worker"),
+            "rank 0 log without newline\n"
+            "gatehouse-agent: rank 1 of 2 ended with run_end status 'FAIL', rank 0 with 'PASS'; "
+            "rank 0's events are the evidence\n"
+            "gatehouse-agent: rank 1 of 2 exited with code 5 after run_end\n");
+}
+
+// Verifies that a group whose worker cannot start names a rank.
+TEST_F(WorkerLauncherTest, GroupWithMissingWorkerNamesARank) {
+  WorkerLaunch launch = MakeGroupLaunch(2, "exit 0\n");
+  launch.worker = tmp_.path() / "no-such-worker";
+  const AttemptEndReport end = RunWorker(launch, sink_);
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason.rfind("cannot start rank ", 0), 0u) << end.reason;
+  EXPECT_NE(end.reason.find(" of 2: "), std::string::npos) << end.reason;
+}
+
+// Verifies that a bad topology is refused before anything runs, naming the field and value.
+TEST_F(WorkerLauncherTest, BadTopologyIsInvalidSpecNamingTheField) {
+  WorkerLaunch launch = MakeLaunch("echo ran > ran.txt\n");
+  launch.spec["topology"] = {{"tp", 0}};
+  const AttemptEndReport end = RunWorker(launch, sink_);
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason, "invalid spec: spec field 'topology.tp' must be an integer >= 1, got 0");
+  EXPECT_FALSE(std::filesystem::exists(launch.attempt_dir / "ran.txt"));
+}
+
+// Verifies WorldSize: the product of tp, dp and pp, defaults, and each kind of bad value.
+TEST(WorldSizeTest, ProductDefaultsAndErrors) {
+  EXPECT_EQ(*WorldSize(json::object()), 1);
+  EXPECT_EQ(*WorldSize(json{{"topology", nullptr}}), 1);
+  EXPECT_EQ(*WorldSize(json{{"topology", json::object()}}), 1);
+  EXPECT_EQ(*WorldSize(json{{"topology", {{"tp", 1}, {"dp", 1}, {"pp", 1}, {"ep", 1}}}}), 1);
+  EXPECT_EQ(*WorldSize(json{{"topology", {{"tp", 4}, {"dp", 2}, {"pp", 2}, {"ep", 8}}}}), 16);
+  EXPECT_EQ(*WorldSize(json::parse(R"({"topology":{"tp":64}})")), 64);
+
+  const auto error = [](const std::string& spec) {
+    auto world = WorldSize(json::parse(spec));
+    EXPECT_FALSE(world.ok()) << spec;
+    return world.ok() ? std::string() : world.status().message();
+  };
+  EXPECT_EQ(error(R"({"topology":{"tp":0}})"),
+            "spec field 'topology.tp' must be an integer >= 1, got 0");
+  EXPECT_EQ(error(R"({"topology":{"dp":"2"}})"),
+            "spec field 'topology.dp' must be an integer >= 1, got \"2\"");
+  EXPECT_EQ(error(R"({"topology":{"pp":1.5}})"),
+            "spec field 'topology.pp' must be an integer >= 1, got 1.5");
+  EXPECT_EQ(error(R"({"topology":{"tp":-3}})"),
+            "spec field 'topology.tp' must be an integer >= 1, got -3");
+  EXPECT_EQ(error(R"({"topology":{"tp":true}})"),
+            "spec field 'topology.tp' must be an integer >= 1, got true");
+  EXPECT_EQ(error(R"({"topology":2})"), "spec field 'topology' must be an object, got 2");
+  EXPECT_EQ(error(R"({"topology":{"tp":8,"dp":16}})"),
+            "spec field 'topology': tp x dp x pp of {\"dp\":16,\"tp\":8} exceeds the agent's "
+            "maximum of 64 ranks");
+  EXPECT_NE(error(R"({"topology":{"tp":18446744073709551615,"dp":1}})").find("maximum of 64"),
+            std::string::npos);
+}
+
+// Verifies the rank variables: exactly RANK/WORLD_SIZE/LOCAL_RANK for one rank, torchrun's set
+// for more, after (and so winning over) the spec's env; and the per-rank stream names.
+TEST(WorkerEnvironmentTest, RankVariables) {
+  const json spec = {{"env", {{"A", "x"}, {"RANK", "7"}}}};
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(*WorkerEnvironment(spec),
+            (Env{{"A", "x"},
+                 {"RANK", "7"},
+                 {"RANK", "0"},
+                 {"WORLD_SIZE", "1"},
+                 {"LOCAL_RANK", "0"}}));
+  EXPECT_EQ(*WorkerEnvironment(spec, 1, 2, 29500),
+            (Env{{"A", "x"},
+                 {"RANK", "7"},
+                 {"RANK", "1"},
+                 {"WORLD_SIZE", "2"},
+                 {"LOCAL_RANK", "1"},
+                 {"LOCAL_WORLD_SIZE", "2"},
+                 {"MASTER_ADDR", "127.0.0.1"},
+                 {"MASTER_PORT", "29500"}}));
+  EXPECT_EQ(RankLogStream("worker", 0), "worker");
+  EXPECT_EQ(RankLogStream("worker", 3), "worker.rank3");
+  EXPECT_EQ(RankLogStream("worker-stdout", 1), "worker-stdout.rank1");
+}
+
+// Verifies the free-port helper returns a port in 1..65535 that can be bound on 127.0.0.1.
+TEST(FindFreePortTest, PortCanBeBound) {
+  const auto port = FindFreePort();
+  ASSERT_TRUE(port.ok()) << port.status().ToString();
+  EXPECT_GE(*port, 1);
+  EXPECT_LE(*port, 65535);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(*port));
+  EXPECT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0)
+      << std::strerror(errno);
+  ::close(fd);
 }
 
 // Verifies line splitting across arbitrary chunk boundaries, CRLF, a final line without newline,
