@@ -85,6 +85,8 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     AgentHello hello;
     hello.name = reg.agent_name();
     hello.slots = reg.capabilities().slots() > 0 ? reg.capabilities().slots() : 1;
+    hello.gpus = reg.capabilities().gpus_size();
+    hello.torch_version = reg.capabilities().torch_version();
     google::protobuf::util::JsonPrintOptions json_options;
     json_options.preserve_proto_field_names = true;
     if (!google::protobuf::util::MessageToJsonString(reg.capabilities(), &hello.capabilities_json,
@@ -105,7 +107,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
       return grpc::Status::OK;
     }
     spdlog::info("agent '{}' registered from {}", *agent_id, context->peer());
-    core_.AttachAgent(*agent_id, hello.slots, channel);
+    core_.AttachAgent(*agent_id, hello, channel);
 
     pb::AgentMessage msg;
     while (stream->Read(&msg)) Dispatch(*agent_id, msg);

@@ -102,13 +102,15 @@ Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
   return record.id;
 }
 
-void ControllerCore::AttachAgent(const std::string& agent_id, int slots,
+void ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& hello,
                                  std::shared_ptr<AgentChannel> channel) {
+  const int slots = std::max(hello.slots, 1);
   {
     std::lock_guard lock(agents_mu_);
-    agents_[agent_id] = Attached{std::max(slots, 1), std::move(channel)};
+    agents_[agent_id] = Attached{slots, std::max(hello.gpus, 0), hello.torch_version, std::move(channel)};
   }
-  spdlog::info("agent '{}' connected ({} slot(s))", agent_id, std::max(slots, 1));
+  spdlog::info("agent '{}' connected ({} slot(s), {} GPU(s), torch '{}')", agent_id, slots,
+               hello.gpus, hello.torch_version);
   Schedule();
 }
 
@@ -213,22 +215,36 @@ void ControllerCore::Schedule() {
       std::lock_guard lock(agents_mu_);
       if (agents_.empty()) return;
       for (const auto& [id, attached] : agents_) {
-        view.push_back({id, attached.slots, 0});
+        view.push_back({id, attached.slots, 0, attached.gpus, 0, attached.torch_version});
         channels[id] = attached.channel;
       }
     }
     auto queue = store_.ListQueuedAttempts();
-    auto active = store_.ActiveAttemptsByAgent();
+    auto active = store_.ListActiveAttempts();
     if (!queue.ok() || !active.ok()) {
       spdlog::error("schedule: {}", (queue.ok() ? active.status() : queue.status()).ToString());
       return;
     }
     if (queue->empty()) return;
-    for (AgentView& agent : view) {
-      auto it = active->find(agent.agent_id);
-      if (it != active->end()) agent.running = it->second;
+    for (const ActiveAttempt& a : *active) {
+      for (AgentView& agent : view) {
+        if (agent.agent_id != a.agent_id) continue;
+        ++agent.running;
+        const Demand d = DemandOfSpec(a.spec_json);
+        if (d.gpu) agent.gpus_in_use += d.world_size;
+      }
     }
-    std::vector<Placement> placements = controller::Schedule(*queue, view);
+    std::vector<Waiting> waiting;
+    std::vector<Placement> placements = controller::Schedule(*queue, view, &waiting);
+    for (const Waiting& w : waiting) {
+      // Logged when the reason changes, not on every scheduling round.
+      auto [it, inserted] = waiting_reasons_.try_emplace(w.attempt_id, w.reason);
+      if (inserted || it->second != w.reason) {
+        it->second = w.reason;
+        spdlog::info("attempt {} waits: {}", w.attempt_id, w.reason);
+      }
+    }
+    for (const Placement& p : placements) waiting_reasons_.erase(p.attempt_id);
     if (placements.empty()) return;
     std::vector<Lease> leases;
     for (const Placement& p : placements) leases.push_back({p.attempt_id, p.agent_id});

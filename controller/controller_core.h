@@ -41,6 +41,8 @@ struct AgentHello {
   std::string name;
   std::string capabilities_json;  // Capabilities as JSON, stored as is
   int slots = 1;                  // attempts it runs at once
+  int gpus = 0;                   // GPUs it discovered (scheduling: one per CUDA rank)
+  std::string torch_version;      // its worker's torch (scheduling: the cell's runtime pin)
 };
 
 /// Result of a submission.
@@ -87,8 +89,10 @@ class ControllerCore {
   /// Errors: INVALID_ARGUMENT for an empty name.
   Result<std::string> RegisterAgent(const AgentHello& hello);
 
-  /// Makes `channel` the agent's outbound stream (replacing an older one) and schedules.
-  void AttachAgent(const std::string& agent_id, int slots, std::shared_ptr<AgentChannel> channel);
+  /// Makes `channel` the agent's outbound stream (replacing an older one), keeps what it
+  /// offers (hello: slots, GPUs, torch version) for scheduling, and schedules.
+  void AttachAgent(const std::string& agent_id, const AgentHello& hello,
+                   std::shared_ptr<AgentChannel> channel);
 
   /// The stream of `channel` ended: the agent is disconnected unless a newer stream replaced it.
   /// TODO(issue 5): leases of a disconnected agent are not yet expired or requeued.
@@ -113,13 +117,16 @@ class ControllerCore {
   Status EndAttempt(const std::string& agent_id, int64_t attempt_id, const std::string& outcome,
                     const std::string& reason, int exit_code);
 
-  /// Places queued attempts on attached agents with free slots, persists the leases and sends
-  /// the assignments. Errors are logged, not returned.
+  /// Places queued attempts on attached agents (free slots; the torch pin; one free GPU per
+  /// rank of a CUDA attempt: scheduler.h), persists the leases and sends the assignments. Why
+  /// an attempt keeps waiting is logged when it changes. Errors are logged, not returned.
   void Schedule();
 
  private:
   struct Attached {
     int slots = 1;
+    int gpus = 0;
+    std::string torch_version;
     std::shared_ptr<AgentChannel> channel;
   };
 
@@ -132,6 +139,8 @@ class ControllerCore {
   std::mutex agents_mu_;  // guards agents_
   std::map<std::string, Attached> agents_;
   std::mutex schedule_mu_;  // one scheduling pass at a time
+  /// Guarded by schedule_mu_: why each queued attempt last waited (logged when it changes).
+  std::map<int64_t, std::string> waiting_reasons_;
 };
 
 }  // namespace gatehouse::controller

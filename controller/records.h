@@ -77,6 +77,13 @@ struct AgentRecord {
 struct QueuedAttempt {
   int64_t attempt_id = 0;
   std::string cell_id;
+  std::string spec_json;  // the cell's frozen spec (the scheduler reads what it needs)
+};
+
+/// A leased or running attempt and the spec it runs.
+struct ActiveAttempt {
+  std::string agent_id;
+  std::string spec_json;
 };
 
 /// What one worker event (docs/protocols.md §4) does to the stored evidence.

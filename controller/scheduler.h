@@ -4,17 +4,34 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "controller/records.h"
 
 namespace gatehouse::controller {
 
+/// What an attempt needs from an agent, read from its cell's frozen spec.
+struct Demand {
+  bool gpu = false;     // runtime.device == "cuda": one GPU per rank
+  int world_size = 1;   // topology tp x dp x pp: worker ranks
+  std::string torch;    // runtime.torch, the pinned torch version ("2.11.0")
+};
+
+/// The demand of a frozen spec (docs/protocols.md §2). Missing or malformed members give the
+/// defaults (a CPU attempt of one rank, no pin): the spec was validated when it was frozen.
+Demand DemandOfSpec(std::string_view spec_json);
+
 /// An agent as the scheduler sees it.
 struct AgentView {
   std::string agent_id;
   int slots = 1;    // attempts it runs at once (Capabilities.slots; <= 0 means 1)
   int running = 0;  // attempts currently leased to it or running on it
+  int gpus = 0;          // GPUs it reported (Capabilities.gpus)
+  int gpus_in_use = 0;   // GPUs its leased or running CUDA attempts hold (one per rank)
+  /// The torch version its worker runs (Capabilities.torch_version); empty: not reported, so
+  /// not matched against pins (the identity gate still BLOCKs a mismatch on the node).
+  std::string torch_version;
 };
 
 /// One decision: run `attempt_id` on `agent_id`.
@@ -24,11 +41,22 @@ struct Placement {
   std::string agent_id;
 };
 
-/// Places queued attempts first-in first-out: each attempt, in `queue` order, goes to the agent
-/// with the most free slots (ties: the earlier agent in `agents`). Stops when no slot is free;
-/// later attempts stay queued. Deterministic for equal inputs.
-/// TODO: capability fit (GPU count and kind, runtime pin, lane labels), priorities, fairness.
+/// A queued attempt no agent could take in this round, and why (one clause per agent, e.g.
+/// "gpu-1: 1 of 4 GPUs free, needs 2"; "no agent connected").
+struct Waiting {
+  int64_t attempt_id = 0;
+  std::string reason;
+};
+
+/// Places queued attempts first-in first-out. An attempt fits an agent with a free slot whose
+/// torch version equals the attempt's pin (when both are known) and, for a CUDA attempt, with
+/// at least world_size free GPUs; among those it goes to the agent with the most free slots
+/// (ties: the earlier agent in `agents`). An attempt that fits no agent stays queued without
+/// holding back later ones (it is listed in `waiting` when given). Deterministic for equal
+/// inputs.
+/// TODO(issue 5): lane labels, priorities, per-repository limits, fairness.
 std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
-                                const std::vector<AgentView>& agents);
+                                const std::vector<AgentView>& agents,
+                                std::vector<Waiting>* waiting = nullptr);
 
 }  // namespace gatehouse::controller

@@ -306,21 +306,25 @@ Result<AttemptRecord> Store::GetAttempt(int64_t attempt_id) {
 
 Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts() {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "SELECT id, cell_id FROM attempts WHERE state = ? ORDER BY created_at, id");
+  Stmt s(db_,
+         "SELECT a.id, a.cell_id, c.spec_json FROM attempts a JOIN cells c ON c.id = a.cell_id "
+         "WHERE a.state = ? ORDER BY a.created_at, a.id");
   s.Bind(1, AttemptStateName(AttemptState::kQueued));
   std::vector<QueuedAttempt> out;
-  while (s.Step()) out.push_back({s.Int(0), s.Text(1)});
+  while (s.Step()) out.push_back({s.Int(0), s.Text(1), s.Text(2)});
   GH_RETURN_IF_ERROR(s.status());
   return out;
 }
 
-Result<std::map<std::string, int>> Store::ActiveAttemptsByAgent() {
+Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts() {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "SELECT agent_id, COUNT(*) FROM attempts WHERE state IN (?, ?) GROUP BY agent_id");
+  Stmt s(db_,
+         "SELECT a.agent_id, c.spec_json FROM attempts a JOIN cells c ON c.id = a.cell_id "
+         "WHERE a.state IN (?, ?) ORDER BY a.id");
   s.Bind(1, AttemptStateName(AttemptState::kLeased))
       .Bind(2, AttemptStateName(AttemptState::kRunning));
-  std::map<std::string, int> out;
-  while (s.Step()) out[s.Text(0)] = static_cast<int>(s.Int(1));
+  std::vector<ActiveAttempt> out;
+  while (s.Step()) out.push_back({s.Text(0), s.Text(1)});
   GH_RETURN_IF_ERROR(s.status());
   return out;
 }

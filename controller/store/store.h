@@ -70,11 +70,11 @@ class Store {
   /// NOT_FOUND "attempt <id> not found" when absent.
   Result<AttemptRecord> GetAttempt(int64_t attempt_id);
 
-  /// Queued attempts, oldest first (FIFO).
+  /// Queued attempts with their cells' specs, oldest first (FIFO).
   Result<std::vector<QueuedAttempt>> ListQueuedAttempts();
 
-  /// Number of leased or running attempts per agent id.
-  Result<std::map<std::string, int>> ActiveAttemptsByAgent();
+  /// Leased and running attempts with their agents and cells' specs.
+  Result<std::vector<ActiveAttempt>> ListActiveAttempts();
 
   /// Moves each attempt queued -> leased with its agent, all in one transaction; fails whole
   /// (FAILED_PRECONDITION) if one attempt is no longer queued.

@@ -1,5 +1,7 @@
 #include "decoder/family.h"
 
+#include "decoder/parallelize.h"
+
 #include <cmath>
 #include <exception>
 
@@ -37,10 +39,26 @@ Result<worker::ParsedConfig> DecoderFamily::ParseConfig(const json& config) cons
 Result<std::shared_ptr<worker::CausalLM>> DecoderFamily::Construct(const worker::ModelArgs& args,
                                                                     torch::Dtype dtype,
                                                                     torch::Device device) const {
+  return ConstructParallel(args, dtype, device, worker::TensorParallel{});
+}
+
+Result<worker::TpPlan> DecoderFamily::Parallelize(const worker::ModelArgs& args,
+                                                  int64_t tp_size) const {
+  GH_ASSIGN_OR_RETURN(const DecoderArgs* d, AsDecoderArgs(args, name_));
+  return DecoderTpPlan(d->spec(), tp_size);
+}
+
+Result<std::shared_ptr<worker::CausalLM>> DecoderFamily::ConstructParallel(
+    const worker::ModelArgs& args, torch::Dtype dtype, torch::Device device,
+    const worker::TensorParallel& tp) const {
   GH_ASSIGN_OR_RETURN(const DecoderArgs* d, AsDecoderArgs(args, name_));
   GH_RETURN_IF_ERROR(d->spec().Validate());
+  if (tp.enabled()) {
+    GH_RETURN_IF_ERROR(DecoderTpPlan(d->spec(), tp.size).status());
+    if (!tp.comm) return Status::InvalidArgument("tensor-parallel size > 1 without a communicator");
+  }
   try {
-    auto model = std::make_shared<DecoderModel>(d->spec());
+    auto model = std::make_shared<DecoderModel>(d->spec(), tp);
     model->to(device, dtype);
     return std::shared_ptr<worker::CausalLM>(std::move(model));
   } catch (const c10::Error& e) {

@@ -39,6 +39,13 @@ class DecoderFamily : public worker::ModelFamily {
                                                       torch::Dtype dtype,
                                                       torch::Device device) const override;
   Result<worker::StateDictAdapter> Adapter(const worker::ModelArgs& args) const override;
+  /// DecoderTpPlan (parallelize.h) for the spec.
+  Result<worker::TpPlan> Parallelize(const worker::ModelArgs& args,
+                                     int64_t tp_size) const override;
+  /// DecoderModel(spec, tp); errors as Construct, plus the plan's INVALID_ARGUMENT.
+  Result<std::shared_ptr<worker::CausalLM>> ConstructParallel(
+      const worker::ModelArgs& args, torch::Dtype dtype, torch::Device device,
+      const worker::TensorParallel& tp) const override;
 
  private:
   std::string name_;

@@ -1,5 +1,7 @@
 #include "decoder/model.h"
 
+#include "decoder/parallelize.h"
+
 #include <cmath>
 #include <limits>
 #include <map>
@@ -20,6 +22,20 @@ Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   linear->weight.normal_(0.0, kInitStd);
   if (bias) linear->bias.zero_();
   return linear;
+}
+
+/// Megatron's RowParallelLinear: this rank's partial x W_local^T, summed over the ranks, then
+/// the (replicated) bias once. At TP size 1 it is the plain layer (bias inside the GEMM).
+torch::Tensor RowParallel(Linear& linear, const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.enabled()) return linear(x);
+  auto y = worker::ReduceFromTensorParallelRegion(torch::linear(x, linear->weight), tp);
+  return linear->bias.defined() ? y + linear->bias : y;
+}
+
+/// The size of a dimension split over the TP ranks (the plan checked divisibility).
+int64_t Local(int64_t n, const TensorParallel& tp) {
+  TORCH_CHECK(n % tp.size == 0, "tensor-parallel size ", tp.size, " does not divide ", n);
+  return n / tp.size;
 }
 
 torch::Tensor Activate(Activation act, const torch::Tensor& x) {
@@ -175,27 +191,30 @@ json DecoderSpec::ToJson() const {
 
 // --- RMSNorm ------------------------------------------------------------------------------
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps, NormKind kind) : eps_(eps), kind_(kind) {
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, NormKind kind, TensorParallel grad_sum)
+    : eps_(eps), kind_(kind), grad_sum_(std::move(grad_sum)) {
   // Identity at init: weight 1 for weight * x, weight 0 for x * (1 + weight).
   weight_ = register_parameter(
       "weight", kind == NormKind::kLlama ? torch::ones({dim}) : torch::zeros({dim}));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor w = worker::CopyToTensorParallelRegion(weight_, grad_sum_);
   auto h = x.to(torch::kFloat32);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  if (kind_ == NormKind::kLlama) return weight_ * h.to(x.scalar_type());
-  return (h * (1.0 + weight_.to(torch::kFloat32))).to(x.scalar_type());
+  if (kind_ == NormKind::kLlama) return w * h.to(x.scalar_type());
+  return (h * (1.0 + w.to(torch::kFloat32))).to(x.scalar_type());
 }
 
 // --- Attention ----------------------------------------------------------------------------
 
-AttentionImpl::AttentionImpl(const DecoderSpec& spec)
-    : num_heads_(spec.num_attention_heads),
-      num_kv_heads_(spec.num_key_value_heads),
+AttentionImpl::AttentionImpl(const DecoderSpec& spec, const TensorParallel& tp)
+    : num_heads_(Local(spec.num_attention_heads, tp)),
+      num_kv_heads_(Local(spec.num_key_value_heads, tp)),
       head_dim_(spec.head_dim),
       scaling_(spec.attention_scaling),
-      softcap_(spec.attn_logit_softcapping) {
+      softcap_(spec.attn_logit_softcapping),
+      tp_(tp) {
   const int64_t hidden = spec.hidden_size;
   const int64_t q_out = num_heads_ * head_dim_, kv_out = num_kv_heads_ * head_dim_;
   if (spec.fused_qkv) {
@@ -207,26 +226,29 @@ AttentionImpl::AttentionImpl(const DecoderSpec& spec)
   }
   wo_ = register_module("wo", MakeLinear(q_out, hidden, spec.o_bias));
   if (spec.qk_norm) {
-    q_norm_ = register_module("q_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm));
-    k_norm_ = register_module("k_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm));
+    // One weight over head_dim shared by all heads: each rank sees only its heads' share of
+    // the gradient, so it is summed over the ranks.
+    q_norm_ = register_module("q_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm, tp));
+    k_norm_ = register_module("k_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm, tp));
   }
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
                                      const torch::Tensor& mask, worker::KVCache* cache,
-                                     int64_t layer) {
+                                     int64_t layer, const torch::Tensor& slots) {
   const int64_t b = x.size(0), t = x.size(1);
+  const torch::Tensor in = worker::CopyToTensorParallelRegion(x, tp_);
   torch::Tensor q, k, v;
   if (wqkv_) {
-    auto qkv = wqkv_(x);
+    auto qkv = wqkv_(in);
     const int64_t q_out = num_heads_ * head_dim_, kv_out = num_kv_heads_ * head_dim_;
     q = qkv.narrow(-1, 0, q_out);
     k = qkv.narrow(-1, q_out, kv_out);
     v = qkv.narrow(-1, q_out + kv_out, kv_out);
   } else {
-    q = wq_(x);
-    k = wk_(x);
-    v = wv_(x);
+    q = wq_(in);
+    k = wk_(in);
+    v = wv_(in);
   }
   q = q.view({b, t, num_heads_, head_dim_});
   k = k.view({b, t, num_kv_heads_, head_dim_});
@@ -243,7 +265,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   k = ApplyRotary(k, rope);
 
   torch::Tensor keys = k, values = v;
-  if (cache != nullptr) {
+  if (cache != nullptr && slots.defined()) {
+    std::tie(keys, values) = cache->WriteAt(layer, k, v, slots);  // [B, Hkv, max_len, D]
+  } else if (cache != nullptr) {
     std::tie(keys, values) = cache->Append(layer, k, v);  // [B, Hkv, past + T, D]
   }
   const int64_t n_rep = num_heads_ / num_kv_heads_;
@@ -258,14 +282,16 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
   auto out = torch::matmul(probs, values);  // [B, H, T, D]
   out = out.transpose(1, 2).contiguous().reshape({b, t, num_heads_ * head_dim_});
-  return wo_(out);
+  return RowParallel(wo_, out, tp_);
 }
 
 // --- Feed-forward -------------------------------------------------------------------------
 
-FeedForwardImpl::FeedForwardImpl(const DecoderSpec& spec, int64_t intermediate_size)
-    : act_(spec.hidden_act) {
+FeedForwardImpl::FeedForwardImpl(const DecoderSpec& spec, int64_t full_intermediate_size,
+                                 const TensorParallel& tp)
+    : act_(spec.hidden_act), tp_(tp) {
   const int64_t hidden = spec.hidden_size;
+  const int64_t intermediate_size = Local(full_intermediate_size, tp);
   if (spec.fused_gate_up) {
     w13_ = register_module("w13", MakeLinear(hidden, 2 * intermediate_size, spec.mlp_bias));
   } else {
@@ -276,21 +302,24 @@ FeedForwardImpl::FeedForwardImpl(const DecoderSpec& spec, int64_t intermediate_s
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor in = worker::CopyToTensorParallelRegion(x, tp_);
   if (w13_) {
-    auto gate_up = w13_(x).chunk(2, -1);  // Phi3MLP: gate first, then up
-    return w2_(gate_up[1] * Activate(act_, gate_up[0]));
+    auto gate_up = w13_(in).chunk(2, -1);  // Phi3MLP: gate first, then up
+    return RowParallel(w2_, gate_up[1] * Activate(act_, gate_up[0]), tp_);
   }
-  return w2_(Activate(act_, w1_(x)) * w3_(x));
+  return RowParallel(w2_, Activate(act_, w1_(in)) * w3_(in), tp_);
 }
 
 // --- MoE ----------------------------------------------------------------------------------
 
-MoEImpl::MoEImpl(const DecoderSpec& spec)
-    : num_experts_(spec.num_experts),
+MoEImpl::MoEImpl(const DecoderSpec& spec, const TensorParallel& tp)
+    : tp_(tp),
+      num_experts_(spec.num_experts),
       top_k_(spec.num_experts_per_tok),
       norm_topk_prob_(spec.norm_topk_prob),
       act_(spec.hidden_act) {
-  const int64_t e = spec.num_experts, h = spec.hidden_size, i = spec.moe_intermediate_size;
+  const int64_t e = spec.num_experts, h = spec.hidden_size;
+  const int64_t i = Local(spec.moe_intermediate_size, tp);
   router_ = register_module("router", MakeLinear(h, e, false));
   auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
   torch::NoGradGuard no_grad;
@@ -307,6 +336,11 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   auto [top_p, top_i] = torch::topk(probs, top_k_, -1);            // [N, k]
   if (norm_topk_prob_) top_p = top_p / top_p.sum(-1, /*keepdim=*/true);
   top_p = top_p.to(logits.scalar_type());
+  // Under TP each rank computes every expert on its share of the intermediate features: the
+  // experts' input and the routing weights are replicated (their gradients summed over the
+  // ranks) and the weighted expert outputs are summed over the ranks at the end.
+  top_p = worker::CopyToTensorParallelRegion(top_p, tp_);
+  const torch::Tensor expert_in = worker::CopyToTensorParallelRegion(flat, tp_);
 
   auto out = torch::zeros_like(flat);
   // Which (token, slot) pairs chose each expert; experts in index order, as upstream.
@@ -317,30 +351,32 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
     auto where = torch::where(hits[e]);  // (slot, token)
     const auto& slot = where[0];
     const auto& token = where[1];
-    auto state = flat.index_select(0, token);
+    auto state = expert_in.index_select(0, token);
     auto hidden = Activate(act_, torch::linear(state, w1_[e])) * torch::linear(state, w3_[e]);
     hidden = torch::linear(hidden, w2_[e]);
     hidden = hidden * top_p.index({token, slot}).unsqueeze(-1);
     out.index_add_(0, token, hidden.to(out.scalar_type()));
   }
-  return out.reshape(shape);
+  return worker::ReduceFromTensorParallelRegion(out, tp_).reshape(shape);
 }
 
 // --- Decoder layer ------------------------------------------------------------------------
 
-TransformerBlockImpl::TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer) {
+TransformerBlockImpl::TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer,
+                                           const TensorParallel& tp) {
   const int64_t h = spec.hidden_size;
   attention_norm_ = register_module("attention_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
-  attention_ = register_module("attention", Attention(spec));
+  attention_ = register_module("attention", Attention(spec, tp));
   if (spec.sandwich_norm) {
     attention_post_norm_ =
         register_module("attention_post_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
   }
   ffn_norm_ = register_module("ffn_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
   if (layer.moe) {
-    moe_ = register_module("moe", MoE(spec));
+    moe_ = register_module("moe", MoE(spec, tp));
   } else {
-    feed_forward_ = register_module("feed_forward", FeedForward(spec, spec.intermediate_size));
+    feed_forward_ =
+        register_module("feed_forward", FeedForward(spec, spec.intermediate_size, tp));
   }
   if (spec.sandwich_norm) {
     ffn_post_norm_ = register_module("ffn_post_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
@@ -349,8 +385,8 @@ TransformerBlockImpl::TransformerBlockImpl(const DecoderSpec& spec, const LayerS
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
                                             const torch::Tensor& mask, worker::KVCache* cache,
-                                            int64_t layer) {
-  auto a = attention_(attention_norm_(x), rope, mask, cache, layer);
+                                            int64_t layer, const torch::Tensor& slots) {
+  auto a = attention_->forward(attention_norm_(x), rope, mask, cache, layer, slots);
   if (attention_post_norm_) a = attention_post_norm_(a);
   auto h = x + a;
   auto n = ffn_norm_(h);
@@ -361,21 +397,70 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotary
 
 // --- Causal LM ----------------------------------------------------------------------------
 
-DecoderModel::DecoderModel(const DecoderSpec& spec) : spec_(spec) {
-  auto emb_opts = torch::nn::EmbeddingOptions(spec.vocab_size, spec.hidden_size);
-  if (spec.pad_token_id.has_value()) emb_opts.padding_idx(*spec.pad_token_id);
+DecoderModel::DecoderModel(const DecoderSpec& spec, TensorParallel tp)
+    : spec_(spec), tp_(std::move(tp)), vocab_parallel_(VocabParallel(spec, tp_.size)) {
+  TORCH_CHECK(!tp_.enabled() || tp_.comm, "tensor-parallel size ", tp_.size,
+              " needs a communicator");
+  // Vocabulary-parallel: this rank holds rows [rank * V_local, (rank + 1) * V_local).
+  const int64_t vocab_rows = vocab_parallel_ ? spec.vocab_size / tp_.size : spec.vocab_size;
+  const int64_t first_row = vocab_parallel_ ? tp_.rank * vocab_rows : 0;
+  auto emb_opts = torch::nn::EmbeddingOptions(vocab_rows, spec.hidden_size);
+  std::optional<int64_t> pad_row;  // the padding row, when this rank holds it
+  if (spec.pad_token_id.has_value() && *spec.pad_token_id >= first_row &&
+      *spec.pad_token_id < first_row + vocab_rows) {
+    pad_row = *spec.pad_token_id - first_row;
+    emb_opts.padding_idx(*pad_row);
+  }
   tok_embeddings_ = register_module("tok_embeddings", torch::nn::Embedding(emb_opts));
   {
     torch::NoGradGuard no_grad;
     tok_embeddings_->weight.normal_(0.0, kInitStd);
-    if (spec.pad_token_id.has_value()) tok_embeddings_->weight[*spec.pad_token_id].zero_();
+    if (pad_row) tok_embeddings_->weight[*pad_row].zero_();
   }
   layers_ = register_module("layers", torch::nn::ModuleList());
-  for (const auto& layer : spec.layers) layers_->push_back(TransformerBlock(spec, layer));
+  for (const auto& layer : spec.layers) layers_->push_back(TransformerBlock(spec, layer, tp_));
   norm_ = register_module("norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm));
   if (!spec.tie_word_embeddings) {
-    output_ = register_module("output", MakeLinear(spec.hidden_size, spec.vocab_size, false));
+    output_ = register_module("output", MakeLinear(spec.hidden_size, vocab_rows, false));
   }
+}
+
+torch::Tensor DecoderModel::Embed(const torch::Tensor& tokens) {
+  torch::Tensor h;  // [B, T, hidden]
+  if (vocab_parallel_) {
+    // VocabParallelEmbedding: ids outside this rank's rows look up row 0 and are zeroed; the
+    // ranks' partial embeddings are summed.
+    const int64_t rows = tok_embeddings_->weight.size(0);
+    const auto local = tokens - tp_.rank * rows;
+    const auto outside = local.lt(0).logical_or(local.ge(rows));
+    h = tok_embeddings_(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
+    h = worker::ReduceFromTensorParallelRegion(h, tp_);
+  } else {
+    h = tok_embeddings_(tokens);
+  }
+  if (spec_.scale_embeddings) {
+    // GemmaModel: the normaliser sqrt(hidden_size) is first rounded to the hidden dtype.
+    auto normalizer = torch::tensor(std::sqrt(static_cast<double>(spec_.hidden_size)),
+                                    torch::TensorOptions().dtype(h.scalar_type()).device(tokens.device()));
+    h = h * normalizer;
+  }
+  return h;
+}
+
+torch::Tensor DecoderModel::Head(const torch::Tensor& hidden) {
+  torch::Tensor h = hidden;
+  h = norm_(h);
+  const torch::Tensor& lm_head = output_ ? output_->weight : tok_embeddings_->weight;
+  torch::Tensor logits;
+  if (vocab_parallel_) {
+    // Column-parallel lm_head over the vocabulary; every rank gets all logits.
+    logits = torch::linear(worker::CopyToTensorParallelRegion(h, tp_), lm_head);
+    logits = worker::GatherFromTensorParallelRegion(logits, tp_);
+  } else {
+    logits = output_ ? output_(h) : torch::linear(h, lm_head);
+  }
+  if (spec_.final_logit_softcapping) logits = SoftCap(logits, *spec_.final_logit_softcapping);
+  return logits;
 }
 
 torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const torch::Tensor& positions,
@@ -389,13 +474,7 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const torch::Te
   const int64_t past = cache != nullptr ? cache->length() : 0;
   const auto device = tokens.device();
 
-  auto h = tok_embeddings_(tokens);  // [B, T, hidden]
-  if (spec_.scale_embeddings) {
-    // GemmaModel: the normaliser sqrt(hidden_size) is first rounded to the hidden dtype.
-    auto normalizer = torch::tensor(std::sqrt(static_cast<double>(spec_.hidden_size)),
-                                    torch::TensorOptions().dtype(h.scalar_type()).device(device));
-    h = h * normalizer;
-  }
+  torch::Tensor h = Embed(tokens);  // [B, T, hidden]
   // RoPE tables per distinct setting; "dynamic" depends on the largest position.
   const int64_t seq_len = positions.numel() > 0 ? positions.max().item<int64_t>() + 1 : 0;
   std::vector<RotaryTables> ropes;
@@ -417,17 +496,63 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const torch::Te
     h = layers_->at<TransformerBlockImpl>(i).forward(h, ropes[l.rope], masks.at(l.sliding_window),
                                                       cache, static_cast<int64_t>(i));
   }
-  h = norm_(h);
-  auto logits = output_ ? output_(h) : torch::linear(h, tok_embeddings_->weight);
-  if (spec_.final_logit_softcapping) logits = SoftCap(logits, *spec_.final_logit_softcapping);
+  torch::Tensor logits = Head(h);
   if (cache != nullptr) cache->Advance(t);
   return logits;
+}
+
+bool DecoderModel::SupportsStaticDecode() const {
+  for (const auto& r : spec_.ropes) {
+    if (r.rope_type == "dynamic") return false;
+  }
+  return true;
+}
+
+torch::Tensor DecoderModel::DecodeStep(const torch::Tensor& tokens, const torch::Tensor& positions,
+                                       worker::KVCache& cache) {
+  TORCH_CHECK(SupportsStaticDecode(),
+              "static decode: dynamic RoPE depends on the sequence length, which a captured "
+              "step cannot read");
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) == 1 && tokens.scalar_type() == torch::kLong,
+              "static decode: tokens must be int64 [B, 1], got ", tokens.scalar_type(), " ",
+              tokens.sizes());
+  TORCH_CHECK(positions.sizes() == tokens.sizes() && positions.scalar_type() == torch::kLong,
+              "static decode: positions must be int64 [B, 1], got ", positions.sizes());
+  const auto device = tokens.device();
+  torch::Tensor h = Embed(tokens);
+  std::vector<RotaryTables> ropes;
+  for (const auto& r : spec_.ropes) {
+    // Not dynamic: the frequencies do not depend on the sequence length.
+    auto inv_freq = RopeInverseFrequencies(r, spec_.head_dim, spec_.max_position_embeddings,
+                                           /*seq_len=*/0, device);
+    ropes.push_back(RopeTables(positions, inv_freq, h.scalar_type()));
+  }
+  // Over every cache slot: slot s is visible to row b when s <= positions[b] (and inside the
+  // sliding window); [B, 1, 1, max_len].
+  const auto key_slot =
+      torch::arange(cache.max_len(), torch::TensorOptions().dtype(torch::kLong).device(device))
+          .view({1, -1});
+  std::map<int64_t, torch::Tensor> masks;
+  for (const auto& l : spec_.layers) {
+    if (masks.count(l.sliding_window)) continue;
+    auto mask = key_slot <= positions;
+    if (l.sliding_window > 0) mask = mask.logical_and(key_slot > positions - l.sliding_window);
+    masks.emplace(l.sliding_window, mask.view({tokens.size(0), 1, 1, -1}));
+  }
+  const torch::Tensor slots = positions.view({-1});
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    const LayerSpec& l = spec_.layers[i];
+    h = layers_->at<TransformerBlockImpl>(i).forward(h, ropes[l.rope], masks.at(l.sliding_window),
+                                                      &cache, static_cast<int64_t>(i), slots);
+  }
+  return Head(h);
 }
 
 std::unique_ptr<worker::KVCache> DecoderModel::NewKVCache(int64_t batch, int64_t max_len) const {
   const auto& w = tok_embeddings_->weight;
   return std::make_unique<worker::KVCache>(spec_.num_hidden_layers, batch,
-                                           spec_.num_key_value_heads, max_len, spec_.head_dim,
+                                           spec_.num_key_value_heads / tp_.size, max_len,
+                                           spec_.head_dim,
                                            w.scalar_type(), w.device());
 }
 

@@ -24,6 +24,12 @@
 //   layers.{i}.moe.router.weight [E, hidden],
 //   layers.{i}.moe.experts.{w1,w3} [E, moe_intermediate, hidden], moe.experts.w2
 //   [E, hidden, moe_intermediate].
+//
+// Tensor parallelism (a TensorParallel of size > 1; the plan is parallelize.h): the modules
+// hold local shards and insert the Megatron mappings (tensor_parallel.h) around them:
+// attention heads and MLP / expert intermediate features column-parallel, wo / w2 row-parallel
+// (all-reduce, then the bias), vocabulary-parallel embedding and lm_head when tp divides
+// vocab_size (else replicated). At size 1 the computation is exactly the plain one.
 #pragma once
 
 #include <torch/torch.h>
@@ -39,8 +45,11 @@
 #include "common/status.h"
 #include "gatehouse/worker/kv_cache.h"
 #include "gatehouse/worker/model_family.h"
+#include "gatehouse/worker/tensor_parallel.h"
 
 namespace gatehouse::models {
+
+using worker::TensorParallel;
 
 /// How RMSNorm applies its weight.
 enum class NormKind {
@@ -138,7 +147,9 @@ class DecoderArgs : public worker::ModelArgs {
 /// RMSNorm over the last dimension, weight [dim] (see NormKind for the two upstream forms).
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps, NormKind kind);
+  /// `grad_sum`: set (size > 1) when each rank applies the norm to only its own heads (q_norm /
+  /// k_norm under TP): the weight's gradient is then summed over the ranks.
+  RMSNormImpl(int64_t dim, double eps, NormKind kind, TensorParallel grad_sum = {});
   /// x: [..., dim] -> [..., dim], in x's dtype.
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -146,6 +157,7 @@ class RMSNormImpl : public torch::nn::Module {
   torch::Tensor weight_;
   double eps_;
   NormKind kind_;
+  TensorParallel grad_sum_;
 };
 TORCH_MODULE(RMSNorm);
 
@@ -165,11 +177,16 @@ TORCH_MODULE(Linear);
 /// and soft-capping; eager softmax in fp32 (eager_attention_forward).
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const DecoderSpec& spec);
-  /// x: [B, T, hidden]; mask: [T, S] bool, true = may attend (S = cached prefix + T);
-  /// cache: when non-null, this layer's new K/V are appended at `layer`. Returns [B, T, hidden].
+  /// Under TP this rank holds num_attention_heads / tp.size query heads and
+  /// num_key_value_heads / tp.size KV heads.
+  AttentionImpl(const DecoderSpec& spec, const TensorParallel& tp);
+  /// x: [B, T, hidden]; mask: [T, S] bool, true = may attend (S = cached prefix + T), or
+  /// [B, 1, 1, S] for a static step; cache: when non-null, this layer's new K/V are appended
+  /// at `layer`, or, when `slots` ([B] int64) is defined, written at row b's slot slots[b]
+  /// (KVCache::WriteAt; T must be 1) and S is the cache's max_len. Returns [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
-                        const torch::Tensor& mask, worker::KVCache* cache, int64_t layer);
+                        const torch::Tensor& mask, worker::KVCache* cache, int64_t layer,
+                        const torch::Tensor& slots = {});
 
  private:
   int64_t num_heads_;
@@ -177,6 +194,7 @@ class AttentionImpl : public torch::nn::Module {
   int64_t head_dim_;
   double scaling_;
   std::optional<double> softcap_;
+  TensorParallel tp_;
   Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wqkv_{nullptr}, wo_{nullptr};
   RMSNorm q_norm_{nullptr}, k_norm_{nullptr};
 };
@@ -186,11 +204,13 @@ TORCH_MODULE(Attention);
 /// gate_up_proj, split in halves). x: [B, T, hidden] -> [B, T, hidden].
 class FeedForwardImpl : public torch::nn::Module {
  public:
-  FeedForwardImpl(const DecoderSpec& spec, int64_t intermediate_size);
+  /// Under TP this rank holds intermediate_size / tp.size features.
+  FeedForwardImpl(const DecoderSpec& spec, int64_t intermediate_size, const TensorParallel& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
   Activation act_;
+  TensorParallel tp_;
   Linear w1_{nullptr}, w2_{nullptr}, w3_{nullptr}, w13_{nullptr};
 };
 TORCH_MODULE(FeedForward);
@@ -200,10 +220,13 @@ TORCH_MODULE(FeedForward);
 /// summed in expert order (index_add_), as upstream. x: [B, T, hidden] -> [B, T, hidden].
 class MoEImpl : public torch::nn::Module {
  public:
-  explicit MoEImpl(const DecoderSpec& spec);
+  /// Under TP every rank holds every expert with moe_intermediate_size / tp.size features
+  /// (the router is replicated, so every rank routes the same way).
+  MoEImpl(const DecoderSpec& spec, const TensorParallel& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
+  TensorParallel tp_;
   int64_t num_experts_;
   int64_t top_k_;
   bool norm_topk_prob_;
@@ -217,9 +240,11 @@ TORCH_MODULE(MoE);
 /// h = x + post(attention(attention_norm(x))); out = h + post(mlp(ffn_norm(h))).
 class TransformerBlockImpl : public torch::nn::Module {
  public:
-  TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer);
+  TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer, const TensorParallel& tp);
+  /// As AttentionImpl::forward.
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
-                        const torch::Tensor& mask, worker::KVCache* cache, int64_t layer);
+                        const torch::Tensor& mask, worker::KVCache* cache, int64_t layer,
+                        const torch::Tensor& slots = {});
 
  private:
   RMSNorm attention_norm_{nullptr}, attention_post_norm_{nullptr};
@@ -236,8 +261,10 @@ class DecoderModel : public worker::CausalLM {
  public:
   /// Builds fp32 CPU parameters initialised like upstream's _init_weights (normal(0, 0.02) for
   /// linears and embeddings, zero biases, norms at their identity). `spec` must be valid.
-  /// Throws c10::Error.
-  explicit DecoderModel(const DecoderSpec& spec);
+  /// Throws c10::Error. `tp`: this rank's part of a tensor-parallel model (parameters are the
+  /// local shards of DecoderTpPlan(spec, tp.size); Forward still returns full logits on every
+  /// rank). The plan must be valid for the spec (DecoderTpPlan returns no error).
+  explicit DecoderModel(const DecoderSpec& spec, TensorParallel tp = {});
 
   /// tokens, positions: [B, T] int64. Returns logits [B, T, vocab] in the model dtype.
   /// See worker::CausalLM::Forward for the cache contract. Throws c10::Error on bad shapes or
@@ -245,11 +272,24 @@ class DecoderModel : public worker::CausalLM {
   torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& positions,
                         worker::KVCache* cache) override;
   std::unique_ptr<worker::KVCache> NewKVCache(int64_t batch, int64_t max_len) const override;
+  /// False when a RoPE setting is "dynamic": its frequencies depend on the running sequence
+  /// length, which a captured step cannot read.
+  bool SupportsStaticDecode() const override;
+  /// See worker::CausalLM::DecodeStep. Throws c10::Error on bad shapes or dynamic RoPE.
+  torch::Tensor DecodeStep(const torch::Tensor& tokens, const torch::Tensor& positions,
+                           worker::KVCache& cache) override;
 
   const DecoderSpec& spec() const { return spec_; }
 
  private:
+  /// Token embeddings [B, T, hidden] (vocabulary-parallel under TP, scaled for Gemma).
+  torch::Tensor Embed(const torch::Tensor& tokens);
+  /// Final norm, lm_head (gathered under TP) and soft-capping: [B, T, hidden] -> logits.
+  torch::Tensor Head(const torch::Tensor& h);
+
   DecoderSpec spec_;
+  TensorParallel tp_;
+  bool vocab_parallel_ = false;  // tok_embeddings / output hold vocab_size / tp.size rows
   torch::nn::Embedding tok_embeddings_{nullptr};
   torch::nn::ModuleList layers_{nullptr};
   RMSNorm norm_{nullptr};

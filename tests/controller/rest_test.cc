@@ -123,8 +123,9 @@ class RestTest : public ::testing::Test {
   };
   // Connects agent-1 through `channel`, submits a cell and returns it with its attempt.
   Submitted SubmitToAgent(const std::shared_ptr<FakeChannel>& channel) {
-    EXPECT_TRUE(core_->RegisterAgent({"agent-1", "{}", 1}).ok());
-    core_->AttachAgent("agent-1", 1, channel);
+    const AgentHello hello{"agent-1", "{}", 1};
+    EXPECT_TRUE(core_->RegisterAgent(hello).ok());
+    core_->AttachAgent("agent-1", hello, channel);
     Submitted s;
     s.cell = json::parse(Http(port_, "POST", "/api/v1/cells", SubmitBody()).body);
     s.id = s.cell["id"];

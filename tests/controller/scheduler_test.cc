@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "controller/attempt_state.h"
 
 namespace gatehouse::controller {
@@ -41,6 +43,82 @@ TEST(SchedulerTest, NoPlacementWithoutFreeSlotsOrAgents) {
   EXPECT_TRUE(Schedule({}, {{"a", 2, 0}}).empty());
   // Slots <= 0 count as one.
   EXPECT_EQ(Schedule(Queue({1, 2}), {{"a", 0, 0}}).size(), 1u);
+}
+
+/// A queued attempt whose cell runs on `device` with topology tp and torch pin `torch`.
+QueuedAttempt Cell(int64_t id, const std::string& device, int tp, const std::string& torch = "2.11.0") {
+  const nlohmann::json spec = {{"runtime", {{"torch", torch}, {"device", device}}},
+                               {"topology", {{"tp", tp}, {"dp", 1}, {"pp", 1}, {"ep", 1}}}};
+  return {id, "cell-" + std::to_string(id), spec.dump()};
+}
+
+AgentView Gpu(const std::string& id, int gpus, int gpus_in_use = 0, int slots = 4,
+              const std::string& torch = "2.11.0") {
+  return {id, slots, 0, gpus, gpus_in_use, torch};
+}
+
+TEST(SchedulerTest, DemandComesFromTheSpec) {
+  // Verifies the demand read from a frozen spec: device, ranks (tp x dp x pp) and the pin.
+  const Demand d = DemandOfSpec(Cell(1, "cuda", 4).spec_json);
+  EXPECT_TRUE(d.gpu);
+  EXPECT_EQ(d.world_size, 4);
+  EXPECT_EQ(d.torch, "2.11.0");
+  const Demand cpu = DemandOfSpec(Cell(1, "cpu", 2).spec_json);
+  EXPECT_FALSE(cpu.gpu);
+  EXPECT_EQ(cpu.world_size, 2);
+  const Demand bad = DemandOfSpec("not json");
+  EXPECT_FALSE(bad.gpu);
+  EXPECT_EQ(bad.world_size, 1);
+}
+
+TEST(SchedulerTest, CudaAttemptNeedsOneFreeGpuPerRank) {
+  // Verifies a tp=2 CUDA attempt goes only to an agent with 2 free GPUs, and GPUs placed in
+  // this round count: the second tp=2 attempt does not fit the same 3-GPU agent.
+  std::vector<Waiting> waiting;
+  auto placements = Schedule({Cell(1, "cuda", 2), Cell(2, "cuda", 2)},
+                             {Gpu("one-gpu", 1), Gpu("three-gpus", 3, 0)}, &waiting);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].attempt_id, 1);
+  EXPECT_EQ(placements[0].agent_id, "three-gpus");
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_EQ(waiting[0].attempt_id, 2);
+  EXPECT_EQ(waiting[0].reason,
+            "one-gpu: 1 of 1 GPUs free, needs 2; three-gpus: 1 of 3 GPUs free, needs 2");
+}
+
+TEST(SchedulerTest, GpusHeldByRunningAttemptsAreNotFree) {
+  // Verifies GPUs in use by running attempts are not offered again.
+  std::vector<Waiting> waiting;
+  EXPECT_TRUE(Schedule({Cell(1, "cuda", 1)}, {Gpu("busy", 2, 2)}, &waiting).empty());
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_EQ(waiting[0].reason, "busy: 0 of 2 GPUs free, needs 1");
+}
+
+TEST(SchedulerTest, RuntimePinMustMatch) {
+  // Verifies an agent whose torch differs from the pin is skipped (with the reason), and an
+  // agent that reports no torch version is not matched against pins.
+  std::vector<Waiting> waiting;
+  auto placements = Schedule({Cell(1, "cpu", 1, "2.11.0")},
+                             {Gpu("old", 0, 0, 4, "2.10.0"), Gpu("unknown", 0, 0, 1, "")}, &waiting);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].agent_id, "unknown");
+  EXPECT_TRUE(Schedule({Cell(1, "cpu", 1, "2.11.0")}, {Gpu("old", 0, 0, 4, "2.10.0")}, &waiting).empty());
+  EXPECT_EQ(waiting.back().reason, "old: torch 2.10.0 (the cell pins 2.11.0)");
+}
+
+TEST(SchedulerTest, UnfitAttemptDoesNotHoldBackLaterOnes) {
+  // Verifies a CUDA attempt no agent can take stays queued while a later CPU attempt runs;
+  // CPU attempts of several ranks need no GPU.
+  std::vector<Waiting> waiting;
+  auto placements = Schedule({Cell(1, "cuda", 8), Cell(2, "cpu", 4)}, {Gpu("cpu-box", 0)}, &waiting);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].attempt_id, 2);
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_EQ(waiting[0].attempt_id, 1);
+  EXPECT_EQ(waiting[0].reason, "cpu-box: 0 of 0 GPUs free, needs 8");
+  waiting.clear();
+  EXPECT_TRUE(Schedule({Cell(3, "cpu", 1)}, {}, &waiting).empty());
+  EXPECT_EQ(waiting.at(0).reason, "no agent connected");
 }
 
 TEST(AttemptStateTest, TransitionTableAllowsOnlyTheLifecycle) {

@@ -239,8 +239,14 @@ TEST_F(StoreTest, LeasesAreAllOrNothingAndFollowTheTransitionTable) {
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ((*store_->GetAttempt(a1)).state, AttemptState::kQueued);
   EXPECT_EQ((*store_->GetAttempt(a2)).agent_id, "agent-1");
-  EXPECT_EQ((*store_->ActiveAttemptsByAgent()).at("agent-1"), 1);
-  ASSERT_EQ((*store_->ListQueuedAttempts()).size(), 1u);
+  const std::vector<ActiveAttempt> active = *store_->ListActiveAttempts();
+  ASSERT_EQ(active.size(), 1u);
+  EXPECT_EQ(active[0].agent_id, "agent-1");
+  EXPECT_EQ(active[0].spec_json, MakeCell("c2").spec_json);
+  const std::vector<QueuedAttempt> queued = *store_->ListQueuedAttempts();
+  ASSERT_EQ(queued.size(), 1u);
+  EXPECT_EQ(queued[0].attempt_id, a1);
+  EXPECT_EQ(queued[0].spec_json, MakeCell("c1").spec_json);
 
   EXPECT_TRUE(*store_->FinishAttempt(a2, AttemptState::kPassed, ""));
   EXPECT_FALSE(*store_->FinishAttempt(a2, AttemptState::kError, "late resend"));

@@ -203,6 +203,29 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
         << ckpt;
   }
 
+  // 4b. Tensor parallelism: a tp=2 cell runs as two worker processes (one per rank, started
+  //     by the agent); rank 0's parallel gate compares TP=2 with the TP=1 control, and rank 1's
+  //     log is kept on its own stream.
+  json tp_body = Body("main", "llama-tiny-untied");
+  tp_body["topology"] = {{"tp", 2}};
+  json tp = Submit(tp_body);
+  ASSERT_TRUE(tp.contains("id")) << tp.dump();
+  json tp_cell = WaitFinal(tp.at("id"), seconds(300));
+  ASSERT_EQ(tp_cell.value("status", ""), "passed") << tp_cell.dump(2);
+  const json* parallel = FindPhase(tp_cell, "parallel");
+  ASSERT_NE(parallel, nullptr);
+  EXPECT_EQ(parallel->at("status"), "PASS") << parallel->dump();
+  auto tp_kl = Figure(*parallel, "kl_mean_vs_tp1");
+  auto tp_top1 = Figure(*parallel, "top1_agreement_vs_tp1");
+  ASSERT_TRUE(tp_kl && tp_top1) << parallel->dump();
+  EXPECT_LT(*tp_kl, 1e-6);
+  EXPECT_EQ(*tp_top1, 100.0);
+  HttpResponse rank1_log =
+      HttpRequest(http_port_, "GET", "/api/v1/cells/" + tp.at("id").get<std::string>() +
+                                         "/log?stream=worker.rank1");
+  EXPECT_EQ(rank1_log.status, 200);
+  EXPECT_NE(rank1_log.body.find("rank 1 of 2"), std::string::npos) << rank1_log.body;
+
   // 5. The branch that commits the RoPE bug FAILs at inference and stops later gates.
   json bug = Submit(Body("rope-keys-bug", "llama-tiny-tied"));
   ASSERT_TRUE(bug.contains("id"));

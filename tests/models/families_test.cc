@@ -92,21 +92,24 @@ TEST(Families, Fp32GatesPassOnEveryFixture) {
 // kernels (models/decoder: at::linear with the bias in the GEMM, RoPE frequencies in upstream's
 // op order) our bf16 forward reproduces transformers' bf16 forward on this machine, so any
 // flipped token means the computation diverged (the gate's 99 % bar allows for other
-// kernels).
-TEST(Families, Bf16InferencePassesOnEveryFixture) {
+// kernels). The decode gate then matches upstream's bf16 greedy continuation token for token.
+TEST(Families, Bf16InferenceAndDecodePassOnEveryFixture) {
   const auto fixtures = FixtureFamilies();
   if (fixtures.empty()) GTEST_SKIP() << "no fixture: run through ctest";
   for (const auto& [variant, family] : fixtures) {
     test_util::TempDir attempt;
     GateContext ctx =
         test_util::FixtureContext(test_util::FixtureDir(variant), family, "bf16", attempt.path());
-    for (const auto& [phase, gate] : test_util::GatesThrough("inference")) {
+    for (const auto& [phase, gate] : test_util::GatesThrough("decode")) {
       const GateOutcome out = gate(ctx);
       ASSERT_EQ(out.status, GateStatus::kPass)
           << variant << " (" << family << ") bf16 " << phase << ": " << out.reason;
       if (std::string(phase) == "inference") {
         EXPECT_EQ(FigureText(out, "reference"), "transformers bf16 forward (same precision)");
         EXPECT_EQ(FigureText(out, "top1_agreement"), std::to_string(100.0)) << variant;
+      }
+      if (std::string(phase) == "decode") {
+        EXPECT_EQ(FigureText(out, "reference"), "transformers bf16 greedy (same precision)");
       }
     }
   }

@@ -2,18 +2,16 @@
 // one thread per rank in one process, on 127.0.0.1.
 #include "gatehouse/worker/distributed.h"
 
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tests/worker/gloo_ranks.h"
 
 namespace gatehouse::worker {
 namespace {
@@ -69,19 +67,7 @@ TEST(RankEnvTest, BadValuesNameTheVariable) {
   EXPECT_EQ(with("RANK", "2").status().code(), StatusCode::kInvalidArgument);
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  sa.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
-  socklen_t len = sizeof(sa);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
+using test_util::FreePort;
 
 /// Runs `world` ranks (one thread each) through JoinGlooGroup, then allreduce (sum) of
 /// [rank + 1, 10 * (rank + 1)] and allgather of [rank]; returns per rank the reduced tensor

@@ -665,27 +665,44 @@ TEST(SaveGateTest, UnmappedParameterFails) {
 
 // Verifies parallel is SKIPPED at world size 1 and BLOCKED above.
 TEST(ParallelGateTest, WorldSize) {
+  // Verifies parallel: SKIPPED at world size 1; BLOCKED when the topology asks for ranks this
+  // worker was not started with, or for data / pipeline parallelism (not implemented). The
+  // TP comparisons themselves: tests/models/parallel_test.cc.
   Fixture fx;
   GateContext ctx = fx.Context();
   GateOutcome one = ParallelGate(ctx);
   EXPECT_STATUS(one, GateStatus::kSkipped);
-  EXPECT_EQ(one.reason, "topology tp=1 dp=1 pp=1: world size 1, nothing to compare against TP=1");
+  EXPECT_EQ(one.reason,
+            "topology tp=1 dp=1 pp=1 ep=1: world size 1, nothing to compare against TP=1");
   ctx.spec.topology.tp = 2;
   GateOutcome two = ParallelGate(ctx);
   EXPECT_STATUS(two, GateStatus::kBlocked);
-  EXPECT_THAT(two.reason, HasSubstr("not implemented yet (issue 4)"));
+  EXPECT_THAT(two.reason, HasSubstr("needs 2 worker ranks, but this worker runs as rank 0 of 1"));
+  ctx.spec.topology.tp = 1;
+  ctx.spec.topology.dp = 2;
+  GateOutcome dp = ParallelGate(ctx);
+  EXPECT_STATUS(dp, GateStatus::kBlocked);
+  EXPECT_THAT(dp.reason, HasSubstr("only tensor parallelism is implemented"));
 }
 
-// Verifies cuda_graph: SKIPPED without CUDA, BLOCKED in cuda_graph mode, SKIPPED in eager.
+// Verifies cuda_graph: SKIPPED without CUDA or in eager mode; in cuda_graph mode it needs a
+// loaded model (UNKNOWN) on a CUDA device (BLOCKED for a CPU model). The graph itself:
+// tests/models/static_decode_test.cc.
 TEST(CudaGraphGateTest, Statuses) {
   Fixture fx;
+  fx.Write();
   GateContext ctx = fx.Context();
   ctx.runtime.cuda_available = false;
   EXPECT_EQ(CudaGraphGate(ctx).reason, "no CUDA device: torch::cuda::is_available() is false");
   ctx.runtime.cuda_available = true;
   EXPECT_EQ(CudaGraphGate(ctx).reason, "mode eager: CUDA-graph decode not requested");
   ctx.spec.mode = "cuda_graph";
-  EXPECT_STATUS(CudaGraphGate(ctx), GateStatus::kBlocked);
+  EXPECT_STATUS(CudaGraphGate(ctx), GateStatus::kUnknown);
+  EXPECT_STATUS(RunThrough(ctx, "load"), GateStatus::kPass);
+  ctx.runtime.cuda_available = true;  // as on a GPU node, with the model left on the CPU
+  GateOutcome cpu_model = CudaGraphGate(ctx);
+  EXPECT_STATUS(cpu_model, GateStatus::kBlocked);
+  EXPECT_THAT(cpu_model.reason, HasSubstr("needs the model on a CUDA device"));
 }
 
 // Verifies performance reports its figures and is BLOCKED for lack of a peer measurement.

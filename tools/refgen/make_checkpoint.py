@@ -34,6 +34,8 @@ Reference bundle (reference/reference.safetensors), for each probe prompt i:
       prompts.{i}.logits_bf16 F32 [T, vocab_size]   the same forward of the checkpoint loaded
                                                     with from_pretrained(dtype=bfloat16): the
                                                     bf16 cells' reference
+      prompts.{i}.greedy_ids_bf16 I64 [32]          the same greedy with that bf16 model: the
+                                                    bf16 cells' decode reference
     reference/reference.json:
       {"format": "gatehouse-reference/1", "num_prompts": N, "dtype": "float32",
        "max_new_tokens": 32, "transformers": ver, "torch": ver, "model_type": "llama",
@@ -61,7 +63,7 @@ import transformers
 from safetensors.torch import save_file
 
 # Bump when the output of this script changes for the same parameters.
-GENERATOR_VERSION = 6
+GENERATOR_VERSION = 7
 SEED = 20240611
 MAX_NEW_TOKENS = 32
 # Probe prompt lengths; the last one probes RoPE at long positions.
@@ -155,6 +157,10 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         tensors[f"prompts.{i}.logits_bf16"] = (
             model_bf16(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32).contiguous())
         tensors[f"prompts.{i}.greedy_ids"] = new_ids.to(torch.int64).contiguous()
+        # The bf16 decode reference: the same plain greedy with the bf16 model.
+        out_bf16 = model_bf16.generate(input_ids=batch, attention_mask=mask,
+                                       generation_config=gen_config)
+        tensors[f"prompts.{i}.greedy_ids_bf16"] = out_bf16[0, ids.numel():].to(torch.int64).contiguous()
         if describe is not None:
             described.append(describe(i, new_ids))
     out_dir.mkdir(parents=True)

@@ -51,7 +51,33 @@ Result<int> ListenOn(const std::string& addr, int port) {
   return fd;
 }
 
+class C10dCommunicator : public TpCommunicator {
+ public:
+  explicit C10dCommunicator(c10::intrusive_ptr<c10d::Backend> group) : group_(std::move(group)) {}
+  int64_t rank() const override { return group_->getRank(); }
+  int64_t world_size() const override { return group_->getSize(); }
+  void AllReduceSum(torch::Tensor& t) override {
+    std::vector<torch::Tensor> io{t.is_contiguous() ? t : t.contiguous()};
+    group_->allreduce(io)->wait();
+    if (!io[0].is_same(t)) t.copy_(io[0]);
+  }
+  std::vector<torch::Tensor> AllGather(const torch::Tensor& t) override {
+    std::vector<torch::Tensor> in{t.contiguous()};
+    std::vector<std::vector<torch::Tensor>> out(1);
+    for (int64_t r = 0; r < world_size(); ++r) out[0].push_back(torch::empty_like(in[0]));
+    group_->allgather(out, in)->wait();
+    return out[0];
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> group_;
+};
+
 }  // namespace
+
+std::shared_ptr<TpCommunicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Backend> group) {
+  return std::make_shared<C10dCommunicator>(std::move(group));
+}
 
 Result<RankEnv> ReadRankEnv(const std::function<const char*(const char*)>& getenv) {
   RankEnv env;

@@ -31,6 +31,7 @@ nlohmann::json FigureValueToJson(const FigureValue& value) {
 
 void EventWriter::Write(nlohmann::json event) {
   event["ts_ms"] = clock_();
+  if (rank_ >= 0) event["rank"] = rank_;
   sink_.Write(event);
 }
 

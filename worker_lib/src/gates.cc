@@ -293,7 +293,7 @@ GateOutcome ConstructGate(GateContext& ctx) {
 // --- load ----------------------------------------------------------------------------------
 
 Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
-                                 CausalLM& model) {
+                                 CausalLM& model, const ShardedLoad* shard) {
   LoadReport rep;
   const auto groups = UniqueParameters(model);
   std::unordered_map<std::string, size_t> group_of;
@@ -348,15 +348,37 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
     }
     const safetensors::TensorInfo* info = checkpoint.Info(key);
     const std::vector<int64_t> model_shape(dest.sizes().begin(), dest.sizes().end());
-    if (info == nullptr || info->shape != model_shape) {
+    // Under TP the checkpoint tensor is compared, and loaded, as this rank's shard of it.
+    const ShardRule* rule = nullptr;
+    const int64_t leading = slot->slice >= 0 ? 1 : 0;
+    std::optional<std::vector<int64_t>> expected;
+    if (info != nullptr) expected = info->shape;
+    if (shard != nullptr && info != nullptr) {
+      rule = shard->plan->Find(slot->internal);
+      Result<std::vector<int64_t>> local =
+          rule ? shard->plan->LocalShape(*rule, info->shape, leading)
+               : Result<std::vector<int64_t>>(Status::NotFound("no TP plan rule covers " +
+                                                               slot->internal));
+      if (!local.ok()) {
+        rep.shape_mismatches.push_back(key + " (-> " + target + "): " + local.status().message());
+        reported[g] = true;
+        continue;
+      }
+      expected = *local;
+    }
+    if (!expected || *expected != model_shape) {
       rep.shape_mismatches.push_back(
           key + " (-> " + target + "): checkpoint " +
-          (info ? ShapeString(info->shape) : std::string("?")) + " vs model " +
-          ShapeString(dest.sizes()) + of_stack);
+          (info ? ShapeString(info->shape) : std::string("?")) +
+          (rule ? " (local shard " + ShapeString(*expected) + ")" : std::string()) +
+          " vs model " + ShapeString(dest.sizes()) + of_stack);
       reported[g] = true;
       continue;
     }
     GH_ASSIGN_OR_RETURN(torch::Tensor t, checkpoint.Load(key));
+    if (rule != nullptr) {
+      GH_ASSIGN_OR_RETURN(t, shard->plan->Shard(*rule, t, shard->rank, leading));
+    }
     t = t.to(param.scalar_type());
     const int64_t nans = t.isnan().sum().item<int64_t>();
     const int64_t infs = t.isinf().sum().item<int64_t>();
@@ -558,18 +580,8 @@ GateOutcome LoadGate(GateContext& ctx) {
 
 // --- save ----------------------------------------------------------------------------------
 
-GateOutcome SaveGate(GateContext& ctx) {
-  GateOutcome out;
-  if (!internal::RequireLoadedModel(ctx, out)) return out;
-  if (!ctx.adapter || !ctx.checkpoint) return out.Unknown("no adapter or checkpoint from phase load");
-  const StateDictAdapter& adapter = *ctx.adapter;
-
-  // Inverse mapping: every parameter gets its HF name; a stacked parameter (MoE experts) is
-  // written slice by slice along dim 0, each slice under its own HF name.
-  const auto groups = UniqueParameters(*ctx.model);
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  std::vector<std::string> unmapped, duplicated, miscounted;
-  std::map<std::string, std::string> hf_to_internal;
+HfTensors ToHfTensors(const std::vector<ParamGroup>& groups, const StateDictAdapter& adapter) {
+  HfTensors hf;
   for (const auto& g : groups) {
     std::optional<std::vector<HfSlice>> slices;
     std::string why;
@@ -582,13 +594,13 @@ GateOutcome SaveGate(GateContext& ctx) {
       why = r.status().message();
     }
     if (!slices) {
-      unmapped.push_back(g.names[0] + " (" + why + ")");
+      hf.unmapped.push_back(g.names[0] + " (" + why + ")");
       continue;
     }
     const bool stacked = slices->front().slice >= 0;
     const int64_t n = static_cast<int64_t>(slices->size());
     if (stacked && (g.tensor.dim() == 0 || g.tensor.size(0) != n)) {
-      miscounted.push_back(g.names[0] + " (shape " + ShapeString(g.tensor.sizes()) +
+      hf.miscounted.push_back(g.names[0] + " (shape " + ShapeString(g.tensor.sizes()) +
                            ", but the name table splits it into " + std::to_string(n) +
                            " HF tensors along dim 0)");
       continue;
@@ -596,26 +608,39 @@ GateOutcome SaveGate(GateContext& ctx) {
     for (const HfSlice& s : *slices) {
       const std::string from =
           stacked ? g.names[0] + "[" + std::to_string(s.slice) + "]" : g.names[0];
-      if (!hf_to_internal.emplace(s.hf, from).second) {
-        duplicated.push_back(s.hf + " (from " + hf_to_internal[s.hf] + " and " + from + ")");
+      if (!hf.hf_to_internal.emplace(s.hf, from).second) {
+        hf.duplicated.push_back(s.hf + " (from " + hf.hf_to_internal[s.hf] + " and " + from + ")");
         continue;
       }
       const torch::Tensor t = g.tensor.detach();
-      tensors.emplace_back(s.hf, stacked ? t.select(0, s.slice) : t);
+      hf.tensors.emplace_back(s.hf, stacked ? t.select(0, s.slice) : t);
     }
   }
-  out.Count("tensors_saved", static_cast<int64_t>(tensors.size()));
-  if (!unmapped.empty() || !duplicated.empty() || !miscounted.empty()) {
-    std::vector<std::string> parts;
-    if (!unmapped.empty()) parts.push_back("no HF name for " + JoinFew(unmapped));
-    if (!duplicated.empty()) parts.push_back("HF name written twice: " + JoinFew(duplicated));
-    if (!miscounted.empty()) {
-      parts.push_back("stacked parameter split wrongly: " + JoinFew(miscounted));
-    }
-    std::string reason = "inverse mapping (HfSlices): ";
-    for (size_t i = 0; i < parts.size(); ++i) reason += (i ? "; " : "") + parts[i];
-    return out.Fail(FailureClass::kAdapterContract, reason);
-  }
+  return hf;
+}
+
+std::string HfTensors::Problems() const {
+  std::vector<std::string> parts;
+  if (!unmapped.empty()) parts.push_back("no HF name for " + JoinFew(unmapped));
+  if (!duplicated.empty()) parts.push_back("HF name written twice: " + JoinFew(duplicated));
+  if (!miscounted.empty()) parts.push_back("stacked parameter split wrongly: " + JoinFew(miscounted));
+  std::string reason = "inverse mapping (HfSlices): ";
+  for (size_t i = 0; i < parts.size(); ++i) reason += (i ? "; " : "") + parts[i];
+  return reason;
+}
+
+GateOutcome SaveGate(GateContext& ctx) {
+  GateOutcome out;
+  if (!internal::RequireLoadedModel(ctx, out)) return out;
+  if (!ctx.adapter || !ctx.checkpoint) return out.Unknown("no adapter or checkpoint from phase load");
+  const StateDictAdapter& adapter = *ctx.adapter;
+
+  const auto groups = UniqueParameters(*ctx.model);
+  HfTensors hf = ToHfTensors(groups, adapter);
+  out.Count("tensors_saved", static_cast<int64_t>(hf.tensors.size()));
+  if (!hf.ok()) return out.Fail(FailureClass::kAdapterContract, hf.Problems());
+  const auto& tensors = hf.tensors;
+  auto& hf_to_internal = hf.hf_to_internal;
 
   // The saved key set must equal the original checkpoint's (without the tied alias).
   std::set<std::string> original;
@@ -738,28 +763,9 @@ GateOutcome SaveGate(GateContext& ctx) {
   return out;
 }
 
-// --- parallel, cuda_graph ------------------------------------------------------------------
+// --- parallel, cuda_graph: in their own files ------------------------------------------------------------------
 
-GateOutcome ParallelGate(GateContext& ctx) {
-  GateOutcome out;
-  const auto& t = ctx.spec.topology;
-  out.Count("world_size", t.world_size());
-  const std::string topo = "topology tp=" + std::to_string(t.tp) + " dp=" + std::to_string(t.dp) +
-                           " pp=" + std::to_string(t.pp);
-  if (t.world_size() == 1) {
-    return out.Skipped(topo + ": world size 1, nothing to compare against TP=1");
-  }
-  return out.Blocked(topo + ": tensor parallelism not implemented yet (issue 4)");
-}
-
-GateOutcome CudaGraphGate(GateContext& ctx) {
-  GateOutcome out;
-  if (!ctx.runtime.cuda_available) {
-    return out.Skipped("no CUDA device: torch::cuda::is_available() is false");
-  }
-  if (ctx.spec.mode == "cuda_graph") return out.Blocked("CUDA-graph decode not implemented yet (issue 4)");
-  return out.Skipped("mode eager: CUDA-graph decode not requested");
-}
+// ParallelGate: gates_parallel.cc. CudaGraphGate: gates_cuda_graph.cc.
 
 // --- runner --------------------------------------------------------------------------------
 
@@ -795,6 +801,15 @@ GateStatus RunGates(GateContext& ctx, EventWriter& events, const std::vector<Gat
   for (const GateDef& def : gates) {
     if (!ctx.spec.Requested(def.phase)) {
       events.PhaseEnd(def.phase, GateStatus::kSkipped, "not requested", "", 0);
+      continue;
+    }
+    if (ctx.rank > 0 && std::find(std::begin(kPhasesOnEveryRank), std::end(kPhasesOnEveryRank),
+                                  def.phase) == std::end(kPhasesOnEveryRank)) {
+      events.PhaseEnd(def.phase, GateStatus::kSkipped,
+                      "rank " + std::to_string(ctx.rank) + " of " +
+                          std::to_string(ctx.world_size) + ": phase " + std::string(def.phase) +
+                          " runs on rank 0 only",
+                      "", 0);
       continue;
     }
     if (!stopped_by.empty()) {

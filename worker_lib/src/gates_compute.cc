@@ -15,6 +15,7 @@ namespace gatehouse::worker {
 
 using internal::JoinFew;
 using internal::Num;
+using internal::Positions;
 using internal::ShapeString;
 
 namespace {
@@ -29,11 +30,6 @@ void SyncDevice(torch::Device device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
-/// Positions [1, T] int64: start, start + 1, ...
-torch::Tensor Positions(int64_t start, int64_t t, torch::Device device) {
-  return torch::arange(start, start + t, torch::TensorOptions().dtype(torch::kLong).device(device))
-      .unsqueeze(0);
-}
 
 std::string IdsString(const torch::Tensor& ids) {
   const torch::Tensor c = ids.to(torch::kLong).cpu().contiguous();
@@ -201,8 +197,17 @@ GateOutcome DecodeGate(GateContext& ctx) {
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
   const ReferenceBundle& ref = *ctx.reference;
   const int64_t n = ctx.spec.decode.max_new_tokens;
+  // Like with like, as the inference gate: a bf16 cell decodes against upstream's own bf16
+  // greedy run when the bundle has one (bf16 rounding moves near-tied argmaxes, and one moved
+  // token changes the rest of the continuation), else against the fp32 run.
+  const bool bf16_greedy = ctx.spec.precision == "bf16" && ref.has_bf16_greedy();
+  auto greedy_of = [bf16_greedy](const ReferencePrompt& p) -> const torch::Tensor& {
+    return bf16_greedy ? p.greedy_ids_bf16 : p.greedy_ids;
+  };
+  out.Text("reference", bf16_greedy ? "transformers bf16 greedy (same precision)"
+                                    : "transformers fp32 greedy");
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
-    const int64_t have = ref.prompts[i].greedy_ids.size(0);
+    const int64_t have = greedy_of(ref.prompts[i]).size(0);
     if (have < n) {
       return out.Unknown("reference prompt " + std::to_string(i) + " has " +
                          std::to_string(have) + " greedy ids; the cell decodes " +
@@ -234,7 +239,7 @@ GateOutcome DecodeGate(GateContext& ctx) {
     double ms = 0;
     const torch::Tensor ours = GreedyDecode(*ctx.model, p.input_ids, n, ctx.device, &ms);
     ms_sum += ms;
-    const torch::Tensor want = p.greedy_ids.slice(0, 0, n);
+    const torch::Tensor want = greedy_of(p).slice(0, 0, n);
     const torch::Tensor eq = ours == want;
     matched += eq.sum().item<int64_t>();
     total += n;
@@ -250,7 +255,8 @@ GateOutcome DecodeGate(GateContext& ctx) {
       out.Text("reference_ids" + suffix, IdsString(want));
     }
     if (auto text = prompt_meta(i, "text")) out.Text("input_text" + suffix, *text);
-    const auto ref_text = prompt_meta(i, "greedy_text");
+    // greedy_text is the fp32 continuation's text.
+    const auto ref_text = bf16_greedy ? std::nullopt : prompt_meta(i, "greedy_text");
     if (ref_text) out.Text("reference_text" + suffix, *ref_text);
     if (detok.ok()) {
       const torch::Tensor c = ours.contiguous();

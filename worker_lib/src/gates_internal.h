@@ -30,6 +30,12 @@ inline std::string Num(double v) {
   return buf;
 }
 
+/// Positions [1, T] int64: start, start + 1, ...
+inline torch::Tensor Positions(int64_t start, int64_t t, torch::Device device) {
+  return torch::arange(start, start + t, torch::TensorOptions().dtype(torch::kLong).device(device))
+      .unsqueeze(0);
+}
+
 /// True when an earlier gate left a loaded model (and its family/args); else sets `out`
 /// UNKNOWN naming what is missing.
 inline bool RequireLoadedModel(const GateContext& ctx, GateOutcome& out) {

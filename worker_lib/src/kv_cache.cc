@@ -26,4 +26,19 @@ std::pair<torch::Tensor, torch::Tensor> KVCache::Append(int64_t layer, const tor
   return {k.narrow(2, 0, length_ + t_new), v.narrow(2, 0, length_ + t_new)};
 }
 
+std::pair<torch::Tensor, torch::Tensor> KVCache::WriteAt(int64_t layer, const torch::Tensor& k_new,
+                                                         const torch::Tensor& v_new,
+                                                         const torch::Tensor& slots) {
+  auto& k = k_.at(layer);
+  auto& v = v_.at(layer);
+  TORCH_CHECK(k_new.dim() == 4 && k_new.size(2) == 1 && slots.dim() == 1 &&
+                  slots.size(0) == k_new.size(0),
+              "KVCache::WriteAt: k_new must be [B, H, 1, D] and slots [B], got ", k_new.sizes(),
+              " and ", slots.sizes());
+  const auto index = slots.view({-1, 1, 1, 1}).expand(k_new.sizes());
+  k.scatter_(2, index, k_new);
+  v.scatter_(2, index, v_new);
+  return {k, v};
+}
+
 }  // namespace gatehouse::worker

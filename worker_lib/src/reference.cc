@@ -117,6 +117,10 @@ Result<ReferenceBundle> LoadReference(const std::filesystem::path& dir) {
             ShapeString(p.logits.sizes().vec()));
       }
     }
+    if (file.Find(prefix + "greedy_ids_bf16") != nullptr) {
+      GH_ASSIGN_OR_RETURN(p.greedy_ids_bf16, ReadChecked(file, prefix + "greedy_ids_bf16",
+                                                         safetensors::Dtype::kI64, 1));
+    }
     bundle.vocab_size = v;
     bundle.prompts.push_back(std::move(p));
   }

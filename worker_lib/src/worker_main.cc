@@ -4,14 +4,17 @@
 //
 // Standard output carries only the JSON-lines events; the log (spdlog) goes to standard error.
 // Exit status: 0 when the run completed, whatever the verdict (run_end says it); 2 for a bad
+// rank environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; distributed.h), or a bad
 // command line or run spec (no events are written then).
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "gatehouse/worker/distributed.h"
 #include "gatehouse/worker/events.h"
 #include "gatehouse/worker/gates.h"
 #include "gatehouse/worker/log.h"
@@ -22,6 +25,9 @@
 namespace {
 
 constexpr int kExitBadInput = 2;
+/// How long a rank waits for the group to form and for each collective (GATEHOUSE_GROUP_TIMEOUT_S
+/// overrides it), in seconds.
+constexpr int kDefaultGroupTimeoutSeconds = 1800;
 
 }  // namespace
 
@@ -72,12 +78,40 @@ int main(int argc, char** argv) {
     }
     if (plugins.empty()) ctx.plugin_errors.push_back("no --plugin given: no model family is registered");
     ctx.runtime = ProbeRuntime();
+
+    // A group of ranks (the agent starts one worker per rank with torchrun's variables):
+    // join it before any gate runs. Ranks > 0 wait in the parallel gate's first collective
+    // while rank 0 runs the phases only it runs, hence the long default timeout.
+    Result<RankEnv> rank_env = ReadRankEnv();
+    if (!rank_env.ok()) {
+      log::Error(rank_env.status().ToString());
+      return kExitBadInput;
+    }
+    ctx.rank = rank_env->rank;
+    ctx.world_size = rank_env->world_size;
+    if (rank_env->world_size > 1) {
+      std::chrono::seconds timeout(kDefaultGroupTimeoutSeconds);
+      if (const char* t = std::getenv("GATEHOUSE_GROUP_TIMEOUT_S")) {
+        if (std::atoi(t) > 0) timeout = std::chrono::seconds(std::atoi(t));
+      }
+      log::Info("rank " + std::to_string(ctx.rank) + " of " + std::to_string(ctx.world_size) +
+                ": joining the gloo group at " + rank_env->master_addr + ":" +
+                std::to_string(rank_env->master_port));
+      Result<c10::intrusive_ptr<c10d::Backend>> group = JoinGlooGroup(*rank_env, timeout);
+      if (!group.ok()) {
+        // No group, no parallel gate: the gates still run and the parallel gate says why.
+        log::Error(group.status().ToString());
+      } else {
+        ctx.comm = MakeC10dCommunicator(*group);
+      }
+    }
     log::Info("attempt " + std::to_string(spec->attempt.id) + ": torch " +
               ctx.runtime.torch_version + ", device " + spec->runtime.device + ", " +
               std::to_string(spec->phases.size()) + " phase(s) requested");
 
     JsonlEventSink sink(stdout);
     EventWriter events(sink);
+    if (ctx.world_size > 1) events.SetRank(ctx.rank);
     const GateStatus verdict = RunGates(ctx, events);
     log::Info("run_end " + std::string(GateStatusName(verdict)));
   } catch (const std::exception& e) {

@@ -51,4 +51,6 @@ VARIANTS = {
     "gemma2-tiny-layer-types": _v(
         tie_word_embeddings=True,
         layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"]),
+    # 8 query heads over 4 KV heads, soft-capping, tied: a TP=4 fixture.
+    "gemma2-tiny-kv4": _v(tie_word_embeddings=True, num_attention_heads=8, num_key_value_heads=4),
 }

@@ -31,4 +31,6 @@ VARIANTS = {
     "llama-tiny-rope-dynamic": _v(
         tie_word_embeddings=False, max_position_embeddings=128,
         rope_parameters={"rope_type": "dynamic", "rope_theta": 50000.0, "factor": 2.0}),
+    # 8 query heads over 4 KV heads: TP=4 divides both (the parallel gate's TP=4 fixture).
+    "llama-tiny-kv4": _v(tie_word_embeddings=False, num_attention_heads=8, num_key_value_heads=4),
 }

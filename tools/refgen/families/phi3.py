@@ -43,4 +43,6 @@ VARIANTS = {
                             max_shard_size="100KB"),
     "phi3-tiny-sliding": _v(tie_word_embeddings=False, rope_parameters=_rope(0.75),
                             sliding_window=16),
+    # 8 query heads over 4 KV heads in the fused qkv_proj: a TP=4 fixture.
+    "phi3-tiny-kv4": _v(tie_word_embeddings=False, num_attention_heads=8, num_key_value_heads=4),
 }

@@ -28,4 +28,6 @@ VARIANTS = {
     # 3 layers, max_window_layers 1: layer 0 full, layers 1 and 2 slide over 32 keys.
     "qwen3-tiny-sliding": _v(tie_word_embeddings=False, num_hidden_layers=3,
                              use_sliding_window=True, sliding_window=32, max_window_layers=1),
+    # 8 query heads over 4 KV heads with q_norm / k_norm, tied: a TP=4 fixture.
+    "qwen3-tiny-kv4": _v(tie_word_embeddings=True, num_attention_heads=8, num_key_value_heads=4),
 }

@@ -53,4 +53,7 @@ VARIANTS = {
     "qwen3_moe-tiny-sliding": _v(tie_word_embeddings=False, decoder_sparse_step=1,
                                  norm_topk_prob=False, use_sliding_window=True,
                                  sliding_window=16, attention_bias=True),
+    # 8 query heads over 4 KV heads, experts split 4 ways: a TP=4 fixture.
+    "qwen3_moe-tiny-kv4": _v(tie_word_embeddings=False, num_attention_heads=8,
+                             num_key_value_heads=4),
 }

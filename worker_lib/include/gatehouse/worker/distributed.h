@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "gatehouse/worker/tensor_parallel.h"
 
 namespace gatehouse::worker {
 
@@ -44,5 +45,11 @@ Result<RankEnv> ReadRankEnv(
 /// the timeout, gloo failures).
 Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
                                                        std::chrono::milliseconds timeout);
+
+/// The collectives of `group` as tensor-parallel modules use them (tensor_parallel.h):
+/// AllReduceSum is c10d allreduce (SUM), AllGather is c10d allgather; both wait for the work
+/// and throw c10::Error when the group fails. Tensors must be on the group's device (CPU for
+/// gloo).
+std::shared_ptr<TpCommunicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Backend> group);
 
 }  // namespace gatehouse::worker

@@ -85,6 +85,9 @@ class EventWriter {
       : sink_(sink), clock_(std::move(clock)) {}
 
   int64_t NowMs() const { return clock_(); }
+  /// In a group of several worker ranks every event also carries "rank": `rank` (rank 0's
+  /// events are the attempt's evidence; the others are kept for the record). Off by default.
+  void SetRank(int64_t rank) { rank_ = rank; }
   void PhaseStart(std::string_view phase);
   void EmitFigure(std::string_view phase, const Figure& figure);
   /// `classification` is dropped (written as "") unless status is FAIL.
@@ -98,6 +101,7 @@ class EventWriter {
 
   EventSink& sink_;
   ClockMs clock_;
+  int64_t rank_ = -1;  // -1: not in a group, no "rank" member
 };
 
 /// JSON for a figure value (see FigureValue for non-finite reals).

@@ -32,6 +32,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,7 @@
 #include "gatehouse/worker/reference.h"
 #include "gatehouse/worker/run_spec.h"
 #include "gatehouse/worker/state_dict_adapter.h"
+#include "gatehouse/worker/tensor_parallel.h"
 
 namespace gatehouse::worker {
 
@@ -142,8 +144,33 @@ struct LoadReport {
 /// parameter's dtype and device, and records coverage both ways. Shape mismatches (against
 /// the slice for a stacked parameter) and non-finite tensors are recorded, not copied. Only an unreadable tensor is an error
 /// (the checkpoint's Load status, naming the key).
+///
+/// With `shard` (tensor parallelism) each checkpoint tensor is first cut to this rank's shard
+/// by the plan rule of its parameter (TpPlan::Shard; the expert dimension of a stacked
+/// parameter is taken off first), and shapes are compared with the local shape the plan gives;
+/// a parameter no plan rule covers, or a dimension the TP size does not divide, is a shape
+/// mismatch naming the rule.
+struct ShardedLoad {
+  const TpPlan* plan = nullptr;
+  int64_t rank = 0;
+};
 Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
-                                 CausalLM& model);
+                                 CausalLM& model, const ShardedLoad* shard = nullptr);
+
+/// The inverse of LoadStateDict: every parameter group under its HF name, a stacked parameter
+/// slice by slice along dim 0 (StateDictAdapter::HfSlices), in group order. Tensors are
+/// detached views, not copies. Groups that cannot be named are listed, not returned.
+struct HfTensors {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, std::string> hf_to_internal;  // HF name -> "param" or "param[e]"
+  std::vector<std::string> unmapped;    // "param (why)": no row of the name table
+  std::vector<std::string> duplicated;  // "hf (from a and b)"
+  std::vector<std::string> miscounted;  // a stacked parameter with the wrong dim 0
+  bool ok() const { return unmapped.empty() && duplicated.empty() && miscounted.empty(); }
+  /// "inverse mapping (HfSlices): no HF name for ...; HF name written twice: ...".
+  std::string Problems() const;
+};
+HfTensors ToHfTensors(const std::vector<ParamGroup>& groups, const StateDictAdapter& adapter);
 
 /// Logit comparison against the reference, accumulated over prompts.
 ///
@@ -190,6 +217,13 @@ struct GateContext {
   /// "plugin <path> failed to load: <why>", one per plugin that did not load; config FAILs.
   std::vector<std::string> plugin_errors;
   RuntimeInfo runtime;
+  /// This worker's place in its group of ranks (torchrun variables; distributed.h). Rank 0's
+  /// events are the attempt's evidence; ranks > 0 run only the phases the parallel gate needs
+  /// (RunGates).
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  /// The group's collectives; null when world_size is 1.
+  std::shared_ptr<TpCommunicator> comm;
 
   // --- state carried between gates -------------------------------------------------------
   std::optional<Checkpoint> checkpoint;       // load
@@ -212,6 +246,24 @@ GateOutcome InferenceGate(GateContext& ctx);
 GateOutcome DecodeGate(GateContext& ctx);
 GateOutcome TrainingGate(GateContext& ctx);
 GateOutcome SaveGate(GateContext& ctx);
+/// Tensor-parallel parity (GATES-NOTES.md "Tensor parallelism": TP=1 on the same checkpoint is
+/// the control). Every rank builds its shard of the model (ModelFamily::ConstructParallel),
+/// loads it from the checkpoint through the family's plan (Parallelize, LoadStateDict with a
+/// ShardedLoad) and checks each local shape against the plan; rank 0 also builds the TP=1
+/// control from the same checkpoint. Then, on the reference prompts: logits of TP=N vs TP=1
+/// (fp32: KL < 1e-6 nats/token and top-1 100 %; bf16: ThresholdsFor("bf16"), top-1 over the
+/// decided tokens: those whose upstream fp32 top-1 margin exceeds twice upstream's own bf16
+/// rounding of the token's logits, from the reference bundle); one training
+/// step's loss (relative difference) and every gradient after gathering the shards (max abs
+/// difference relative to the control gradient's max abs: fp32 < 1e-4, bf16 < 5e-2); and the
+/// save: the gathered parameters under HF names written to parallel/tp<N>/model.safetensors,
+/// compared bit for bit (tensors and file SHA-256) with the TP=1 control's save in
+/// parallel/tp1/. Figures per rank are gathered to rank 0 (params_rank<r>). SKIPPED at world
+/// size 1; BLOCKED when the topology asks for dp/pp/ep > 1 (not implemented) or the worker was
+/// not started as the rank group the topology asks for; FAIL adapter_contract when the family
+/// has no plan, the TP size does not divide a config field, or a shard does not load. The
+/// ranks first agree that each of them is ready, so one rank's early exit never leaves the
+/// others waiting in a collective.
 GateOutcome ParallelGate(GateContext& ctx);
 GateOutcome CudaGraphGate(GateContext& ctx);
 GateOutcome PerformanceGate(GateContext& ctx);
@@ -231,6 +283,11 @@ struct GateDef {
 
 /// The eleven gates in kPhases order.
 std::vector<GateDef> DefaultGates();
+
+/// The phases a rank > 0 of a worker group runs (the parallel gate and what it needs); the
+/// others end SKIPPED "rank r of N: phase p runs on rank 0 only".
+inline constexpr std::string_view kPhasesOnEveryRank[] = {"identity", "config", "construct",
+                                                          "load", "parallel"};
 
 /// Runs `gates` in order and reports each phase:
 ///  - requested and no earlier requested phase stopped the run: phase_start, the gate's

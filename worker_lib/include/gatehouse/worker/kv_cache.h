@@ -25,6 +25,13 @@ class KVCache {
   /// Throws c10::Error if the cache would overflow max_len (the caller checks capacity first).
   std::pair<torch::Tensor, torch::Tensor> Append(int64_t layer, const torch::Tensor& k_new,
                                                  const torch::Tensor& v_new);
+  /// The static-shape write a captured decode step uses (CUDA graphs): row b's new key and
+  /// value (k_new, v_new [B, H_kv, 1, D]) go to slot slots[b] (slots: [B] int64 on the cache's
+  /// device; no host read). Returns the whole buffers [B, H_kv, max_len, D]; slots beyond a
+  /// row's position hold stale values the caller must mask. length() is not used or changed.
+  std::pair<torch::Tensor, torch::Tensor> WriteAt(int64_t layer, const torch::Tensor& k_new,
+                                                  const torch::Tensor& v_new,
+                                                  const torch::Tensor& slots);
   /// Number of positions already cached.
   int64_t length() const { return length_; }
   int64_t max_len() const { return max_len_; }

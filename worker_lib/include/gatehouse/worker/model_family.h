@@ -19,13 +19,16 @@
 #include "common/status.h"
 #include "gatehouse/worker/kv_cache.h"
 #include "gatehouse/worker/state_dict_adapter.h"
+#include "gatehouse/worker/tensor_parallel.h"
 
 namespace gatehouse::worker {
 
 /// Bump when any type in this header or the SDK headers it includes changes layout; the worker
 /// refuses other versions. 2: TensorNameRule::num_experts and the stacked-slice lookups of
-/// StateDictAdapter (state_dict_adapter.h).
-inline constexpr int kPluginAbiVersion = 2;
+/// StateDictAdapter (state_dict_adapter.h). 3: ModelFamily::Parallelize / ConstructParallel
+/// and the tensor-parallel types (tensor_parallel.h); CausalLM::SupportsStaticDecode /
+/// DecodeStep and KVCache::WriteAt (CUDA-graph decode).
+inline constexpr int kPluginAbiVersion = 3;
 
 /// How each top-level field of config.json was treated. Every field must land in `mapped` or
 /// `ignored`; a field the family cannot honour makes ParseConfig fail instead.
@@ -64,6 +67,21 @@ class CausalLM : public torch::nn::Module {
                                 KVCache* cache) = 0;
   /// A cache sized for this model: batch x max_len positions, in the model's dtype and device.
   virtual std::unique_ptr<KVCache> NewKVCache(int64_t batch, int64_t max_len) const = 0;
+
+  /// True when DecodeStep is implemented for this model (CUDA-graph decode). Default false.
+  virtual bool SupportsStaticDecode() const { return false; }
+  /// One greedy-decode step with static shapes, capturable in a CUDA graph (cuda_graph.h):
+  /// tokens [B, 1] int64 and positions [B, 1] int64 on the model's device. Writes row b's new
+  /// keys and values into slot positions[b] of `cache` (KVCache::WriteAt), attends over the
+  /// slots s <= positions[b] (and inside a sliding window), and reads nothing back to the host.
+  /// Returns logits [B, 1, vocab_size]. Default: throws c10::Error (not supported).
+  virtual torch::Tensor DecodeStep(const torch::Tensor& tokens, const torch::Tensor& positions,
+                                   KVCache& cache) {
+    (void)tokens;
+    (void)positions;
+    (void)cache;
+    TORCH_CHECK(false, "this model has no static decode step (SupportsStaticDecode is false)");
+  }
 };
 
 /// Result of ParseConfig: the args and the field-by-field report.
@@ -89,6 +107,33 @@ class ModelFamily {
                                                       torch::Device device) const = 0;
   /// The HF <-> internal name table for these args.
   virtual Result<StateDictAdapter> Adapter(const ModelArgs& args) const = 0;
+
+  /// The family's tensor-parallel plan for these args at `tp_size` ranks: one ShardRule per
+  /// internal parameter pattern, covering every parameter. Errors: INVALID_ARGUMENT naming
+  /// the config field whose value `tp_size` does not divide; FAILED_PRECONDITION when the
+  /// family has no tensor-parallel support (the default).
+  virtual Result<TpPlan> Parallelize(const ModelArgs& args, int64_t tp_size) const {
+    (void)args;
+    (void)tp_size;
+    return Status::FailedPrecondition("model family '" + std::string(name()) +
+                                      "' has no tensor-parallel plan");
+  }
+  /// Builds this rank's part of the model for `tp`: parameters hold the local shards the plan
+  /// of Parallelize(args, tp.size) describes (freshly initialised; the caller loads them), and
+  /// Forward returns the full logits [B, T, vocab_size] on every rank. Collectives go through
+  /// tp.comm; every rank must call Forward (and backward) together. Errors as Construct, and
+  /// FAILED_PRECONDITION when the family has no tensor-parallel support (the default).
+  virtual Result<std::shared_ptr<CausalLM>> ConstructParallel(const ModelArgs& args,
+                                                              torch::Dtype dtype,
+                                                              torch::Device device,
+                                                              const TensorParallel& tp) const {
+    (void)args;
+    (void)dtype;
+    (void)device;
+    (void)tp;
+    return Status::FailedPrecondition("model family '" + std::string(name()) +
+                                      "' has no tensor-parallel support");
+  }
 };
 
 /// The families a worker knows, keyed by name and by HF model_type. Not thread-safe; filled

@@ -10,6 +10,8 @@
 //     prompts.{i}.greedy_ids  I64 [N]      upstream greedy continuation (new tokens only)
 //     prompts.{i}.logits_bf16 F32 [T, V]   optional: upstream logits with the weights and
 //                                          compute in bf16 (the bf16 inference reference)
+//     prompts.{i}.greedy_ids_bf16 I64 [N]  optional: upstream greedy continuation in bf16
+//                                          (the bf16 decode reference)
 // Without "prompts"/"num_prompts" the count is the number of consecutive i from 0 for which
 // prompts.{i}.input_ids exists.
 #pragma once
@@ -34,6 +36,8 @@ struct ReferencePrompt {
   torch::Tensor greedy_ids;  // int64 [N], CPU
   /// float32 [T, V], CPU, or undefined when the bundle has no bf16 run.
   torch::Tensor logits_bf16;
+  /// int64 [N], CPU, or undefined when the bundle has no bf16 greedy run.
+  torch::Tensor greedy_ids_bf16;
 };
 
 struct ReferenceBundle {
@@ -41,6 +45,13 @@ struct ReferenceBundle {
   bool has_bf16() const {
     for (const auto& p : prompts) {
       if (!p.logits_bf16.defined()) return false;
+    }
+    return !prompts.empty();
+  }
+  /// True when every prompt carries greedy_ids_bf16.
+  bool has_bf16_greedy() const {
+    for (const auto& p : prompts) {
+      if (!p.greedy_ids_bf16.defined()) return false;
     }
     return !prompts.empty();
   }

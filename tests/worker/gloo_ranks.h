@@ -1,0 +1,70 @@
+// Test helpers for c10d gloo groups inside one test process: a free port on 127.0.0.1 and a
+// runner that starts one thread per rank, joins the group (JoinGlooGroup) and hands each rank
+// its communicator. Used by tests/worker (distributed, tensor_parallel) and tests/models
+// (the parallel gate).
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gatehouse/worker/distributed.h"
+
+namespace gatehouse::test_util {
+
+/// A port on 127.0.0.1 that was free a moment ago.
+inline int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/// Runs `world` ranks, one thread each: every rank joins a gloo group on 127.0.0.1 (timeout
+/// `timeout`) and calls `body(rank, comm)`. Returns per rank "" or the join error; exceptions
+/// thrown by `body` are returned as "exception: <what>".
+inline std::vector<std::string> RunGlooRanks(
+    int world,
+    const std::function<void(int rank, std::shared_ptr<worker::TpCommunicator> comm)>& body,
+    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const int port = FreePort();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      worker::RankEnv env;
+      env.rank = r;
+      env.world_size = world;
+      env.master_addr = "127.0.0.1";
+      env.master_port = port;
+      auto group = worker::JoinGlooGroup(env, timeout);
+      if (!group.ok()) {
+        errors[static_cast<size_t>(r)] = group.status().ToString();
+        return;
+      }
+      try {
+        body(r, worker::MakeC10dCommunicator(*group));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::string("exception: ") + e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace gatehouse::test_util

@@ -1,0 +1,130 @@
+// Tensor parallelism for model families (issue 4): the group a model is built for, the
+// autograd-aware mappings between replicated and sharded activations, and the TP plan as data.
+//
+// Semantics follow Megatron-LM's tensor-parallel layers (megatron/core/tensor_parallel/
+// layers.py, mappings.py) and torchtitan's plans (ColwiseParallel / RowwiseParallel keyed by
+// module path):
+//   column-parallel linear  W [out, in] split along out (dim 0); the input is replicated, the
+//                           output stays sharded (heads, intermediate features);
+//   row-parallel linear     W [out, in] split along in (dim 1); partial outputs are summed over
+//                           the ranks (all-reduce), then the bias (replicated) is added once;
+//   vocabulary-parallel     embedding rows / lm_head rows split along the vocabulary; lookups
+//                           outside a rank's range give 0 and are summed; logits are gathered.
+// The collectives are c10d's (distributed.h); nothing here talks to the network itself.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace gatehouse::worker {
+
+/// The collectives tensor-parallel modules need. Implementations wrap a c10d process group
+/// (MakeC10dCommunicator in distributed.h); tests may use their own. Collectives block until
+/// every rank of the group took part and throw c10::Error when the group fails (a peer gone,
+/// the group timeout).
+class TpCommunicator {
+ public:
+  virtual ~TpCommunicator() = default;
+  virtual int64_t rank() const = 0;
+  virtual int64_t world_size() const = 0;
+  /// Sums `t` over the ranks, in place (every rank ends with the sum).
+  virtual void AllReduceSum(torch::Tensor& t) = 0;
+  /// Every rank's `t` (same shape and dtype on every rank), in rank order.
+  virtual std::vector<torch::Tensor> AllGather(const torch::Tensor& t) = 0;
+};
+
+/// The tensor-parallel group a model is built for. size 1 (the default) is the plain model.
+struct TensorParallel {
+  int64_t rank = 0;
+  int64_t size = 1;
+  /// Required when size > 1.
+  std::shared_ptr<TpCommunicator> comm;
+  bool enabled() const { return size > 1; }
+};
+
+/// Identity forward; the gradient is summed over the ranks backward. Put at the input of a
+/// column-parallel region: every rank's partial gradient of a replicated activation adds up to
+/// the full one. (Megatron: copy_to_tensor_model_parallel_region.) Returns x itself when TP is
+/// off or x needs no gradient.
+torch::Tensor CopyToTensorParallelRegion(const torch::Tensor& x, const TensorParallel& tp);
+
+/// Sums x over the ranks forward (a new tensor); identity backward. Put at the output of a
+/// row-parallel region. (Megatron: reduce_from_tensor_model_parallel_region.)
+torch::Tensor ReduceFromTensorParallelRegion(const torch::Tensor& x, const TensorParallel& tp);
+
+/// Concatenates every rank's x along the last dimension forward ([..., n] -> [..., n * size]);
+/// backward keeps this rank's slice of the gradient. (Megatron:
+/// gather_from_tensor_model_parallel_region.)
+torch::Tensor GatherFromTensorParallelRegion(const torch::Tensor& x, const TensorParallel& tp);
+
+/// How one parameter is laid out across the ranks.
+enum class ShardStyle {
+  kReplicated,  // every rank holds the whole tensor
+  kColwise,     // split along `dim`, the output features of a column-parallel layer
+  kRowwise,     // split along `dim`, the input features of a row-parallel layer
+  kVocab,       // split along `dim` (0), the vocabulary rows of an embedding / lm_head
+};
+std::string_view ShardStyleName(ShardStyle style);
+
+/// One row of a TP plan: which parameters it covers and how they are split.
+struct ShardRule {
+  /// Internal parameter name; "{i}" stands for a layer index (any run of digits), e.g.
+  /// "layers.{i}.attention.wq.weight".
+  std::string pattern;
+  ShardStyle style = ShardStyle::kReplicated;
+  /// The dimension that is split (ignored when replicated). For a stacked parameter (MoE
+  /// experts [E, ...]) it counts the expert dimension: w1 [E, I, H] is split along dim 1.
+  int64_t dim = 0;
+  /// Sizes along `dim` of blocks that are split independently, for fused projections: each
+  /// block is cut in `size` equal pieces and rank r holds piece r of every block, in block
+  /// order (Phi-3 qkv_proj [q | k | v] -> {q_out, kv_out, kv_out}). Empty: one block.
+  std::vector<int64_t> blocks;
+  /// Why this layout (always set for replicated rules, e.g. "RMSNorm weight over hidden").
+  std::string note;
+};
+
+/// A family's tensor-parallel plan: one rule per parameter pattern, for one TP size.
+class TpPlan {
+ public:
+  TpPlan() = default;
+  TpPlan(int64_t size, std::vector<ShardRule> rules) : size_(size), rules_(std::move(rules)) {}
+
+  int64_t size() const { return size_; }
+  const std::vector<ShardRule>& rules() const { return rules_; }
+  /// The first rule whose pattern matches `param`, or nullptr.
+  const ShardRule* Find(std::string_view param) const;
+
+  /// The local shape on one rank of a tensor of `full` shape under `rule`. `leading` is 1 for
+  /// one slice of a stacked parameter (its shape lacks the expert dimension), else 0.
+  /// Errors: INVALID_ARGUMENT naming the pattern, the dimension and its size when it (or a
+  /// block) is not divisible by the TP size, or the dimension does not exist.
+  Result<std::vector<int64_t>> LocalShape(const ShardRule& rule, std::vector<int64_t> full,
+                                          int64_t leading = 0) const;
+  /// Rank `rank`'s shard of `full` (a contiguous copy). Errors as LocalShape.
+  Result<torch::Tensor> Shard(const ShardRule& rule, const torch::Tensor& full, int64_t rank,
+                              int64_t leading = 0) const;
+  /// The full tensor from every rank's shard, in rank order (inverse of Shard). Errors:
+  /// INVALID_ARGUMENT when the count or shapes do not fit the rule.
+  Result<torch::Tensor> Unshard(const ShardRule& rule, const std::vector<torch::Tensor>& shards,
+                                int64_t leading = 0) const;
+
+  /// [{"pattern", "style", "dim", "blocks", "note"}...] for the evidence.
+  nlohmann::json ToJson() const;
+
+ private:
+  int64_t size_ = 1;
+  std::vector<ShardRule> rules_;
+};
+
+/// True when `name` matches `pattern` ("{i}" matches one or more digits).
+bool MatchesParamPattern(std::string_view pattern, std::string_view name);
+
+}  // namespace gatehouse::worker

@@ -1,0 +1,129 @@
+// CUDA-graph greedy decode (cuda_graph.h), through at::cuda::CUDAGraph.
+#include "gatehouse/worker/cuda_graph.h"
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <chrono>
+#include <vector>
+
+namespace gatehouse::worker {
+namespace {
+
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Warm-up steps before capture (allocator and library handles settle on the side stream).
+constexpr int kWarmupSteps = 3;
+
+}  // namespace
+
+struct CudaGraphDecoder::Graph {
+  at::cuda::CUDAGraph graph;
+};
+
+bool CudaAvailable() { return torch::cuda::is_available(); }
+
+CudaGraphDecoder::~CudaGraphDecoder() = default;
+
+Result<std::unique_ptr<CudaGraphDecoder>> CudaGraphDecoder::Create(CausalLM& model, int64_t batch,
+                                                                   int64_t max_len) {
+  if (!CudaAvailable()) {
+    return Status::FailedPrecondition("no CUDA device: torch::cuda::is_available() is false");
+  }
+  if (!model.SupportsStaticDecode()) {
+    return Status::FailedPrecondition(
+        "the model has no static decode step (CausalLM::SupportsStaticDecode is false)");
+  }
+  const auto params = model.parameters();
+  if (params.empty()) return Status::FailedPrecondition("the model has no parameters");
+  const torch::Device device = params.front().device();
+  if (!device.is_cuda()) {
+    return Status::FailedPrecondition("the model is on " + device.str() + ", not a CUDA device");
+  }
+  if (batch < 1 || max_len < 2) {
+    return Status::InvalidArgument("CUDA-graph decode needs batch >= 1 and max_len >= 2, got " +
+                                   std::to_string(batch) + " and " + std::to_string(max_len));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    model.eval();
+    std::unique_ptr<CudaGraphDecoder> d(new CudaGraphDecoder());
+    d->model_ = &model;
+    d->batch_ = batch;
+    d->cache_ = model.NewKVCache(batch, max_len);
+    const auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+    d->tokens_ = torch::zeros({batch, 1}, opts);
+    d->positions_ = torch::zeros({batch, 1}, opts);
+
+    c10::cuda::CUDAGuard device_guard(device);
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    side.synchronize();
+    torch::cuda::synchronize(device.index());
+    {
+      c10::cuda::CUDAStreamGuard stream_guard(side);
+      for (int i = 0; i < kWarmupSteps; ++i) {
+        d->logits_ = model.DecodeStep(d->tokens_, d->positions_, *d->cache_);
+      }
+      side.synchronize();
+      d->graph_ = std::make_unique<Graph>();
+      d->graph_->graph.capture_begin();
+      d->logits_ = model.DecodeStep(d->tokens_, d->positions_, *d->cache_);
+      d->graph_->graph.capture_end();
+    }
+    torch::cuda::synchronize(device.index());
+    return d;
+  } catch (const c10::Error& e) {
+    return Status::Internal(std::string("capturing the decode step: ") + e.what_without_backtrace());
+  }
+}
+
+Result<torch::Tensor> CudaGraphDecoder::Generate(const torch::Tensor& prompts,
+                                                 int64_t max_new_tokens, double* ms_per_token) {
+  if (prompts.dim() != 2 || prompts.size(0) != batch_ || prompts.scalar_type() != torch::kLong) {
+    return Status::InvalidArgument("prompts must be int64 [" + std::to_string(batch_) +
+                                   ", T], got " + std::string(c10::toString(prompts.scalar_type())) +
+                                   " with " + std::to_string(prompts.dim()) + " dims");
+  }
+  const int64_t t = prompts.size(1);
+  if (t < 1 || max_new_tokens < 1 || t + max_new_tokens > cache_->max_len()) {
+    return Status::InvalidArgument("prompt of " + std::to_string(t) + " tokens + " +
+                                   std::to_string(max_new_tokens) +
+                                   " new ones does not fit the cache of " +
+                                   std::to_string(cache_->max_len()));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    const torch::Device device = tokens_.device();
+    const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+    // Eager prefill into the same static cache buffers the graph reads; entries a previous
+    // prompt left beyond this prompt's positions are masked by the step (slot <= position).
+    cache_->Reset();
+    const torch::Tensor positions = torch::arange(t, long_opts).unsqueeze(0).expand({batch_, t});
+    torch::Tensor logits = model_->Forward(prompts.to(device), positions.contiguous(), cache_.get());
+    torch::Tensor next = logits.select(1, t - 1).argmax(-1);  // [B]
+    std::vector<torch::Tensor> ids{next};
+    torch::cuda::synchronize(device.index());
+    const double t0 = NowMs();
+    for (int64_t step = 1; step < max_new_tokens; ++step) {
+      tokens_.copy_(next.view({batch_, 1}));
+      positions_.fill_(t + step - 1);
+      graph_->graph.replay();
+      next = logits_.select(1, 0).argmax(-1);
+      ids.push_back(next);
+    }
+    torch::cuda::synchronize(device.index());
+    if (ms_per_token != nullptr) {
+      *ms_per_token = max_new_tokens > 1 ? (NowMs() - t0) / double(max_new_tokens - 1) : 0.0;
+    }
+    return torch::stack(ids, 1).cpu();
+  } catch (const c10::Error& e) {
+    return Status::Internal(std::string("CUDA-graph decode: ") + e.what_without_backtrace());
+  }
+}
+
+}  // namespace gatehouse::worker

@@ -1,0 +1,117 @@
+// The cuda_graph gate (gates.h CudaGraphGate; GATES-NOTES.md "CUDA graphs": vLLM compares
+// eager and graph decode for exact token equality).
+#include <chrono>
+#include <vector>
+
+#include "gatehouse/worker/cuda_graph.h"
+#include "gatehouse/worker/gates.h"
+#include "gates_internal.h"
+
+namespace gatehouse::worker {
+
+using internal::Num;
+using internal::Positions;
+
+namespace {
+
+/// Batch sizes whose replay speed is measured (each row the first prompt).
+constexpr int64_t kSpeedBatchSizes[] = {1, 4, 16};
+
+/// Eager greedy decode of `prompts` [B, T] with the model's KV cache (the same steps as
+/// GreedyDecode, batched); returns the mean ms per step after the prefill.
+double EagerBatchMsPerToken(CausalLM& model, const torch::Tensor& prompts, int64_t n,
+                            torch::Device device) {
+  torch::NoGradGuard no_grad;
+  const int64_t b = prompts.size(0), t = prompts.size(1);
+  auto cache = model.NewKVCache(b, t + n);
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  torch::Tensor logits = model.Forward(prompts.to(device),
+                                       torch::arange(t, long_opts).unsqueeze(0).expand({b, t}).contiguous(),
+                                       cache.get());
+  torch::Tensor next = logits.select(1, t - 1).argmax(-1);
+  torch::cuda::synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t step = 1; step < n; ++step) {
+    logits = model.Forward(next.view({b, 1}), torch::full({b, 1}, t + step - 1, long_opts), cache.get());
+    next = logits.select(1, 0).argmax(-1);
+  }
+  torch::cuda::synchronize();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return n > 1 ? ms / double(n - 1) : 0.0;
+}
+
+}  // namespace
+
+GateOutcome CudaGraphGate(GateContext& ctx) {
+  GateOutcome out;
+  if (!ctx.runtime.cuda_available) {
+    return out.Skipped("no CUDA device: torch::cuda::is_available() is false");
+  }
+  if (ctx.spec.mode != "cuda_graph") return out.Skipped("mode eager: CUDA-graph decode not requested");
+  if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
+  if (!ctx.device.is_cuda()) {
+    return out.Blocked("runtime.device is " + ctx.device.str() +
+                       ": CUDA-graph decode needs the model on a CUDA device");
+  }
+  CausalLM& model = *ctx.model;
+  if (!model.SupportsStaticDecode()) {
+    return out.Fail(FailureClass::kAdapterContract,
+                    "mode cuda_graph: the model has no static decode step "
+                    "(CausalLM::SupportsStaticDecode; e.g. dynamic RoPE reads the sequence length)");
+  }
+  const ReferenceBundle& ref = *ctx.reference;
+  const int64_t n = ctx.spec.decode.max_new_tokens;
+  int64_t longest = 0;
+  for (const auto& p : ref.prompts) longest = std::max(longest, p.input_ids.size(0));
+
+  // Token equality, prompt by prompt, through one captured graph (batch 1) reused across
+  // prompts of different lengths.
+  Result<std::unique_ptr<CudaGraphDecoder>> one = CudaGraphDecoder::Create(model, 1, longest + n);
+  if (!one.ok()) return out.Fail(FailureClass::kNativeRuntime, one.status().message());
+  int64_t matched = 0, total = 0;
+  std::string first_mismatch;
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    const torch::Tensor& prompt = ref.prompts[i].input_ids;
+    const torch::Tensor eager = GreedyDecode(model, prompt, n, ctx.device);
+    Result<torch::Tensor> graph = (*one)->Generate(prompt.unsqueeze(0), n);
+    if (!graph.ok()) return out.Fail(FailureClass::kNativeRuntime, graph.status().message());
+    const torch::Tensor eq = graph->select(0, 0) == eager;
+    matched += eq.sum().item<int64_t>();
+    total += n;
+    if (first_mismatch.empty() && !eq.all().item<bool>()) {
+      const int64_t j = (~eq).nonzero()[0][0].item<int64_t>();
+      first_mismatch = "prompt " + std::to_string(i) + " (" + std::to_string(prompt.size(0)) +
+                       " tokens): token " + std::to_string(j) + " graph " +
+                       std::to_string(graph->select(0, 0)[j].item<int64_t>()) + " vs eager " +
+                       std::to_string(eager[j].item<int64_t>());
+    }
+  }
+  out.Count("tokens_matched", matched);
+  out.Count("tokens_total", total);
+  out.Count("prompts", static_cast<int64_t>(ref.prompts.size()));
+
+  // Speed per batch size: eager steps vs replays, the first prompt in every row.
+  const torch::Tensor first = ref.prompts.front().input_ids;
+  for (int64_t b : kSpeedBatchSizes) {
+    const torch::Tensor rows = first.unsqueeze(0).expand({b, first.size(0)}).contiguous();
+    const double eager_ms = EagerBatchMsPerToken(model, rows, n, ctx.device);
+    Result<std::unique_ptr<CudaGraphDecoder>> dec =
+        CudaGraphDecoder::Create(model, b, first.size(0) + n);
+    if (!dec.ok()) return out.Fail(FailureClass::kNativeRuntime, dec.status().message());
+    double graph_ms = 0;
+    Result<torch::Tensor> ids = (*dec)->Generate(rows, n, &graph_ms);
+    if (!ids.ok()) return out.Fail(FailureClass::kNativeRuntime, ids.status().message());
+    const std::string k = "_b" + std::to_string(b);
+    out.Real("eager_ms_per_token" + k, eager_ms, "ms");
+    out.Real("graph_ms_per_token" + k, graph_ms, "ms");
+    out.Real("speedup" + k, graph_ms > 0 ? eager_ms / graph_ms : 0.0, "ratio");
+  }
+  if (matched != total) {
+    return out.Fail(FailureClass::kNativeRuntime,
+                    "graph decode differs from eager decode: " + std::to_string(matched) + "/" +
+                        std::to_string(total) + " tokens equal; first: " + first_mismatch);
+  }
+  return out;
+}
+
+}  // namespace gatehouse::worker

@@ -1,0 +1,424 @@
+// The parallel gate: tensor-parallel parity against the TP=1 control (gates.h ParallelGate;
+// GATES-NOTES.md "Tensor parallelism").
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <unordered_map>
+
+#include "common/sha256.h"
+#include "gatehouse/worker/gates.h"
+#include "gatehouse/worker/safetensors_torch.h"
+#include "gates_internal.h"
+
+namespace gatehouse::worker {
+
+using internal::JoinFew;
+using internal::Num;
+using internal::Positions;
+
+namespace {
+
+/// Bars on one training step, TP=N against TP=1 (the logits use InferenceThresholds; fp32 at
+/// the torchtitan conversion bar). Gradients: max |g_N - g_1| over a tensor divided by max
+/// |g_1| of that tensor. Summation order differs under TP (partial sums all-reduced), so fp32
+/// agrees to ~1e-6 relative, bf16 to its 8-bit mantissa.
+struct TpThresholds {
+  double kl_mean_below;   // nats per token
+  double top1_at_least;   // percent
+  double loss_rel_below;  // |loss_N - loss_1| / |loss_1|
+  double grad_rel_below;  // per tensor, see above
+};
+
+TpThresholds TpThresholdsFor(std::string_view precision) {
+  if (precision == "bf16") {
+    const InferenceThresholds t = ThresholdsFor("bf16");
+    return {t.kl_mean_below, t.top1_at_least, 1e-2, 5e-2};
+  }
+  return {1e-6, 100.0, 1e-5, 1e-4};
+}
+
+/// Every rank says whether it is ready; returns the ranks that are not (same on every rank).
+std::vector<int64_t> NotReady(TpCommunicator& comm, bool ready) {
+  const auto flags = comm.AllGather(torch::tensor({ready ? int64_t{1} : int64_t{0}}));
+  std::vector<int64_t> bad;
+  for (size_t r = 0; r < flags.size(); ++r) {
+    if (flags[r].item<int64_t>() == 0) bad.push_back(static_cast<int64_t>(r));
+  }
+  return bad;
+}
+
+std::string RankList(const std::vector<int64_t>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string LoadProblems(const LoadReport& rep) {
+  std::vector<std::string> all;
+  for (const auto* l : {&rep.missing, &rep.unexpected, &rep.unknown_params, &rep.shape_mismatches,
+                        &rep.nonfinite, &rep.loaded_twice}) {
+    all.insert(all.end(), l->begin(), l->end());
+  }
+  return JoinFew(all);
+}
+
+/// Writes `tensors` to `dir`/model.safetensors; the artifact path is relative to the attempt.
+Result<Artifact> WriteCheckpoint(const std::filesystem::path& attempt_dir,
+                                 const std::string& rel_dir,
+                                 const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                                 const std::string& name) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(attempt_dir / rel_dir, ec);
+  if (ec) return Status::Internal("cannot create " + (attempt_dir / rel_dir).string() + ": " + ec.message());
+  const std::string rel = rel_dir + "/model.safetensors";
+  const fs::path file = attempt_dir / rel;
+  GH_RETURN_IF_ERROR(safetensors::WriteTensors(file, tensors, {{"format", "pt"}}));
+  GH_ASSIGN_OR_RETURN(std::string digest, Sha256FileHex(file));
+  const uint64_t bytes = fs::file_size(file, ec);
+  return Artifact{name, rel, bytes, digest};
+}
+
+/// Cross entropy of next-token prediction on `ids` [T] (T >= 2), in fp32.
+torch::Tensor NextTokenLoss(CausalLM& model, const torch::Tensor& ids, torch::Device device) {
+  const int64_t t = ids.size(0);
+  const torch::Tensor d = ids.to(device);
+  const torch::Tensor logits =
+      model.Forward(d.slice(0, 0, t - 1).unsqueeze(0), Positions(0, t - 1, device), nullptr)
+          .to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
+                                              d.slice(0, 1, t));
+}
+
+}  // namespace
+
+GateOutcome ParallelGate(GateContext& ctx) {
+  GateOutcome out;
+  const auto& topo = ctx.spec.topology;
+  out.Count("world_size", topo.world_size());
+  out.Count("tp", topo.tp);
+  const std::string topo_text = "topology tp=" + std::to_string(topo.tp) + " dp=" +
+                                std::to_string(topo.dp) + " pp=" + std::to_string(topo.pp) +
+                                " ep=" + std::to_string(topo.ep);
+  if (topo.world_size() == 1) {
+    return out.Skipped(topo_text + ": world size 1, nothing to compare against TP=1");
+  }
+  if (topo.dp != 1 || topo.pp != 1 || topo.ep != 1) {
+    return out.Blocked(topo_text +
+                       ": only tensor parallelism is implemented; data, pipeline and expert "
+                       "parallelism are not");
+  }
+  if (ctx.world_size != topo.world_size() || !ctx.comm) {
+    return out.Blocked(topo_text + " needs " + std::to_string(topo.world_size()) +
+                       " worker ranks, but this worker runs as rank " + std::to_string(ctx.rank) +
+                       " of " + std::to_string(ctx.world_size) +
+                       " (WORLD_SIZE; the agent starts one worker per rank)");
+  }
+  if (ctx.device.type() != torch::kCPU) {
+    return out.Blocked("device " + ctx.device.str() +
+                       ": process groups are gloo (CPU) only; NCCL is not implemented yet");
+  }
+  TpCommunicator& comm = *ctx.comm;
+  const bool rank0 = ctx.rank == 0;
+  const int64_t tp_size = topo.tp;
+
+  // 1. Each rank checks what it needs, then all agree before any other collective.
+  std::string not_ready;
+  GateOutcome scratch;
+  if (!ctx.family || !ctx.args) {
+    not_ready = "no model args: phase config did not pass";
+  } else if (!ctx.checkpoint || !ctx.adapter) {
+    not_ready = "no checkpoint or name table: phase load did not pass";
+  } else if (!internal::RequireReference(ctx, scratch)) {
+    not_ready = scratch.reason;
+  }
+  Result<TpPlan> plan = Status::FailedPrecondition(not_ready);
+  if (not_ready.empty()) plan = ctx.family->Parallelize(*ctx.args, tp_size);
+  const std::vector<int64_t> bad = NotReady(comm, not_ready.empty() && plan.ok());
+  if (!not_ready.empty()) return out.Unknown(not_ready);
+  if (!plan.ok()) {
+    return out.Fail(FailureClass::kAdapterContract,
+                    "tensor-parallel plan (Parallelize, tp=" + std::to_string(tp_size) +
+                        "): " + plan.status().message());
+  }
+  if (!bad.empty()) {
+    return out.Unknown("rank(s) " + RankList(bad) + " not ready for the parallel gate (see their events)");
+  }
+  int64_t n_sharded = 0, n_replicated = 0;
+  for (const ShardRule& r : plan->rules()) (r.style == ShardStyle::kReplicated ? n_replicated : n_sharded)++;
+  out.Count("plan_rules_sharded", n_sharded);
+  out.Count("plan_rules_replicated", n_replicated);
+
+  // 2. This rank's shard, loaded through the plan; the TP=1 control on rank 0.
+  const TensorParallel tp{ctx.rank, tp_size, ctx.comm};
+  std::string problem;
+  FailureClass problem_class = FailureClass::kAdapterContract;
+  std::shared_ptr<CausalLM> model, control;
+  Result<std::shared_ptr<CausalLM>> built =
+      ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp);
+  if (!built.ok() || !*built) {
+    problem = "ConstructParallel: " + (built.ok() ? std::string("returned no model") : built.status().ToString());
+  } else {
+    model = *built;
+    const ShardedLoad shard{&*plan, ctx.rank};
+    Result<LoadReport> loaded = LoadStateDict(*ctx.checkpoint, *ctx.adapter, *model, &shard);
+    if (!loaded.ok()) {
+      problem = "sharded load: " + loaded.status().ToString();
+      problem_class = FailureClass::kUnknown;
+    } else if (!loaded->ok()) {
+      problem = "sharded load on rank " + std::to_string(ctx.rank) + ": " + LoadProblems(*loaded);
+    } else {
+      out.Count("keys_loaded_rank" + std::to_string(ctx.rank), loaded->keys_used);
+    }
+  }
+  if (problem.empty() && rank0) {
+    Result<std::shared_ptr<CausalLM>> c = ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
+    Result<LoadReport> loaded = c.ok() && *c ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, **c)
+                                             : Result<LoadReport>(c.ok() ? Status::Internal("no model") : c.status());
+    if (!loaded.ok() || !loaded->ok()) {
+      problem = "TP=1 control: " + (loaded.ok() ? LoadProblems(*loaded) : loaded.status().ToString());
+    } else {
+      control = *c;
+    }
+  }
+  const std::vector<int64_t> failed_ranks = NotReady(comm, problem.empty());
+  if (!problem.empty()) return out.Fail(problem_class, problem);
+  if (!failed_ranks.empty()) {
+    return out.Fail(FailureClass::kAdapterContract,
+                    "rank(s) " + RankList(failed_ranks) + " could not build or load their shard (see their events)");
+  }
+
+  // Per-rank parameter counts, gathered (every shard's shape was checked against the plan by
+  // the sharded load).
+  const std::vector<ParamGroup> groups = UniqueParameters(*model);
+  int64_t elements = 0;
+  for (const auto& g : groups) elements += g.tensor.numel();
+  const auto counts = comm.AllGather(torch::tensor({elements}));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    out.Count("param_elements_rank" + std::to_string(r), counts[r].item<int64_t>());
+  }
+  out.Count("param_tensors_per_rank", static_cast<int64_t>(groups.size()));
+
+  // 3. Logits on the reference prompts.
+  const TpThresholds thr = TpThresholdsFor(ctx.spec.precision);
+  const ReferenceBundle& ref = *ctx.reference;
+  LogitComparison vs_tp1, vs_upstream;
+  // In bf16 a token whose upstream fp32 top-1 margin is within twice upstream's own bf16
+  // rounding of that token's logits (reference logits_bf16 vs logits) has no decided argmax:
+  // any reduction order may flip it. Top-1 is judged on the decided tokens.
+  const bool judge_decided = ctx.spec.precision == "bf16" && ref.has_bf16();
+  int64_t decided = 0, decided_equal = 0;
+  {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    if (control) control->eval();
+    for (const ReferencePrompt& p : ref.prompts) {
+      const int64_t t = p.input_ids.size(0);
+      const torch::Tensor tokens = p.input_ids.unsqueeze(0).to(ctx.device);
+      const torch::Tensor ours = model->Forward(tokens, Positions(0, t, ctx.device), nullptr);
+      if (!rank0) continue;
+      const torch::Tensor base = control->Forward(tokens, Positions(0, t, ctx.device), nullptr);
+      const torch::Tensor base_cpu = base[0].to(torch::kFloat).cpu();
+      const torch::Tensor ours_cpu = ours[0].to(torch::kFloat).cpu();
+      vs_tp1.Add(base_cpu, ours_cpu);
+      vs_upstream.Add(p.logits, ours_cpu);
+      torch::Tensor is_decided = torch::ones({t}, torch::kBool);
+      if (judge_decided) {
+        const torch::Tensor top2 = std::get<0>(p.logits.topk(2, -1));
+        const torch::Tensor margin = top2.select(-1, 0) - top2.select(-1, 1);
+        const torch::Tensor noise = (p.logits_bf16.to(torch::kFloat) - p.logits).abs().amax(-1);
+        is_decided = margin > 2 * noise;
+      }
+      decided += is_decided.sum().item<int64_t>();
+      decided_equal +=
+          (is_decided & base_cpu.argmax(-1).eq(ours_cpu.argmax(-1))).sum().item<int64_t>();
+    }
+  }
+
+  // 4. One training step: loss and every gradient, gathered.
+  const ReferencePrompt* train_prompt = nullptr;
+  for (const auto& p : ref.prompts) {
+    if (p.input_ids.size(0) >= 2) {
+      train_prompt = &p;
+      break;
+    }
+  }
+  double loss_n = std::numeric_limits<double>::quiet_NaN(), loss_1 = loss_n;
+  double worst_grad_rel = 0, replicated_rank_diff = 0;
+  std::string worst_grad;
+  std::vector<std::string> grad_problems;
+  std::vector<ParamGroup> gathered;  // full parameters, for the save
+  std::unordered_map<std::string, torch::Tensor> control_params;
+  if (control) {
+    for (const auto& item : control->named_parameters(/*recurse=*/true)) {
+      control_params.emplace(item.key(), item.value());
+    }
+  }
+  if (train_prompt != nullptr) {
+    model->train();
+    model->zero_grad();
+    torch::Tensor loss = NextTokenLoss(*model, train_prompt->input_ids, ctx.device);
+    loss.backward();
+    loss_n = loss.item<double>();
+    model->eval();
+    if (control) {
+      control->train();
+      control->zero_grad();
+      torch::Tensor l1 = NextTokenLoss(*control, train_prompt->input_ids, ctx.device);
+      l1.backward();
+      loss_1 = l1.item<double>();
+      control->eval();
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& g : groups) {
+    const std::string& name = g.names[0];
+    const ShardRule* rule = plan->Find(name);  // the sharded load proved every parameter has one
+    const torch::Tensor param = g.tensor.detach();
+    Result<torch::Tensor> full = plan->Unshard(*rule, comm.AllGather(param));
+    if (!full.ok()) {
+      grad_problems.push_back(name + ": " + full.status().message());
+      continue;
+    }
+    if (rank0) gathered.push_back({g.names, *full});
+    if (train_prompt == nullptr) continue;
+    const torch::Tensor grad = g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(param);
+    const std::vector<torch::Tensor> shards = comm.AllGather(grad);
+    if (rule->style == ShardStyle::kReplicated) {
+      for (const auto& s : shards) {
+        replicated_rank_diff = std::max(
+            replicated_rank_diff,
+            (s.to(torch::kDouble) - shards[0].to(torch::kDouble)).abs().max().item<double>());
+      }
+    }
+    if (!rank0) continue;
+    Result<torch::Tensor> full_grad = plan->Unshard(*rule, shards);
+    auto c = control_params.find(name);
+    if (!full_grad.ok() || c == control_params.end() || !c->second.grad().defined()) {
+      grad_problems.push_back(name + (full_grad.ok() ? ": no TP=1 gradient" : ": " + full_grad.status().message()));
+      continue;
+    }
+    const torch::Tensor g1 = c->second.grad().to(torch::kDouble);
+    const torch::Tensor gn = full_grad->to(torch::kDouble);
+    if (g1.sizes() != gn.sizes()) {
+      grad_problems.push_back(name + ": gathered gradient " + internal::ShapeString(gn.sizes()) +
+                              " vs TP=1 " + internal::ShapeString(g1.sizes()));
+      continue;
+    }
+    const double scale = g1.abs().max().item<double>();
+    const double diff = (gn - g1).abs().max().item<double>();
+    const double rel = scale > 0 ? diff / scale : (diff > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    if (worst_grad.empty() || rel > worst_grad_rel) {
+      worst_grad_rel = rel;
+      worst_grad = name;
+    }
+  }
+  if (!rank0) {
+    out.Text("comparison", "made on rank 0 (the TP=1 control lives there)");
+    if (!grad_problems.empty()) {
+      return out.Fail(FailureClass::kNativeRuntime, "gathering shards: " + JoinFew(grad_problems));
+    }
+    return out;
+  }
+
+  // 5. Save under TP: gathered parameters under HF names, against the control's save.
+  const std::filesystem::path attempt_dir(ctx.spec.attempt.dir);
+  const std::string tp_dir = "parallel/tp" + std::to_string(tp_size);
+  HfTensors hf_n = ToHfTensors(gathered, *ctx.adapter);
+  HfTensors hf_1 = ToHfTensors(UniqueParameters(*control), *ctx.adapter);
+  std::vector<std::string> save_problems;
+  int64_t save_equal = 0;
+  std::optional<Artifact> art_n, art_1;
+  if (!hf_n.ok() || !hf_1.ok()) {
+    save_problems.push_back(hf_n.ok() ? hf_1.Problems() : hf_n.Problems());
+  } else {
+    std::map<std::string, torch::Tensor> by_name(hf_1.tensors.begin(), hf_1.tensors.end());
+    for (const auto& [hf, tensor] : hf_n.tensors) {
+      auto it = by_name.find(hf);
+      if (it == by_name.end()) {
+        save_problems.push_back(hf + " (not in the TP=1 save)");
+      } else if (tensor.scalar_type() != it->second.scalar_type() ||
+                 tensor.sizes() != it->second.sizes() || !torch::equal(tensor, it->second)) {
+        save_problems.push_back(hf + " (differs)");
+      } else {
+        ++save_equal;
+      }
+    }
+    if (hf_n.tensors.size() != hf_1.tensors.size()) {
+      save_problems.push_back(std::to_string(hf_n.tensors.size()) + " tensors vs " +
+                              std::to_string(hf_1.tensors.size()) + " at TP=1");
+    }
+    Result<Artifact> a = WriteCheckpoint(attempt_dir, tp_dir, hf_n.tensors, "tp_saved_checkpoint");
+    Result<Artifact> b = WriteCheckpoint(attempt_dir, "parallel/tp1", hf_1.tensors, "tp1_saved_checkpoint");
+    if (!a.ok() || !b.ok()) {
+      return out.Fail(FailureClass::kResource,
+                      "writing the TP saves: " + (a.ok() ? b.status() : a.status()).ToString());
+    }
+    art_n = *a;
+    art_1 = *b;
+    out.artifacts.push_back(*a);
+    out.artifacts.push_back(*b);
+    if (a->sha256 != b->sha256) save_problems.push_back("model.safetensors SHA-256 differs from TP=1's");
+  }
+
+  // 6. Figures and verdict.
+  out.Real("kl_mean_vs_tp1", vs_tp1.kl_mean(), "nats");
+  out.Real("kl_max_vs_tp1", vs_tp1.kl_max(), "nats");
+  out.Real("top1_agreement_vs_tp1", vs_tp1.top1_agreement_percent(), "percent");
+  out.Real("max_abs_diff_vs_tp1", vs_tp1.max_abs_diff(), "logits");
+  out.Real("kl_mean_vs_upstream", vs_upstream.kl_mean(), "nats");
+  out.Real("top1_agreement_vs_upstream", vs_upstream.top1_agreement_percent(), "percent");
+  out.Count("tokens_compared", vs_tp1.tokens());
+  const double decided_top1 = decided ? 100.0 * double(decided_equal) / double(decided) : 0.0;
+  if (judge_decided) {
+    out.Count("tokens_decided", decided);
+    out.Real("top1_agreement_decided_vs_tp1", decided_top1, "percent");
+  }
+  if (train_prompt != nullptr) {
+    out.Real("loss_tp", loss_n, "nats");
+    out.Real("loss_tp1", loss_1, "nats");
+    out.Real("loss_rel_diff", std::abs(loss_n - loss_1) / std::max(std::abs(loss_1), 1e-30), "ratio");
+    out.Real("grad_max_rel_diff", worst_grad_rel, "ratio");
+    if (!worst_grad.empty()) out.Text("grad_worst_tensor", worst_grad);
+    out.Real("replicated_grad_max_rank_diff", replicated_rank_diff, "gradient");
+  }
+  out.Count("save_tensors_equal", save_equal);
+  if (art_n) out.Text("save_sha256_tp", art_n->sha256);
+  if (art_1) out.Text("save_sha256_tp1", art_1->sha256);
+  out.Text("thresholds", ctx.spec.precision + ": kl_mean < " + Num(thr.kl_mean_below) +
+                             " nats, top1 >= " + Num(thr.top1_at_least) +
+                             (judge_decided ? "% of decided tokens" : "%") + ", loss rel < " +
+                             Num(thr.loss_rel_below) + ", grad rel < " + Num(thr.grad_rel_below) +
+                             ", save bit-equal");
+
+  std::vector<std::string> failed;
+  if (!(vs_tp1.kl_mean() < thr.kl_mean_below)) {
+    failed.push_back("kl_mean_vs_tp1 " + Num(vs_tp1.kl_mean()) + " nats is not below " + Num(thr.kl_mean_below));
+  }
+  if (!(decided_top1 >= thr.top1_at_least)) {
+    failed.push_back(std::string(judge_decided ? "top1_agreement_decided_vs_tp1 " : "top1_agreement_vs_tp1 ") +
+                     Num(decided_top1) + "% is below " + Num(thr.top1_at_least) + "%");
+  }
+  if (train_prompt == nullptr) {
+    failed.push_back("no reference prompt has 2 or more tokens for the training step");
+  } else {
+    const double loss_rel = std::abs(loss_n - loss_1) / std::max(std::abs(loss_1), 1e-30);
+    if (!(loss_rel < thr.loss_rel_below)) {
+      failed.push_back("loss " + Num(loss_n) + " vs TP=1 " + Num(loss_1) + " (relative " + Num(loss_rel) + ")");
+    }
+    if (!(worst_grad_rel < thr.grad_rel_below)) {
+      failed.push_back("gradient of " + worst_grad + " differs from TP=1 by " + Num(worst_grad_rel) +
+                       " of its max");
+    }
+  }
+  if (!grad_problems.empty()) failed.push_back("gradients: " + JoinFew(grad_problems));
+  if (!save_problems.empty()) failed.push_back("save under TP: " + JoinFew(save_problems));
+  if (!failed.empty()) {
+    std::string reason = "TP=" + std::to_string(tp_size) + " vs TP=1: ";
+    for (size_t i = 0; i < failed.size(); ++i) reason += (i ? "; " : "") + failed[i];
+    return out.Fail(FailureClass::kAdapterContract, reason);
+  }
+  return out;
+}
+
+}  // namespace gatehouse::worker

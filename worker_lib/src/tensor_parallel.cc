@@ -1,0 +1,210 @@
+// Tensor-parallel mappings and plans (tensor_parallel.h).
+#include "gatehouse/worker/tensor_parallel.h"
+
+#include <cctype>
+#include <numeric>
+
+namespace gatehouse::worker {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// Forward: sum over ranks; backward: identity.
+struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, TpCommunicator* comm) {
+    torch::Tensor sum = x.clone(at::MemoryFormat::Contiguous);
+    comm->AllReduceSum(sum);
+    return sum;
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) {
+    return {grad[0], torch::Tensor()};
+  }
+};
+
+/// Forward: all-gather along the last dimension; backward: this rank's slice.
+struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, TpCommunicator* comm) {
+    ctx->saved_data["rank"] = comm->rank();
+    ctx->saved_data["size"] = comm->world_size();
+    return torch::cat(comm->AllGather(x.contiguous()), -1);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const int64_t rank = ctx->saved_data["rank"].toInt();
+    const int64_t size = ctx->saved_data["size"].toInt();
+    return {grad[0].chunk(size, -1)[rank].contiguous(), torch::Tensor()};
+  }
+};
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// The blocks of `rule` along a dimension of `extent` elements, each checked divisible by size.
+Result<std::vector<int64_t>> Blocks(const ShardRule& rule, int64_t extent, int64_t size) {
+  std::vector<int64_t> blocks = rule.blocks.empty() ? std::vector<int64_t>{extent} : rule.blocks;
+  const int64_t total = std::accumulate(blocks.begin(), blocks.end(), int64_t{0});
+  if (total != extent) {
+    return Status::InvalidArgument("TP plan rule '" + rule.pattern + "': blocks sum to " +
+                                   std::to_string(total) + " but dim " + std::to_string(rule.dim) +
+                                   " has " + std::to_string(extent));
+  }
+  for (int64_t b : blocks) {
+    if (b % size != 0) {
+      return Status::InvalidArgument(
+          "TP plan rule '" + rule.pattern + "': dim " + std::to_string(rule.dim) + " (" +
+          std::string(ShardStyleName(rule.style)) + ") " +
+          (rule.blocks.empty() ? "of size " : "has a block of size ") + std::to_string(b) +
+          ", not divisible by the tensor-parallel size " + std::to_string(size));
+    }
+  }
+  return blocks;
+}
+
+Result<int64_t> SplitDim(const ShardRule& rule, int64_t rank_of_tensor, int64_t leading) {
+  const int64_t d = rule.dim - leading;
+  if (d < 0 || d >= rank_of_tensor) {
+    return Status::InvalidArgument("TP plan rule '" + rule.pattern + "': dim " +
+                                   std::to_string(rule.dim) + " does not exist in a " +
+                                   std::to_string(rank_of_tensor + leading) + "-d parameter");
+  }
+  return d;
+}
+
+}  // namespace
+
+torch::Tensor CopyToTensorParallelRegion(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.enabled() || !x.requires_grad() || !torch::GradMode::is_enabled()) return x;
+  torch::Tensor y = x.view_as(x);
+  std::shared_ptr<TpCommunicator> comm = tp.comm;
+  y.register_hook([comm](torch::Tensor grad) {
+    torch::Tensor sum = grad.clone(at::MemoryFormat::Contiguous);
+    comm->AllReduceSum(sum);
+    return sum;
+  });
+  return y;
+}
+
+torch::Tensor ReduceFromTensorParallelRegion(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.enabled()) return x;
+  return ReduceFromRegion::apply(x, tp.comm.get());
+}
+
+torch::Tensor GatherFromTensorParallelRegion(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.enabled()) return x;
+  return GatherFromRegion::apply(x, tp.comm.get());
+}
+
+std::string_view ShardStyleName(ShardStyle style) {
+  switch (style) {
+    case ShardStyle::kReplicated: return "replicated";
+    case ShardStyle::kColwise: return "colwise";
+    case ShardStyle::kRowwise: return "rowwise";
+    case ShardStyle::kVocab: return "vocab";
+  }
+  return "?";
+}
+
+bool MatchesParamPattern(std::string_view pattern, std::string_view name) {
+  size_t p = 0, n = 0;
+  while (p < pattern.size()) {
+    if (pattern.compare(p, 3, "{i}") == 0) {
+      const size_t start = n;
+      while (n < name.size() && std::isdigit(static_cast<unsigned char>(name[n]))) ++n;
+      if (n == start) return false;
+      p += 3;
+      continue;
+    }
+    if (n >= name.size() || pattern[p] != name[n]) return false;
+    ++p;
+    ++n;
+  }
+  return n == name.size();
+}
+
+const ShardRule* TpPlan::Find(std::string_view param) const {
+  for (const ShardRule& r : rules_) {
+    if (MatchesParamPattern(r.pattern, param)) return &r;
+  }
+  return nullptr;
+}
+
+Result<std::vector<int64_t>> TpPlan::LocalShape(const ShardRule& rule, std::vector<int64_t> full,
+                                                int64_t leading) const {
+  if (rule.style == ShardStyle::kReplicated || size_ == 1) return full;
+  GH_ASSIGN_OR_RETURN(int64_t d, SplitDim(rule, static_cast<int64_t>(full.size()), leading));
+  GH_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, Blocks(rule, full[d], size_));
+  (void)blocks;
+  full[d] /= size_;
+  return full;
+}
+
+Result<torch::Tensor> TpPlan::Shard(const ShardRule& rule, const torch::Tensor& full, int64_t rank,
+                                    int64_t leading) const {
+  if (rule.style == ShardStyle::kReplicated || size_ == 1) return full.contiguous();
+  GH_ASSIGN_OR_RETURN(int64_t d, SplitDim(rule, full.dim(), leading));
+  GH_ASSIGN_OR_RETURN(std::vector<int64_t> blocks, Blocks(rule, full.size(d), size_));
+  std::vector<torch::Tensor> pieces;
+  int64_t offset = 0;
+  for (int64_t b : blocks) {
+    const int64_t piece = b / size_;
+    pieces.push_back(full.narrow(d, offset + rank * piece, piece));
+    offset += b;
+  }
+  return torch::cat(pieces, d).contiguous();
+}
+
+Result<torch::Tensor> TpPlan::Unshard(const ShardRule& rule, const std::vector<torch::Tensor>& shards,
+                                      int64_t leading) const {
+  if (static_cast<int64_t>(shards.size()) != size_ || shards.empty()) {
+    return Status::InvalidArgument("TP plan rule '" + rule.pattern + "': " +
+                                   std::to_string(shards.size()) + " shard(s) for size " +
+                                   std::to_string(size_));
+  }
+  if (rule.style == ShardStyle::kReplicated || size_ == 1) return shards[0];
+  const auto local = shards[0].sizes().vec();
+  for (const auto& s : shards) {
+    if (s.sizes().vec() != local) {
+      return Status::InvalidArgument("TP plan rule '" + rule.pattern + "': shards of shapes " +
+                                     ShapeText(local) + " and " + ShapeText(s.sizes().vec()));
+    }
+  }
+  GH_ASSIGN_OR_RETURN(int64_t d, SplitDim(rule, shards[0].dim(), leading));
+  std::vector<int64_t> full_blocks;
+  if (rule.blocks.empty()) {
+    full_blocks = {local[d] * size_};
+  } else {
+    full_blocks = rule.blocks;
+  }
+  GH_ASSIGN_OR_RETURN(std::vector<int64_t> blocks,
+                      Blocks(rule, std::accumulate(full_blocks.begin(), full_blocks.end(), int64_t{0}),
+                             size_));
+  if (std::accumulate(blocks.begin(), blocks.end(), int64_t{0}) != local[d] * size_) {
+    return Status::InvalidArgument("TP plan rule '" + rule.pattern + "': shard shape " +
+                                   ShapeText(local) + " does not fit the blocks");
+  }
+  std::vector<torch::Tensor> parts;
+  int64_t offset = 0;  // within a shard
+  for (int64_t b : blocks) {
+    const int64_t piece = b / size_;
+    for (const auto& s : shards) parts.push_back(s.narrow(d, offset, piece));
+    offset += piece;
+  }
+  return torch::cat(parts, d);
+}
+
+nlohmann::json TpPlan::ToJson() const {
+  nlohmann::json rules = nlohmann::json::array();
+  for (const ShardRule& r : rules_) {
+    nlohmann::json j{{"pattern", r.pattern}, {"style", ShardStyleName(r.style)}};
+    if (r.style != ShardStyle::kReplicated) j["dim"] = r.dim;
+    if (!r.blocks.empty()) j["blocks"] = r.blocks;
+    if (!r.note.empty()) j["note"] = r.note;
+    rules.push_back(std::move(j));
+  }
+  return {{"tp", size_}, {"rules", std::move(rules)}};
+}
+
+}  // namespace gatehouse::worker
