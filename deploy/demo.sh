@@ -55,6 +55,8 @@ TORCH_PREFIX=$("$VENV/bin/python" -c 'import torch;print(torch.utils.cmake_prefi
   --grpc "127.0.0.1:$GRPC_PORT" --mirror-dir "$VAR/mirrors" --web-dir "$ROOT/web" \
   --torch-pin "$TORCH_VERSION" >"$VAR/logs/controller.out" 2>"$VAR/logs/controller.log" &
 echo $! >"$VAR/demo/controller.pid"
+# The performance phase (opt-in per cell) measures transformers beside us with this Python.
+GATEHOUSE_PEER_PYTHON="$VENV/bin/python" \
 "$BUILD_DIR/bin/gatehouse-agent" --controller "127.0.0.1:$GRPC_PORT" --name local-agent \
   --work-dir "$VAR/agent" --sdk-dir "$BUILD_DIR/sdk" --cmake-prefix-path "$TORCH_PREFIX" \
   --worker "$BUILD_DIR/bin/gatehouse-worker" --torch-version "$TORCH_VERSION" \

@@ -115,5 +115,39 @@ TEST(Families, Bf16InferenceAndDecodePassOnEveryFixture) {
   }
 }
 
+// The performance gate measures transformers in the same run (tools/bench/hf_peer.py through
+// GATEHOUSE_PEER_PYTHON) and reports ratios; without a peer it is BLOCKED, keeping our figures.
+TEST(Families, PerformanceGateMeasuresThePeer) {
+  const std::string variant = "llama-tiny-untied";
+  for (const char* python : {GATEHOUSE_PYTHON, "/nonexistent/python"}) {
+    test_util::TempDir attempt;
+    GateContext ctx =
+        test_util::FixtureContext(test_util::FixtureDir(variant), "llama", "fp32", attempt.path());
+    for (const auto& [phase, gate] : test_util::GatesThrough("load")) {
+      ASSERT_EQ(gate(ctx).status, GateStatus::kPass) << phase;
+    }
+    ::setenv("GATEHOUSE_PEER_PYTHON", python, 1);
+    const GateOutcome out = PerformanceGate(ctx);
+    ::unsetenv("GATEHOUSE_PEER_PYTHON");
+    auto real = [&](const char* name) {
+      const Figure* f = out.Find(name);
+      return f ? std::get<double>(f->value) : -1.0;
+    };
+    EXPECT_GT(real("prefill_tokens_per_s"), 0.0) << python;
+    EXPECT_GT(real("train_step_ms"), 0.0) << python;
+    if (std::string(python) == GATEHOUSE_PYTHON) {
+      ASSERT_EQ(out.status, GateStatus::kPass) << out.reason;
+      EXPECT_GT(real("peer_prefill_tokens_per_s"), 0.0);
+      EXPECT_GT(real("prefill_speedup"), 0.0);
+      EXPECT_GT(real("decode_speedup"), 0.0);
+      EXPECT_GT(real("train_step_speedup"), 0.0);
+      EXPECT_NE(FigureText(out, "peer").find("transformers"), std::string::npos);
+    } else {
+      EXPECT_EQ(out.status, GateStatus::kBlocked);
+      EXPECT_NE(out.reason.find("transformers peer did not run"), std::string::npos) << out.reason;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gatehouse::worker

@@ -705,15 +705,19 @@ TEST(CudaGraphGateTest, Statuses) {
   EXPECT_THAT(cpu_model.reason, HasSubstr("needs the model on a CUDA device"));
 }
 
-// Verifies performance reports its figures and is BLOCKED for lack of a peer measurement.
+// Verifies performance reports our figures and is BLOCKED, naming the variable, without a peer.
+// The measured peer: tests/models/families_test.cc PerformanceGateMeasuresThePeer.
 TEST(PerformanceGateTest, BlockedWithFigures) {
   Fixture fx;
   fx.Write();
   GateContext ctx = fx.Context();
+  ::unsetenv("GATEHOUSE_PEER_PYTHON");
   GateOutcome out = RunThrough(ctx, "performance");
   EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_THAT(out.reason, HasSubstr("GATEHOUSE_PEER_PYTHON is not set"));
   EXPECT_GT(Real(out, "prefill_tokens_per_s"), 0.0);
   EXPECT_GE(Real(out, "decode_ms_per_token"), 0.0);
+  EXPECT_GT(Real(out, "train_step_ms"), 0.0);
 }
 
 // --- runner -----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 #include "gatehouse/worker/cuda_graph.h"
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -27,6 +28,16 @@ struct CudaGraphDecoder::Graph {
 };
 
 bool CudaAvailable() { return torch::cuda::is_available(); }
+
+int64_t CudaPeakAllocatedBytes(int device) {
+  if (!CudaAvailable()) return 0;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+
+void CudaResetPeakMemory(int device) {
+  if (CudaAvailable()) c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
 
 CudaGraphDecoder::~CudaGraphDecoder() = default;
 

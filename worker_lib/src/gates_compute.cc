@@ -1,5 +1,5 @@
 // The numerical gates: inference (logits vs reference), decode (greedy with KV cache),
-// training (gradients and optimizer steps), performance. DESIGN.md "Phases";
+// training (gradients and optimizer steps). DESIGN.md "Phases";
 // thresholds and reductions from GATES-NOTES.md "Comparing logits".
 #include <chrono>
 #include <cmath>
@@ -376,31 +376,6 @@ GateOutcome TrainingGate(GateContext& ctx) {
 
 // --- performance ---------------------------------------------------------------------------
 
-GateOutcome PerformanceGate(GateContext& ctx) {
-  GateOutcome out;
-  if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
-  CausalLM& model = *ctx.model;
-  const ReferencePrompt& p = ctx.reference->prompts[0];
-  const int64_t t = p.input_ids.size(0);
-  model.eval();
-  {
-    torch::NoGradGuard no_grad;
-    const torch::Tensor tokens = p.input_ids.unsqueeze(0).to(ctx.device);
-    const torch::Tensor pos = Positions(0, t, ctx.device);
-    model.Forward(tokens, pos, nullptr);  // warm-up
-    constexpr int kRuns = 3;
-    SyncDevice(ctx.device);
-    const double t0 = NowMsSteady();
-    for (int r = 0; r < kRuns; ++r) model.Forward(tokens, pos, nullptr);
-    SyncDevice(ctx.device);
-    const double ms = NowMsSteady() - t0;
-    out.Real("prefill_tokens_per_s", ms > 0 ? 1000.0 * kRuns * double(t) / ms : 0.0, "tokens/s");
-  }
-  double ms_per_token = 0;
-  GreedyDecode(model, p.input_ids, ctx.spec.decode.max_new_tokens, ctx.device, &ms_per_token);
-  out.Real("decode_ms_per_token", ms_per_token, "ms");
-  out.Count("prompt_tokens", t);
-  return out.Blocked("transformers peer measurement not implemented (issue 4)");
-}
+// PerformanceGate: gates_performance.cc.
 
 }  // namespace gatehouse::worker

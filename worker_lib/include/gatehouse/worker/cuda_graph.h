@@ -25,6 +25,12 @@ namespace gatehouse::worker {
 /// True when LibTorch sees a CUDA device.
 bool CudaAvailable();
 
+/// Peak bytes held by LibTorch's CUDA caching allocator on `device` since the last
+/// CudaResetPeakMemory (allocated_bytes, aggregate). 0 without CUDA.
+int64_t CudaPeakAllocatedBytes(int device);
+/// Starts a new peak for CudaPeakAllocatedBytes. No-op without CUDA.
+void CudaResetPeakMemory(int device);
+
 /// A captured decode step for `batch` rows and a cache of `max_len` positions.
 class CudaGraphDecoder {
  public:
