@@ -94,6 +94,8 @@ std::string Lower(std::string s) {
 }
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+/// The most worker ranks one cell may ask for (agent/worker_launcher.h kMaxWorldSize).
+constexpr int64_t kMaxWorldSize = 64;
 
 Status ParseTopology(const json& v, SubmitRequest::Topology& out) {
   if (!v.is_object()) return FieldError("topology", "an object", v);
@@ -104,6 +106,13 @@ Status ParseTopology(const json& v, SubmitRequest::Topology& out) {
     if (!v.contains(name)) continue;
     GH_ASSIGN_OR_RETURN(*dst, GetInt(v.at(name), std::string("topology.") + name, 1, kMaxInt32,
                                      "a positive integer"));
+  }
+  // One worker process per rank (tp x dp x pp): the agent launches at most kMaxWorldSize.
+  const int64_t world = out.tp * out.dp * out.pp;  // each <= 2^31 - 1: no int64 overflow
+  if (world > kMaxWorldSize || out.tp > kMaxWorldSize || out.dp > kMaxWorldSize ||
+      out.pp > kMaxWorldSize) {
+    return FieldError("topology", "tp x dp x pp of at most " + std::to_string(kMaxWorldSize) +
+                                      " ranks", v);
   }
   return Status::Ok();
 }

@@ -505,6 +505,11 @@ bool DecoderModel::SupportsStaticDecode() const {
   for (const auto& r : spec_.ropes) {
     if (r.rope_type == "dynamic") return false;
   }
+  // MoEImpl::forward picks the experts that run from the routing on the host (nonzero, item),
+  // which a captured graph cannot do.
+  for (const auto& l : spec_.layers) {
+    if (l.moe) return false;
+  }
   return true;
 }
 

@@ -272,8 +272,9 @@ class DecoderModel : public worker::CausalLM {
   torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& positions,
                         worker::KVCache* cache) override;
   std::unique_ptr<worker::KVCache> NewKVCache(int64_t batch, int64_t max_len) const override;
-  /// False when a RoPE setting is "dynamic": its frequencies depend on the running sequence
-  /// length, which a captured step cannot read.
+  /// False when a RoPE setting is "dynamic" (its frequencies depend on the running sequence
+  /// length) or a layer is MoE (the experts that run are chosen on the host): a captured step
+  /// can read neither.
   bool SupportsStaticDecode() const override;
   /// See worker::CausalLM::DecodeStep. Throws c10::Error on bad shapes or dynamic RoPE.
   torch::Tensor DecodeStep(const torch::Tensor& tokens, const torch::Tensor& positions,

@@ -190,6 +190,7 @@ TEST_F(IdentityTest, BadValuesNameFieldAndValue) {
       {{{"topology", {{"tp", "2"}}}}, "topology.tp", "\"2\""},
       {{{"topology", {{"tp", 0}}}}, "topology.tp", "0"},
       {{{"topology", {{"dp", 1.5}}}}, "topology.dp", "1.5"},
+      {{{"topology", {{"tp", 8}, {"dp", 16}}}}, "topology", "\"tp\":8"},
       {{{"training", {{"steps", 1}}}}, "training.steps", "1"},
       {{{"training", {{"lr", -1}}}}, "training.lr", "-1"},
       {{{"precision", "fp8"}}, "precision", "\"fp8\""},

@@ -67,11 +67,11 @@ torch::Tensor StaticGreedy(worker::CausalLM& model, worker::KVCache& cache,
 
 // Verifies the static step decodes exactly the eager tokens (32 per prompt, every prompt of
 // the fixture, one cache shared by all) across attention kinds: GQA, sliding windows,
-// soft-capping, MoE, fused projections, q/k norms.
+// soft-capping, fused projections, q/k norms, llama3 RoPE.
 TEST(StaticDecodeTest, EqualsEagerDecode) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"llama-tiny-untied", "llama"},         {"qwen2-tiny-sliding", "qwen2"},
-      {"gemma2-tiny-untied", "gemma2"},       {"qwen3_moe-tiny-sliding", "qwen3_moe"},
+      {"gemma2-tiny-untied", "gemma2"},       {"mistral-tiny-untied", "mistral"},
       {"phi3-tiny-sliding", "phi3"},          {"qwen3-tiny-bias", "qwen3"},
       {"llama-tiny-rope-llama3", "llama"}};
   constexpr int64_t kNew = 32;
@@ -97,12 +97,16 @@ TEST(StaticDecodeTest, EqualsEagerDecode) {
   }
 }
 
-// Verifies dynamic RoPE (frequencies depend on the running length) has no static step.
-TEST(StaticDecodeTest, DynamicRopeHasNoStaticStep) {
-  test_util::TempDir attempt("gatehouse-static");
-  Loaded l = Load("llama-tiny-rope-dynamic", "llama", "fp32", attempt.path());
-  ASSERT_TRUE(l.ctx.model);
-  EXPECT_FALSE(l.ctx.model->SupportsStaticDecode());
+// Verifies dynamic RoPE (frequencies depend on the running length) and MoE (experts chosen on
+// the host) have no static step.
+TEST(StaticDecodeTest, DynamicRopeAndMoeHaveNoStaticStep) {
+  for (const auto& [variant, family] : std::vector<std::pair<std::string, std::string>>{
+           {"llama-tiny-rope-dynamic", "llama"}, {"qwen3_moe-tiny-untied", "qwen3_moe"}}) {
+    test_util::TempDir attempt("gatehouse-static");
+    Loaded l = Load(variant, family, "fp32", attempt.path());
+    ASSERT_TRUE(l.ctx.model) << variant;
+    EXPECT_FALSE(l.ctx.model->SupportsStaticDecode()) << variant;
+  }
 }
 
 // Verifies the CUDA-graph runner refuses to start without CUDA, saying why (CI has no GPU),

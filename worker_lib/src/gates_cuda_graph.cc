@@ -57,10 +57,16 @@ GateOutcome CudaGraphGate(GateContext& ctx) {
   if (!model.SupportsStaticDecode()) {
     return out.Fail(FailureClass::kAdapterContract,
                     "mode cuda_graph: the model has no static decode step "
-                    "(CausalLM::SupportsStaticDecode; e.g. dynamic RoPE reads the sequence length)");
+                    "(CausalLM::SupportsStaticDecode; dynamic RoPE reads the sequence length, MoE "
+                    "routing picks experts on the host)");
   }
   const ReferenceBundle& ref = *ctx.reference;
   const int64_t n = ctx.spec.decode.max_new_tokens;
+  if (n < 2) {
+    return out.Unknown("decode.max_new_tokens = " + std::to_string(n) +
+                       ": the first token comes from the eager prefill, so at least 2 are needed "
+                       "to replay the graph");
+  }
   int64_t longest = 0;
   for (const auto& p : ref.prompts) longest = std::max(longest, p.input_ids.size(0));
 

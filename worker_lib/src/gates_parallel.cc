@@ -108,11 +108,15 @@ GateOutcome ParallelGate(GateContext& ctx) {
                        ": only tensor parallelism is implemented; data, pipeline and expert "
                        "parallelism are not");
   }
-  if (ctx.world_size != topo.world_size() || !ctx.comm) {
+  if (ctx.world_size != topo.world_size()) {
     return out.Blocked(topo_text + " needs " + std::to_string(topo.world_size()) +
                        " worker ranks, but this worker runs as rank " + std::to_string(ctx.rank) +
                        " of " + std::to_string(ctx.world_size) +
                        " (WORLD_SIZE; the agent starts one worker per rank)");
+  }
+  if (!ctx.comm) {
+    return out.Blocked("rank " + std::to_string(ctx.rank) + " of " +
+                       std::to_string(ctx.world_size) + " has no process group (joining it failed)");
   }
   if (ctx.device.type() != torch::kCPU) {
     return out.Blocked("device " + ctx.device.str() +
@@ -154,32 +158,42 @@ GateOutcome ParallelGate(GateContext& ctx) {
   std::string problem;
   FailureClass problem_class = FailureClass::kAdapterContract;
   std::shared_ptr<CausalLM> model, control;
-  Result<std::shared_ptr<CausalLM>> built =
-      ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp);
-  if (!built.ok() || !*built) {
-    problem = "ConstructParallel: " + (built.ok() ? std::string("returned no model") : built.status().ToString());
-  } else {
-    model = *built;
-    const ShardedLoad shard{&*plan, ctx.rank};
-    Result<LoadReport> loaded = LoadStateDict(*ctx.checkpoint, *ctx.adapter, *model, &shard);
-    if (!loaded.ok()) {
-      problem = "sharded load: " + loaded.status().ToString();
-      problem_class = FailureClass::kUnknown;
-    } else if (!loaded->ok()) {
-      problem = "sharded load on rank " + std::to_string(ctx.rank) + ": " + LoadProblems(*loaded);
+  // Exceptions (e.g. out of memory) become this rank's problem, so the agreement below still
+  // runs on every rank and no rank is left waiting in a collective.
+  try {
+    Result<std::shared_ptr<CausalLM>> built =
+        ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp);
+    if (!built.ok() || !*built) {
+      problem = "ConstructParallel: " + (built.ok() ? std::string("returned no model") : built.status().ToString());
     } else {
-      out.Count("keys_loaded_rank" + std::to_string(ctx.rank), loaded->keys_used);
+      model = *built;
+      const ShardedLoad shard{&*plan, ctx.rank};
+      Result<LoadReport> loaded = LoadStateDict(*ctx.checkpoint, *ctx.adapter, *model, &shard);
+      if (!loaded.ok()) {
+        problem = "sharded load: " + loaded.status().ToString();
+        problem_class = FailureClass::kUnknown;
+      } else if (!loaded->ok()) {
+        problem = "sharded load on rank " + std::to_string(ctx.rank) + ": " + LoadProblems(*loaded);
+      } else {
+        out.Count("keys_loaded_rank" + std::to_string(ctx.rank), loaded->keys_used);
+      }
     }
-  }
-  if (problem.empty() && rank0) {
-    Result<std::shared_ptr<CausalLM>> c = ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
-    Result<LoadReport> loaded = c.ok() && *c ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, **c)
-                                             : Result<LoadReport>(c.ok() ? Status::Internal("no model") : c.status());
-    if (!loaded.ok() || !loaded->ok()) {
-      problem = "TP=1 control: " + (loaded.ok() ? LoadProblems(*loaded) : loaded.status().ToString());
-    } else {
-      control = *c;
+    if (problem.empty() && rank0) {
+      Result<std::shared_ptr<CausalLM>> c = ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
+      Result<LoadReport> loaded = c.ok() && *c ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, **c)
+                                               : Result<LoadReport>(c.ok() ? Status::Internal("no model") : c.status());
+      if (!loaded.ok() || !loaded->ok()) {
+        problem = "TP=1 control: " + (loaded.ok() ? LoadProblems(*loaded) : loaded.status().ToString());
+      } else {
+        control = *c;
+      }
     }
+  } catch (const c10::Error& e) {
+    problem = std::string("building or loading the shard: LibTorch error: ") + e.what_without_backtrace();
+    problem_class = FailureClass::kNativeRuntime;
+  } catch (const std::exception& e) {
+    problem = std::string("building or loading the shard: ") + e.what();
+    problem_class = FailureClass::kUnknown;
   }
   const std::vector<int64_t> failed_ranks = NotReady(comm, problem.empty());
   if (!problem.empty()) return out.Fail(problem_class, problem);
@@ -244,7 +258,7 @@ GateOutcome ParallelGate(GateContext& ctx) {
     }
   }
   double loss_n = std::numeric_limits<double>::quiet_NaN(), loss_1 = loss_n;
-  double worst_grad_rel = 0, replicated_rank_diff = 0;
+  double worst_grad_rel = 0, replicated_rank_diff = 0, replicated_rank_rel = 0;
   std::string worst_grad;
   std::vector<std::string> grad_problems;
   std::vector<ParamGroup> gathered;  // full parameters, for the save
@@ -285,10 +299,13 @@ GateOutcome ParallelGate(GateContext& ctx) {
     const torch::Tensor grad = g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(param);
     const std::vector<torch::Tensor> shards = comm.AllGather(grad);
     if (rule->style == ShardStyle::kReplicated) {
+      // Every rank computes a replicated parameter's gradient in full: the copies must agree.
+      const torch::Tensor first = shards[0].to(torch::kDouble);
+      const double scale = first.abs().max().item<double>();
       for (const auto& s : shards) {
-        replicated_rank_diff = std::max(
-            replicated_rank_diff,
-            (s.to(torch::kDouble) - shards[0].to(torch::kDouble)).abs().max().item<double>());
+        const double d = (s.to(torch::kDouble) - first).abs().max().item<double>();
+        replicated_rank_diff = std::max(replicated_rank_diff, d);
+        replicated_rank_rel = std::max(replicated_rank_rel, scale > 0 ? d / scale : d);
       }
     }
     if (!rank0) continue;
@@ -405,6 +422,10 @@ GateOutcome ParallelGate(GateContext& ctx) {
     const double loss_rel = std::abs(loss_n - loss_1) / std::max(std::abs(loss_1), 1e-30);
     if (!(loss_rel < thr.loss_rel_below)) {
       failed.push_back("loss " + Num(loss_n) + " vs TP=1 " + Num(loss_1) + " (relative " + Num(loss_rel) + ")");
+    }
+    if (!(replicated_rank_rel < thr.grad_rel_below)) {
+      failed.push_back("a replicated parameter's gradient differs between ranks by " +
+                       Num(replicated_rank_rel) + " of its max");
     }
     if (!(worst_grad_rel < thr.grad_rel_below)) {
       failed.push_back("gradient of " + worst_grad + " differs from TP=1 by " + Num(worst_grad_rel) +

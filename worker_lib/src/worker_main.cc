@@ -5,7 +5,8 @@
 // Standard output carries only the JSON-lines events; the log (spdlog) goes to standard error.
 // Exit status: 0 when the run completed, whatever the verdict (run_end says it); 2 for a bad
 // rank environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; distributed.h), or a bad
-// command line or run spec (no events are written then).
+// command line or run spec; 3 when the rank could not join its process group (no events are
+// written then).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -25,6 +26,7 @@
 namespace {
 
 constexpr int kExitBadInput = 2;
+constexpr int kExitNoGroup = 3;
 /// How long a rank waits for the group to form and for each collective (GATEHOUSE_GROUP_TIMEOUT_S
 /// overrides it), in seconds.
 constexpr int kDefaultGroupTimeoutSeconds = 1800;
@@ -99,11 +101,12 @@ int main(int argc, char** argv) {
                 std::to_string(rank_env->master_port));
       Result<c10::intrusive_ptr<c10d::Backend>> group = JoinGlooGroup(*rank_env, timeout);
       if (!group.ok()) {
-        // No group, no parallel gate: the gates still run and the parallel gate says why.
+        // Without its group this rank cannot take part; it exits before any event, so the
+        // agent stops the other ranks and names this one.
         log::Error(group.status().ToString());
-      } else {
-        ctx.comm = MakeC10dCommunicator(*group);
+        return kExitNoGroup;
       }
+      ctx.comm = MakeC10dCommunicator(*group);
     }
     log::Info("attempt " + std::to_string(spec->attempt.id) + ": torch " +
               ctx.runtime.torch_version + ", device " + spec->runtime.device + ", " +

@@ -258,7 +258,9 @@ GateOutcome SaveGate(GateContext& ctx);
 /// difference relative to the control gradient's max abs: fp32 < 1e-4, bf16 < 5e-2); and the
 /// save: the gathered parameters under HF names written to parallel/tp<N>/model.safetensors,
 /// compared bit for bit (tensors and file SHA-256) with the TP=1 control's save in
-/// parallel/tp1/. Figures per rank are gathered to rank 0 (params_rank<r>). SKIPPED at world
+/// parallel/tp1/ (before any optimizer step: it proves the gather and naming of the save path,
+/// not the plan's numerics); replicated parameters' gradients must agree across ranks (same
+/// relative bar). Figures per rank are gathered to rank 0 (params_rank<r>). SKIPPED at world
 /// size 1; BLOCKED when the topology asks for dp/pp/ep > 1 (not implemented) or the worker was
 /// not started as the rank group the topology asks for; FAIL adapter_contract when the family
 /// has no plan, the TP size does not divide a config field, or a shard does not load. The
