@@ -15,20 +15,12 @@ namespace gatehouse::worker {
 
 using internal::JoinFew;
 using internal::Num;
+using internal::NowMsSteady;
 using internal::Positions;
+using internal::SyncDevice;
 using internal::ShapeString;
 
 namespace {
-
-double NowMsSteady() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void SyncDevice(torch::Device device) {
-  if (device.is_cuda()) torch::cuda::synchronize();
-}
 
 
 std::string IdsString(const torch::Tensor& ids) {

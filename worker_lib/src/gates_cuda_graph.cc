@@ -1,6 +1,5 @@
 // The cuda_graph gate (gates.h CudaGraphGate; GATES-NOTES.md "CUDA graphs": vLLM compares
 // eager and graph decode for exact token equality).
-#include <chrono>
 #include <vector>
 
 #include "gatehouse/worker/cuda_graph.h"
@@ -29,14 +28,14 @@ double EagerBatchMsPerToken(CausalLM& model, const torch::Tensor& prompts, int64
                                        torch::arange(t, long_opts).unsqueeze(0).expand({b, t}).contiguous(),
                                        cache.get());
   torch::Tensor next = logits.select(1, t - 1).argmax(-1);
-  torch::cuda::synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
+  internal::SyncDevice(device);
+  const double t0 = internal::NowMsSteady();
   for (int64_t step = 1; step < n; ++step) {
     logits = model.Forward(next.view({b, 1}), torch::full({b, 1}, t + step - 1, long_opts), cache.get());
     next = logits.select(1, 0).argmax(-1);
   }
-  torch::cuda::synchronize();
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  internal::SyncDevice(device);
+  const double ms = internal::NowMsSteady() - t0;
   return n > 1 ? ms / double(n - 1) : 0.0;
 }
 

@@ -1,6 +1,7 @@
 // Helpers shared by gates.cc and gates_compute.cc (not SDK API).
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -28,6 +29,18 @@ inline std::string Num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.4g", v);
   return buf;
+}
+
+/// Steady-clock milliseconds (for durations).
+inline double NowMsSteady() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Waits for queued GPU work, so wall times measure it (no-op on the CPU).
+inline void SyncDevice(torch::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
 }
 
 /// Positions [1, T] int64: start, start + 1, ...

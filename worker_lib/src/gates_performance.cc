@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -24,22 +23,14 @@ extern char** environ;
 
 namespace gatehouse::worker {
 
+using internal::NowMsSteady;
 using internal::Positions;
+using internal::SyncDevice;
 
 namespace {
 
 constexpr int kWarmup = 2;
 constexpr int kReps = 5;
-
-double NowMs() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void Sync(torch::Device device) {
-  if (device.is_cuda()) torch::cuda::synchronize();
-}
 
 /// Median wall ms of `reps` runs of `fn` after `warmup` runs (device synchronised).
 template <typename Fn>
@@ -47,11 +38,11 @@ double MedianMs(torch::Device device, Fn&& fn) {
   for (int i = 0; i < kWarmup; ++i) fn();
   std::vector<double> ms;
   for (int i = 0; i < kReps; ++i) {
-    Sync(device);
-    const double t0 = NowMs();
+    SyncDevice(device);
+    const double t0 = NowMsSteady();
     fn();
-    Sync(device);
-    ms.push_back(NowMs() - t0);
+    SyncDevice(device);
+    ms.push_back(NowMsSteady() - t0);
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
