@@ -22,9 +22,15 @@ pb::Capabilities ToProto(const AgentCapabilities& caps) {
     g->set_model(gpu.model);
     g->set_memory_bytes(gpu.memory_bytes);
     g->set_uuid(gpu.uuid);
+    g->set_index(gpu.index);
+    g->set_driver_version(gpu.driver_version);
   }
   for (const auto& [key, value] : caps.labels) (*out.mutable_labels())[key] = value;
   out.set_torch_version(caps.torch_version);
+  out.set_cuda_version(caps.cuda_version);
+  out.set_nccl_version(caps.nccl_version);
+  out.set_cudnn_version(caps.cudnn_version);
+  out.set_cuda_driver_version(caps.cuda_driver_version);
   out.set_slots(caps.slots);
   return out;
 }
@@ -69,14 +75,11 @@ class AgentClient::StreamSink : public AttemptSink {
 
  private:
   void Send(const pb::AgentMessage& message, const char* what) {
-    // TODO(issue 5): keep unacknowledged messages of the running attempt and resend them after
-    // re-registering, so a reconnect loses nothing (the controller dedupes by attempt id + seq).
-    if (!client_.Write(message)) {
-      const int64_t attempt_id = message.has_event() ? message.event().attempt_id()
-                                 : message.has_log() ? message.log().attempt_id()
-                                                     : message.end().attempt_id();
-      spdlog::warn("controller stream down: attempt {} {} dropped", attempt_id, what);
-    }
+    (void)what;
+    const int64_t attempt_id = message.has_event() ? message.event().attempt_id()
+                               : message.has_log() ? message.log().attempt_id()
+                                                   : message.end().attempt_id();
+    client_.Send(attempt_id, message);
   }
 
   AgentClient& client_;
@@ -107,6 +110,64 @@ int64_t AgentClient::RunningAttempt() const {
 bool AgentClient::Write(const pb::AgentMessage& message) {
   std::lock_guard lock(write_mu_);
   return stream_ != nullptr && stream_->Write(message);
+}
+
+void AgentClient::Send(int64_t attempt_id, const pb::AgentMessage& message) {
+  std::lock_guard lock(outbox_mu_);
+  std::string bytes = message.SerializeAsString();
+  if (message.has_log() && outbox_bytes_ + bytes.size() > kMaxOutboxBytes) {
+    spdlog::warn("attempt {}: resend buffer full ({} MiB): log chunk {}@{} is not kept for resending",
+                 attempt_id, kMaxOutboxBytes >> 20, message.log().stream(), message.log().offset());
+  } else {
+    outbox_bytes_ += bytes.size();
+    outbox_.emplace_back(attempt_id, std::move(bytes));
+  }
+  if (!Write(message)) {
+    spdlog::debug("controller stream down: attempt {} message kept for resending", attempt_id);
+  }
+}
+
+void AgentClient::AttachAndReplay(Stream* stream) {
+  // Holding outbox_mu_ from the attach to the end of the replay keeps new messages behind the
+  // old ones.
+  std::lock_guard lock(outbox_mu_);
+  {
+    std::lock_guard write_lock(write_mu_);
+    stream_ = stream;
+  }
+  size_t sent = 0;
+  for (const auto& [attempt_id, bytes] : outbox_) {
+    pb::AgentMessage message;
+    message.ParseFromString(bytes);
+    if (!Write(message)) break;  // the stream broke again: the next registration replays
+    ++sent;
+  }
+  if (sent > 0) spdlog::info("resent {} unacknowledged message(s) after registering", sent);
+}
+
+void AgentClient::Acknowledge(int64_t attempt_id) {
+  std::lock_guard lock(outbox_mu_);
+  std::erase_if(outbox_, [&](const auto& entry) {
+    if (entry.first != attempt_id) return false;
+    outbox_bytes_ -= entry.second.size();
+    return true;
+  });
+}
+
+std::vector<int64_t> AgentClient::HeldAttempts() const {
+  std::vector<int64_t> held;
+  {
+    std::lock_guard lock(mu_);
+    if (running_attempt_ != 0) held.push_back(running_attempt_);
+    for (const QueuedAttempt& q : queue_) held.push_back(q.assignment.attempt_id);
+  }
+  {
+    std::lock_guard lock(outbox_mu_);
+    for (const auto& entry : outbox_) held.push_back(entry.first);
+  }
+  std::sort(held.begin(), held.end());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
+  return held;
 }
 
 Status AgentClient::Run() {
@@ -178,9 +239,7 @@ Status AgentClient::Session(bool& registered) {
   pb::Register* reg = hello.mutable_register_();
   reg->set_agent_name(config_.agent_name);
   *reg->mutable_capabilities() = ToProto(config_.capabilities);
-  // TODO(issue 5): full re-attachment: the controller should also get the running attempt's
-  // last sequence numbers and decide whether it continues.
-  if (const int64_t running = RunningAttempt(); running != 0) reg->add_running_attempt_ids(running);
+  for (const int64_t held : HeldAttempts()) reg->add_running_attempt_ids(held);
   pb::ControllerMessage reply;
   if (!stream->Write(hello)) return end_session(Status::Unavailable("cannot send Register"));
   if (!stream->Read(&reply)) return end_session(Status::Unavailable("stream closed before Registered"));
@@ -196,12 +255,9 @@ Status AgentClient::Session(bool& registered) {
     registered = true;
     cv_.notify_all();
   }
-  {
-    std::lock_guard lock(write_mu_);
-    stream_ = stream.get();
-  }
   spdlog::info("registered with {} as {} (heartbeat every {} ms)", config_.controller, agent_id,
                interval.count());
+  AttachAndReplay(stream.get());
   if (on_registered_) on_registered_(agent_id);
 
   std::thread heartbeat([this, interval] { HeartbeatLoop(interval); });
@@ -227,6 +283,10 @@ void AgentClient::HeartbeatLoop(std::chrono::milliseconds interval) {
 }
 
 void AgentClient::HandleMessage(const pb::ControllerMessage& message) {
+  if (message.has_end_ack()) {
+    Acknowledge(message.end_ack().attempt_id());
+    return;
+  }
   std::lock_guard lock(mu_);
   if (message.has_assignment()) {
     const pb::Assignment& a = message.assignment();

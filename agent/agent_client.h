@@ -13,6 +13,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "agent/attempt_runner.h"
 #include "agent/attempt_sink.h"
@@ -89,6 +91,16 @@ class AgentClient {
   void HandleMessage(const v1::ControllerMessage& message);
   /// Writes under write_mu_; false when no stream is attached or the write failed.
   bool Write(const v1::AgentMessage& message);
+  /// Keeps `message` of attempt `attempt_id` in the outbox and writes it (a failed write is
+  /// resent after the next registration).
+  void Send(int64_t attempt_id, const v1::AgentMessage& message);
+  /// Attaches `stream` for writing and writes the whole outbox on it, in order, before any
+  /// newer message (after a registration).
+  void AttachAndReplay(Stream* stream);
+  /// Forgets attempt `attempt_id`'s messages (the controller acknowledged its end).
+  void Acknowledge(int64_t attempt_id);
+  /// The attempts this agent holds: running, queued, or with unacknowledged messages.
+  std::vector<int64_t> HeldAttempts() const;
   int64_t RunningAttempt() const;
 
   AgentClientConfig config_;
@@ -107,6 +119,17 @@ class AgentClient {
 
   std::mutex write_mu_;
   Stream* stream_ = nullptr;  // attached after Registered, detached before Finish()
+
+  /// Messages (serialised AgentMessage) of attempts whose end the controller has not
+  /// acknowledged (EndAck), in the order they were produced. outbox_mu_ is held across an
+  /// append and its write, and across a replay, so the controller sees them in order; it is
+  /// taken before write_mu_ and never while mu_ is held.
+  mutable std::mutex outbox_mu_;
+  std::deque<std::pair<int64_t, std::string>> outbox_;
+  size_t outbox_bytes_ = 0;
+  /// Log chunks past this many outbox bytes are written once but not kept for resending (a
+  /// warning names them); events and ends are always kept.
+  static constexpr size_t kMaxOutboxBytes = size_t{256} << 20;
 
   std::thread runner_thread_;
 };

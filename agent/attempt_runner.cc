@@ -93,6 +93,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.plugins = built->plugins;
   launch.worker = config_.worker;
   launch.agent_name = config_.agent_name;
+  launch.gpu_indices = config_.gpu_indices;
   return RunWorker(launch, sink, cancel);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "agent/attempt_sink.h"
 #include "agent/build.h"
@@ -27,6 +28,7 @@ struct RunnerConfig {
   std::filesystem::path cmake = "cmake";
   std::filesystem::path worker;  // gatehouse-worker
   std::string agent_name;
+  std::vector<int> gpu_indices;  // this node's GPUs (nvidia-smi index); worker_launcher.h VisibleDevices
 };
 
 /// Runs attempts one after another, reporting to an AttemptSink.

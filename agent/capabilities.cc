@@ -6,6 +6,7 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/process.h"
@@ -59,23 +60,86 @@ Result<std::vector<GpuInfo>> ParseNvidiaSmiCsv(std::string_view csv) {
     const auto fields = Split(line, ',');
     GpuInfo gpu;
     int64_t mib = 0;
-    if (fields.size() != 3 || !ParseNumber(Trim(fields[1]), mib)) {
+    if (fields.size() != 5 || !ParseNumber(Trim(fields[0]), gpu.index) ||
+        !ParseNumber(Trim(fields[2]), mib)) {
       return Status::InvalidArgument("nvidia-smi: unexpected line '" + std::string(line) +
-                                     "' (want: name, memory MiB, uuid)");
+                                     "' (want: index, name, memory MiB, uuid, driver version)");
     }
-    gpu.model = std::string(Trim(fields[0]));
+    gpu.model = std::string(Trim(fields[1]));
     gpu.memory_bytes = mib * 1024 * 1024;
-    gpu.uuid = std::string(Trim(fields[2]));
+    gpu.uuid = std::string(Trim(fields[3]));
+    gpu.driver_version = std::string(Trim(fields[4]));
     gpus.push_back(std::move(gpu));
   }
   return gpus;
 }
 
-AgentCapabilities ProbeCapabilities(std::string torch_version) {
+Result<WorkerRuntime> ParseWorkerRuntime(std::string_view json_text) {
+  const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return Status::InvalidArgument("worker --print-runtime: output is not a JSON object");
+  }
+  WorkerRuntime r;
+  for (const auto& [key, field] : {std::pair{"torch", &r.torch}, std::pair{"cuda", &r.cuda},
+                                   std::pair{"cudnn", &r.cudnn}, std::pair{"nccl", &r.nccl},
+                                   std::pair{"cuda_driver", &r.cuda_driver}}) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_string()) {
+      return Status::InvalidArgument(std::string("worker --print-runtime: member '") + key +
+                                     "' missing or not a string");
+    }
+    *field = it->get<std::string>();
+  }
+  for (const auto& [key, field] : {std::pair{"cuda_available", &r.cuda_available},
+                                   std::pair{"nccl_groups", &r.nccl_groups}}) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_boolean()) {
+      return Status::InvalidArgument(std::string("worker --print-runtime: member '") + key +
+                                     "' missing or not true/false");
+    }
+    *field = it->get<bool>();
+  }
+  if (r.torch.empty()) return Status::InvalidArgument("worker --print-runtime: member 'torch' is empty");
+  return r;
+}
+
+Result<WorkerRuntime> ProbeWorkerRuntime(const std::filesystem::path& worker) {
+  ProcessSpec spec;
+  spec.exe = worker;
+  spec.args = {"--print-runtime"};
+  std::string out;
+  std::string err;
+  auto exit = RunProcess(
+      spec, [&](std::string_view b) { out.append(b); }, [&](std::string_view b) { err.append(b); });
+  if (!exit.ok()) {
+    return Status::Unavailable(worker.string() + " --print-runtime: " + exit.status().message());
+  }
+  if (!exit->ok()) {
+    return Status::Unavailable(worker.string() + " --print-runtime " + exit->Describe() + ": " + err);
+  }
+  return ParseWorkerRuntime(out);
+}
+
+AgentCapabilities ProbeCapabilities(const std::filesystem::path& worker, std::string torch_version) {
   AgentCapabilities caps;
   caps.cpu_cores = static_cast<int32_t>(std::thread::hardware_concurrency());
   caps.torch_version = std::move(torch_version);
   caps.slots = 1;
+
+  if (auto runtime = ProbeWorkerRuntime(worker); runtime.ok()) {
+    if (!caps.torch_version.empty() && caps.torch_version != runtime->torch) {
+      spdlog::warn("--torch-version {} ignored: the worker runs torch {}", caps.torch_version,
+                   runtime->torch);
+    }
+    caps.torch_version = runtime->torch;
+    caps.cuda_version = runtime->cuda;
+    caps.nccl_version = runtime->nccl;
+    caps.cudnn_version = runtime->cudnn;
+    caps.cuda_driver_version = runtime->cuda_driver;
+  } else {
+    spdlog::warn("runtime probe: {}{}", runtime.status().ToString(),
+                 caps.torch_version.empty() ? "" : "; reporting --torch-version " + caps.torch_version);
+  }
 
   std::ifstream meminfo("/proc/meminfo");
   std::stringstream text;
@@ -89,7 +153,7 @@ AgentCapabilities ProbeCapabilities(std::string torch_version) {
   if (const auto nvidia_smi = FindProgram("nvidia-smi"); !nvidia_smi.empty()) {
     ProcessSpec spec;
     spec.exe = nvidia_smi;
-    spec.args = {"--query-gpu=name,memory.total,uuid", "--format=csv,noheader,nounits"};
+    spec.args = {std::string(kNvidiaSmiQuery), "--format=csv,noheader,nounits"};
     std::string out;
     std::string err;
     auto exit = RunProcess(

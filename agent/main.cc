@@ -62,7 +62,9 @@ int main(int argc, char** argv) {
                  "LibTorch's CMake prefix (torch.utils.cmake_prefix_path)");
   app.add_option("--worker", worker,
                  "path of gatehouse-worker (default: <sdk-dir>/../bin/gatehouse-worker)");
-  app.add_option("--torch-version", torch_version, "torch version the worker SDK runs, reported to the controller");
+  app.add_option("--torch-version", torch_version,
+                 "torch version to report when the worker cannot be probed (the worker's own "
+                 "--print-runtime wins)");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));
@@ -99,17 +101,21 @@ int main(int argc, char** argv) {
     spdlog::error("cannot create work dir {}: {}", runner_config.work_dir.string(), ec.message());
     return 1;
   }
-  AttemptRunner runner(runner_config);
-
   AgentClientConfig client_config;
   client_config.controller = controller;
   client_config.agent_name = name;
-  client_config.capabilities = gatehouse::agent::ProbeCapabilities(torch_version);
+  client_config.capabilities = gatehouse::agent::ProbeCapabilities(worker_path, torch_version);
   const auto& caps = client_config.capabilities;
-  spdlog::info("agent {}: {} cores, {} MiB, {} GPU(s), lane={}, torch {}, work dir {}", name,
-               caps.cpu_cores, caps.memory_bytes >> 20, caps.gpus.size(), caps.labels.at("lane"),
-               caps.torch_version.empty() ? "?" : caps.torch_version,
+  for (const auto& gpu : caps.gpus) runner_config.gpu_indices.push_back(gpu.index);
+  spdlog::info("agent {}: {} cores, {} MiB, {} GPU(s), lane={}, torch {}, CUDA {}, NCCL {}, "
+               "driver CUDA {}, work dir {}",
+               name, caps.cpu_cores, caps.memory_bytes >> 20, caps.gpus.size(),
+               caps.labels.at("lane"), caps.torch_version.empty() ? "?" : caps.torch_version,
+               caps.cuda_version.empty() ? "-" : caps.cuda_version,
+               caps.nccl_version.empty() ? "-" : caps.nccl_version,
+               caps.cuda_driver_version.empty() ? "-" : caps.cuda_driver_version,
                runner_config.work_dir.string());
+  AttemptRunner runner(runner_config);
 
   AgentClient client(client_config, runner);
   client.OnRegistered([](const std::string& agent_id) {

@@ -455,6 +455,26 @@ class WorkerGroup {
 
 }  // namespace
 
+Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, int world_size,
+                                                  const std::vector<int>& gpu_indices) {
+  if (gpu_indices.empty()) return std::optional<std::string>();
+  const nlohmann::json* device = nullptr;
+  if (auto rt = spec.find("runtime"); rt != spec.end() && rt->is_object()) {
+    if (auto d = rt->find("device"); d != rt->end()) device = &*d;
+  }
+  if (device == nullptr || *device != "cuda") return std::optional<std::string>("");
+  if (world_size > static_cast<int>(gpu_indices.size())) {
+    return Status::FailedPrecondition("the cell needs " + std::to_string(world_size) +
+                                      " GPUs (one per rank) but this agent has " +
+                                      std::to_string(gpu_indices.size()));
+  }
+  std::string list;
+  for (int i = 0; i < world_size; ++i) {
+    list += (i ? "," : "") + std::to_string(gpu_indices[static_cast<size_t>(i)]);
+  }
+  return std::optional<std::string>(list);
+}
+
 AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel) {
   const int64_t id = launch.attempt_id;
   auto world = WorldSize(launch.spec);
@@ -468,11 +488,14 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     }
     master_port = *port;
   }
+  auto visible = VisibleDevices(launch.spec, world_size, launch.gpu_indices);
+  if (!visible.ok()) return ErrorEnd(id, 0, visible.status().message());
   std::vector<ProcessSpec> specs(static_cast<size_t>(world_size));
   for (int rank = 0; rank < world_size; ++rank) {
     auto env = WorkerEnvironment(launch.spec, rank, world_size, master_port);
     if (!env.ok()) return ErrorEnd(id, 0, "invalid spec: " + env.status().message());
     specs[static_cast<size_t>(rank)].env = std::move(env).value();
+    if (*visible) specs[static_cast<size_t>(rank)].env.emplace_back("CUDA_VISIBLE_DEVICES", **visible);
   }
 
   std::error_code ec;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,6 +27,7 @@ struct WorkerLaunch {
   std::vector<std::filesystem::path> plugins;  // absolute
   std::filesystem::path worker;       // the gatehouse-worker executable
   std::string agent_name;
+  std::vector<int> gpu_indices;       // this agent's GPUs (nvidia-smi index); empty: none
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.
@@ -44,6 +46,15 @@ Result<int> WorldSize(const nlohmann::json& spec);
 /// the kernel chose and closes the socket (torchrun's way; another process may take it before
 /// the worker binds it). Errors: UNAVAILABLE naming the failing call and the OS error.
 Result<int> FindFreePort();
+
+/// CUDA_VISIBLE_DEVICES for every rank of an attempt on an agent with GPUs `gpu_indices`
+/// (one attempt at a time per agent): a cuda cell sees the first `world_size` of them, one per
+/// rank, which each rank uses as device LOCAL_RANK; a CPU cell sees none (""), so it cannot
+/// touch a GPU by accident. nullopt when the agent has no GPUs (nothing is set). The value
+/// wins over a CUDA_VISIBLE_DEVICES in the spec's env. Errors: FAILED_PRECONDITION when a cuda
+/// cell needs more GPUs than the agent has, naming both counts.
+Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, int world_size,
+                                                  const std::vector<int>& gpu_indices);
 
 /// The log stream of rank `rank` for a worker stream: `stream` itself for rank 0,
 /// `<stream>.rank<rank>` for the others ("worker.rank1", "worker-stdout.rank3").

@@ -55,6 +55,14 @@ class GrpcAgentChannel : public AgentChannel {
     return Write(msg);
   }
 
+  bool SendCancel(int64_t attempt_id, const std::string& reason) override {
+    pb::ControllerMessage msg;
+    pb::Cancel* out = msg.mutable_cancel();
+    out->set_attempt_id(attempt_id);
+    out->set_reason(reason);
+    return Write(msg);
+  }
+
   bool Write(const pb::ControllerMessage& msg) {
     std::lock_guard lock(mu_);
     return !closed_ && stream_->Write(msg);
@@ -87,6 +95,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     hello.slots = reg.capabilities().slots() > 0 ? reg.capabilities().slots() : 1;
     hello.gpus = reg.capabilities().gpus_size();
     hello.torch_version = reg.capabilities().torch_version();
+    hello.cuda_version = reg.capabilities().cuda_version();
     google::protobuf::util::JsonPrintOptions json_options;
     json_options.preserve_proto_field_names = true;
     if (!google::protobuf::util::MessageToJsonString(reg.capabilities(), &hello.capabilities_json,
@@ -96,12 +105,14 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     }
     auto agent_id = core_.RegisterAgent(hello);
     if (!agent_id.ok()) return ToGrpc(agent_id.status());
-    // TODO(issue 5): reconcile reg.running_attempt_ids() with the attempts leased to it.
+    core_.ReconcileAgent(*agent_id, std::vector<int64_t>(reg.running_attempt_ids().begin(),
+                                                         reg.running_attempt_ids().end()));
 
     auto channel = std::make_shared<GrpcAgentChannel>(stream);
     pb::ControllerMessage registered;
     registered.mutable_registered()->set_agent_id(*agent_id);
-    registered.mutable_registered()->set_heartbeat_interval_ms(kHeartbeatIntervalMs);
+    registered.mutable_registered()->set_heartbeat_interval_ms(
+        static_cast<int32_t>(core_.lease_config().heartbeat_interval.count()));
     if (!channel->Write(registered)) {
       core_.DetachAgent(*agent_id, channel.get());
       return grpc::Status::OK;
@@ -110,7 +121,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     core_.AttachAgent(*agent_id, hello, channel);
 
     pb::AgentMessage msg;
-    while (stream->Read(&msg)) Dispatch(*agent_id, msg);
+    while (stream->Read(&msg)) Dispatch(*agent_id, msg, *channel);
 
     channel->Close();
     core_.DetachAgent(*agent_id, channel.get());
@@ -119,7 +130,8 @@ class AgentServiceImpl final : public pb::AgentService::Service {
 
  private:
   // Applies one message. A bad message is logged and skipped; the stream stays open.
-  void Dispatch(const std::string& agent_id, const pb::AgentMessage& msg) {
+  void Dispatch(const std::string& agent_id, const pb::AgentMessage& msg,
+                GrpcAgentChannel& channel) {
     Status s;
     switch (msg.msg_case()) {
       case pb::AgentMessage::kHeartbeat:
@@ -138,6 +150,15 @@ class AgentServiceImpl final : public pb::AgentService::Service {
       case pb::AgentMessage::kEnd: {
         const auto& e = msg.end();
         s = core_.EndAttempt(agent_id, e.attempt_id(), e.outcome(), e.reason(), e.exit_code());
+        // Stored, or nothing more to take for this attempt (unknown, or leased to another
+        // agent): the agent may forget its messages. A store failure is not acknowledged, so
+        // the agent resends after its next registration.
+        if (s.ok() || s.code() == StatusCode::kNotFound ||
+            s.code() == StatusCode::kFailedPrecondition) {
+          pb::ControllerMessage ack;
+          ack.mutable_end_ack()->set_attempt_id(e.attempt_id());
+          channel.Write(ack);
+        }
         break;
       }
       case pb::AgentMessage::kRegister:

@@ -14,22 +14,32 @@ struct Transition {
 // The whole lifecycle in one table.
 constexpr std::array kTransitions = {
     Transition{AttemptState::kQueued, AttemptState::kLeased},
+    Transition{AttemptState::kQueued, AttemptState::kCancelled},
     Transition{AttemptState::kLeased, AttemptState::kRunning},
     Transition{AttemptState::kLeased, AttemptState::kPassed},
     Transition{AttemptState::kLeased, AttemptState::kFailed},
     Transition{AttemptState::kLeased, AttemptState::kError},
+    Transition{AttemptState::kLeased, AttemptState::kLost},
+    Transition{AttemptState::kLeased, AttemptState::kCancelled},
+    Transition{AttemptState::kLeased, AttemptState::kTimedOut},
     Transition{AttemptState::kRunning, AttemptState::kPassed},
     Transition{AttemptState::kRunning, AttemptState::kFailed},
     Transition{AttemptState::kRunning, AttemptState::kError},
+    Transition{AttemptState::kRunning, AttemptState::kLost},
+    Transition{AttemptState::kRunning, AttemptState::kCancelled},
+    Transition{AttemptState::kRunning, AttemptState::kTimedOut},
 };
 
-constexpr std::array<std::pair<AttemptState, std::string_view>, 6> kNames = {{
+constexpr std::array<std::pair<AttemptState, std::string_view>, 9> kNames = {{
     {AttemptState::kQueued, "queued"},
     {AttemptState::kLeased, "leased"},
     {AttemptState::kRunning, "running"},
     {AttemptState::kPassed, "passed"},
     {AttemptState::kFailed, "failed"},
     {AttemptState::kError, "error"},
+    {AttemptState::kLost, "lost"},
+    {AttemptState::kCancelled, "cancelled"},
+    {AttemptState::kTimedOut, "timed_out"},
 }};
 
 }  // namespace
@@ -49,7 +59,7 @@ std::optional<AttemptState> ParseAttemptState(std::string_view name) {
 }
 
 bool IsTerminal(AttemptState s) {
-  return s == AttemptState::kPassed || s == AttemptState::kFailed || s == AttemptState::kError;
+  return s != AttemptState::kQueued && s != AttemptState::kLeased && s != AttemptState::kRunning;
 }
 
 bool IsAllowedTransition(AttemptState from, AttemptState to) {

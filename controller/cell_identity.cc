@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <limits>
 #include <set>
@@ -17,13 +18,65 @@ using nlohmann::json;
 
 constexpr int kSpecVersion = 1;
 constexpr size_t kMaxShownValue = 80;
+// Deepest nesting of arrays/objects accepted in a body (a valid one needs 2). Deeper input is
+// rejected while parsing: nlohmann's dump(), which error messages use, recurses once per
+// level, and a 200 KB body of '[' overflowed the stack (found by tests/fuzz/fuzz_cell_spec).
+constexpr int kMaxJsonDepth = 64;
 
-// The value as JSON text, shortened for error messages.
+// The value as JSON text, shortened for error messages. The cut backs off to the start of a
+// UTF-8 sequence, so the message stays valid UTF-8 (the REST error body is JSON).
 std::string Shown(const json& v) {
   std::string s = v.dump();
-  if (s.size() > kMaxShownValue) s = s.substr(0, kMaxShownValue) + "...";
+  if (s.size() > kMaxShownValue) {
+    size_t cut = kMaxShownValue;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+    s = s.substr(0, cut) + "...";
+  }
   return s;
 }
+
+// `s` with every byte that is not part of a well-formed UTF-8 sequence written as \xHH.
+// nlohmann's parse errors quote the raw input ("last read: '...'"); an error message must be
+// valid UTF-8 to fit the REST error body (nlohmann's strict dump throws otherwise).
+std::string ValidUtf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto lead = static_cast<unsigned char>(s[i]);
+    const size_t len = lead < 0x80                ? 1
+                       : (lead & 0xE0) == 0xC0 ? 2
+                       : (lead & 0xF0) == 0xE0 ? 3
+                       : (lead & 0xF8) == 0xF0 ? 4
+                                               : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    uint32_t cp = len > 1 ? lead & (0x7Fu >> len) : lead;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      ok = (c & 0xC0) == 0x80;
+      cp = (cp << 6) | (c & 0x3Fu);
+    }
+    if (ok && len > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
+      constexpr uint32_t kMinOfLength[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= kMinOfLength[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      constexpr char kHex[] = "0123456789ABCDEF";
+      out += "\\x";
+      out += kHex[lead >> 4];
+      out += kHex[lead & 0xF];
+      ++i;
+    }
+  }
+  return out;
+}
+
+// Thrown by the parse callback of ParseSubmitBody when the body nests deeper than
+// kMaxJsonDepth; it stops the parse at once.
+struct TooDeep {};
 
 Status FieldError(std::string_view field, std::string_view expected, const json& value) {
   return Status::InvalidArgument("field '" + std::string(field) + "': expected " +
@@ -108,9 +161,10 @@ Status ParseTopology(const json& v, SubmitRequest::Topology& out) {
                                      "a positive integer"));
   }
   // One worker process per rank (tp x dp x pp): the agent launches at most kMaxWorldSize.
-  const int64_t world = out.tp * out.dp * out.pp;  // each <= 2^31 - 1: no int64 overflow
-  if (world > kMaxWorldSize || out.tp > kMaxWorldSize || out.dp > kMaxWorldSize ||
-      out.pp > kMaxWorldSize) {
+  // Each factor is checked first: three factors of up to 2^31 - 1 overflow int64 (found by
+  // tests/fuzz/fuzz_cell_spec); with each <= kMaxWorldSize the product cannot.
+  if (out.tp > kMaxWorldSize || out.dp > kMaxWorldSize || out.pp > kMaxWorldSize ||
+      out.tp * out.dp * out.pp > kMaxWorldSize) {
     return FieldError("topology", "tp x dp x pp of at most " + std::to_string(kMaxWorldSize) +
                                       " ranks", v);
   }
@@ -174,11 +228,28 @@ Status ParsePhases(const json& v, std::vector<std::string>& out) {
   return Status::Ok();
 }
 
-Status ParseRuntime(const json& v, std::string& torch) {
+// "13.0": the CUDA version form torch.version.cuda reports (digits '.' digits).
+bool IsMajorMinor(const std::string& s) {
+  const size_t dot = s.find('.');
+  if (dot == 0 || dot == std::string::npos || dot + 1 == s.size() || s.size() > 16) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i != dot && (s[i] < '0' || s[i] > '9')) return false;
+  }
+  return true;
+}
+
+Status ParseRuntime(const json& v, std::string& torch, std::string& cuda) {
   if (!v.is_object()) return FieldError("runtime", "an object", v);
-  GH_RETURN_IF_ERROR(CheckKnownFields(v, {"torch"}, "runtime."));
+  GH_RETURN_IF_ERROR(CheckKnownFields(v, {"torch", "cuda"}, "runtime."));
   if (v.contains("torch")) {
     GH_ASSIGN_OR_RETURN(torch, GetString(v.at("torch"), "runtime.torch"));
+  }
+  if (v.contains("cuda")) {
+    const json& c = v.at("cuda");
+    if (!c.is_string() || !IsMajorMinor(c.get_ref<const std::string&>())) {
+      return FieldError("runtime.cuda", "a CUDA version \"major.minor\" such as \"13.0\"", c);
+    }
+    cuda = c.get<std::string>();
   }
   return Status::Ok();
 }
@@ -196,9 +267,19 @@ Status CheckDirectory(const std::string& what, const std::string& path) {
 Result<SubmitRequest> ParseSubmitBody(std::string_view body, const IdentityConfig& config) {
   json in;
   try {
-    in = json::parse(body);
+    in = json::parse(body, [](int depth, json::parse_event_t event, json&) {
+      if ((event == json::parse_event_t::object_start ||
+           event == json::parse_event_t::array_start) &&
+          depth >= kMaxJsonDepth) {
+        throw TooDeep{};
+      }
+      return true;
+    });
   } catch (const json::exception& e) {
-    return Status::InvalidArgument(std::string("body is not valid JSON: ") + e.what());
+    return Status::InvalidArgument("body is not valid JSON: " + ValidUtf8(e.what()));
+  } catch (const TooDeep&) {
+    return Status::InvalidArgument("body: JSON arrays/objects nested deeper than " +
+                                   std::to_string(kMaxJsonDepth) + " levels");
   }
   if (!in.is_object())
     return Status::InvalidArgument("body: expected a JSON object, got " + Shown(in));
@@ -280,7 +361,7 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const IdentityConfi
     r.phases.assign(kDefaultPhases.begin(), kDefaultPhases.end());
   }
   r.torch = config.torch_pin;
-  if (in.contains("runtime")) GH_RETURN_IF_ERROR(ParseRuntime(in.at("runtime"), r.torch));
+  if (in.contains("runtime")) GH_RETURN_IF_ERROR(ParseRuntime(in.at("runtime"), r.torch, r.cuda));
   return r;
 }
 
@@ -294,6 +375,8 @@ json BuildFrozenSpec(const SubmitRequest& r, const std::string& commit,
   spec["checkpoint"] = {{"path", r.checkpoint}, {"digest", checkpoint_digest}};
   spec["reference"] = {{"path", r.reference}, {"digest", reference_digest}};
   spec["runtime"] = {{"torch", r.torch}, {"device", r.device}};
+  // Only when pinned: a cell without a CUDA pin keeps the id it had before the field existed.
+  if (!r.cuda.empty()) spec["runtime"]["cuda"] = r.cuda;
   spec["launch"] = {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}};
   spec["topology"] = {
       {"tp", r.topology.tp}, {"dp", r.topology.dp}, {"pp", r.topology.pp}, {"ep", r.topology.ep}};
@@ -334,6 +417,9 @@ json ReproduceBody(const json& spec) {
   }
   if (spec.contains(json::json_pointer("/runtime/torch"))) {
     body["runtime"] = {{"torch", spec.at(json::json_pointer("/runtime/torch"))}};
+    if (spec.contains(json::json_pointer("/runtime/cuda"))) {
+      body["runtime"]["cuda"] = spec.at(json::json_pointer("/runtime/cuda"));
+    }
   }
   return body;
 }

@@ -46,11 +46,13 @@ struct SubmitRequest {
   std::map<std::string, std::string> env;
   std::vector<std::string> phases;  // known names in kPhases order, no duplicates
   std::string torch;                // runtime.torch
+  std::string cuda;                 // runtime.cuda ("13.0"); empty: not pinned, not in the spec
 };
 
 /// Parses and validates a submit body. Checks types and values only (no filesystem or git).
 /// Errors: INVALID_ARGUMENT naming the field and the offending value, e.g.
-/// "unknown field 'foo'", "field 'topology.tp': expected a positive integer, got \"2\"".
+/// "unknown field 'foo'", "field 'topology.tp': expected a positive integer, got \"2\"";
+/// arrays/objects nested deeper than 64 levels are rejected. Messages are valid UTF-8.
 Result<SubmitRequest> ParseSubmitBody(std::string_view body, const IdentityConfig& config);
 
 /// The frozen spec of docs/protocols.md §2 for a validated request and its resolved inputs.

@@ -1,6 +1,7 @@
 #include "controller/controller_core.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include <spdlog/spdlog.h>
 
@@ -20,8 +21,12 @@ size_t PhaseOrder(const std::string& phase) { return PhaseIndex(phase).value_or(
 
 }  // namespace
 
-ControllerCore::ControllerCore(Store& store, CellFreezer& freezer)
-    : store_(store), freezer_(freezer) {}
+ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig lease, Clock clock)
+    : store_(store),
+      freezer_(freezer),
+      lease_(lease),
+      clock_(std::move(clock)),
+      started_(clock_()) {}
 
 // ---- REST side ----
 
@@ -61,12 +66,47 @@ Result<CellDetail> ControllerCore::LoadDetail(const CellRecord& cell) {
   GH_ASSIGN_OR_RETURN(d.attempts, store_.ListAttempts(cell.id));
   if (!d.attempts.empty()) {
     d.status = d.attempts.back().state;
+    if (d.status == AttemptState::kQueued) {
+      std::lock_guard lock(waiting_mu_);
+      auto it = waiting_reasons_.find(d.attempts.back().id);
+      if (it != waiting_reasons_.end()) d.waiting_reason = it->second;
+    }
     GH_ASSIGN_OR_RETURN(d.phases, store_.ListPhases(d.attempts.back().id));
     std::stable_sort(d.phases.begin(), d.phases.end(), [](const auto& a, const auto& b) {
       return PhaseOrder(a.phase) < PhaseOrder(b.phase);
     });
   }
   return d;
+}
+
+Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::string& reason) {
+  GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
+  if (!cell) return CellNotFound(id);
+  GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store_.ListAttempts(id));
+  if (attempts.empty()) return Status::FailedPrecondition("cell '" + id + "' has no attempt");
+  const AttemptRecord& a = attempts.back();
+  const std::string why = "cancelled: " + (reason.empty() ? std::string("requested") : reason);
+  if (a.state == AttemptState::kQueued) {
+    GH_ASSIGN_OR_RETURN(bool changed, store_.FinishAttempt(a.id, AttemptState::kCancelled, why));
+    if (changed) spdlog::info("attempt {} of cell {} cancelled while queued", a.id, id);
+  } else if (a.state == AttemptState::kLeased || a.state == AttemptState::kRunning) {
+    GH_ASSIGN_OR_RETURN(bool first, store_.RequestCancel(a.id, why));
+    if (first) {
+      std::shared_ptr<AgentChannel> channel;
+      {
+        std::lock_guard lock(agents_mu_);
+        if (auto it = agents_.find(a.agent_id); it != agents_.end()) channel = it->second.channel;
+      }
+      const bool sent = channel && channel->SendCancel(a.id, why);
+      spdlog::info("attempt {} of cell {}: cancel {} agent '{}'", a.id, id,
+                   sent ? "sent to" : "recorded; not reachable now:", a.agent_id);
+    }
+  } else {
+    return Status::FailedPrecondition("cell '" + id + "': its latest attempt " +
+                                      std::to_string(a.number) + " already ended (" +
+                                      std::string(AttemptStateName(a.state)) + ")");
+  }
+  return LoadDetail(*cell);
 }
 
 Result<std::string> ControllerCore::Report(const std::string& id) {
@@ -99,6 +139,7 @@ Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
   record.name = hello.name;
   record.capabilities_json = hello.capabilities_json;
   GH_RETURN_IF_ERROR(store_.UpsertAgent(record));
+  Touch(record.id);
   return record.id;
 }
 
@@ -107,7 +148,8 @@ void ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& 
   const int slots = std::max(hello.slots, 1);
   {
     std::lock_guard lock(agents_mu_);
-    agents_[agent_id] = Attached{slots, std::max(hello.gpus, 0), hello.torch_version, std::move(channel)};
+    agents_[agent_id] = Attached{slots, std::max(hello.gpus, 0), hello.torch_version, hello.cuda_version,
+                                 std::move(channel)};
   }
   spdlog::info("agent '{}' connected ({} slot(s), {} GPU(s), torch '{}')", agent_id, slots,
                hello.gpus, hello.torch_version);
@@ -128,7 +170,86 @@ void ControllerCore::DetachAgent(const std::string& agent_id, const AgentChannel
 }
 
 Status ControllerCore::Heartbeat(const std::string& agent_id) {
+  Touch(agent_id);
   return store_.TouchAgent(agent_id);
+}
+
+void ControllerCore::ReconcileAgent(const std::string& agent_id, const std::vector<int64_t>& held) {
+  auto active = store_.ListActiveAttempts();
+  if (!active.ok()) {
+    spdlog::error("agent '{}': reconcile: {}", agent_id, active.status().ToString());
+    return;
+  }
+  for (const ActiveAttempt& a : *active) {
+    if (a.agent_id != agent_id ||
+        std::find(held.begin(), held.end(), a.attempt_id) != held.end()) {
+      continue;
+    }
+    Lose(a, "agent '" + agent_id + "' registered again without attempt " +
+                std::to_string(a.attempt_id) + " (it restarted, or never received the assignment)");
+  }
+}
+
+bool ControllerCore::Lose(const ActiveAttempt& a, const std::string& reason) {
+  Result<std::optional<int64_t>> retry = store_.LoseAttempt(a.attempt_id, reason, lease_.retry_limit);
+  if (!retry.ok()) {
+    spdlog::error("attempt {}: {}", a.attempt_id, retry.status().ToString());
+    return false;
+  }
+  spdlog::warn("attempt {} of cell {} lost: {}{}", a.attempt_id, a.cell_id, reason,
+               *retry ? "; retried as attempt id " + std::to_string(**retry) : "; no retry");
+  return true;
+}
+
+void ControllerCore::Touch(const std::string& agent_id) {
+  const auto now = clock_();
+  std::lock_guard lock(agents_mu_);
+  last_seen_[agent_id] = now;
+}
+
+std::chrono::system_clock::time_point ControllerCore::LastHeardLocked(
+    const std::string& agent_id) const {
+  auto it = last_seen_.find(agent_id);
+  if (it != last_seen_.end()) return it->second;
+  const auto extra = std::max(lease_.restart_grace - lease_.lease_timeout(),
+                              std::chrono::milliseconds(0));
+  return started_ + extra;
+}
+
+bool ControllerCore::SilentLocked(const std::string& agent_id,
+                                  std::chrono::system_clock::time_point now) const {
+  return now - LastHeardLocked(agent_id) > lease_.lease_timeout();
+}
+
+int ControllerCore::ExpireLeases() {
+  const auto now = clock_();
+  auto active = store_.ListActiveAttempts();
+  if (!active.ok()) {
+    spdlog::error("lease expiry: {}", active.status().ToString());
+    return 0;
+  }
+  std::map<std::string, double> silent_s;  // agent -> seconds since last heard
+  {
+    std::lock_guard lock(agents_mu_);
+    for (const ActiveAttempt& a : *active) {
+      if (!SilentLocked(a.agent_id, now)) continue;
+      silent_s[a.agent_id] = std::chrono::duration<double>(now - LastHeardLocked(a.agent_id)).count();
+    }
+  }
+  int lost = 0;
+  for (const ActiveAttempt& a : *active) {
+    auto silent = silent_s.find(a.agent_id);
+    if (silent == silent_s.end()) continue;
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f", silent->second);
+    if (Lose(a, "agent '" + a.agent_id + "' unreachable: not heard from for " + seconds +
+                    " s (heartbeat every " + std::to_string(lease_.heartbeat_interval.count()) +
+                    " ms, " + std::to_string(lease_.missed_heartbeats) + " missed)")) {
+      ++lost;
+    }
+  }
+  if (lost > 0) Schedule();
+  return lost;
 }
 
 Result<AttemptRecord> ControllerCore::AttemptOfAgent(const std::string& agent_id,
@@ -143,8 +264,12 @@ Result<AttemptRecord> ControllerCore::AttemptOfAgent(const std::string& agent_id
 
 Status ControllerCore::RecordEvent(const std::string& agent_id, int64_t attempt_id, int64_t seq,
                                    const std::string& json) {
+  Touch(agent_id);
   GH_ASSIGN_OR_RETURN(AttemptRecord attempt, AttemptOfAgent(agent_id, attempt_id));
-  (void)attempt;
+  if (IsTerminal(attempt.state)) {
+    spdlog::warn("attempt {} event {} arrived after the attempt ended ({}): stored as stale",
+                 attempt_id, seq, AttemptStateName(attempt.state));
+  }
   Result<EventEffect> effect = ParseWorkerEvent(json);
   if (!effect.ok()) {
     spdlog::warn("attempt {} event {}: {} (stored, not applied)", attempt_id, seq,
@@ -156,6 +281,7 @@ Status ControllerCore::RecordEvent(const std::string& agent_id, int64_t attempt_
 Status ControllerCore::RecordLog(const std::string& agent_id, int64_t attempt_id,
                                  const std::string& stream, int64_t offset,
                                  const std::string& data) {
+  Touch(agent_id);
   GH_ASSIGN_OR_RETURN(AttemptRecord attempt, AttemptOfAgent(agent_id, attempt_id));
   (void)attempt;
   return store_.AppendLog(attempt_id, stream, offset, data).status();
@@ -164,11 +290,16 @@ Status ControllerCore::RecordLog(const std::string& agent_id, int64_t attempt_id
 Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_id,
                                   const std::string& outcome, const std::string& reason,
                                   int exit_code) {
+  Touch(agent_id);
   GH_ASSIGN_OR_RETURN(AttemptRecord a, AttemptOfAgent(agent_id, attempt_id));
-  if (IsTerminal(a.state)) return Status::Ok();  // a resend
+  if (IsTerminal(a.state)) return Status::Ok();  // a resend, or the end of a lost attempt
   AttemptState to = AttemptState::kError;
   std::string why;
-  if (outcome == "finished") {
+  if (!a.cancel_reason.empty() && (outcome != "finished" || a.run_status.empty())) {
+    // Stopped on request before its run_end: cancelled, with what the agent saw.
+    to = AttemptState::kCancelled;
+    why = a.cancel_reason + (reason.empty() ? "" : "; " + reason);
+  } else if (outcome == "finished") {
     if (a.run_status.empty()) {
       why = "the worker finished without a run_end event (exit code " + std::to_string(exit_code) +
             ")";
@@ -213,9 +344,11 @@ void ControllerCore::Schedule() {
     std::map<std::string, std::shared_ptr<AgentChannel>> channels;
     {
       std::lock_guard lock(agents_mu_);
-      if (agents_.empty()) return;
+      const auto now = clock_();
       for (const auto& [id, attached] : agents_) {
-        view.push_back({id, attached.slots, 0, attached.gpus, 0, attached.torch_version});
+        if (SilentLocked(id, now)) continue;  // unreachable: no new work until heard from
+        view.push_back({id, attached.slots, 0, attached.gpus, 0, attached.torch_version,
+                        attached.cuda_version});
         channels[id] = attached.channel;
       }
     }
@@ -236,15 +369,19 @@ void ControllerCore::Schedule() {
     }
     std::vector<Waiting> waiting;
     std::vector<Placement> placements = controller::Schedule(*queue, view, &waiting);
-    for (const Waiting& w : waiting) {
-      // Logged when the reason changes, not on every scheduling round.
-      auto [it, inserted] = waiting_reasons_.try_emplace(w.attempt_id, w.reason);
-      if (inserted || it->second != w.reason) {
-        it->second = w.reason;
-        spdlog::info("attempt {} waits: {}", w.attempt_id, w.reason);
+    {
+      // Only this pass's waiting attempts are kept; a reason is logged when it changes.
+      std::lock_guard lock(waiting_mu_);
+      std::map<int64_t, std::string> now_waiting;
+      for (const Waiting& w : waiting) {
+        auto old = waiting_reasons_.find(w.attempt_id);
+        if (old == waiting_reasons_.end() || old->second != w.reason) {
+          spdlog::info("attempt {} waits: {}", w.attempt_id, w.reason);
+        }
+        now_waiting[w.attempt_id] = w.reason;
       }
+      waiting_reasons_ = std::move(now_waiting);
     }
-    for (const Placement& p : placements) waiting_reasons_.erase(p.attempt_id);
     if (placements.empty()) return;
     std::vector<Lease> leases;
     for (const Placement& p : placements) leases.push_back({p.attempt_id, p.agent_id});

@@ -3,6 +3,7 @@
 // from these calls; this layer includes no transport, SQLite or libgit2 header.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 
 #include "common/status.h"
 #include "controller/cell_identity.h"
+#include "controller/clock.h"
 #include "controller/records.h"
 #include "controller/store/store.h"
 
@@ -34,6 +36,8 @@ class AgentChannel {
   virtual ~AgentChannel() = default;
   /// Returns false when the stream is closed or broken.
   virtual bool SendAssignment(const AssignmentMessage& assignment) = 0;
+  /// Asks the agent to stop attempt `attempt_id` (agent.proto Cancel). Same return.
+  virtual bool SendCancel(int64_t attempt_id, const std::string& reason) = 0;
 };
 
 /// What an agent says about itself when it registers.
@@ -43,6 +47,7 @@ struct AgentHello {
   int slots = 1;                  // attempts it runs at once
   int gpus = 0;                   // GPUs it discovered (scheduling: one per CUDA rank)
   std::string torch_version;      // its worker's torch (scheduling: the cell's runtime pin)
+  std::string cuda_version;       // CUDA its worker's LibTorch is built with ("13.0"; pin)
 };
 
 /// Result of a submission.
@@ -54,6 +59,23 @@ struct SubmitOutcome {
 /// The attempt heartbeat interval agents are told at registration.
 inline constexpr int kHeartbeatIntervalMs = 5000;
 
+/// Leases and retries (controller flags --heartbeat-ms, --missed-heartbeats, --retry-limit).
+struct LeaseConfig {
+  /// How often agents heartbeat (told at registration).
+  std::chrono::milliseconds heartbeat_interval{kHeartbeatIntervalMs};
+  /// An agent not heard from (any message) for this many intervals is unreachable: its leases
+  /// expire and its attempts become lost.
+  int missed_heartbeats = 3;
+  /// Lost attempts of one cell retried automatically (a new attempt each); 0: never.
+  int retry_limit = 2;
+  /// After a controller (re)start, how long an agent holding a lease has to reconnect before
+  /// its attempts are lost (at least one lease timeout applies); covers the agents' reconnect
+  /// backoff (at most 5 s by default).
+  std::chrono::milliseconds restart_grace{15000};
+  /// heartbeat_interval x missed_heartbeats.
+  std::chrono::milliseconds lease_timeout() const { return heartbeat_interval * missed_heartbeats; }
+};
+
 /// Domain service of the controller.
 ///
 /// Threading: thread-safe; called from REST handler threads and gRPC stream threads. Blocking:
@@ -61,7 +83,10 @@ inline constexpr int kHeartbeatIntervalMs = 5000;
 /// every change that can free or need a slot; assignments are sent outside internal locks.
 class ControllerCore {
  public:
-  ControllerCore(Store& store, CellFreezer& freezer);
+  ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig lease = {},
+                 Clock clock = SystemClock());
+
+  const LeaseConfig& lease_config() const { return lease_; }
 
   // ---- REST side ----
 
@@ -72,8 +97,17 @@ class ControllerCore {
   /// Cells newest first. `limit` in [1, 500], `offset` >= 0.
   Result<std::vector<CellSummary>> ListCells(int limit, int offset);
 
-  /// NOT_FOUND "cell '<id>' not found".
+  /// NOT_FOUND "cell '<id>' not found". A queued latest attempt carries the scheduler's last
+  /// waiting reason.
   Result<CellDetail> GetCell(const std::string& id);
+
+  /// Cancels the cell's latest attempt: a queued one ends cancelled at once; for a leased or
+  /// running one the cancel is recorded and sent to its agent, which stops the worker group
+  /// (grace, then kill) and reports the end, and the attempt ends cancelled (if the agent is
+  /// lost first, the lease expiry ends it cancelled, without a retry). A second cancel while
+  /// one is pending changes nothing. Errors: NOT_FOUND as GetCell; FAILED_PRECONDITION naming
+  /// the state when the latest attempt has already ended.
+  Result<CellDetail> CancelCell(const std::string& id, const std::string& reason);
 
   /// The Markdown evidence report (controller/report.h). NOT_FOUND as GetCell.
   Result<std::string> Report(const std::string& id);
@@ -89,17 +123,33 @@ class ControllerCore {
   /// Errors: INVALID_ARGUMENT for an empty name.
   Result<std::string> RegisterAgent(const AgentHello& hello);
 
+  /// Ends as lost (retried within the cell's limit, as ExpireLeases) every leased or running
+  /// attempt of `agent_id` that is not in `held`, the attempts the agent says it still has at
+  /// registration: it restarted, or never received the assignment.
+  void ReconcileAgent(const std::string& agent_id, const std::vector<int64_t>& held);
+
   /// Makes `channel` the agent's outbound stream (replacing an older one), keeps what it
   /// offers (hello: slots, GPUs, torch version) for scheduling, and schedules.
   void AttachAgent(const std::string& agent_id, const AgentHello& hello,
                    std::shared_ptr<AgentChannel> channel);
 
   /// The stream of `channel` ended: the agent is disconnected unless a newer stream replaced it.
-  /// TODO(issue 5): leases of a disconnected agent are not yet expired or requeued.
+  /// Its attempts keep their leases: the agent may reconnect and go on (its events carry
+  /// (attempt, seq)); ExpireLeases ends them if it stays away.
   void DetachAgent(const std::string& agent_id, const AgentChannel* channel);
 
-  /// Records a heartbeat.
+  /// Records a heartbeat (any message from an agent also counts as a sign of life).
   Status Heartbeat(const std::string& agent_id);
+
+  /// Expires the leases of agents not heard from for lease_config().lease_timeout(): each of
+  /// their leased or running attempts becomes lost (reason names the agent and the silence)
+  /// and, within the cell's retry limit, gets a new queued attempt (Store::LoseAttempt); then
+  /// schedules. An agent the controller has not heard from since it started counts from its
+  /// start plus `restart_grace`, so leases survive a controller restart while their agents
+  /// reconnect. Silent agents
+  /// take no new work until they are heard from again. Returns the attempts lost. Call it
+  /// periodically (controller/main.cc: every second).
+  int ExpireLeases();
 
   /// Stores an event idempotently by (attempt_id, seq) and applies it (phase_start makes the
   /// attempt running). Errors: NOT_FOUND unknown attempt; FAILED_PRECONDITION when the attempt
@@ -127,19 +177,37 @@ class ControllerCore {
     int slots = 1;
     int gpus = 0;
     std::string torch_version;
+    std::string cuda_version;
     std::shared_ptr<AgentChannel> channel;
   };
+
+  /// Notes a sign of life from `agent_id` (agents_mu_ not held).
+  void Touch(const std::string& agent_id);
+  /// When `agent_id` was last heard from; for an agent not heard from since the controller
+  /// started, the start plus what restart_grace adds beyond a lease (agents_mu_ held).
+  std::chrono::system_clock::time_point LastHeardLocked(const std::string& agent_id) const;
+  /// Store::LoseAttempt with the retry limit, logged; false (logged) on a store error.
+  bool Lose(const ActiveAttempt& a, const std::string& reason);
+  /// True when `agent_id` was last heard from more than the lease timeout before `now`
+  /// (agents_mu_ held).
+  bool SilentLocked(const std::string& agent_id, std::chrono::system_clock::time_point now) const;
 
   Result<CellDetail> LoadDetail(const CellRecord& cell);
   Result<AttemptRecord> AttemptOfAgent(const std::string& agent_id, int64_t attempt_id);
 
   Store& store_;
   CellFreezer& freezer_;
+  const LeaseConfig lease_;
+  const Clock clock_;
+  const std::chrono::system_clock::time_point started_;
 
-  std::mutex agents_mu_;  // guards agents_
+  std::mutex agents_mu_;  // guards agents_ and last_seen_
   std::map<std::string, Attached> agents_;
+  std::map<std::string, std::chrono::system_clock::time_point> last_seen_;
   std::mutex schedule_mu_;  // one scheduling pass at a time
-  /// Guarded by schedule_mu_: why each queued attempt last waited (logged when it changes).
+  /// Why each queued attempt last waited (logged when it changes). Guarded by waiting_mu_,
+  /// written only in a scheduling pass.
+  std::mutex waiting_mu_;
   std::map<int64_t, std::string> waiting_reasons_;
 };
 

@@ -1,7 +1,11 @@
 // gatehouse-controller: REST API + dashboard (HTTP), agent service (gRPC), store, git mirror.
 // Prints one "gatehouse-controller: <kind> listening on <host>:<port>" line per listener to
 // stdout (tests parse them); logs go to stderr. SIGTERM/SIGINT shut it down cleanly.
+#include <chrono>
+#include <condition_variable>
 #include <csignal>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -88,7 +92,27 @@ int Run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--torch-pin", torch_pin, "default runtime.torch of submitted cells")
       ->capture_default_str();
+  int heartbeat_ms = gatehouse::controller::kHeartbeatIntervalMs;
+  LeaseConfig lease;
+  app.add_option("--heartbeat-ms", heartbeat_ms, "agent heartbeat interval told at registration, ms")
+      ->capture_default_str()
+      ->check(CLI::Range(100, 600000));
+  app.add_option("--missed-heartbeats", lease.missed_heartbeats,
+                 "an agent silent this many heartbeat intervals is unreachable; its attempts are lost")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--retry-limit", lease.retry_limit,
+                 "lost attempts of one cell retried automatically (0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100));
+  int restart_grace_ms = static_cast<int>(lease.restart_grace.count());
+  app.add_option("--restart-grace-ms", restart_grace_ms,
+                 "after a start, how long agents holding leases have to reconnect, ms")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600000));
   CLI11_PARSE(app, argc, argv);
+  lease.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  lease.restart_grace = std::chrono::milliseconds(restart_grace_ms);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("gatehouse-controller"));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
@@ -125,7 +149,7 @@ int Run(int argc, char** argv) {
   GitMirror mirror(mirror_dir);
   DigestCache digests;
   CellFreezer freezer(identity, mirror, digests);
-  ControllerCore core(**store, freezer);
+  ControllerCore core(**store, freezer, lease);
   RestApi api(core, web_dir);
 
   HttpServer::Options http_options;
@@ -151,10 +175,28 @@ int Run(int argc, char** argv) {
   spdlog::info("database {}, mirrors {}, web {}, families {}, torch pin {}", db, mirror_dir,
                web_dir, families, torch_pin);
 
-  // Attempts left queued by an earlier run are placed as agents connect.
+  // Attempts left queued by an earlier run are placed as agents connect; leases of agents that
+  // stay away expire (ExpireLeases, checked every second).
+  std::mutex reaper_mu;
+  std::condition_variable reaper_cv;
+  bool stopping = false;
+  std::thread reaper([&] {
+    std::unique_lock lock(reaper_mu);
+    while (!reaper_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stopping; })) {
+      lock.unlock();
+      core.ExpireLeases();
+      lock.lock();
+    }
+  });
   int signal = 0;
   sigwait(&signals, &signal);
   spdlog::info("signal {}: shutting down", signal);
+  {
+    std::lock_guard lock(reaper_mu);
+    stopping = true;
+  }
+  reaper_cv.notify_all();
+  reaper.join();
   (*http_server)->Stop();
   (*rpc_server)->Shutdown();
   spdlog::info("stopped");

@@ -36,6 +36,8 @@ struct AttemptRecord {
   std::string created_at;
   std::string started_at;
   std::string ended_at;
+  std::string cancel_reason;  // why a cancel was requested while it ran; empty when none was
+  int64_t retry_of = 0;       // the lost attempt this one retries; 0 for a first attempt
 };
 
 /// A figure reported by a gate. value_json is a JSON number or string.
@@ -84,6 +86,8 @@ struct QueuedAttempt {
 struct ActiveAttempt {
   std::string agent_id;
   std::string spec_json;
+  int64_t attempt_id = 0;
+  std::string cell_id;
 };
 
 /// What one worker event (docs/protocols.md §4) does to the stored evidence.
@@ -110,6 +114,9 @@ struct CellDetail {
   AttemptState status = AttemptState::kQueued;  // the latest attempt's state
   std::vector<AttemptRecord> attempts;          // by number ascending
   std::vector<PhaseRecord> phases;              // of the latest attempt, in kPhases order
+  /// Why the latest attempt is still queued, as the scheduler last saw it ("gpu-1: 1 of 4
+  /// GPUs free, needs 2"); empty when it is not queued or was not considered yet.
+  std::string waiting_reason;
 };
 
 }  // namespace gatehouse::controller

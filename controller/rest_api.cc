@@ -26,7 +26,9 @@ constexpr int kMaxListLimit = 500;
 HttpResponse JsonResponse(int status, const json& body) {
   HttpResponse r;
   r.status = status;
-  r.body = body.dump();
+  // Invalid UTF-8 in a stored string or an error message becomes U+FFFD instead of an
+  // exception (which would turn any response into a 500).
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
   r.headers["Cache-Control"] = "no-store";
   return r;
 }
@@ -55,6 +57,8 @@ json AttemptJson(const AttemptRecord& a) {
           {"state", AttemptStateName(a.state)},
           {"agent", NullIfEmpty(a.agent_id)},
           {"reason", a.reason},
+          {"cancel_reason", NullIfEmpty(a.cancel_reason)},
+          {"retry_of", a.retry_of > 0 ? json(a.retry_of) : json(nullptr)},
           {"created_at", a.created_at},
           {"started_at", NullIfEmpty(a.started_at)},
           {"ended_at", NullIfEmpty(a.ended_at)}};
@@ -87,7 +91,8 @@ json CellJson(const CellDetail& d) {
           {"labels", {{"branch", d.cell.branch}, {"submitter", d.cell.submitter}}},
           {"created_at", d.cell.created_at},
           {"attempts", attempts},
-          {"phases", phases}};
+          {"phases", phases},
+          {"waiting_reason", NullIfEmpty(d.waiting_reason)}};
 }
 
 json SummaryJson(const CellSummary& s) {
@@ -209,8 +214,29 @@ HttpResponse RestApi::Route(const HttpRequest& req) {
       return JsonResponse(200,
                           {{"cells", list}, {"limit", std::max(*limit, 1)}, {"offset", *offset}});
     }
-    if (m != "GET") return MethodNotAllowed(m, path, "GET");
     const std::string& id = seg[3];
+    if (seg.size() == 5 && seg[4] == "cancel") {
+      if (m != "POST") return MethodNotAllowed(m, path, "POST");
+      // Optional body {"reason": "..."}; the reason is stored and shown, never executed.
+      std::string reason;
+      if (!req.body.empty()) {
+        const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+        if (!body.is_object()) return ErrorResponse(400, "body: expected a JSON object");
+        for (auto it = body.begin(); it != body.end(); ++it) {
+          if (it.key() != "reason") return ErrorResponse(400, "unknown field '" + it.key() + "'");
+        }
+        if (body.contains("reason")) {
+          if (!body["reason"].is_string() || body["reason"].get_ref<const std::string&>().size() > 1000) {
+            return ErrorResponse(400, "field 'reason': expected a string of at most 1000 bytes");
+          }
+          reason = body["reason"].get<std::string>();
+        }
+      }
+      auto cell = core_.CancelCell(id, reason);
+      if (!cell.ok()) return ErrorResponse(HttpStatusOf(cell.status()), cell.status().message());
+      return JsonResponse(202, CellJson(*cell));
+    }
+    if (m != "GET") return MethodNotAllowed(m, path, "GET");
     if (seg.size() == 4) {
       auto cell = core_.GetCell(id);
       if (!cell.ok()) return ErrorResponse(HttpStatusOf(cell.status()), cell.status().message());

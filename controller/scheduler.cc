@@ -14,6 +14,11 @@ std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, const 
   if (!d.torch.empty() && !agent.torch_version.empty() && agent.torch_version != d.torch) {
     return "torch " + agent.torch_version + " (the cell pins " + d.torch + ")";
   }
+  if (!d.cuda.empty() && agent.cuda_version != d.cuda) {
+    return (agent.cuda_version.empty() ? std::string("no CUDA reported")
+                                       : "CUDA " + agent.cuda_version) +
+           " (the cell pins " + d.cuda + ")";
+  }
   if (d.gpu && free_gpus < d.world_size) {
     return std::to_string(free_gpus) + " of " + std::to_string(agent.gpus) +
            " GPUs free, needs " + std::to_string(d.world_size);
@@ -30,6 +35,7 @@ Demand DemandOfSpec(std::string_view spec_json) {
   if (auto rt = spec.find("runtime"); rt != spec.end() && rt->is_object()) {
     d.gpu = rt->value("device", "") == "cuda";
     if (auto t = rt->find("torch"); t != rt->end() && t->is_string()) d.torch = t->get<std::string>();
+    if (auto c = rt->find("cuda"); c != rt->end() && c->is_string()) d.cuda = c->get<std::string>();
   }
   if (auto topo = spec.find("topology"); topo != spec.end() && topo->is_object()) {
     int64_t n = 1;

@@ -16,6 +16,7 @@ struct Demand {
   bool gpu = false;     // runtime.device == "cuda": one GPU per rank
   int world_size = 1;   // topology tp x dp x pp: worker ranks
   std::string torch;    // runtime.torch, the pinned torch version ("2.11.0")
+  std::string cuda;     // runtime.cuda, the pinned CUDA version ("13.0"); empty: not pinned
 };
 
 /// The demand of a frozen spec (docs/protocols.md §2). Missing or malformed members give the
@@ -32,6 +33,9 @@ struct AgentView {
   /// The torch version its worker runs (Capabilities.torch_version); empty: not reported, so
   /// not matched against pins (the identity gate still BLOCKs a mismatch on the node).
   std::string torch_version;
+  /// The CUDA its worker's LibTorch is built with (Capabilities.cuda_version); empty: not
+  /// reported (an agent that reports none cannot take a cell pinning CUDA).
+  std::string cuda_version;
 };
 
 /// One decision: run `attempt_id` on `agent_id`.
@@ -49,7 +53,8 @@ struct Waiting {
 };
 
 /// Places queued attempts first-in first-out. An attempt fits an agent with a free slot whose
-/// torch version equals the attempt's pin (when both are known) and, for a CUDA attempt, with
+/// torch version equals the attempt's pin (when both are known), whose CUDA version equals the
+/// attempt's CUDA pin (when the cell pins one) and, for a CUDA attempt, with
 /// at least world_size free GPUs; among those it goes to the agent with the most free slots
 /// (ties: the earlier agent in `agents`). An attempt that fits no agent stays queued without
 /// holding back later ones (it is listed in `waiting` when given). Deterministic for equal

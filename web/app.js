@@ -4,7 +4,7 @@
 
 const POLL_MS = 2000;
 const IDLE_POLL_MS = 10000;
-const FINAL_STATES = new Set(['passed', 'failed', 'error']);
+const FINAL_STATES = new Set(['passed', 'failed', 'error', 'lost', 'cancelled', 'timed_out']);
 
 /** Fetches JSON (or text with asText) from the controller; throws Error(message) on failure. */
 async function fetchApi(path, asText) {

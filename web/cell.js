@@ -20,11 +20,12 @@ function renderSummary(cell) {
     ['model family', s.model_family],
     ['checkpoint', s.checkpoint ? `${s.checkpoint.path} (${s.checkpoint.digest})` : ''],
     ['reference', s.reference ? `${s.reference.path} (${s.reference.digest})` : ''],
-    ['runtime', s.runtime ? `torch ${s.runtime.torch}, ${s.runtime.device}` : ''],
+    ['runtime', s.runtime ? `torch ${s.runtime.torch}${s.runtime.cuda ? ', CUDA ' + s.runtime.cuda : ''}, ${s.runtime.device}` : ''],
     ['topology', `tp=${topo.tp} dp=${topo.dp} pp=${topo.pp} ep=${topo.ep}`],
     ['precision / mode', `${s.precision} / ${s.mode}`],
     ['submitted', `${when(cell.created_at)}${cell.labels.submitter ? ' by ' + cell.labels.submitter : ''}`],
   ];
+  if (cell.waiting_reason) entries.push(['waiting', cell.waiting_reason]);
   const dl = document.getElementById('summary');
   dl.replaceChildren();
   for (const [k, v] of entries) {
@@ -58,8 +59,9 @@ function renderAttempts(cell) {
   const body = document.querySelector('#attempts tbody');
   body.replaceChildren();
   for (const a of cell.attempts) {
+    const reason = a.retry_of ? `retry of attempt id ${a.retry_of}${a.reason ? '; ' + a.reason : ''}` : a.reason;
     body.appendChild(row([a.number, badge(a.state), a.agent || '', when(a.created_at),
-                          when(a.started_at), when(a.ended_at), a.reason]));
+                          when(a.started_at), when(a.ended_at), a.cancel_reason && !a.reason ? a.cancel_reason : reason]));
   }
 }
 

@@ -125,7 +125,8 @@ Result<AttemptState> StateColumn(const Stmt& s, int col) {
 }
 
 constexpr char kAttemptColumns[] =
-    "id, cell_id, number, state, agent_id, reason, run_status, created_at, started_at, ended_at";
+    "id, cell_id, number, state, agent_id, reason, run_status, created_at, started_at, ended_at, "
+    "cancel_reason, retry_of";
 
 Result<AttemptRecord> AttemptFromRow(const Stmt& s) {
   AttemptRecord a;
@@ -139,6 +140,8 @@ Result<AttemptRecord> AttemptFromRow(const Stmt& s) {
   a.created_at = s.Text(7);
   a.started_at = s.Text(8);
   a.ended_at = s.Text(9);
+  a.cancel_reason = s.Text(10);
+  a.retry_of = s.Int(11);  // NULL reads as 0
   return a;
 }
 
@@ -319,14 +322,80 @@ Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts() {
 Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts() {
   std::lock_guard lock(mu_);
   Stmt s(db_,
-         "SELECT a.agent_id, c.spec_json FROM attempts a JOIN cells c ON c.id = a.cell_id "
-         "WHERE a.state IN (?, ?) ORDER BY a.id");
+         "SELECT a.agent_id, c.spec_json, a.id, a.cell_id FROM attempts a "
+         "JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) ORDER BY a.id");
   s.Bind(1, AttemptStateName(AttemptState::kLeased))
       .Bind(2, AttemptStateName(AttemptState::kRunning));
   std::vector<ActiveAttempt> out;
-  while (s.Step()) out.push_back({s.Text(0), s.Text(1)});
+  while (s.Step()) out.push_back({s.Text(0), s.Text(1), s.Int(2), s.Text(3)});
   GH_RETURN_IF_ERROR(s.status());
   return out;
+}
+
+Result<bool> Store::RequestCancel(int64_t attempt_id, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  Transaction tx(db_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
+  if (a.state != AttemptState::kLeased && a.state != AttemptState::kRunning) {
+    return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) + " is " +
+                                      std::string(AttemptStateName(a.state)) +
+                                      ", not leased or running");
+  }
+  if (!a.cancel_reason.empty()) return false;
+  Stmt s(db_, "UPDATE attempts SET cancel_reason = ? WHERE id = ?");
+  s.Bind(1, reason.empty() ? std::string("cancel requested") : reason).Bind(2, attempt_id);
+  GH_RETURN_IF_ERROR(s.Exec());
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return true;
+}
+
+Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std::string& reason,
+                                                  int retry_limit) {
+  std::lock_guard lock(mu_);
+  Transaction tx(db_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
+  if (IsTerminal(a.state)) return std::optional<int64_t>();  // ended meanwhile
+  // A lost attempt whose cancel was requested ends cancelled: nobody wants it run again.
+  const bool cancelled = !a.cancel_reason.empty();
+  const AttemptState to = cancelled ? AttemptState::kCancelled : AttemptState::kLost;
+  GH_RETURN_IF_ERROR(CheckTransition(a.id, a.state, to));
+  const std::string now = Now();
+  {
+    Stmt s(db_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ?");
+    s.Bind(1, AttemptStateName(to))
+        .Bind(2, cancelled ? a.cancel_reason + "; " + reason : reason)
+        .Bind(3, now)
+        .Bind(4, attempt_id);
+    GH_RETURN_IF_ERROR(s.Exec());
+  }
+  std::optional<int64_t> retry;
+  if (!cancelled) {
+    Stmt count(db_,
+               "SELECT MAX(number), SUM(state = ?) FROM attempts WHERE cell_id = ?");
+    count.Bind(1, AttemptStateName(AttemptState::kLost)).Bind(2, a.cell_id);
+    if (!count.Step()) {
+      GH_RETURN_IF_ERROR(count.status());
+      return Status::Internal("attempts of cell " + a.cell_id + ": no row");
+    }
+    const int64_t last_number = count.Int(0);
+    const int64_t lost_so_far = count.Int(1);  // this one included
+    if (lost_so_far <= retry_limit) {
+      Stmt insert(db_,
+                  "INSERT INTO attempts(cell_id, number, state, created_at, retry_of) "
+                  "VALUES (?, ?, ?, ?, ?)");
+      insert.Bind(1, a.cell_id)
+          .Bind(2, last_number + 1)
+          .Bind(3, AttemptStateName(AttemptState::kQueued))
+          .Bind(4, now)
+          .Bind(5, attempt_id);
+      GH_RETURN_IF_ERROR(insert.Exec().WithContext("retry of attempt " + std::to_string(attempt_id)));
+      retry = sqlite3_last_insert_rowid(db_);
+    }
+  }
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return retry;
 }
 
 Status Store::LeaseAttempts(const std::vector<Lease>& leases) {
@@ -364,15 +433,19 @@ Result<bool> Store::RecordEvent(int64_t attempt_id, int64_t seq, const std::stri
   GH_RETURN_IF_ERROR(tx.begin_status());
   GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
   const std::string now = Now();
+  // An event for an attempt already ended (lost, cancelled, ...) comes from an agent whose
+  // lease is gone: stored flagged stale, never applied.
+  const bool stale = IsTerminal(a.state);
   {
     Stmt s(db_,
-           "INSERT OR IGNORE INTO events(attempt_id, seq, json, received_at) VALUES (?, ?, ?, ?)");
-    s.Bind(1, attempt_id).Bind(2, seq).Bind(3, json).Bind(4, now);
+           "INSERT OR IGNORE INTO events(attempt_id, seq, json, received_at, stale) "
+           "VALUES (?, ?, ?, ?, ?)");
+    s.Bind(1, attempt_id).Bind(2, seq).Bind(3, json).Bind(4, now).Bind(5, int64_t{stale ? 1 : 0});
     GH_RETURN_IF_ERROR(s.Exec());
     if (sqlite3_changes(db_) == 0) return false;  // a resend
   }
   using Kind = EventEffect::Kind;
-  switch (effect.kind) {
+  switch (stale ? Kind::kNone : effect.kind) {
     case Kind::kNone:
       break;
     case Kind::kPhaseStart: {

@@ -76,6 +76,20 @@ class Store {
   /// Leased and running attempts with their agents and cells' specs.
   Result<std::vector<ActiveAttempt>> ListActiveAttempts();
 
+  /// Records that a cancel was requested for a leased or running attempt (cancel_reason; the
+  /// attempt ends cancelled when its agent reports the end, or when it is lost). Returns false
+  /// when one was already requested (the first reason stays). FAILED_PRECONDITION for an
+  /// attempt in any other state.
+  Result<bool> RequestCancel(int64_t attempt_id, const std::string& reason);
+
+  /// In one transaction: moves a leased or running attempt to lost with `reason` (to cancelled
+  /// when a cancel was requested for it) and, when the cell's lost attempts (this one
+  /// included) number at most `retry_limit`, adds the cell's next attempt, queued, with
+  /// retry_of = this attempt. Returns the new attempt's id, or nullopt when no retry was made
+  /// (limit reached, cancelled, or the attempt had already ended: then nothing changes).
+  Result<std::optional<int64_t>> LoseAttempt(int64_t attempt_id, const std::string& reason,
+                                             int retry_limit);
+
   /// Moves each attempt queued -> leased with its agent, all in one transaction; fails whole
   /// (FAILED_PRECONDITION) if one attempt is no longer queued.
   Status LeaseAttempts(const std::vector<Lease>& leases);
@@ -88,7 +102,8 @@ class Store {
 
   /// Stores event (attempt_id, seq) and applies `effect` in one transaction. A seq already
   /// stored is ignored: returns false and changes nothing. A phase_start moves a leased
-  /// attempt to running. NOT_FOUND if the attempt does not exist.
+  /// attempt to running. An event for an attempt already ended is stored with stale = 1 and
+  /// not applied. NOT_FOUND if the attempt does not exist.
   Result<bool> RecordEvent(int64_t attempt_id, int64_t seq, const std::string& json,
                            const EventEffect& effect);
 

@@ -41,18 +41,37 @@ class FakeController final : public pb::AgentService::Service {
     reply.mutable_registered()->set_heartbeat_interval_ms(50);
     stream->Write(reply);
     if (number == 1 && drop_first_stream) return grpc::Status::OK;
-    for (const pb::Assignment& assignment : assignments) {
-      pb::ControllerMessage offer;
-      *offer.mutable_assignment() = assignment;
-      stream->Write(offer);
+    if (number == 1) {
+      for (const pb::Assignment& assignment : assignments) {
+        pb::ControllerMessage offer;
+        *offer.mutable_assignment() = assignment;
+        stream->Write(offer);
+      }
     }
     while (stream->Read(&message)) {
-      std::lock_guard lock(mu_);
-      received_.push_back(message);
-      cv_.notify_all();
+      {
+        std::lock_guard lock(mu_);
+        received_.push_back(message);
+        stream_of_.push_back(number);
+        cv_.notify_all();
+      }
+      if (message.has_end()) {
+        // The first stream drops right after an end, unacknowledged (with drop_after_end);
+        // later ones acknowledge it when ack_ends is set.
+        if (number == 1 && drop_after_end) return grpc::Status::OK;
+        if (ack_ends) {
+          pb::ControllerMessage ack;
+          ack.mutable_end_ack()->set_attempt_id(message.end().attempt_id());
+          stream->Write(ack);
+          if (number == 2 && drop_after_end) return grpc::Status::OK;
+        }
+      }
     }
     return grpc::Status::OK;
   }
+
+  /// The stream number (1, 2, ...) each received message came on. Call inside WaitFor.
+  const std::vector<int>& stream_of() const { return stream_of_; }
 
   /// Waits up to 20 s for `done(registers, received)` to hold.
   template <typename Pred>
@@ -61,15 +80,27 @@ class FakeController final : public pb::AgentService::Service {
     return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return done(registers_, received_); });
   }
 
-  std::vector<pb::Assignment> assignments;
+  std::vector<pb::Assignment> assignments;  // offered on the first stream only
   bool drop_first_stream = false;
+  bool drop_after_end = false;
+  bool ack_ends = false;
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<pb::Register> registers_;
   std::vector<pb::AgentMessage> received_;
+  std::vector<int> stream_of_;
 };
+
+/// An assignment whose spec is invalid, so the agent ends it at once without a build.
+pb::Assignment InvalidSpecAssignment(int64_t attempt_id) {
+  pb::Assignment assignment;
+  assignment.set_attempt_id(attempt_id);
+  assignment.set_cell_id("cell");
+  assignment.set_spec_json(R"({"spec_version":1})");
+  return assignment;
+}
 
 int Count(const std::vector<pb::AgentMessage>& messages, pb::AgentMessage::MsgCase kind) {
   int n = 0;
@@ -133,11 +164,7 @@ class AgentClientTest : public ::testing::Test {
 // Verifies Register carries name and capabilities, heartbeats flow with increasing seq, and an
 // assignment comes back as an AttemptEnd (here: an invalid spec, so no build is needed).
 TEST_F(AgentClientTest, RegistersHeartbeatsAndEndsAssignedAttempt) {
-  pb::Assignment assignment;
-  assignment.set_attempt_id(41);
-  assignment.set_cell_id("cell");
-  assignment.set_spec_json(R"({"spec_version":1})");
-  controller_.assignments = {assignment};
+  controller_.assignments = {InvalidSpecAssignment(41)};
   StartServer();
   StartAgent(Address());
 
@@ -186,6 +213,35 @@ TEST_F(AgentClientTest, ReconnectsAndRegistersAgain) {
   ASSERT_GE(registered_ids_.size(), 2u);
   EXPECT_EQ(registered_ids_[0], "agent-1");
   EXPECT_EQ(registered_ids_[1], "agent-2");
+}
+
+// Verifies the resend buffer: an attempt's messages whose end the controller did not
+// acknowledge are resent, in order, after the next registration (which lists the attempt as
+// held); once acknowledged they are forgotten: the third registration lists nothing and no
+// message is resent.
+TEST_F(AgentClientTest, UnacknowledgedMessagesAreResentAfterReconnect) {
+  controller_.assignments = {InvalidSpecAssignment(41)};
+  controller_.drop_after_end = true;
+  controller_.ack_ends = true;
+  StartServer();
+  StartAgent(Address());
+  ASSERT_TRUE(controller_.WaitFor([](const auto& registers, const auto&) { return registers.size() >= 3; }));
+  ASSERT_TRUE(controller_.WaitFor([&](const auto& registers, const auto& received) {
+    // Stream 1: the end, unacknowledged. Stream 2: Register lists 41, the end comes again,
+    // is acknowledged. Stream 3: nothing held, nothing resent.
+    std::vector<int> ends_per_stream(4, 0);
+    for (size_t i = 0; i < received.size(); ++i) {
+      if (received[i].has_end()) ++ends_per_stream.at(static_cast<size_t>(controller_.stream_of()[i]));
+    }
+    EXPECT_EQ(ends_per_stream[1], 1);
+    EXPECT_EQ(ends_per_stream[2], 1);
+    EXPECT_EQ(ends_per_stream[3], 0);
+    EXPECT_EQ(std::vector<int64_t>(registers[1].running_attempt_ids().begin(),
+                                   registers[1].running_attempt_ids().end()),
+              std::vector<int64_t>{41});
+    EXPECT_EQ(registers[2].running_attempt_ids_size(), 0);
+    return true;
+  }));
 }
 
 // Verifies that Stop() ends Run() promptly while no controller is reachable (backoff loop).

@@ -208,6 +208,40 @@ echo '{"event":"run_end","status":"PASS","ts_ms":3}'
   EXPECT_EQ(run["attempt"]["agent"], "agent-under-test");
 }
 
+// Verifies the GPUs each rank sees on an agent with four GPUs: a cuda cell at tp=2 gets the
+// first two (over a CUDA_VISIBLE_DEVICES in the spec's env), a CPU cell none; a cuda cell
+// needing more GPUs than the agent has ends in error naming both counts, before any rank starts.
+TEST_F(WorkerLauncherTest, CudaCellSeesOneGpuPerRank) {
+  const std::string body = R"(
+printf '%s\n' "${CUDA_VISIBLE_DEVICES-unset}" > visible.$RANK.txt
+echo '{"event":"run_end","status":"PASS","ts_ms":3}'
+)";
+  WorkerLaunch launch = MakeGroupLaunch(2, body);
+  launch.gpu_indices = {0, 1, 2, 3};
+  launch.spec["runtime"] = {{"device", "cuda"}};
+  launch.spec["env"]["CUDA_VISIBLE_DEVICES"] = "3";
+  ASSERT_EQ(RunWorker(launch, sink_).outcome, "finished");
+  EXPECT_EQ(ReadFile(launch.attempt_dir / "visible.0.txt"), "0,1\n");
+  EXPECT_EQ(ReadFile(launch.attempt_dir / "visible.1.txt"), "0,1\n");
+
+  launch.spec["runtime"] = {{"device", "cpu"}};
+  ASSERT_EQ(RunWorker(launch, sink_).outcome, "finished");
+  EXPECT_EQ(ReadFile(launch.attempt_dir / "visible.0.txt"), "\n");
+
+  WorkerLaunch no_gpus = MakeLaunch(body);
+  ASSERT_EQ(RunWorker(no_gpus, sink_).outcome, "finished");
+  EXPECT_EQ(ReadFile(no_gpus.attempt_dir / "visible.0.txt"), "unset\n");
+
+  WorkerLaunch too_big = MakeGroupLaunch(4, body);
+  too_big.gpu_indices = {5, 6};
+  too_big.spec["runtime"] = {{"device", "cuda"}};
+  too_big.attempt_dir = tmp_.path() / "attempts" / "8";
+  const AttemptEndReport end = RunWorker(too_big, sink_);
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason, "the cell needs 4 GPUs (one per rank) but this agent has 2");
+  EXPECT_FALSE(std::filesystem::exists(too_big.attempt_dir / "visible.0.txt"));
+}
+
 // Verifies that a worker exiting without run_end ends the attempt in error naming its code.
 TEST_F(WorkerLauncherTest, ExitWithoutRunEndIsErrorNamingCode) {
   const WorkerLaunch launch = MakeLaunch(R"(

@@ -110,6 +110,11 @@ TEST_F(AgentServiceTest, AnAgentRegistersRunsAnAttemptAndEndsIt) {
   end.mutable_end()->set_outcome("finished");
   ASSERT_TRUE(stream->Write(end));
   ASSERT_TRUE(stream->WritesDone());
+  // The stored end is acknowledged, so the agent may forget the attempt's messages.
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_TRUE(in.has_end_ack()) << in.DebugString();
+  EXPECT_EQ(in.end_ack().attempt_id(), attempt);
+  EXPECT_FALSE(stream->Read(&in));
   EXPECT_TRUE(stream->Finish().ok());
 
   auto detail = core_->GetCell(cell_id);
@@ -143,10 +148,54 @@ TEST_F(AgentServiceTest, AnErrorOutcomeEndsTheAttemptInErrorWithTheReason) {
   end.mutable_end()->set_reason("build failed: cmake exited 1");
   ASSERT_TRUE(stream->Write(end));
   ASSERT_TRUE(stream->WritesDone());
+  ASSERT_TRUE(stream->Read(&in) && in.has_end_ack());
+  EXPECT_FALSE(stream->Read(&in));
   EXPECT_TRUE(stream->Finish().ok());
   auto detail = *core_->GetCell(cell_id);
   EXPECT_EQ(detail.status, AttemptState::kError);
   EXPECT_EQ(detail.attempts.at(0).reason, "build failed: cmake exited 1");
+}
+
+TEST_F(AgentServiceTest, RegisteringWithoutALeasedAttemptLosesIt) {
+  // Verifies Register's running_attempt_ids reconcile the leases: the attempt leased to
+  // "cpu-4" survives a re-registration that lists it and is lost (and retried, and assigned
+  // again on this stream) when a re-registration does not.
+  const std::string cell_id = Submit();
+  auto connect = [&](std::vector<int64_t> held, grpc::ClientContext& ctx) {
+    auto stream = stub_->Connect(&ctx);
+    pb::AgentMessage reg;
+    reg.mutable_register_()->set_agent_name("cpu-4");
+    for (int64_t id : held) reg.mutable_register_()->add_running_attempt_ids(id);
+    EXPECT_TRUE(stream->Write(reg));
+    pb::ControllerMessage in;
+    EXPECT_TRUE(stream->Read(&in) && in.has_registered());
+    return stream;
+  };
+  grpc::ClientContext ctx1;
+  auto first = connect({}, ctx1);
+  pb::ControllerMessage in;
+  ASSERT_TRUE(first->Read(&in) && in.has_assignment());
+  const int64_t attempt = in.assignment().attempt_id();
+  ASSERT_TRUE(first->WritesDone());
+  EXPECT_FALSE(first->Read(&in));
+  EXPECT_TRUE(first->Finish().ok());
+
+  grpc::ClientContext ctx2;
+  auto kept = connect({attempt}, ctx2);
+  EXPECT_EQ(core_->GetCell(cell_id)->attempts.size(), 1u);
+  ASSERT_TRUE(kept->WritesDone());
+  EXPECT_FALSE(kept->Read(&in));
+  EXPECT_TRUE(kept->Finish().ok());
+
+  grpc::ClientContext ctx3;
+  auto restarted = connect({}, ctx3);
+  ASSERT_TRUE(restarted->Read(&in) && in.has_assignment());
+  EXPECT_NE(in.assignment().attempt_id(), attempt);
+  const CellDetail d = *core_->GetCell(cell_id);
+  ASSERT_EQ(d.attempts.size(), 2u);
+  EXPECT_EQ(d.attempts[0].state, AttemptState::kLost);
+  EXPECT_EQ(d.attempts[1].id, in.assignment().attempt_id());
+  ctx3.TryCancel();
 }
 
 TEST_F(AgentServiceTest, AStreamMustStartWithRegister) {

@@ -46,6 +46,12 @@ class IdentityTest : public ::testing::Test {
 
   Status ErrorOf(const json& body) { return freezer_.Freeze(body.dump()).status(); }
 
+  json Freeze(const json& body) {
+    auto cell = freezer_.Freeze(body.dump());
+    EXPECT_TRUE(cell.ok()) << cell.status().ToString() << " for " << body.dump();
+    return cell.ok() ? json::parse(cell->spec_json) : json::object();
+  }
+
   TempDir dir_;
   FakeCommitResolver resolver_;
   DigestCache digests_;
@@ -95,6 +101,7 @@ TEST_F(IdentityTest, EveryFieldChangeGivesANewId) {
       {"env", {{"env", {{"NCCL_DEBUG", "INFO"}}}}},
       {"phases", {{"phases", {"identity", "config"}}}},
       {"runtime.torch", {{"runtime", {{"torch", "2.10.0"}}}}},
+      {"runtime.cuda", {{"runtime", {{"cuda", "13.0"}}}}},
   };
   const std::string base = IdOf(BaseBody());
   std::set<std::string> seen = {base};
@@ -105,6 +112,19 @@ TEST_F(IdentityTest, EveryFieldChangeGivesANewId) {
     const std::string id = IdOf(body);
     EXPECT_TRUE(seen.insert(id).second) << "changing " << what << " did not change the id";
   }
+}
+
+TEST_F(IdentityTest, CudaPinIsFrozenOnlyWhenGivenAndReproduced) {
+  // Verifies runtime.cuda is in the frozen spec only when the body pins it (so cells without
+  // the pin keep their ids), and that the report's reproduce body carries it.
+  const json plain = Freeze(BaseBody());
+  EXPECT_FALSE(plain.at("runtime").contains("cuda"));
+  json body = BaseBody();
+  body["runtime"] = {{"cuda", "13.0"}};
+  const json pinned = Freeze(body);
+  EXPECT_EQ(pinned.at("runtime").at("cuda"), "13.0");
+  EXPECT_EQ(ReproduceBody(pinned).at("runtime").at("cuda"), "13.0");
+  EXPECT_EQ(IdOf(ReproduceBody(pinned)), CellIdOf(pinned));
 }
 
 TEST_F(IdentityTest, CheckpointContentIsPartOfTheIdentity) {
@@ -200,6 +220,8 @@ TEST_F(IdentityTest, BadValuesNameFieldAndValue) {
       {{{"commit", "abc"}}, "commit", "\"abc\""},
       {{{"checkpoint", "relative/ckpt"}}, "checkpoint", "\"relative/ckpt\""},
       {{{"env", {{"A", 1}}}}, "env.A", "1"},
+      {{{"runtime", {{"cuda", "13"}}}}, "runtime.cuda", "\"13\""},
+      {{{"runtime", {{"cuda", "13.0; rm"}}}}, "runtime.cuda", "\"13.0; rm\""},
   };
   for (const Case& c : cases) {
     json body = BaseBody();
@@ -223,6 +245,66 @@ TEST_F(IdentityTest, MalformedOrIncompleteBodiesAreRejected) {
   body.erase("checkpoint");
   s = ErrorOf(body);
   EXPECT_NE(s.message().find("'checkpoint'"), std::string::npos) << s.message();
+}
+
+// Regressions found by tests/fuzz/fuzz_cell_spec (docs/architecture.md, "Fuzzing").
+
+TEST(ParseSubmitBodyTest, TopologyFactorsAtTheInt32LimitAreRejectedWithoutOverflow) {
+  // Verifies tp x dp x pp is not computed before each factor is capped (three factors of
+  // 2^31 - 1 overflowed int64: undefined behaviour, reported by UBSan).
+  json body = {{"repository", "/repos/adapt"}, {"branch", "main"}, {"model_family", "llama"},
+               {"checkpoint", "/ckpt"},
+               {"topology", {{"tp", 2147483647}, {"dp", 2147483647}, {"pp", 2147483647}}}};
+  auto r = ParseSubmitBody(body.dump(), IdentityConfig{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'topology'"), std::string::npos) << r.status().message();
+}
+
+TEST(ParseSubmitBodyTest, DeeplyNestedBodyIsRejectedNotAStackOverflow) {
+  // Verifies a body nesting arrays 200k deep (400 KB, under the 1 MiB body limit) is an
+  // INVALID_ARGUMENT: its error message used to dump the value recursively and overflow the
+  // stack, killing the controller.
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const std::string& body :
+       {deep, R"({"repository":"/r","branch":"b","model_family":"llama","checkpoint":"/c",)"
+              R"("topology":)" + deep + "}"}) {
+    auto r = ParseSubmitBody(body, IdentityConfig{});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("deeper than 64"), std::string::npos)
+        << r.status().message();
+  }
+  // 64 levels still parse (and are then rejected for what they are).
+  auto r = ParseSubmitBody(std::string(64, '[') + std::string(64, ']'), IdentityConfig{});
+  EXPECT_NE(r.status().message().find("expected a JSON object"), std::string::npos)
+      << r.status().message();
+}
+
+TEST(ParseSubmitBodyTest, ErrorMessagesAreValidUtf8ForTheRestErrorBody) {
+  // Verifies every error message fits the REST error body, which nlohmann dumps strictly (an
+  // invalid UTF-8 message made the 400 a 500): the parse error quoting raw bytes, and a long
+  // value cut in the middle of a multi-byte character.
+  // What controller/rest_api.cc ErrorResponse does with the message.
+  auto error_body = [](const Status& s) { return json{{"error", s.message()}}.dump(); };
+  auto invalid = ParseSubmitBody("{\"repository\": \"\xff\xfe\"}", IdentityConfig{});
+  ASSERT_FALSE(invalid.ok());
+  EXPECT_NE(invalid.status().message().find("\\xFF"), std::string::npos)
+      << invalid.status().message();
+  json body = {{"repository", "/repos/adapt"}, {"branch", "main"}, {"model_family", "llama"},
+               {"checkpoint", "/ckpt"}};
+  // Two- and three-byte characters after 0-2 ASCII bytes: the cut falls on every position.
+  for (const char* character : {"\xc3\xa9", "\xe4\xb8\xad"}) {  // U+00E9, U+4E2D
+    for (std::string value : {"", "x", "xx"}) {
+      for (int i = 0; i < 60; ++i) value += character;
+      body["precision"] = value;
+      auto r = ParseSubmitBody(body.dump(), IdentityConfig{});
+      ASSERT_FALSE(r.ok());
+      EXPECT_NE(r.status().message().find("'precision'"), std::string::npos);
+      EXPECT_NO_THROW(error_body(r.status())) << value;
+    }
+  }
+  EXPECT_NO_THROW(error_body(invalid.status()));
 }
 
 TEST_F(IdentityTest, MissingDirectoriesAreNotFoundAndNamed) {

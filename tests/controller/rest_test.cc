@@ -77,17 +77,7 @@ Reply Http(uint16_t port, const std::string& method, const std::string& target,
   return RawRequest(port, req + "\r\n" + body);
 }
 
-/// Records assignments instead of sending them.
-class FakeChannel : public AgentChannel {
- public:
-  bool SendAssignment(const AssignmentMessage& a) override {
-    std::lock_guard lock(mu);
-    sent.push_back(a);
-    return true;
-  }
-  std::mutex mu;
-  std::vector<AssignmentMessage> sent;
-};
+using FakeChannel = testing::RecordingChannel;
 
 class RestTest : public ::testing::Test {
  protected:
@@ -212,6 +202,34 @@ TEST_F(RestTest, BadSubmissionsAreRejectedWithMessagesNamingTheProblem) {
   EXPECT_NE(no_ckpt.body.find("/no/such/ckpt"), std::string::npos);
 
   EXPECT_EQ(Http(port_, "GET", "/healthz").status, 200);
+}
+
+TEST_F(RestTest, CancelEndpoint) {
+  // Verifies POST /api/v1/cells/{id}/cancel: 202 with the cell, the running attempt's agent is
+  // sent a Cancel with the given reason; a queued cell shows why it waits; wrong method 405,
+  // unknown field 400, unknown cell 404, an ended cell 409.
+  auto channel = std::make_shared<FakeChannel>();
+  const Submitted s = SubmitToAgent(channel);
+  EXPECT_EQ(s.cell["waiting_reason"], nullptr);
+  json other = json::parse(SubmitBody());
+  other["precision"] = "bf16";
+  const json queued = json::parse(Http(port_, "POST", "/api/v1/cells", other.dump()).body);
+  EXPECT_EQ(queued["waiting_reason"], "no free slot on any agent");
+  const std::string path = "/api/v1/cells/" + s.id + "/cancel";
+  EXPECT_EQ(Http(port_, "GET", path).status, 405);
+  EXPECT_EQ(Http(port_, "POST", path, R"({"why":"x"})").status, 400);
+  EXPECT_EQ(Http(port_, "POST", path, R"({"reason":7})").status, 400);
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/cells/nope/cancel").status, 404);
+  const Reply reply = Http(port_, "POST", path, R"j({"reason":"superseded; $(rm -rf /)"})j");
+  ASSERT_EQ(reply.status, 202) << reply.body;
+  EXPECT_EQ(json::parse(reply.body)["attempts"][0]["cancel_reason"],
+            "cancelled: superseded; $(rm -rf /)");
+  ASSERT_EQ(channel->cancels.size(), 1u);
+  EXPECT_EQ(channel->cancels[0].first, s.attempt);
+  ASSERT_TRUE(core_->EndAttempt("agent-1", s.attempt, "error", "stopped", 143).ok());
+  const json ended = json::parse(Http(port_, "GET", "/api/v1/cells/" + s.id).body);
+  EXPECT_EQ(ended["status"], "cancelled");
+  EXPECT_EQ(Http(port_, "POST", path).status, 409);
 }
 
 TEST_F(RestTest, UnknownCellIs404WithItsId) {

@@ -1,6 +1,7 @@
 // Verifies the scheduler (pure logic) and the attempt transition table.
 #include "controller/scheduler.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +10,8 @@
 
 namespace gatehouse::controller {
 namespace {
+
+using ::testing::HasSubstr;
 
 std::vector<QueuedAttempt> Queue(std::initializer_list<int64_t> ids) {
   std::vector<QueuedAttempt> q;
@@ -106,6 +109,26 @@ TEST(SchedulerTest, RuntimePinMustMatch) {
   EXPECT_EQ(waiting.back().reason, "old: torch 2.10.0 (the cell pins 2.11.0)");
 }
 
+TEST(SchedulerTest, CudaPinMustMatchTheAgentsCuda) {
+  // Verifies a cell pinning runtime.cuda goes only to an agent reporting that CUDA version,
+  // and that an agent reporting none is named as such; an unpinned cell takes any agent.
+  nlohmann::json spec = {{"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}, {"cuda", "13.0"}}}};
+  const QueuedAttempt pinned{1, "cell-1", spec.dump()};
+  EXPECT_EQ(DemandOfSpec(pinned.spec_json).cuda, "13.0");
+  AgentView cu12{"cu12", 1, 0, 0, 0, "2.11.0", "12.8"};
+  AgentView none{"none", 1, 0, 0, 0, "2.11.0", ""};
+  AgentView cu13{"cu13", 1, 0, 0, 0, "2.11.0", "13.0"};
+  std::vector<Waiting> waiting;
+  EXPECT_TRUE(Schedule({pinned}, {cu12, none}, &waiting).empty());
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_THAT(waiting[0].reason, HasSubstr("cu12: CUDA 12.8 (the cell pins 13.0)"));
+  EXPECT_THAT(waiting[0].reason, HasSubstr("none: no CUDA reported (the cell pins 13.0)"));
+  auto placed = Schedule({pinned}, {cu12, cu13});
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].agent_id, "cu13");
+  EXPECT_EQ(Schedule({Cell(2, "cpu", 1)}, {cu12}).size(), 1u);
+}
+
 TEST(SchedulerTest, UnfitAttemptDoesNotHoldBackLaterOnes) {
   // Verifies a CUDA attempt no agent can take stays queued while a later CPU attempt runs;
   // CPU attempts of several ranks need no GPU.
@@ -131,18 +154,26 @@ TEST(AttemptStateTest, TransitionTableAllowsOnlyTheLifecycle) {
   EXPECT_TRUE(IsAllowedTransition(S::kLeased, S::kError));
   EXPECT_FALSE(IsAllowedTransition(S::kQueued, S::kRunning));
   EXPECT_FALSE(IsAllowedTransition(S::kQueued, S::kPassed));
-  for (S terminal : {S::kPassed, S::kFailed, S::kError}) {
-    EXPECT_TRUE(IsTerminal(terminal));
-    for (S to : {S::kQueued, S::kLeased, S::kRunning, S::kPassed, S::kFailed, S::kError}) {
-      EXPECT_FALSE(IsAllowedTransition(terminal, to));
-    }
+  // Agent loss, cancel and time limits end an attempt that an agent holds; only cancel ends a
+  // queued one (nothing else can happen to an attempt no agent holds).
+  for (S active : {S::kLeased, S::kRunning}) {
+    for (S to : {S::kLost, S::kCancelled, S::kTimedOut}) EXPECT_TRUE(IsAllowedTransition(active, to));
   }
+  EXPECT_TRUE(IsAllowedTransition(S::kQueued, S::kCancelled));
+  EXPECT_FALSE(IsAllowedTransition(S::kQueued, S::kLost));
+  EXPECT_FALSE(IsAllowedTransition(S::kQueued, S::kTimedOut));
+  const std::vector<S> all = {S::kQueued, S::kLeased, S::kRunning, S::kPassed,   S::kFailed,
+                              S::kError,  S::kLost,   S::kCancelled, S::kTimedOut};
+  for (S terminal : {S::kPassed, S::kFailed, S::kError, S::kLost, S::kCancelled, S::kTimedOut}) {
+    EXPECT_TRUE(IsTerminal(terminal));
+    for (S to : all) EXPECT_FALSE(IsAllowedTransition(terminal, to));
+  }
+  for (S active : {S::kQueued, S::kLeased, S::kRunning}) EXPECT_FALSE(IsTerminal(active));
   Status s = CheckTransition(4, S::kPassed, S::kRunning);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(), "attempt 4: illegal transition passed -> running");
-  for (S st : {S::kQueued, S::kLeased, S::kRunning, S::kPassed, S::kFailed, S::kError}) {
-    EXPECT_EQ(ParseAttemptState(AttemptStateName(st)), st);
-  }
+  for (S st : all) EXPECT_EQ(ParseAttemptState(AttemptStateName(st)), st);
+  EXPECT_EQ(AttemptStateName(S::kTimedOut), "timed_out");
 }
 
 }  // namespace

@@ -98,14 +98,15 @@ TEST_F(StoreTest, MigrationsAreAppliedOnceAndRecorded) {
   // Reopening skips what is recorded (re-running 0001 would fail: its tables exist) and
   // applies a new migration once.
   std::vector<Migration> more(EmbeddedMigrations().begin(), EmbeddedMigrations().end());
-  more.push_back({2, "extra", "CREATE TABLE extra (x INTEGER);"});
+  const int next = static_cast<int>(more.size()) + 1;
+  more.push_back({next, "extra", "CREATE TABLE extra (x INTEGER);"});
   for (int round = 0; round < 2; ++round) {
     auto reopened = Store::Open(db_path(), SteppingClock(), more);
     ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
     auto rows = *(*reopened)->AppliedMigrations();
     ASSERT_EQ(rows.size(), more.size());
     EXPECT_EQ(rows[0].applied_at, first_applied_at);
-    EXPECT_EQ(rows.back().version, 2);
+    EXPECT_EQ(rows.back().version, next);
     EXPECT_TRUE((*(*reopened)->GetCell("c1")).has_value());  // data kept
   }
 }
@@ -114,16 +115,17 @@ TEST_F(StoreTest, AFailingMigrationLeavesNothingBehind) {
   // Verifies a failing migration rolls back whole and is not recorded.
   store_.reset();
   std::vector<Migration> more(EmbeddedMigrations().begin(), EmbeddedMigrations().end());
-  more.push_back({2, "broken", "CREATE TABLE half (x INTEGER); THIS IS NOT SQL;"});
+  const int next = static_cast<int>(more.size()) + 1;
+  more.push_back({next, "broken", "CREATE TABLE half (x INTEGER); THIS IS NOT SQL;"});
   auto broken = Store::Open(db_path(), SteppingClock(), more);
   ASSERT_FALSE(broken.ok());
-  EXPECT_NE(broken.status().message().find("2_broken"), std::string::npos)
+  EXPECT_NE(broken.status().message().find(std::to_string(next) + "_broken"), std::string::npos)
       << broken.status().message();
   // Not recorded, and its first statement rolled back: the fixed migration applies cleanly.
-  more.back() = {2, "broken", "CREATE TABLE half (x INTEGER);"};
+  more.back() = {next, "broken", "CREATE TABLE half (x INTEGER);"};
   auto fixed = Store::Open(db_path(), SteppingClock(), more);
   ASSERT_TRUE(fixed.ok()) << fixed.status().ToString();
-  EXPECT_EQ((*(*fixed)->AppliedMigrations()).size(), 2u);
+  EXPECT_EQ((*(*fixed)->AppliedMigrations()).size(), more.size());
 }
 
 TEST_F(StoreTest, CreatesACellWithAQueuedFirstAttemptOnce) {

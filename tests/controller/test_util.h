@@ -1,12 +1,17 @@
 // Helpers shared by the controller tests: temporary directories, files, fixtures.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "controller/commit_resolver.h"
+#include "controller/controller_core.h"
 #include "tests/common/temp_dir.h"
 
 namespace gatehouse::controller::testing {
@@ -48,6 +53,31 @@ class FakeCommitResolver : public CommitResolver {
     return commit;
   }
   int calls = 0;
+};
+
+/// An agent's outbound stream that records what the controller sends instead of sending it.
+class RecordingChannel : public AgentChannel {
+ public:
+  bool SendAssignment(const AssignmentMessage& a) override {
+    std::lock_guard lock(mu);
+    sent.push_back(a);
+    return true;
+  }
+  bool SendCancel(int64_t attempt_id, const std::string& reason) override {
+    std::lock_guard lock(mu);
+    cancels.emplace_back(attempt_id, reason);
+    return true;
+  }
+  /// The attempt ids assigned so far, in order.
+  std::vector<int64_t> AssignedIds() {
+    std::lock_guard lock(mu);
+    std::vector<int64_t> ids;
+    for (const auto& a : sent) ids.push_back(a.attempt_id);
+    return ids;
+  }
+  std::mutex mu;
+  std::vector<AssignmentMessage> sent;
+  std::vector<std::pair<int64_t, std::string>> cancels;
 };
 
 }  // namespace gatehouse::controller::testing

@@ -69,6 +69,13 @@ void Daemon::Stop() {
   impl_->child.wait(ec);
 }
 
+void Daemon::Kill() {
+  if (!running()) return;
+  ::kill(impl_->child.id(), SIGKILL);
+  std::error_code ec;
+  impl_->child.wait(ec);
+}
+
 std::string Daemon::Stderr() const { return ReadFile(impl_->err); }
 
 CommandResult RunCommand(const std::string& exe, const std::vector<std::string>& args,

@@ -46,6 +46,7 @@ TpRun RunParallelGate(const std::string& variant, const std::string& family, int
     ctx.rank = r;
     ctx.world_size = tp;
     ctx.comm = comm;
+    ctx.comm_backend = "gloo";
     for (const auto& g : test_util::GatesThrough("load")) {
       GateOutcome out = g.run(ctx);
       if (out.status != GateStatus::kPass) {
@@ -212,6 +213,30 @@ TEST(ParallelGateTest, SkippedAloneBlockedWithoutGroup) {
   const GateOutcome out = worker::ParallelGate(ctx);
   EXPECT_EQ(out.status, GateStatus::kBlocked);
   EXPECT_THAT(out.reason, HasSubstr("needs 2 worker ranks, but this worker runs as rank 0 of 1"));
+}
+
+// Verifies the backend must follow the device: a CPU cell whose rank joined no gloo group (or
+// an NCCL one) is BLOCKED naming both, before any collective.
+TEST(ParallelGateTest, BlockedWhenTheBackendDoesNotFitTheDevice) {
+  test_util::TempDir attempt("gatehouse-parallel");
+  worker::GateContext ctx = test_util::FixtureContext(test_util::FixtureDir("llama-tiny-untied"),
+                                                      "llama", "fp32", attempt.path());
+  ctx.spec.topology.tp = 2;
+  ctx.world_size = 2;
+  struct Unused : worker::TpCommunicator {
+    int64_t rank() const override { return 0; }
+    int64_t world_size() const override { return 2; }
+    void AllReduceSum(torch::Tensor&) override { ADD_FAILURE() << "no collective may run"; }
+    std::vector<torch::Tensor> AllGather(const torch::Tensor&) override {
+      ADD_FAILURE() << "no collective may run";
+      return {};
+    }
+  };
+  ctx.comm = std::make_shared<Unused>();
+  ctx.comm_backend = "nccl";
+  const GateOutcome out = worker::ParallelGate(ctx);
+  EXPECT_EQ(out.status, GateStatus::kBlocked);
+  EXPECT_THAT(out.reason, HasSubstr("device cpu needs a gloo group but this rank joined nccl"));
 }
 
 // Verifies every parameter of every family's model at TP=2 has a plan rule and the plan is

@@ -161,6 +161,25 @@ TEST(IdentityGateTest, TorchPinMismatchBlocked) {
   EXPECT_THAT(out.reason, HasSubstr(ctx.runtime.torch_version));
 }
 
+// Verifies a CUDA pin other than the CUDA the worker's LibTorch was built with is BLOCKED
+// naming both, and that the evidence carries the CUDA stack's versions.
+TEST(IdentityGateTest, CudaPinMismatchBlocked) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.runtime.cuda_version = "13.0";
+  ctx.runtime.nccl_version = "2.28.9";
+  ctx.spec.runtime.cuda = "13.0";
+  GateOutcome same = IdentityGate(ctx);
+  EXPECT_STATUS(same, GateStatus::kPass);
+  EXPECT_EQ(Text(same, "cuda_version"), "13.0");
+  EXPECT_EQ(Text(same, "nccl_version"), "2.28.9");
+  ctx.spec.runtime.cuda = "12.8";
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_THAT(out.reason, HasSubstr("runtime pin cuda 12.8 but the worker's LibTorch is built with CUDA 13.0"));
+}
+
 // Verifies device cuda without a usable CUDA device is BLOCKED.
 TEST(IdentityGateTest, CudaWithoutDeviceBlocked) {
   Fixture fx;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,13 +37,23 @@ inline int FreePort() {
 
 /// Runs `world` ranks, one thread each: every rank joins a gloo group on 127.0.0.1 (timeout
 /// `timeout`) and calls `body(rank, comm)`. Returns per rank "" or the join error; exceptions
-/// thrown by `body` are returned as "exception: <what>".
+/// thrown by `body` are returned as "exception: <what>". The groups are destroyed only after
+/// every rank's body returned, ranks > 0 first and rank 0 (which hosts the store) last, so no
+/// rank tears its group down while a peer still talks to it.
 inline std::vector<std::string> RunGlooRanks(
     int world,
     const std::function<void(int rank, std::shared_ptr<worker::TpCommunicator> comm)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  // c10d's process-wide FlightRecorder (on by default, 2000 entries) inserts into a map before
+  // taking its mutex (FlightRecorderDetail.hpp recordWithResetEnabled, torch 2.11): several
+  // process groups in one process, as here (one per rank thread), race on it and crashed
+  // ParallelGateTest about once in 10 runs (std::_Rb_tree_insert_and_rebalance). A real worker
+  // has one group per process. Turning the recorder off before the first group exists avoids
+  // the race; it records nothing these tests read.
+  ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/1);
   const int port = FreePort();
   std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<c10::intrusive_ptr<c10d::Backend>> groups(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -56,6 +67,7 @@ inline std::vector<std::string> RunGlooRanks(
         errors[static_cast<size_t>(r)] = group.status().ToString();
         return;
       }
+      groups[static_cast<size_t>(r)] = *group;
       try {
         body(r, worker::MakeC10dCommunicator(*group));
       } catch (const std::exception& e) {
@@ -64,6 +76,7 @@ inline std::vector<std::string> RunGlooRanks(
     });
   }
   for (auto& t : threads) t.join();
+  for (int r = world - 1; r >= 0; --r) groups[static_cast<size_t>(r)].reset();
   return errors;
 }
 

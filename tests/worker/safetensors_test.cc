@@ -386,6 +386,21 @@ TEST(ParseHeaderTest, SortsTensorsAndFillsMetadata) {
   EXPECT_EQ(metadata.at("k"), "v");
 }
 
+// Regression found by tests/fuzz/fuzz_safetensors_header: a header nesting arrays 100k deep
+// in a field whose error message shows the value (dtype, an entry, a metadata value) is
+// DATA_LOSS, not a stack overflow in nlohmann's recursive dump.
+TEST(ParseHeaderTest, DeeplyNestedHeaderIsRejectedNotAStackOverflow) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const std::string& header :
+       {R"({"a":{"dtype":)" + deep + R"(,"shape":[],"data_offsets":[0,0]}})",
+        R"({"a":)" + deep + "}", R"({"__metadata__":{"k":)" + deep + "}}"}) {
+    Result<std::vector<TensorInfo>> tensors = ParseHeader(header, 0, nullptr);
+    ASSERT_FALSE(tensors.ok());
+    EXPECT_EQ(tensors.status().code(), StatusCode::kDataLoss);
+    EXPECT_TRUE(Contains(tensors.status().message(), "deeper than 64 levels"));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // LibTorch bridge
 

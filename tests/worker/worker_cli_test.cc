@@ -66,6 +66,31 @@ TEST(WorkerCliTest, FakePluginRunPasses) {
   EXPECT_THAT(run.stderr_text, HasSubstr("phase identity"));
 }
 
+// Verifies --print-runtime prints one JSON object with the runtime the agent reports: the
+// torch this worker runs and the CUDA stack its LibTorch carries (the CI wheel is a CUDA 13
+// build; no GPU is needed to read the versions).
+TEST(WorkerCliTest, PrintRuntime) {
+  Fixture fx;
+  WorkerRun run = RunWorker(fx.dir.path(), "--print-runtime");
+  ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
+  ASSERT_EQ(run.events.size(), 1u) << run.stdout_text;
+  const nlohmann::json& r = run.events[0];
+  EXPECT_EQ(r.at("torch"), StripLocalVersion(TORCH_VERSION));
+  for (const char* key : {"torch_headers", "cuda", "cudnn", "nccl", "cuda_driver"}) {
+    EXPECT_TRUE(r.at(key).is_string()) << key;
+  }
+  EXPECT_TRUE(r.at("cuda_available").is_boolean());
+  EXPECT_TRUE(r.at("nccl_groups").is_boolean());
+  const RuntimeInfo probed = ProbeRuntime();
+  EXPECT_EQ(r.at("cuda"), probed.cuda_version);
+  EXPECT_EQ(r.at("nccl"), probed.nccl_version);
+  if (!probed.cuda_version.empty()) {
+    EXPECT_THAT(probed.cuda_version, ::testing::MatchesRegex("[0-9]+\\.[0-9]+"));
+  }
+  WorkerRun both = RunWorker(fx.dir.path(), "--print-runtime --run-spec " + WriteRunJson(fx, fx.SpecJson()));
+  EXPECT_EQ(both.exit_code, 2);
+}
+
 // Verifies a plugin that fails to load: identity still runs, config FAILs naming the plugin,
 // the rest is SKIPPED, exit 0.
 TEST(WorkerCliTest, BrokenPluginFailsConfig) {

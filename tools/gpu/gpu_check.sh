@@ -27,6 +27,8 @@ TORCH_PREFIX=$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGATEHOUSE_BUILD_SERVICES=OFF \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DGATEHOUSE_PYTHON="$PY" >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target gatehouse-worker gatehouse_models static_decode_test
+# The runtime the agent would register (torch, CUDA, cuDNN, NCCL, driver; docs/protocols.md §3.2).
+"$BUILD/bin/gatehouse-worker" --print-runtime | tee -a "$OUT/gpu.txt"
 
 VARIANTS=(llama-tiny-untied qwen2-tiny-sliding qwen3-tiny-untied)
 "$PY" "$ROOT/tools/refgen/make_checkpoint.py" --out-root "$BUILD/testdata" --only "${VARIANTS[@]}" \

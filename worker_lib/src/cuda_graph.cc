@@ -2,6 +2,9 @@
 #include "gatehouse/worker/cuda_graph.h"
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/cuda/nccl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -37,6 +40,56 @@ int64_t CudaPeakAllocatedBytes(int device) {
 
 void CudaResetPeakMemory(int device) {
   if (CudaAvailable()) c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
+namespace {
+// 13000 -> "13.0" (CUDART_VERSION / cudaDriverGetVersion encoding: 1000 * major + 10 * minor).
+std::string CudaVersionText(long v) {
+  if (v <= 0) return "";
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+}  // namespace
+
+CudaVersions ProbeCudaVersions() {
+  CudaVersions v;
+  const auto& hooks = at::detail::getCUDAHooks();
+  try {
+    v.cuda = CudaVersionText(hooks.versionCUDART());
+  } catch (const c10::Error&) {
+    // LibTorch built without CUDA: no CUDA runtime version.
+  }
+  try {
+    const long cudnn = hooks.versionCuDNN();  // 91900 -> 9.19.0
+    if (cudnn > 0) {
+      v.cudnn = std::to_string(cudnn / 10000) + "." + std::to_string((cudnn % 10000) / 100) +
+                "." + std::to_string(cudnn % 100);
+    }
+  } catch (const c10::Error&) {
+  }
+  try {
+    const std::uint64_t nccl = torch::cuda::nccl::version();  // major << 32 | minor << 16 | patch
+    if (nccl != 0) {
+      v.nccl = std::to_string(nccl >> 32) + "." + std::to_string((nccl >> 16) & 0xffff) + "." +
+               std::to_string(nccl & 0xffff);
+    }
+  } catch (const std::exception&) {
+  }
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) == cudaSuccess) v.driver = CudaVersionText(driver);
+  return v;
+}
+
+Status SetCudaDevice(int index) {
+  if (!CudaAvailable()) {
+    return Status::FailedPrecondition("no CUDA device: torch::cuda::is_available() is false");
+  }
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  if (index < 0 || index >= count) {
+    return Status::FailedPrecondition("CUDA device " + std::to_string(index) + " requested but " +
+                                      std::to_string(count) + " visible (CUDA_VISIBLE_DEVICES)");
+  }
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+  return Status::Ok();
 }
 
 CudaGraphDecoder::~CudaGraphDecoder() = default;

@@ -1,4 +1,5 @@
-// Rank environment and c10d gloo process groups (distributed.h).
+// Rank environment, the rendezvous store and c10d gloo process groups (distributed.h); NCCL
+// groups are in distributed_nccl.cc.
 #include "gatehouse/worker/distributed.h"
 
 #include <arpa/inet.h>
@@ -53,30 +54,37 @@ Result<int> ListenOn(const std::string& addr, int port) {
 
 class C10dCommunicator : public TpCommunicator {
  public:
-  explicit C10dCommunicator(c10::intrusive_ptr<c10d::Backend> group) : group_(std::move(group)) {}
+  C10dCommunicator(c10::intrusive_ptr<c10d::Backend> group, torch::Device device)
+      : group_(std::move(group)), device_(device) {}
   int64_t rank() const override { return group_->getRank(); }
   int64_t world_size() const override { return group_->getSize(); }
   void AllReduceSum(torch::Tensor& t) override {
-    std::vector<torch::Tensor> io{t.is_contiguous() ? t : t.contiguous()};
+    torch::Tensor on_device = t.to(device_).contiguous();
+    std::vector<torch::Tensor> io{on_device};
     group_->allreduce(io)->wait();
     if (!io[0].is_same(t)) t.copy_(io[0]);
   }
   std::vector<torch::Tensor> AllGather(const torch::Tensor& t) override {
-    std::vector<torch::Tensor> in{t.contiguous()};
+    std::vector<torch::Tensor> in{t.to(device_).contiguous()};
     std::vector<std::vector<torch::Tensor>> out(1);
     for (int64_t r = 0; r < world_size(); ++r) out[0].push_back(torch::empty_like(in[0]));
     group_->allgather(out, in)->wait();
+    if (t.device() != device_) {
+      for (torch::Tensor& x : out[0]) x = x.to(t.device());
+    }
     return out[0];
   }
 
  private:
   c10::intrusive_ptr<c10d::Backend> group_;
+  torch::Device device_;
 };
 
 }  // namespace
 
-std::shared_ptr<TpCommunicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Backend> group) {
-  return std::make_shared<C10dCommunicator>(std::move(group));
+std::shared_ptr<TpCommunicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Backend> group,
+                                                     torch::Device device) {
+  return std::make_shared<C10dCommunicator>(std::move(group), device);
 }
 
 Result<RankEnv> ReadRankEnv(const std::function<const char*(const char*)>& getenv) {
@@ -115,8 +123,8 @@ Result<RankEnv> ReadRankEnv(const std::function<const char*(const char*)>& geten
   return env;
 }
 
-Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
-                                                       std::chrono::milliseconds timeout) {
+Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
+                                                    std::chrono::milliseconds timeout) {
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   try {
     c10d::TCPStoreOptions opts;
@@ -129,7 +137,20 @@ Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
       opts.isServer = true;
       opts.masterListenFd = fd;
     }
-    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    return store;
+  } catch (const std::exception& e) {
+    return Status::Unavailable("rank " + std::to_string(env.rank) + " of " +
+                               std::to_string(env.world_size) + " could not reach the store at " +
+                               where + ": " + e.what());
+  }
+}
+
+Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
+                                                       std::chrono::milliseconds timeout) {
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  GH_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store, ConnectStore(env, timeout));
+  try {
     auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
     gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr));
     c10::intrusive_ptr<c10d::Backend> group =

@@ -12,6 +12,8 @@
 #include <unordered_map>
 
 #include "common/sha256.h"
+#include "gatehouse/worker/cuda_graph.h"
+#include "gatehouse/worker/distributed.h"
 #include "gatehouse/worker/log.h"
 #include "gatehouse/worker/safetensors_torch.h"
 #include "gates_internal.h"
@@ -52,7 +54,24 @@ RuntimeInfo ProbeRuntime() {
   info.torch_version = StripLocalVersion(it != options.end() ? it->second : TORCH_VERSION);
   info.cuda_available = torch::cuda::is_available();
   info.cuda_device_count = static_cast<int64_t>(torch::cuda::device_count());
+  const CudaVersions cuda = ProbeCudaVersions();
+  info.cuda_version = cuda.cuda;
+  info.cudnn_version = cuda.cudnn;
+  info.nccl_version = cuda.nccl;
+  info.cuda_driver_version = cuda.driver;
   return info;
+}
+
+nlohmann::json RuntimeJson(const RuntimeInfo& r) {
+  return {{"torch", r.torch_version},
+          {"torch_headers", r.torch_headers_version},
+          {"cuda", r.cuda_version},
+          {"cudnn", r.cudnn_version},
+          {"nccl", r.nccl_version},
+          {"cuda_driver", r.cuda_driver_version},
+          {"cuda_available", r.cuda_available},
+          {"cuda_device_count", r.cuda_device_count},
+          {"nccl_groups", NcclGroupsAvailable()}};
 }
 
 std::vector<ParamGroup> UniqueParameters(const torch::nn::Module& module) {
@@ -82,6 +101,11 @@ GateOutcome IdentityGate(GateContext& ctx) {
   out.Text("device", spec.runtime.device);
   out.Text("cuda_available", ctx.runtime.cuda_available ? "true" : "false");
   out.Count("cuda_device_count", ctx.runtime.cuda_device_count);
+  out.Text("cuda_version", ctx.runtime.cuda_version);
+  out.Text("cuda_pin", spec.runtime.cuda);
+  out.Text("cudnn_version", ctx.runtime.cudnn_version);
+  out.Text("nccl_version", ctx.runtime.nccl_version);
+  out.Text("cuda_driver_version", ctx.runtime.cuda_driver_version);
 
   // A wrong or dirty checkout: the evidence could not be attributed to the frozen commit.
   std::vector<std::string> fails;
@@ -103,6 +127,10 @@ GateOutcome IdentityGate(GateContext& ctx) {
   if (StripLocalVersion(ctx.runtime.torch_headers_version) != ctx.runtime.torch_version) {
     blocks.push_back("worker built against torch " + ctx.runtime.torch_headers_version +
                      " headers but runs library " + ctx.runtime.torch_version);
+  }
+  if (!spec.runtime.cuda.empty() && spec.runtime.cuda != ctx.runtime.cuda_version) {
+    blocks.push_back("runtime pin cuda " + spec.runtime.cuda + " but the worker's LibTorch is built with CUDA " +
+                     (ctx.runtime.cuda_version.empty() ? "(none)" : ctx.runtime.cuda_version));
   }
   if (spec.runtime.device == "cuda" && !ctx.runtime.cuda_available) {
     blocks.push_back("device cuda requested but torch::cuda::is_available() is false");
@@ -256,7 +284,9 @@ GateOutcome ConstructGate(GateContext& ctx) {
                                                     : "no model args: phase config was not requested");
   }
   ctx.dtype = ctx.spec.precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  ctx.device = torch::Device(ctx.spec.runtime.device);
+  ctx.device = ctx.spec.runtime.device == "cuda"
+                   ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ctx.device_index))
+                   : torch::Device(torch::kCPU);
   Result<std::shared_ptr<CausalLM>> built = ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
   if (!built.ok()) {
     return out.Fail(FailureClass::kAdapterContract, "Construct: " + built.status().ToString());

@@ -8,6 +8,7 @@
 #include "common/sha256.h"
 #include "gatehouse/worker/gates.h"
 #include "gatehouse/worker/safetensors_torch.h"
+#include "gatehouse/worker/distributed.h"
 #include "gates_internal.h"
 
 namespace gatehouse::worker {
@@ -118,10 +119,17 @@ GateOutcome ParallelGate(GateContext& ctx) {
     return out.Blocked("rank " + std::to_string(ctx.rank) + " of " +
                        std::to_string(ctx.world_size) + " has no process group (joining it failed)");
   }
-  if (ctx.device.type() != torch::kCPU) {
-    return out.Blocked("device " + ctx.device.str() +
-                       ": process groups are gloo (CPU) only; NCCL is not implemented yet");
+  // The backend follows the device (worker_main): gloo for CPU tensors, NCCL for CUDA ones.
+  const std::string want_backend = ctx.device.is_cuda() ? "nccl" : "gloo";
+  if (ctx.comm_backend != want_backend) {
+    return out.Blocked("device " + ctx.device.str() + " needs a " + want_backend +
+                       " group but this rank joined " +
+                       (ctx.comm_backend.empty() ? std::string("none") : ctx.comm_backend) +
+                       (ctx.device.is_cuda() && !NcclGroupsAvailable()
+                            ? " (this worker was built without c10d's NCCL backend)"
+                            : ""));
   }
+  out.Text("process_group", ctx.comm_backend);
   TpCommunicator& comm = *ctx.comm;
   const bool rank0 = ctx.rank == 0;
   const int64_t tp_size = topo.tp;

@@ -1,6 +1,6 @@
-// The performance gate (gates.h PerformanceGate): our prefill, decode, training step and peak
-// memory next to transformers' on the same checkpoint, prompt, precision, device and thread
-// count, measured in the same run, as ratios.
+// The performance gate (gates.h PerformanceGate): our prefill, decode (eager, and CUDA-graph on
+// a CUDA device), training step and peak memory next to transformers' on the same checkpoint,
+// prompt, precision, device and thread count, measured in the same run, as ratios.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -136,6 +136,25 @@ GateOutcome PerformanceGate(GateContext& ctx) {
   double ours_decode_ms = 0;
   GreedyDecode(model, prompt->input_ids, n, device, &ours_decode_ms);  // warm-up
   GreedyDecode(model, prompt->input_ids, n, device, &ours_decode_ms);
+  // Graph decode (cuda_graph.h) on the same prompt, when there is a device to capture on and a
+  // static step to capture; otherwise the figure is absent and `graph_decode` says why.
+  double ours_graph_ms = 0;
+  if (!device.is_cuda()) {
+    out.Text("graph_decode", "not measured: device " + device.str() + " (CUDA graphs need CUDA)");
+  } else if (!model.SupportsStaticDecode()) {
+    out.Text("graph_decode", "not measured: the model has no static decode step");
+  } else {
+    Result<std::unique_ptr<CudaGraphDecoder>> graph = CudaGraphDecoder::Create(model, 1, t + n);
+    Result<torch::Tensor> ids = graph.ok() ? (*graph)->Generate(tokens, n, &ours_graph_ms)  // warm-up
+                                           : Result<torch::Tensor>(graph.status());
+    if (ids.ok()) ids = (*graph)->Generate(tokens, n, &ours_graph_ms);
+    if (ids.ok()) {
+      out.Real("graph_decode_ms_per_token", ours_graph_ms, "ms");
+    } else {
+      out.Text("graph_decode", "not measured: " + ids.status().ToString());
+      ours_graph_ms = 0;
+    }
+  }
   std::vector<torch::Tensor> params;
   for (auto& g : UniqueParameters(model)) {
     if (g.tensor.requires_grad()) params.push_back(g.tensor);
@@ -200,6 +219,9 @@ GateOutcome PerformanceGate(GateContext& ctx) {
   // Ratios > 1: Gatehouse is faster (or, for memory, uses more).
   out.Real("prefill_speedup", ours_prefill_tps / peer_tps, "ratio");
   if (ours_decode_ms > 0 && peer_decode > 0) out.Real("decode_speedup", peer_decode / ours_decode_ms, "ratio");
+  if (ours_graph_ms > 0 && peer_decode > 0) {
+    out.Real("graph_decode_speedup", peer_decode / ours_graph_ms, "ratio");
+  }
   if (ours_train_ms > 0 && peer_train > 0) out.Real("train_step_speedup", peer_train / ours_train_ms, "ratio");
   if (device.is_cuda()) {
     const double peer_peak = Num(peer, "peak_memory_bytes");

@@ -174,6 +174,9 @@ Result<RunSpec> ParseRunSpec(const json& j) {
     GH_ASSIGN_OR_RETURN(ObjectReader o, r.Object("runtime"));
     GH_ASSIGN_OR_RETURN(s.runtime.torch, o.String("torch"));
     GH_ASSIGN_OR_RETURN(s.runtime.device, o.OneOf("device", {"cpu", "cuda"}));
+    if (o.obj().contains("cuda")) {
+      GH_ASSIGN_OR_RETURN(s.runtime.cuda, o.String("cuda"));
+    }
     GH_RETURN_IF_ERROR(o.Finish());
   }
   {

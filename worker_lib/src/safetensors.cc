@@ -29,6 +29,14 @@ using nlohmann::json;
 
 constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr uint64_t kLengthFieldBytes = 8;
+// Deepest nesting of arrays/objects accepted in a header (a valid one needs 3). Deeper input is
+// rejected while parsing: nlohmann's dump(), which error messages use, recurses once per
+// level, and a header of 100k '[' overflowed the stack (found by
+// tests/fuzz/fuzz_safetensors_header).
+constexpr int kMaxJsonDepth = 64;
+
+// Thrown by ParseRejectingDuplicates when the header nests deeper than kMaxJsonDepth.
+struct TooDeep {};
 
 struct DtypeRow {
   Dtype dtype;
@@ -123,7 +131,8 @@ std::string Show(const json& v) {
 }
 
 // Parses JSON, rejecting a key repeated within one object (nlohmann keeps the last silently;
-// the format forbids duplicates). Throws nlohmann's exceptions on bad JSON.
+// the format forbids duplicates). Throws nlohmann's exceptions on bad JSON, TooDeep when
+// arrays/objects nest deeper than kMaxJsonDepth.
 // `duplicate` receives the first one, as "key 'k' at the top level" or "key 'k' inside 'obj'".
 json ParseRejectingDuplicates(std::string_view text, std::string* duplicate) {
   struct Frame {
@@ -132,10 +141,14 @@ json ParseRejectingDuplicates(std::string_view text, std::string* duplicate) {
     std::string last_key;
   };
   std::vector<Frame> frames;
-  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
+        if (depth >= kMaxJsonDepth) throw TooDeep{};
         frames.push_back({frames.empty() ? std::string() : frames.back().last_key, {}, {}});
+        break;
+      case json::parse_event_t::array_start:
+        if (depth >= kMaxJsonDepth) throw TooDeep{};
         break;
       case json::parse_event_t::object_end:
         if (!frames.empty()) frames.pop_back();
@@ -323,6 +336,9 @@ Result<std::vector<TensorInfo>> ParseHeader(std::string_view header_json, uint64
     header = ParseRejectingDuplicates(header_json, &duplicate);
   } catch (const json::exception& e) {
     return Status::DataLoss(std::string("header is not valid JSON: ") + e.what());
+  } catch (const TooDeep&) {
+    return Status::DataLoss("header nests JSON arrays/objects deeper than " +
+                            std::to_string(kMaxJsonDepth) + " levels");
   }
   if (!duplicate.empty()) return Status::DataLoss("header has duplicate " + duplicate);
   if (!header.is_object()) {

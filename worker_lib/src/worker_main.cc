@@ -1,6 +1,7 @@
 // gatehouse-worker: runs the gates of one attempt (docs/protocols.md §3, §4).
 //
 //   gatehouse-worker --run-spec run.json --plugin libgatehouse_models.so [--plugin ...]
+//   gatehouse-worker --print-runtime   (one JSON object: the runtime the agent reports)
 //
 // Standard output carries only the JSON-lines events; the log (spdlog) goes to standard error.
 // Exit status: 0 when the run completed, whatever the verdict (run_end says it); 2 for a bad
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gatehouse/worker/cuda_graph.h"
 #include "gatehouse/worker/distributed.h"
 #include "gatehouse/worker/events.h"
 #include "gatehouse/worker/gates.h"
@@ -41,15 +43,26 @@ int main(int argc, char** argv) {
   CLI::App app{"Gatehouse worker: runs the gates of one attempt and writes JSON-lines events"};
   std::string run_spec_path;
   std::vector<std::string> plugins;
-  app.add_option("--run-spec", run_spec_path, "run.json written by the agent")
-      ->required()
+  bool print_runtime = false;
+  auto* run_spec_option = app.add_option("--run-spec", run_spec_path, "run.json written by the agent")
       ->check(CLI::ExistingFile);
+  app.add_flag("--print-runtime", print_runtime,
+               "print the runtime (torch, CUDA, cuDNN, NCCL, driver versions; devices) as JSON and exit")
+      ->excludes(run_spec_option);
   app.add_option("--plugin", plugins, "model-family plugin shared library (repeatable)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help or the error to the right stream
     return e.get_exit_code() == 0 ? rc : kExitBadInput;
+  }
+  if (print_runtime) {
+    std::printf("%s\n", RuntimeJson(ProbeRuntime()).dump().c_str());
+    return 0;
+  }
+  if (run_spec_path.empty()) {
+    log::Error("--run-spec is required (or --print-runtime)");
+    return kExitBadInput;
   }
 
   Result<RunSpec> spec = LoadRunSpec(run_spec_path);
@@ -96,17 +109,29 @@ int main(int argc, char** argv) {
       if (const char* t = std::getenv("GATEHOUSE_GROUP_TIMEOUT_S")) {
         if (std::atoi(t) > 0) timeout = std::chrono::seconds(std::atoi(t));
       }
+      // The device chooses the backend: NCCL for a CUDA cell on a worker that has CUDA and
+      // NCCL, each rank on device LOCAL_RANK of the GPUs the agent made visible; gloo
+      // otherwise (a CUDA cell without them then meets identity's and parallel's BLOCKED).
+      const bool nccl = spec->runtime.device == "cuda" && ctx.runtime.cuda_available &&
+                        NcclGroupsAvailable();
+      ctx.comm_backend = nccl ? "nccl" : "gloo";
       log::Info("rank " + std::to_string(ctx.rank) + " of " + std::to_string(ctx.world_size) +
-                ": joining the gloo group at " + rank_env->master_addr + ":" +
-                std::to_string(rank_env->master_port));
-      Result<c10::intrusive_ptr<c10d::Backend>> group = JoinGlooGroup(*rank_env, timeout);
+                ": joining the " + ctx.comm_backend + " group at " + rank_env->master_addr + ":" +
+                std::to_string(rank_env->master_port) +
+                (nccl ? " on cuda:" + std::to_string(rank_env->local_rank) : ""));
+      Result<c10::intrusive_ptr<c10d::Backend>> group =
+          nccl ? JoinNcclGroup(*rank_env, rank_env->local_rank, timeout)
+               : JoinGlooGroup(*rank_env, timeout);
       if (!group.ok()) {
         // Without its group this rank cannot take part; it exits before any event, so the
         // agent stops the other ranks and names this one.
         log::Error(group.status().ToString());
         return kExitNoGroup;
       }
-      ctx.comm = MakeC10dCommunicator(*group);
+      if (nccl) ctx.device_index = rank_env->local_rank;
+      ctx.comm = MakeC10dCommunicator(
+          *group, nccl ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank_env->local_rank))
+                       : torch::Device(torch::kCPU));
     }
     log::Info("attempt " + std::to_string(spec->attempt.id) + ": torch " +
               ctx.runtime.torch_version + ", device " + spec->runtime.device + ", " +

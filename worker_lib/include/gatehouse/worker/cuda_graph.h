@@ -31,6 +31,22 @@ int64_t CudaPeakAllocatedBytes(int device);
 /// Starts a new peak for CudaPeakAllocatedBytes. No-op without CUDA.
 void CudaResetPeakMemory(int device);
 
+/// Versions of the CUDA stack this worker runs, as "major.minor[.patch]" strings; empty when
+/// the part is absent. `cuda` is the CUDA runtime LibTorch was built with (what
+/// torch.version.cuda reports, e.g. "13.0"), `cudnn` likewise ("9.19.0"), `nccl` the NCCL
+/// library LibTorch loaded (ncclGetVersion through torch::cuda::nccl::version(), "2.28.9"),
+/// `driver` the newest CUDA version the installed driver supports (cudaDriverGetVersion,
+/// "13.0"; empty without a driver). None of them needs a GPU.
+struct CudaVersions {
+  std::string cuda, cudnn, nccl, driver;
+};
+CudaVersions ProbeCudaVersions();
+
+/// Makes CUDA device `index` current for this process (c10::cuda::set_device): a rank of a
+/// group on a GPU node uses device LOCAL_RANK of those the agent made visible. Errors:
+/// FAILED_PRECONDITION without CUDA or when `index` is outside [0, device count).
+Status SetCudaDevice(int index);
+
 /// A captured decode step for `batch` rows and a cache of `max_len` positions.
 class CudaGraphDecoder {
  public:

@@ -1,6 +1,6 @@
 // Process groups for tensor parallelism (issue 4): one worker process per rank, found the
-// torchrun way, joined through LibTorch's c10d. Collectives are c10d's (gloo on the CPU; NCCL
-// on GPUs to come), never our own.
+// torchrun way, joined through LibTorch's c10d. Collectives are c10d's (gloo on the CPU, NCCL
+// on GPUs), never our own.
 //
 // Build note: LibTorch's wheel ships c10d's headers but not gloo's, which ProcessGroupGloo.hpp
 // includes; the declarations come from Debian's libgloo-dev (deploy/setup.sh installs it) and
@@ -37,6 +37,12 @@ Result<RankEnv> ReadRankEnv(
       return std::getenv(name);
     });
 
+/// The group's rendezvous: rank 0 binds a listening socket to master_addr:master_port (that
+/// address only) and hosts a c10d::TCPStore on it; every rank connects to it. Errors:
+/// INVALID_ARGUMENT (bad master_addr), UNAVAILABLE naming the address and the cause.
+Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
+                                                    std::chrono::milliseconds timeout);
+
 /// Joins the group of `env.world_size` ranks: rank 0 binds a listening socket to
 /// master_addr:master_port (that address only) and hosts a c10d::TCPStore on it; every rank
 /// connects to it and creates a c10d ProcessGroupGloo whose transport binds to master_addr.
@@ -46,10 +52,25 @@ Result<RankEnv> ReadRankEnv(
 Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
                                                        std::chrono::milliseconds timeout);
 
+/// True when this worker was built with c10d's NCCL backend (USE_C10D_NCCL: LibTorch with CUDA
+/// and nccl.h found at configure time; worker_lib/CMakeLists.txt).
+bool NcclGroupsAvailable();
+
+/// Joins the NCCL group of `env.world_size` ranks over the same rendezvous as JoinGlooGroup
+/// (ConnectStore), bound to CUDA device `device_index` (made current first; the agent makes one
+/// GPU per rank visible and the rank uses device LOCAL_RANK). NCCL creates its communicator
+/// lazily, at the first collective. Errors: FAILED_PRECONDITION when !NcclGroupsAvailable(),
+/// FAILED_PRECONDITION without CUDA or when the device is not visible; UNAVAILABLE as
+/// JoinGlooGroup. Checked here only by compiling: NCCL needs one GPU per rank.
+Result<c10::intrusive_ptr<c10d::Backend>> JoinNcclGroup(const RankEnv& env, int device_index,
+                                                       std::chrono::milliseconds timeout);
+
 /// The collectives of `group` as tensor-parallel modules use them (tensor_parallel.h):
 /// AllReduceSum is c10d allreduce (SUM), AllGather is c10d allgather; both wait for the work
-/// and throw c10::Error when the group fails. Tensors must be on the group's device (CPU for
-/// gloo).
-std::shared_ptr<TpCommunicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Backend> group);
+/// and throw c10::Error when the group fails. `device` is the group's device (CPU for gloo,
+/// the rank's GPU for NCCL): a tensor elsewhere is copied there for the collective and the
+/// results come back on the tensor's own device, so gates may pass small CPU tensors.
+std::shared_ptr<TpCommunicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Backend> group,
+                                                     torch::Device device = torch::kCPU);
 
 }  // namespace gatehouse::worker

@@ -29,6 +29,7 @@
 //    equal weights); the alias is not loaded and figure tied_lm_head says which weight is used.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <functional>
@@ -89,10 +90,19 @@ struct RuntimeInfo {
   std::string torch_headers_version;
   bool cuda_available = false;     // torch::cuda::is_available()
   int64_t cuda_device_count = 0;   // torch::cuda::device_count()
+  /// CUDA stack versions (cuda_graph.h ProbeCudaVersions): CUDA runtime LibTorch was built
+  /// with ("13.0"), cuDNN, NCCL, and the driver's CUDA version; empty when absent.
+  std::string cuda_version, cudnn_version, nccl_version, cuda_driver_version;
 };
 
 /// Probes the running LibTorch.
 RuntimeInfo ProbeRuntime();
+
+/// The runtime as `gatehouse-worker --print-runtime` prints it and the agent reports it
+/// (docs/protocols.md §3.2): {"torch", "torch_headers", "cuda", "cudnn", "nccl",
+/// "cuda_driver", "cuda_available", "cuda_device_count", "nccl_groups"}; versions are strings,
+/// "" when absent.
+nlohmann::json RuntimeJson(const RuntimeInfo& runtime);
 
 /// "2.11.0+cu130" -> "2.11.0": the major.minor.patch a runtime pin is compared with.
 std::string StripLocalVersion(std::string_view version);
@@ -224,6 +234,10 @@ struct GateContext {
   int64_t world_size = 1;
   /// The group's collectives; null when world_size is 1.
   std::shared_ptr<TpCommunicator> comm;
+  /// The group's c10d backend: "gloo" or "nccl" (chosen by the device); empty when alone.
+  std::string comm_backend;
+  /// CUDA device index of this rank for a cuda cell: LOCAL_RANK in an NCCL group, else 0.
+  int device_index = 0;
 
   // --- state carried between gates -------------------------------------------------------
   std::optional<Checkpoint> checkpoint;       // load
@@ -267,7 +281,12 @@ GateOutcome SaveGate(GateContext& ctx);
 /// ranks first agree that each of them is ready, so one rank's early exit never leaves the
 /// others waiting in a collective.
 GateOutcome ParallelGate(GateContext& ctx);
+/// The cuda_graph gate: graph vs eager greedy decode token for token on every reference
+/// prompt, ms/token and speedup at batch 1, 4, 16 (cuda_graph.h). SKIPPED without CUDA.
 GateOutcome CudaGraphGate(GateContext& ctx);
+/// The performance gate: prefill tokens/s, decode ms/token (eager; CUDA-graph on CUDA), AdamW
+/// step ms and CUDA peak allocator bytes, each beside transformers' on the same inputs
+/// (tools/bench/hf_peer.py via GATEHOUSE_PEER_PYTHON) and as a ratio; BLOCKED without a peer.
 GateOutcome PerformanceGate(GateContext& ctx);
 
 /// Greedy decode with the model's KV cache: prefill `prompt` ([T] int64), then one token per

@@ -33,6 +33,7 @@ struct RunSpec {
   struct Runtime {
     std::string torch;   // pinned torch version, "2.11.0" (no local suffix)
     std::string device;  // "cpu" | "cuda"
+    std::string cuda;    // pinned CUDA version "13.0"; empty: not pinned (optional member)
   } runtime;
 
   struct Launch {

@@ -46,7 +46,8 @@ struct TensorInfo {
 /// every entry has dtype/shape/data_offsets of the right types; no negative dims; dtype x shape
 /// = end - begin; offsets tile the buffer exactly (sorted by begin, each begins where the
 /// previous ended, the last ends at buffer_bytes; no overlap, no hole); `__metadata__` is
-/// string -> string. Errors: DATA_LOSS naming the tensor, the field and the values.
+/// string -> string; arrays/objects nest at most 64 levels. Errors: DATA_LOSS naming the
+/// tensor, the field and the values.
 /// Returns tensors in header-key order (sorted by name) and fills `metadata` if non-null.
 Result<std::vector<TensorInfo>> ParseHeader(std::string_view header_json, uint64_t buffer_bytes,
                                             std::map<std::string, std::string>* metadata);

@@ -1,0 +1,274 @@
+// Verifies the attempt lifecycle in the controller's domain service (issue 5): lease expiry
+// after missed heartbeats, lost attempts and their retries, cancel, stale events, and the
+// waiting reason a queued cell shows. Time is a fake clock: no test sleeps.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+
+#include <nlohmann/json.hpp>
+
+#include "controller/controller_core.h"
+#include "tests/controller/test_util.h"
+
+namespace gatehouse::controller {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+using testing::TempDir;
+using namespace std::chrono_literals;
+
+using testing::RecordingChannel;
+
+class LifecycleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::MakeCheckpoint(dir_.path());
+    auto store = Store::Open((dir_.path() / "g.db").string(), [this] { return Now(); });
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+    LeaseConfig lease;
+    lease.heartbeat_interval = 5s;
+    lease.missed_heartbeats = 3;
+    lease.retry_limit = 2;
+    core_ = std::make_unique<ControllerCore>(*store_, freezer_, lease, [this] { return Now(); });
+  }
+
+  std::chrono::system_clock::time_point Now() const {
+    return std::chrono::system_clock::time_point(std::chrono::milliseconds(now_ms_.load()));
+  }
+  void Advance(std::chrono::milliseconds d) { now_ms_ += d.count(); }
+
+  std::shared_ptr<RecordingChannel> Connect(const std::string& name) {
+    auto channel = std::make_shared<RecordingChannel>();
+    const AgentHello hello{name, "{}", 1};
+    EXPECT_TRUE(core_->RegisterAgent(hello).ok());
+    core_->AttachAgent(name, hello, channel);
+    return channel;
+  }
+
+  std::string Submit() {
+    const std::string body = json{{"repository", "/repos/adapt"},
+                                  {"branch", "main"},
+                                  {"model_family", "llama"},
+                                  {"checkpoint", (dir_.path() / "ckpt").string()}}
+                                 .dump();
+    auto outcome = core_->Submit(body, "ci");
+    EXPECT_TRUE(outcome.ok()) << outcome.status().ToString();
+    return outcome.ok() ? outcome->cell.cell.id : "";
+  }
+
+  CellDetail Cell(const std::string& id) {
+    auto d = core_->GetCell(id);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return d.ok() ? *d : CellDetail{};
+  }
+
+  std::atomic<int64_t> now_ms_{1'700'000'000'000};
+  TempDir dir_;
+  testing::FakeCommitResolver resolver_;
+  DigestCache digests_;
+  CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<ControllerCore> core_;
+};
+
+TEST_F(LifecycleTest, SilentAgentsAttemptIsLostAndRetriedElsewhere) {
+  // Verifies an agent silent for more than 3 heartbeat intervals loses its running attempt
+  // (lost, not failed, reason naming the agent), the cell gets attempt 2 (retry_of = 1) which
+  // goes to the agent that still heartbeats, and the silent agent gets no new work.
+  auto gone = Connect("gone");
+  const std::string id = Submit();
+  ASSERT_EQ(gone->AssignedIds().size(), 1u);
+  const int64_t first = gone->AssignedIds()[0];
+  ASSERT_TRUE(core_->RecordEvent("gone", first, 1, R"({"event":"phase_start","phase":"identity"})").ok());
+  auto alive = Connect("alive");
+
+  Advance(14s);  // within 3 x 5 s
+  ASSERT_TRUE(core_->Heartbeat("alive").ok());
+  EXPECT_EQ(core_->ExpireLeases(), 0);
+  EXPECT_EQ(Cell(id).status, AttemptState::kRunning);
+
+  Advance(2s);  // 16 s since "gone" was heard from
+  ASSERT_TRUE(core_->Heartbeat("alive").ok());
+  EXPECT_EQ(core_->ExpireLeases(), 1);
+  const CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 2u);
+  EXPECT_EQ(d.attempts[0].state, AttemptState::kLost);
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("agent 'gone' unreachable: not heard from for 16.0 s"));
+  EXPECT_EQ(d.attempts[1].retry_of, first);
+  EXPECT_EQ(d.attempts[1].state, AttemptState::kLeased);
+  EXPECT_EQ(d.attempts[1].agent_id, "alive");
+  ASSERT_EQ(alive->AssignedIds().size(), 1u);
+  EXPECT_EQ(alive->AssignedIds()[0], d.attempts[1].id);
+  EXPECT_EQ(gone->AssignedIds().size(), 1u);
+  EXPECT_EQ(core_->ExpireLeases(), 0) << "a lost attempt is lost once";
+}
+
+TEST_F(LifecycleTest, LateMessagesOfALostAttemptAreStaleNotApplied) {
+  // Verifies that after the lease expired, the old agent's events are stored (resends stay
+  // idempotent) but change nothing, and its AttemptEnd does not turn lost into passed.
+  auto gone = Connect("gone");
+  const std::string id = Submit();
+  const int64_t first = gone->AssignedIds().at(0);
+  Advance(16s);
+  EXPECT_EQ(core_->ExpireLeases(), 1);
+  ASSERT_TRUE(core_->RecordEvent("gone", first, 1, R"({"event":"phase_start","phase":"identity"})").ok());
+  ASSERT_TRUE(core_->RecordEvent("gone", first, 2, R"({"event":"run_end","status":"PASS"})").ok());
+  ASSERT_TRUE(core_->EndAttempt("gone", first, "finished", "", 0).ok());
+  const CellDetail d = Cell(id);
+  EXPECT_EQ(d.attempts[0].state, AttemptState::kLost);
+  EXPECT_EQ(d.attempts[0].run_status, "");
+  auto phases = store_->ListPhases(first);
+  ASSERT_TRUE(phases.ok());
+  EXPECT_TRUE(phases->empty()) << "a stale phase_start was applied";
+}
+
+TEST_F(LifecycleTest, RetriesStopAtTheLimit) {
+  // Verifies a cell whose attempts keep getting lost is retried twice (attempts 2 and 3), and
+  // the third loss leaves the cell lost with no attempt 4.
+  const std::string id = Submit();
+  for (int round = 0; round < 3; ++round) {
+    auto agent = Connect("agent-" + std::to_string(round));
+    ASSERT_EQ(agent->AssignedIds().size(), 1u) << "round " << round;
+    Advance(16s);
+    EXPECT_EQ(core_->ExpireLeases(), 1);
+  }
+  const CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 3u);
+  for (const auto& a : d.attempts) EXPECT_EQ(a.state, AttemptState::kLost);
+  EXPECT_EQ(d.status, AttemptState::kLost);
+}
+
+TEST_F(LifecycleTest, ReconnectWithinTheLeaseKeepsTheAttempt) {
+  // Verifies a stream that drops and comes back within the lease keeps the attempt: the agent
+  // goes on with its events and ends it; nothing is lost or retried.
+  auto first_stream = Connect("flaky");
+  const std::string id = Submit();
+  const int64_t attempt = first_stream->AssignedIds().at(0);
+  core_->DetachAgent("flaky", first_stream.get());
+  Advance(10s);
+  auto second_stream = Connect("flaky");
+  Advance(10s);  // 20 s after the assignment, 10 s after the reconnect
+  EXPECT_EQ(core_->ExpireLeases(), 0);
+  ASSERT_TRUE(core_->RecordEvent("flaky", attempt, 1, R"({"event":"run_end","status":"PASS"})").ok());
+  ASSERT_TRUE(core_->EndAttempt("flaky", attempt, "finished", "", 0).ok());
+  const CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 1u);
+  EXPECT_EQ(d.status, AttemptState::kPassed);
+  EXPECT_TRUE(second_stream->AssignedIds().empty());
+}
+
+TEST_F(LifecycleTest, AgentThatRegistersWithoutItsAttemptLosesIt) {
+  // Verifies an agent that restarts (registers again not listing its attempt) loses that
+  // attempt at once, and the retry goes to it; an agent that lists it keeps it.
+  auto first = Connect("node");
+  const std::string id = Submit();
+  const int64_t attempt = first->AssignedIds().at(0);
+  core_->ReconcileAgent("node", {attempt});
+  EXPECT_EQ(Cell(id).attempts.size(), 1u);
+  core_->ReconcileAgent("node", {});
+  auto again = Connect("node");
+  const CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 2u);
+  EXPECT_EQ(d.attempts[0].state, AttemptState::kLost);
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("registered again without attempt"));
+  EXPECT_EQ(again->AssignedIds(), std::vector<int64_t>{d.attempts[1].id});
+}
+
+TEST_F(LifecycleTest, LeasesSurviveAControllerRestartWhileAgentsReconnect) {
+  // Verifies a new ControllerCore over the same store (a restart) keeps a running attempt
+  // while its agent may still reconnect (restart_grace, here 20 s), and expires it when the
+  // agent stays away longer.
+  Connect("a");
+  const std::string id = Submit();
+  LeaseConfig lease = core_->lease_config();
+  lease.restart_grace = 20s;
+  core_ = std::make_unique<ControllerCore>(*store_, freezer_, lease, [this] { return Now(); });
+  Advance(19s);
+  EXPECT_EQ(core_->ExpireLeases(), 0);
+  EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
+  Advance(2s);
+  EXPECT_EQ(core_->ExpireLeases(), 1);
+  EXPECT_EQ(Cell(id).attempts.at(0).state, AttemptState::kLost);
+}
+
+TEST_F(LifecycleTest, CancelQueuedRunningAndEnded) {
+  // Verifies cancel: a queued attempt ends cancelled at once; a running one is sent a Cancel
+  // and ends cancelled when the agent reports the end (with the agent's reason); a second
+  // cancel sends nothing more; an ended cell cannot be cancelled (FAILED_PRECONDITION).
+  const std::string queued = Submit();
+  auto cancelled = core_->CancelCell(queued, "wrong branch");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status().ToString();
+  EXPECT_EQ(cancelled->status, AttemptState::kCancelled);
+  EXPECT_EQ(cancelled->attempts[0].reason, "cancelled: wrong branch");
+
+  auto agent = Connect("a");
+  EXPECT_TRUE(agent->AssignedIds().empty()) << "a cancelled attempt was assigned";
+  const std::string body = json{{"repository", "/repos/adapt"},
+                                {"branch", "main"},
+                                {"model_family", "llama"},
+                                {"precision", "bf16"},
+                                {"checkpoint", (dir_.path() / "ckpt").string()}}
+                               .dump();
+  auto running = core_->Submit(body, "ci");
+  ASSERT_TRUE(running.ok());
+  const std::string id = running->cell.cell.id;
+  const int64_t attempt = agent->AssignedIds().at(0);
+  ASSERT_TRUE(core_->RecordEvent("a", attempt, 1, R"({"event":"phase_start","phase":"identity"})").ok());
+  ASSERT_TRUE(core_->CancelCell(id, "").ok());
+  ASSERT_TRUE(core_->CancelCell(id, "again").ok());
+  ASSERT_EQ(agent->cancels.size(), 1u);
+  EXPECT_EQ(agent->cancels[0], std::make_pair(attempt, std::string("cancelled: requested")));
+  EXPECT_EQ(Cell(id).status, AttemptState::kRunning);
+  ASSERT_TRUE(core_->EndAttempt("a", attempt, "error", "worker exited with code 143 (signal 15) before run_end (cancelled)", 143).ok());
+  const CellDetail d = Cell(id);
+  EXPECT_EQ(d.status, AttemptState::kCancelled);
+  EXPECT_EQ(d.attempts[0].reason,
+            "cancelled: requested; worker exited with code 143 (signal 15) before run_end (cancelled)");
+
+  auto again = core_->CancelCell(id, "");
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("already ended (cancelled)"));
+  EXPECT_EQ(core_->CancelCell("nope", "").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(LifecycleTest, CancelledAttemptWhoseAgentIsLostIsNotRetried) {
+  // Verifies a cancel recorded for an agent that then goes silent ends the attempt cancelled
+  // at lease expiry, without a retry.
+  auto agent = Connect("a");
+  const std::string id = Submit();
+  ASSERT_TRUE(core_->CancelCell(id, "stop").ok());
+  Advance(16s);
+  EXPECT_EQ(core_->ExpireLeases(), 1);
+  const CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 1u);
+  EXPECT_EQ(d.status, AttemptState::kCancelled);
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("cancelled: stop; agent 'a' unreachable"));
+}
+
+TEST_F(LifecycleTest, QueuedCellSaysWhyItWaits) {
+  // Verifies a cell no agent can run carries the scheduler's reason, and a cell with no agent
+  // at all says so.
+  const std::string id = Submit();
+  EXPECT_EQ(Cell(id).waiting_reason, "no agent connected");
+  const std::string body = json{{"repository", "/repos/adapt"},
+                                {"branch", "main"},
+                                {"model_family", "llama"},
+                                {"device", "cuda"},
+                                {"topology", {{"tp", 2}}},
+                                {"checkpoint", (dir_.path() / "ckpt").string()}}
+                               .dump();
+  auto cuda = core_->Submit(body, "ci");
+  ASSERT_TRUE(cuda.ok());
+  Connect("cpu-box");  // takes the CPU cell; the CUDA one cannot fit
+  EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
+  EXPECT_EQ(Cell(id).waiting_reason, "");
+  EXPECT_EQ(Cell(cuda->cell.cell.id).waiting_reason, "no free slot on any agent");
+}
+
+}  // namespace
+}  // namespace gatehouse::controller
