@@ -336,7 +336,8 @@ void AgentClient::RunnerLoop() {
       end.attempt_id = next.assignment.attempt_id;
       end.seq = 1;
       end.outcome = std::string(kOutcomeError);
-      end.reason = "cancelled: " + next.cancel_reason;
+      end.reason = next.cancel_reason.rfind("cancelled", 0) == 0 ? next.cancel_reason
+                                                                 : "cancelled: " + next.cancel_reason;
       sink_->End(end);
     } else {
       runner_.Run(next.assignment, *sink_, CancelToken{&cancel_running_, config_.kill_grace});

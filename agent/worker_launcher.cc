@@ -495,7 +495,11 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     auto env = WorkerEnvironment(launch.spec, rank, world_size, master_port);
     if (!env.ok()) return ErrorEnd(id, 0, "invalid spec: " + env.status().message());
     specs[static_cast<size_t>(rank)].env = std::move(env).value();
-    if (*visible) specs[static_cast<size_t>(rank)].env.emplace_back("CUDA_VISIBLE_DEVICES", **visible);
+    if (*visible) {
+      // nvidia-smi numbers GPUs in PCI bus order; CUDA's default order differs on mixed nodes.
+      specs[static_cast<size_t>(rank)].env.emplace_back("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+      specs[static_cast<size_t>(rank)].env.emplace_back("CUDA_VISIBLE_DEVICES", **visible);
+    }
   }
 
   std::error_code ec;

@@ -50,7 +50,7 @@ Result<int> FindFreePort();
 /// CUDA_VISIBLE_DEVICES for every rank of an attempt on an agent with GPUs `gpu_indices`
 /// (one attempt at a time per agent): a cuda cell sees the first `world_size` of them, one per
 /// rank, which each rank uses as device LOCAL_RANK; a CPU cell sees none (""), so it cannot
-/// touch a GPU by accident. nullopt when the agent has no GPUs (nothing is set). The value
+/// touch a GPU by accident. CUDA_DEVICE_ORDER=PCI_BUS_ID is set with it (nvidia-smi's order). nullopt when the agent has no GPUs (nothing is set). The value
 /// wins over a CUDA_VISIBLE_DEVICES in the spec's env. Errors: FAILED_PRECONDITION when a cuda
 /// cell needs more GPUs than the agent has, naming both counts.
 Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, int world_size,

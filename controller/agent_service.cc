@@ -105,8 +105,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     }
     auto agent_id = core_.RegisterAgent(hello);
     if (!agent_id.ok()) return ToGrpc(agent_id.status());
-    core_.ReconcileAgent(*agent_id, std::vector<int64_t>(reg.running_attempt_ids().begin(),
-                                                         reg.running_attempt_ids().end()));
+    hello.held_attempts.assign(reg.running_attempt_ids().begin(), reg.running_attempt_ids().end());
 
     auto channel = std::make_shared<GrpcAgentChannel>(stream);
     pb::ControllerMessage registered;
@@ -121,7 +120,17 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     core_.AttachAgent(*agent_id, hello, channel);
 
     pb::AgentMessage msg;
-    while (stream->Read(&msg)) Dispatch(*agent_id, msg, *channel);
+    while (stream->Read(&msg)) {
+      const Status s = Dispatch(*agent_id, msg, *channel);
+      if (s.code() == StatusCode::kInternal || s.code() == StatusCode::kDataLoss ||
+          s.code() == StatusCode::kUnavailable) {
+        // Not stored: end the stream, so the agent reconnects and resends (nothing it sent
+        // after this message is acknowledged either).
+        channel->Close();
+        core_.DetachAgent(*agent_id, channel.get());
+        return ToGrpc(Status::Unavailable("controller could not store a message: " + s.message()));
+      }
+    }
 
     channel->Close();
     core_.DetachAgent(*agent_id, channel.get());
@@ -129,9 +138,10 @@ class AgentServiceImpl final : public pb::AgentService::Service {
   }
 
  private:
-  // Applies one message. A bad message is logged and skipped; the stream stays open.
-  void Dispatch(const std::string& agent_id, const pb::AgentMessage& msg,
-                GrpcAgentChannel& channel) {
+  // Applies one message. A bad message is logged and skipped (the stream stays open); the
+  // status is returned so a store failure can end the stream.
+  Status Dispatch(const std::string& agent_id, const pb::AgentMessage& msg,
+                  GrpcAgentChannel& channel) {
     Status s;
     switch (msg.msg_case()) {
       case pb::AgentMessage::kHeartbeat:
@@ -169,6 +179,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
         break;
     }
     if (!s.ok()) spdlog::warn("agent '{}': {}", agent_id, s.ToString());
+    return s;
   }
 
   ControllerCore& core_;

@@ -86,10 +86,19 @@ Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::
   if (attempts.empty()) return Status::FailedPrecondition("cell '" + id + "' has no attempt");
   const AttemptRecord& a = attempts.back();
   const std::string why = "cancelled: " + (reason.empty() ? std::string("requested") : reason);
-  if (a.state == AttemptState::kQueued) {
-    GH_ASSIGN_OR_RETURN(bool changed, store_.FinishAttempt(a.id, AttemptState::kCancelled, why));
-    if (changed) spdlog::info("attempt {} of cell {} cancelled while queued", a.id, id);
-  } else if (a.state == AttemptState::kLeased || a.state == AttemptState::kRunning) {
+  AttemptState state = a.state;
+  if (state == AttemptState::kQueued) {
+    // Only while still queued: a scheduling pass may lease it meanwhile, and then the agent
+    // must be told.
+    GH_ASSIGN_OR_RETURN(bool changed, store_.CancelQueued(a.id, why));
+    if (changed) {
+      spdlog::info("attempt {} of cell {} cancelled while queued", a.id, id);
+      return LoadDetail(*cell);
+    }
+    GH_ASSIGN_OR_RETURN(AttemptRecord now, store_.GetAttempt(a.id));
+    state = now.state;
+  }
+  if (state == AttemptState::kLeased || state == AttemptState::kRunning) {
     GH_ASSIGN_OR_RETURN(bool first, store_.RequestCancel(a.id, why));
     if (first) {
       std::shared_ptr<AgentChannel> channel;
@@ -104,7 +113,7 @@ Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::
   } else {
     return Status::FailedPrecondition("cell '" + id + "': its latest attempt " +
                                       std::to_string(a.number) + " already ended (" +
-                                      std::string(AttemptStateName(a.state)) + ")");
+                                      std::string(AttemptStateName(state)) + ")");
   }
   return LoadDetail(*cell);
 }
@@ -146,13 +155,22 @@ Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
 void ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& hello,
                                  std::shared_ptr<AgentChannel> channel) {
   const int slots = std::max(hello.slots, 1);
+  std::vector<std::pair<int64_t, std::string>> cancels;
   {
-    std::lock_guard lock(agents_mu_);
-    agents_[agent_id] = Attached{slots, std::max(hello.gpus, 0), hello.torch_version, hello.cuda_version,
-                                 std::move(channel)};
+    // Under schedule_mu_: a scheduling pass that leased work over the old channel has
+    // committed its leases before the reconcile below reads them (and loses what the agent
+    // does not hold), and no pass uses the old channel after the swap.
+    std::lock_guard schedule_lock(schedule_mu_);
+    {
+      std::lock_guard lock(agents_mu_);
+      agents_[agent_id] = Attached{slots, std::max(hello.gpus, 0), hello.torch_version,
+                                   hello.cuda_version, channel};
+    }
+    cancels = ReconcileLocked(agent_id, hello.held_attempts);
   }
   spdlog::info("agent '{}' connected ({} slot(s), {} GPU(s), torch '{}')", agent_id, slots,
                hello.gpus, hello.torch_version);
+  for (const auto& [attempt_id, reason] : cancels) channel->SendCancel(attempt_id, reason);
   Schedule();
 }
 
@@ -174,11 +192,13 @@ Status ControllerCore::Heartbeat(const std::string& agent_id) {
   return store_.TouchAgent(agent_id);
 }
 
-void ControllerCore::ReconcileAgent(const std::string& agent_id, const std::vector<int64_t>& held) {
+std::vector<std::pair<int64_t, std::string>> ControllerCore::ReconcileLocked(
+    const std::string& agent_id, const std::vector<int64_t>& held) {
+  std::vector<std::pair<int64_t, std::string>> cancels;
   auto active = store_.ListActiveAttempts();
   if (!active.ok()) {
     spdlog::error("agent '{}': reconcile: {}", agent_id, active.status().ToString());
-    return;
+    return cancels;
   }
   for (const ActiveAttempt& a : *active) {
     if (a.agent_id != agent_id ||
@@ -188,6 +208,20 @@ void ControllerCore::ReconcileAgent(const std::string& agent_id, const std::vect
     Lose(a, "agent '" + agent_id + "' registered again without attempt " +
                 std::to_string(a.attempt_id) + " (it restarted, or never received the assignment)");
   }
+  // What the agent holds but should stop: attempts that ended here while it was away (lost,
+  // cancelled: their retry may wait behind them), and cancels it may have missed.
+  for (const int64_t id : held) {
+    Result<AttemptRecord> a = store_.GetAttempt(id);
+    if (!a.ok() || a->agent_id != agent_id) continue;
+    if (IsTerminal(a->state) && a->state != AttemptState::kPassed &&
+        a->state != AttemptState::kFailed && a->state != AttemptState::kError) {
+      cancels.emplace_back(id, "attempt already ended (" + std::string(AttemptStateName(a->state)) +
+                                   ") on the controller");
+    } else if (!IsTerminal(a->state) && !a->cancel_reason.empty()) {
+      cancels.emplace_back(id, a->cancel_reason);
+    }
+  }
+  return cancels;
 }
 
 bool ControllerCore::Lose(const ActiveAttempt& a, const std::string& reason) {
@@ -203,8 +237,15 @@ bool ControllerCore::Lose(const ActiveAttempt& a, const std::string& reason) {
 
 void ControllerCore::Touch(const std::string& agent_id) {
   const auto now = clock_();
-  std::lock_guard lock(agents_mu_);
-  last_seen_[agent_id] = now;
+  bool resumed = false;
+  {
+    std::lock_guard lock(agents_mu_);
+    // An attached agent that was silent takes work again: schedule, or a retry queued while it
+    // was silent would wait for an unrelated event.
+    resumed = agents_.count(agent_id) && SilentLocked(agent_id, now);
+    last_seen_[agent_id] = now;
+  }
+  if (resumed) Schedule();
 }
 
 std::chrono::system_clock::time_point ControllerCore::LastHeardLocked(
@@ -240,6 +281,11 @@ int ControllerCore::ExpireLeases() {
   for (const ActiveAttempt& a : *active) {
     auto silent = silent_s.find(a.agent_id);
     if (silent == silent_s.end()) continue;
+    {
+      // Heard from since the snapshot (e.g. it re-registered holding this attempt): keep it.
+      std::lock_guard lock(agents_mu_);
+      if (!SilentLocked(a.agent_id, clock_())) continue;
+    }
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.1f", silent->second);
     if (Lose(a, "agent '" + a.agent_id + "' unreachable: not heard from for " + seconds +
@@ -292,7 +338,10 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
                                   int exit_code) {
   Touch(agent_id);
   GH_ASSIGN_OR_RETURN(AttemptRecord a, AttemptOfAgent(agent_id, attempt_id));
-  if (IsTerminal(a.state)) return Status::Ok();  // a resend, or the end of a lost attempt
+  if (IsTerminal(a.state)) {  // a resend, or the end of a lost attempt: its slot is free now
+    Schedule();
+    return Status::Ok();
+  }
   AttemptState to = AttemptState::kError;
   std::string why;
   if (!a.cancel_reason.empty() && (outcome != "finished" || a.run_status.empty())) {

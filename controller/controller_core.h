@@ -48,6 +48,8 @@ struct AgentHello {
   int gpus = 0;                   // GPUs it discovered (scheduling: one per CUDA rank)
   std::string torch_version;      // its worker's torch (scheduling: the cell's runtime pin)
   std::string cuda_version;       // CUDA its worker's LibTorch is built with ("13.0"; pin)
+  /// Register.running_attempt_ids: the attempts the agent still holds (AttachAgent reconciles).
+  std::vector<int64_t> held_attempts;
 };
 
 /// Result of a submission.
@@ -123,13 +125,12 @@ class ControllerCore {
   /// Errors: INVALID_ARGUMENT for an empty name.
   Result<std::string> RegisterAgent(const AgentHello& hello);
 
-  /// Ends as lost (retried within the cell's limit, as ExpireLeases) every leased or running
-  /// attempt of `agent_id` that is not in `held`, the attempts the agent says it still has at
-  /// registration: it restarted, or never received the assignment.
-  void ReconcileAgent(const std::string& agent_id, const std::vector<int64_t>& held);
-
   /// Makes `channel` the agent's outbound stream (replacing an older one), keeps what it
-  /// offers (hello: slots, GPUs, torch version) for scheduling, and schedules.
+  /// offers (hello: slots, GPUs, torch version) for scheduling, reconciles its leases with
+  /// hello.held_attempts, and schedules. Reconcile: every leased or running attempt of the
+  /// agent it does not hold is lost (retried within the cell's limit, as ExpireLeases: it
+  /// restarted, or never received the assignment); a held attempt that ended here while it
+  /// was away (lost, cancelled), or whose cancel it may have missed, is sent a Cancel.
   void AttachAgent(const std::string& agent_id, const AgentHello& hello,
                    std::shared_ptr<AgentChannel> channel);
 
@@ -188,6 +189,9 @@ class ControllerCore {
   std::chrono::system_clock::time_point LastHeardLocked(const std::string& agent_id) const;
   /// Store::LoseAttempt with the retry limit, logged; false (logged) on a store error.
   bool Lose(const ActiveAttempt& a, const std::string& reason);
+  /// AttachAgent's reconcile (schedule_mu_ held); returns the Cancels to send.
+  std::vector<std::pair<int64_t, std::string>> ReconcileLocked(const std::string& agent_id,
+                                                               const std::vector<int64_t>& held);
   /// True when `agent_id` was last heard from more than the lease timeout before `now`
   /// (agents_mu_ held).
   bool SilentLocked(const std::string& agent_id, std::chrono::system_clock::time_point now) const;

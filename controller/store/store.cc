@@ -332,6 +332,18 @@ Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts() {
   return out;
 }
 
+Result<bool> Store::CancelQueued(int64_t attempt_id, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ? AND state = ?");
+  s.Bind(1, AttemptStateName(AttemptState::kCancelled))
+      .Bind(2, reason)
+      .Bind(3, Now())
+      .Bind(4, attempt_id)
+      .Bind(5, AttemptStateName(AttemptState::kQueued));
+  GH_RETURN_IF_ERROR(s.Exec());
+  return sqlite3_changes(db_) > 0;
+}
+
 Result<bool> Store::RequestCancel(int64_t attempt_id, const std::string& reason) {
   std::lock_guard lock(mu_);
   Transaction tx(db_);

@@ -76,6 +76,10 @@ class Store {
   /// Leased and running attempts with their agents and cells' specs.
   Result<std::vector<ActiveAttempt>> ListActiveAttempts();
 
+  /// Moves a queued attempt to cancelled with `reason`, only if it is still queued (in one
+  /// statement, so a concurrent lease wins or loses whole). Returns false when it was not.
+  Result<bool> CancelQueued(int64_t attempt_id, const std::string& reason);
+
   /// Records that a cancel was requested for a leased or running attempt (cancel_reason; the
   /// attempt ends cancelled when its agent reports the end, or when it is lost). Returns false
   /// when one was already requested (the first reason stays). FAILED_PRECONDITION for an

@@ -41,9 +41,12 @@ class LifecycleTest : public ::testing::Test {
   }
   void Advance(std::chrono::milliseconds d) { now_ms_ += d.count(); }
 
-  std::shared_ptr<RecordingChannel> Connect(const std::string& name) {
+  /// Registers and attaches agent `name` holding `held` (Register.running_attempt_ids).
+  std::shared_ptr<RecordingChannel> Connect(const std::string& name, std::vector<int64_t> held = {},
+                                            int slots = 1) {
     auto channel = std::make_shared<RecordingChannel>();
-    const AgentHello hello{name, "{}", 1};
+    AgentHello hello{name, "{}", slots};
+    hello.held_attempts = std::move(held);
     EXPECT_TRUE(core_->RegisterAgent(hello).ok());
     core_->AttachAgent(name, hello, channel);
     return channel;
@@ -150,7 +153,7 @@ TEST_F(LifecycleTest, ReconnectWithinTheLeaseKeepsTheAttempt) {
   const int64_t attempt = first_stream->AssignedIds().at(0);
   core_->DetachAgent("flaky", first_stream.get());
   Advance(10s);
-  auto second_stream = Connect("flaky");
+  auto second_stream = Connect("flaky", {attempt});
   Advance(10s);  // 20 s after the assignment, 10 s after the reconnect
   EXPECT_EQ(core_->ExpireLeases(), 0);
   ASSERT_TRUE(core_->RecordEvent("flaky", attempt, 1, R"({"event":"run_end","status":"PASS"})").ok());
@@ -163,19 +166,52 @@ TEST_F(LifecycleTest, ReconnectWithinTheLeaseKeepsTheAttempt) {
 
 TEST_F(LifecycleTest, AgentThatRegistersWithoutItsAttemptLosesIt) {
   // Verifies an agent that restarts (registers again not listing its attempt) loses that
-  // attempt at once, and the retry goes to it; an agent that lists it keeps it.
+  // attempt at once, and the retry goes to it; an agent that lists it keeps it. An agent
+  // that still holds an attempt that was lost while it was away is told to cancel it.
   auto first = Connect("node");
   const std::string id = Submit();
   const int64_t attempt = first->AssignedIds().at(0);
-  core_->ReconcileAgent("node", {attempt});
+  auto kept = Connect("node", {attempt});
   EXPECT_EQ(Cell(id).attempts.size(), 1u);
-  core_->ReconcileAgent("node", {});
+  EXPECT_TRUE(kept->cancels.empty());
   auto again = Connect("node");
   const CellDetail d = Cell(id);
   ASSERT_EQ(d.attempts.size(), 2u);
   EXPECT_EQ(d.attempts[0].state, AttemptState::kLost);
   EXPECT_THAT(d.attempts[0].reason, HasSubstr("registered again without attempt"));
   EXPECT_EQ(again->AssignedIds(), std::vector<int64_t>{d.attempts[1].id});
+
+  auto stale = Connect("node", {attempt, d.attempts[1].id});
+  ASSERT_EQ(stale->cancels.size(), 1u);
+  EXPECT_EQ(stale->cancels[0].first, attempt);
+  EXPECT_EQ(stale->cancels[0].second, "attempt already ended (lost) on the controller");
+}
+
+TEST_F(LifecycleTest, AgentThatComesBackFromSilenceGetsTheRetry) {
+  // Verifies a single agent that was silent past its lease (its attempt lost, the retry
+  // queued while no agent could take it) gets the retry as soon as it is heard from again.
+  auto agent = Connect("solo");
+  const std::string id = Submit();
+  Advance(16s);
+  EXPECT_EQ(core_->ExpireLeases(), 1);
+  EXPECT_EQ(Cell(id).status, AttemptState::kQueued);
+  ASSERT_TRUE(core_->Heartbeat("solo").ok());
+  const CellDetail d = Cell(id);
+  EXPECT_EQ(d.status, AttemptState::kLeased);
+  EXPECT_EQ(agent->AssignedIds(), (std::vector<int64_t>{d.attempts[0].id, d.attempts[1].id}));
+}
+
+TEST_F(LifecycleTest, CancelMissedWhileAwayIsSentOnReconnect) {
+  // Verifies a cancel requested while the agent's stream was down reaches the agent when it
+  // registers again holding the attempt.
+  auto agent = Connect("a");
+  const std::string id = Submit();
+  const int64_t attempt = agent->AssignedIds().at(0);
+  core_->DetachAgent("a", agent.get());
+  ASSERT_TRUE(core_->CancelCell(id, "stop").ok());
+  auto back = Connect("a", {attempt});
+  ASSERT_EQ(back->cancels.size(), 1u);
+  EXPECT_EQ(back->cancels[0], std::make_pair(attempt, std::string("cancelled: stop")));
 }
 
 TEST_F(LifecycleTest, LeasesSurviveAControllerRestartWhileAgentsReconnect) {
@@ -264,10 +300,10 @@ TEST_F(LifecycleTest, QueuedCellSaysWhyItWaits) {
                                .dump();
   auto cuda = core_->Submit(body, "ci");
   ASSERT_TRUE(cuda.ok());
-  Connect("cpu-box");  // takes the CPU cell; the CUDA one cannot fit
+  Connect("cpu-box", {}, /*slots=*/2);  // takes the CPU cell; the CUDA one needs GPUs
   EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
   EXPECT_EQ(Cell(id).waiting_reason, "");
-  EXPECT_EQ(Cell(cuda->cell.cell.id).waiting_reason, "no free slot on any agent");
+  EXPECT_EQ(Cell(cuda->cell.cell.id).waiting_reason, "cpu-box: 0 of 0 GPUs free, needs 2");
 }
 
 }  // namespace

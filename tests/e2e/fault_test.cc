@@ -158,6 +158,7 @@ class FaultTest : public ::testing::Test {
     size_t attempts = 0;
     double detection_s = -1;  // kill -> attempt lost (agent faults)
     double recovery_s = 0;    // kill -> cell final
+    std::string lost_via;     // what ended the first attempt: reconcile or lease expiry
   };
 
   fs::path root_;
@@ -215,6 +216,11 @@ TEST_F(FaultTest, KillAgentOrControllerMidRunLosesNothing) {
         ASSERT_EQ(t.attempts, 2u) << cell.dump(2);
         EXPECT_EQ(cell["attempts"][0]["state"], "lost");
         EXPECT_EQ(cell["attempts"][1]["retry_of"], cell["attempts"][0]["id"]);
+        const std::string reason = cell["attempts"][0]["reason"];
+        t.lost_via = reason.find("registered again") != std::string::npos ? "reconcile"
+                     : reason.find("unreachable") != std::string::npos  ? "lease expiry"
+                                                                         : reason;
+        if (kind == "agent kill -9, replaced") EXPECT_EQ(t.lost_via, "lease expiry");
       }
       results.push_back(t);
     }
@@ -247,10 +253,12 @@ TEST_F(FaultTest, KillAgentOrControllerMidRunLosesNothing) {
   sqlite3_close(db);
 
   int lost_cells = 0;
-  std::cout << "\n| fault | final | attempts | detection (s) | kill -> final (s) |\n|---|---|---|---|---|\n";
+  std::cout << "\n| fault | final | attempts | lost via | detection (s) | kill -> final (s) |\n"
+               "|---|---|---|---|---|---|\n";
   for (const Trial& t : results) {
     lost_cells += t.final_status == "passed" ? 0 : 1;
-    std::printf("| %s | %s | %zu | %s | %.1f |\n", t.kind.c_str(), t.final_status.c_str(), t.attempts,
+    std::printf("| %s | %s | %zu | %s | %s | %.1f |\n", t.kind.c_str(), t.final_status.c_str(),
+                t.attempts, t.lost_via.empty() ? "-" : t.lost_via.c_str(),
                 t.detection_s < 0 ? "-" : std::to_string(t.detection_s).substr(0, 4).c_str(), t.recovery_s);
   }
   std::printf("trials %zu, cells not passed %d, duplicate events %zu, log gaps %d, stale events stored %s, "
