@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -30,6 +31,22 @@ std::vector<std::string_view> Split(std::string_view s, char sep) {
     start = end + 1;
   }
   return parts;
+}
+
+/// Runs `exe args...` to completion and returns its standard output. Errors: UNAVAILABLE
+/// naming the command when it cannot run or exits non-zero (with its standard error).
+Result<std::string> CaptureStdout(const std::filesystem::path& exe, std::vector<std::string> args) {
+  ProcessSpec spec;
+  spec.exe = exe;
+  spec.args = std::move(args);
+  const std::string command = exe.string() + (spec.args.empty() ? "" : " " + spec.args.front());
+  std::string out;
+  std::string err;
+  auto exit = RunProcess(
+      spec, [&](std::string_view b) { out.append(b); }, [&](std::string_view b) { err.append(b); });
+  if (!exit.ok()) return Status::Unavailable(command + ": " + exit.status().message());
+  if (!exit->ok()) return Status::Unavailable(command + " " + exit->Describe() + ": " + err);
+  return out;
 }
 
 template <typename T>
@@ -104,19 +121,7 @@ Result<WorkerRuntime> ParseWorkerRuntime(std::string_view json_text) {
 }
 
 Result<WorkerRuntime> ProbeWorkerRuntime(const std::filesystem::path& worker) {
-  ProcessSpec spec;
-  spec.exe = worker;
-  spec.args = {"--print-runtime"};
-  std::string out;
-  std::string err;
-  auto exit = RunProcess(
-      spec, [&](std::string_view b) { out.append(b); }, [&](std::string_view b) { err.append(b); });
-  if (!exit.ok()) {
-    return Status::Unavailable(worker.string() + " --print-runtime: " + exit.status().message());
-  }
-  if (!exit->ok()) {
-    return Status::Unavailable(worker.string() + " --print-runtime " + exit->Describe() + ": " + err);
-  }
+  GH_ASSIGN_OR_RETURN(std::string out, CaptureStdout(worker, {"--print-runtime"}));
   return ParseWorkerRuntime(out);
 }
 
@@ -151,18 +156,10 @@ AgentCapabilities ProbeCapabilities(const std::filesystem::path& worker, std::st
   }
 
   if (const auto nvidia_smi = FindProgram("nvidia-smi"); !nvidia_smi.empty()) {
-    ProcessSpec spec;
-    spec.exe = nvidia_smi;
-    spec.args = {std::string(kNvidiaSmiQuery), "--format=csv,noheader,nounits"};
-    std::string out;
-    std::string err;
-    auto exit = RunProcess(
-        spec, [&](std::string_view b) { out.append(b); }, [&](std::string_view b) { err.append(b); });
-    if (!exit.ok()) {
-      spdlog::warn("GPU probe: {}", exit.status().ToString());
-    } else if (!exit->ok()) {
-      spdlog::warn("GPU probe: nvidia-smi {}: {}", exit->Describe(), err);
-    } else if (auto gpus = ParseNvidiaSmiCsv(out); gpus.ok()) {
+    auto out = CaptureStdout(nvidia_smi, {std::string(kNvidiaSmiQuery), "--format=csv,noheader,nounits"});
+    if (!out.ok()) {
+      spdlog::warn("GPU probe: {}", out.status().ToString());
+    } else if (auto gpus = ParseNvidiaSmiCsv(*out); gpus.ok()) {
       caps.gpus = std::move(gpus).value();
     } else {
       spdlog::warn("GPU probe: {}", gpus.status().ToString());
