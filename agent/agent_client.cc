@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include "common/file_util.h"
 #include "gatehouse/agent/v1/agent.grpc.pb.h"
 
 namespace gatehouse::agent {
@@ -63,6 +64,7 @@ class AgentClient::StreamSink : public AttemptSink {
   }
 
   void End(const AttemptEndReport& report) override {
+    client_.PublishDrainState();  // before the end: the controller schedules on it
     pb::AgentMessage message;
     pb::AttemptEnd* end = message.mutable_end();
     end->set_attempt_id(report.attempt_id);
@@ -177,6 +179,18 @@ Status AgentClient::Run() {
     bool registered = false;
     const Status ended = Session(registered);
     if (registered) failures = 0;
+    if ((ended.code() == StatusCode::kUnauthenticated ||
+         ended.code() == StatusCode::kPermissionDenied) &&
+        HeldAttempts().empty()) {
+      spdlog::error("{}", ended.message());
+      {
+        std::lock_guard lock(mu_);
+        stopping_ = true;
+        cv_.notify_all();
+      }
+      if (runner_thread_.joinable()) runner_thread_.join();
+      return ended;
+    }
     std::unique_lock lock(mu_);
     if (stopping_) break;
     const std::chrono::milliseconds backoff =
@@ -191,10 +205,40 @@ Status AgentClient::Run() {
   return Status::Ok();
 }
 
+Result<std::shared_ptr<grpc::ChannelCredentials>> AgentClient::Credentials() const {
+  if (!config_.tls) {
+    if (!config_.tls_ca_file.empty() || !config_.tls_cert_file.empty()) {
+      return Status::InvalidArgument("TLS files given but TLS is off");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!config_.tls_ca_file.empty()) {
+    auto ca = ReadFileToString(config_.tls_ca_file, "TLS CA");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = std::move(*ca);
+  }
+  if (config_.tls_cert_file.empty() != config_.tls_key_file.empty()) {
+    return Status::InvalidArgument("a TLS client certificate needs both --tls-cert and --tls-key");
+  }
+  if (!config_.tls_cert_file.empty()) {
+    auto cert = ReadFileToString(config_.tls_cert_file, "TLS client certificate");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadFileToString(config_.tls_key_file, "TLS client key");
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = std::move(*cert);
+    ssl.pem_private_key = std::move(*key);
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 Status AgentClient::Session(bool& registered) {
-  auto channel = grpc::CreateChannel(config_.controller, grpc::InsecureChannelCredentials());
+  auto credentials = Credentials();
+  if (!credentials.ok()) return credentials.status();
+  auto channel = grpc::CreateChannel(config_.controller, *credentials);
   auto stub = pb::AgentService::NewStub(channel);
   grpc::ClientContext context;
+  if (!config_.token.empty()) context.AddMetadata("authorization", "Bearer " + config_.token);
   {
     std::lock_guard lock(mu_);
     if (stopping_) return Status::Unavailable("stopping");
@@ -227,6 +271,14 @@ Status AgentClient::Session(bool& registered) {
       std::lock_guard lock(mu_);
       context_ = nullptr;
     }
+    if (finished.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return Status::Unauthenticated("controller refused the agent token: " +
+                                     finished.error_message());
+    }
+    if (finished.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      return Status::PermissionDenied("controller refused the agent token: " +
+                                      finished.error_message());
+    }
     if (!finished.ok()) {
       why = Status(why.code(), why.message() + " (grpc code " +
                                    std::to_string(finished.error_code()) + ": " +
@@ -240,6 +292,10 @@ Status AgentClient::Session(bool& registered) {
   reg->set_agent_name(config_.agent_name);
   *reg->mutable_capabilities() = ToProto(config_.capabilities);
   for (const int64_t held : HeldAttempts()) reg->add_running_attempt_ids(held);
+  {
+    std::lock_guard lock(mu_);
+    reg->set_drain_reason(drain_reason_);
+  }
   pb::ControllerMessage reply;
   if (!stream->Write(hello)) return end_session(Status::Unavailable("cannot send Register"));
   if (!stream->Read(&reply)) return end_session(Status::Unavailable("stream closed before Registered"));
@@ -277,6 +333,7 @@ void AgentClient::HeartbeatLoop(std::chrono::milliseconds interval) {
       pb::Heartbeat* heartbeat = message.mutable_heartbeat();
       heartbeat->set_seq(++seq);
       if (running_attempt_ != 0) heartbeat->add_running_attempt_ids(running_attempt_);
+      heartbeat->set_drain_reason(drain_reason_);
     }
     if (!Write(message)) return;  // the reader sees the broken stream and reconnects
   }
@@ -319,8 +376,35 @@ void AgentClient::HandleMessage(const pb::ControllerMessage& message) {
   }
 }
 
+void AgentClient::PublishDrainState() {
+  pb::AgentMessage message;
+  {
+    std::lock_guard lock(mu_);
+    if (drain_reason_ == runner_.drain_reason()) return;
+    drain_reason_ = runner_.drain_reason();
+    message.mutable_heartbeat()->set_drain_reason(drain_reason_);
+    if (running_attempt_ != 0) message.mutable_heartbeat()->add_running_attempt_ids(running_attempt_);
+  }
+  // Not kept for resending: Register carries the drain state after a reconnect.
+  (void)Write(message);
+}
+
+bool AgentClient::WaitUntilHealthy() {
+  while (!runner_.healthy()) {
+    {
+      std::unique_lock lock(mu_);
+      if (cv_.wait_for(lock, config_.drain_recheck, [this] { return stopping_; })) return false;
+    }
+    runner_.Recheck();
+    PublishDrainState();
+  }
+  return true;
+}
+
 void AgentClient::RunnerLoop() {
   while (true) {
+    // A draining agent runs nothing (an assignment that crossed the drain notice waits).
+    if (!WaitUntilHealthy()) return;
     QueuedAttempt next;
     {
       std::unique_lock lock(mu_);

@@ -22,6 +22,7 @@
 #include "common/status.h"
 
 namespace grpc {
+class ChannelCredentials;
 class ClientContext;
 template <class W, class R>
 class ClientReaderWriter;
@@ -47,6 +48,17 @@ struct AgentClientConfig {
   std::chrono::milliseconds default_heartbeat{5000};
   /// Grace between SIGTERM and SIGKILL when a running worker or build is cancelled.
   std::chrono::milliseconds kill_grace{10000};
+  /// While draining (a failed cleanup check), how often the check is repeated.
+  std::chrono::milliseconds drain_recheck{5000};
+  /// Agent token sent as "authorization: Bearer <token>" on the stream; empty: none.
+  std::string token;
+  /// TLS to the controller. tls: verify the controller's certificate against tls_ca_file
+  /// (PEM), or the system roots when that is empty. tls_cert_file + tls_key_file: the agent's
+  /// own certificate, for a controller that requires mutual TLS.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 /// Connects to the controller, registers, heartbeats, and runs assigned attempts one at a time.
@@ -68,7 +80,9 @@ class AgentClient {
   }
 
   /// Serves until Stop(): connect, register, read assignments; when the stream breaks,
-  /// reconnects with exponential backoff and registers again. Returns OK after Stop().
+  /// reconnects with exponential backoff and registers again. Returns OK after Stop(), or
+  /// UNAUTHENTICATED / PERMISSION_DENIED when the controller refuses the token while the agent
+  /// holds no attempt (with attempts held it keeps trying, so their evidence can still land).
   Status Run();
 
   /// Ends Run(): cancels the stream and the running attempt (its worker gets SIGTERM, then
@@ -86,6 +100,9 @@ class AgentClient {
 
   /// One connection; returns why it ended. Sets `registered` once Registered arrived.
   Status Session(bool& registered);
+  /// Channel credentials from the TLS settings (files read on each connect, so rotated
+  /// certificates are picked up).
+  Result<std::shared_ptr<grpc::ChannelCredentials>> Credentials() const;
   void HeartbeatLoop(std::chrono::milliseconds interval);
   void RunnerLoop();
   void HandleMessage(const v1::ControllerMessage& message);
@@ -102,6 +119,13 @@ class AgentClient {
   /// The attempts this agent holds: running, queued, or with unacknowledged messages.
   std::vector<int64_t> HeldAttempts() const;
   int64_t RunningAttempt() const;
+  /// On the runner thread: copies the runner's drain state and, when it changed, tells the
+  /// controller at once (a Heartbeat carrying it), so an end is never followed by work the
+  /// agent will not take.
+  void PublishDrainState();
+  /// On the runner thread: while the runner is unhealthy, rechecks every drain_recheck until it
+  /// is clean or the client stops. Returns false when stopping.
+  bool WaitUntilHealthy();
 
   AgentClientConfig config_;
   AttemptRunner& runner_;
@@ -114,6 +138,8 @@ class AgentClient {
   grpc::ClientContext* context_ = nullptr;  // of the live session, for Stop()
   std::deque<QueuedAttempt> queue_;
   int64_t running_attempt_ = 0;
+  /// The runner's drain reason as last told to the controller (copied on the runner thread).
+  std::string drain_reason_;
   bool session_over_ = false;  // tells the heartbeat thread to end
   std::atomic<bool> cancel_running_{false};
 

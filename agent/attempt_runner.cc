@@ -35,20 +35,49 @@ Result<std::string> SpecString(const json& spec, const char* field) {
 AttemptRunner::AttemptRunner(RunnerConfig config)
     : config_(std::move(config)), git_(config_.work_dir / "repos") {}
 
-void AttemptRunner::Run(const AttemptAssignment& assignment, AttemptSink& sink,
+void AttemptRunner::Run(const AttemptAssignment& assignment, AttemptSink& transport,
                         CancelToken cancel) {
+  RedactingSink redacting(transport, config_.redactor);
+  AttemptSink& sink = config_.redactor.empty() ? transport : redacting;
   spdlog::info("attempt {}: start (cell {})", assignment.attempt_id, assignment.cell_id);
-  const AttemptEndReport end = RunSteps(assignment, sink, cancel);
+  std::vector<int> used_ports;
+  const AttemptEndReport end = RunSteps(assignment, sink, cancel, used_ports);
   if (end.outcome == kOutcomeFinished) {
     spdlog::info("attempt {}: finished, worker exit code {}", end.attempt_id, end.exit_code);
   } else {
     spdlog::warn("attempt {}: error: {}", end.attempt_id, end.reason);
   }
+  if (config_.cleanup != nullptr) {
+    const auto dir = config_.work_dir / "attempts" / std::to_string(end.attempt_id);
+    const CleanupReport report = config_.cleanup->Check(dir, used_ports);
+    LogStream(sink, end.attempt_id, kCleanupStream).Write(report.ToJson().dump() + "\n");
+    if (!report.healthy()) {
+      drain_reason_ =
+          "cleanup after attempt " + std::to_string(end.attempt_id) + ": " + report.Summary();
+      unhealthy_attempt_ = end.attempt_id;
+      unhealthy_dir_ = dir;
+      unhealthy_ports_ = used_ports;
+      spdlog::error("draining: {}", drain_reason_);
+    }
+  }
   sink.End(end);
 }
 
+bool AttemptRunner::Recheck() {
+  if (healthy() || config_.cleanup == nullptr) return true;
+  const CleanupReport report = config_.cleanup->Check(unhealthy_dir_, unhealthy_ports_);
+  if (report.healthy()) {
+    spdlog::info("cleanup after attempt {} is clean now: taking work again", unhealthy_attempt_);
+    drain_reason_.clear();
+  } else {
+    drain_reason_ =
+        "cleanup after attempt " + std::to_string(unhealthy_attempt_) + ": " + report.Summary();
+  }
+  return healthy();
+}
+
 AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, AttemptSink& sink,
-                                         CancelToken cancel) {
+                                         CancelToken cancel, std::vector<int>& used_ports) {
   const int64_t id = assignment.attempt_id;
   const json spec = json::parse(assignment.spec_json, nullptr, /*allow_exceptions=*/false);
   if (spec.is_discarded() || !spec.is_object()) {
@@ -75,6 +104,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   build_config.sdk_dir = config_.sdk_dir;
   build_config.cmake_prefix_path = config_.cmake_prefix_path;
   build_config.cmake = config_.cmake;
+  build_config.log_flush_timeout = config_.log_flush_timeout;
   BuildRequest request{checkout->path, RepoKey(*repository), std::move(recipe).value()};
   LogStream build_log(sink, id, kBuildStream);
   auto built = RunBuild(
@@ -94,7 +124,8 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.worker = config_.worker;
   launch.agent_name = config_.agent_name;
   launch.gpu_indices = config_.gpu_indices;
-  return RunWorker(launch, sink, cancel);
+  launch.log_flush_timeout = config_.log_flush_timeout;
+  return RunWorker(launch, sink, cancel, &used_ports);
 }
 
 }  // namespace gatehouse::agent

@@ -1,6 +1,7 @@
 // One attempt from assignment to end: checkout, recipe, build, worker (DESIGN.md "Run").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -9,7 +10,9 @@
 #include "agent/attempt_sink.h"
 #include "agent/build.h"
 #include "agent/checkout.h"
+#include "agent/cleanup.h"
 #include "agent/process.h"
+#include "agent/redaction.h"
 
 namespace gatehouse::agent {
 
@@ -29,6 +32,13 @@ struct RunnerConfig {
   std::filesystem::path worker;  // gatehouse-worker
   std::string agent_name;
   std::vector<int> gpu_indices;  // this node's GPUs (nvidia-smi index); worker_launcher.h VisibleDevices
+  /// Secret values redacted from every log chunk, event and end reason (--secret-env).
+  Redactor redactor;
+  /// How long processes a build step or worker leaves behind may hold its output after it
+  /// exits (--log-flush-timeout-ms; ProcessSpec::log_flush_timeout).
+  std::chrono::milliseconds log_flush_timeout{2000};
+  /// Checks what each attempt left behind (cleanup evidence); nullptr: no check.
+  const CleanupChecker* cleanup = nullptr;
 };
 
 /// Runs attempts one after another, reporting to an AttemptSink.
@@ -42,15 +52,30 @@ class AttemptRunner {
   /// Runs `assignment` to its end and calls sink.End() exactly once, last. Failures before the
   /// worker runs end the attempt with outcome "error" and a reason that says which step failed:
   /// "invalid spec: ...", "checkout failed: ...", "gatehouse.recipe.json ...", "build failed: ...",
-  /// "cancelled: ...".
+  /// "cancelled: ...". With secrets configured, `sink` only sees redacted text.
+  /// With a cleanup checker, the check's JSON report goes to log stream "cleanup" before the
+  /// end; a failed check makes the runner unhealthy (see healthy()).
   void Run(const AttemptAssignment& assignment, AttemptSink& sink, CancelToken cancel = {});
+
+  /// False after a failed cleanup check, until Recheck() is clean: the agent drains.
+  bool healthy() const { return drain_reason_.empty(); }
+  /// Why the agent drains ("cleanup after attempt 7: 1 leftover process: pid 42 (sleep)");
+  /// empty when healthy.
+  const std::string& drain_reason() const { return drain_reason_; }
+  /// Checks again what the failed check found (same directory and ports); clears the drain
+  /// when clean. Returns healthy().
+  bool Recheck();
 
  private:
   AttemptEndReport RunSteps(const AttemptAssignment& assignment, AttemptSink& sink,
-                            CancelToken cancel);
+                            CancelToken cancel, std::vector<int>& used_ports);
 
   RunnerConfig config_;
   GitCheckout git_;
+  std::string drain_reason_;
+  int64_t unhealthy_attempt_ = 0;
+  std::filesystem::path unhealthy_dir_;
+  std::vector<int> unhealthy_ports_;
 };
 
 }  // namespace gatehouse::agent

@@ -13,6 +13,7 @@ namespace gatehouse::agent {
 inline constexpr std::string_view kBuildStream = "build";                // cmake configure + build
 inline constexpr std::string_view kWorkerStream = "worker";              // worker standard error
 inline constexpr std::string_view kWorkerStdoutStream = "worker-stdout";  // non-JSON stdout lines
+inline constexpr std::string_view kCleanupStream = "cleanup";  // agent/cleanup.h: one JSON line
 
 /// AttemptEnd outcomes (proto/gatehouse/agent/v1/agent.proto).
 inline constexpr std::string_view kOutcomeFinished = "finished";

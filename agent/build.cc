@@ -98,6 +98,7 @@ std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildReq
   configure.cwd = request.checkout;
   configure.env = env;
   configure.merge_stderr = true;
+  configure.log_flush_timeout = config.log_flush_timeout;
 
   ProcessSpec build;
   build.exe = config.cmake;
@@ -105,6 +106,7 @@ std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildReq
   build.cwd = request.checkout;
   build.env = env;
   build.merge_stderr = true;
+  build.log_flush_timeout = config.log_flush_timeout;
   return {configure, build};
 }
 
@@ -126,6 +128,11 @@ Result<BuildResult> RunBuild(const BuildConfig& config, const BuildRequest& requ
     };
     tee(CommandLine(commands[i]));
     GH_ASSIGN_OR_RETURN(const ProcessExit exit, RunProcess(commands[i], tee, tee, cancel));
+    if (exit.output_cut) {
+      log("\n[gatehouse-agent] log flush timed out: processes " + std::string(step_names[i]) +
+          " left still held its output " + std::to_string(config.log_flush_timeout.count()) +
+          " ms after it exited (--log-flush-timeout-ms); they were killed\n");
+    }
     if (!exit.ok()) {
       return Status::FailedPrecondition("build failed: " + std::string(step_names[i]) + " " +
                                         exit.Describe() + ":\n" + tail.LastLines());

@@ -2,6 +2,7 @@
 // (docs/protocols.md §5), output streamed as the attempt's "build" log.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -24,6 +25,8 @@ struct BuildConfig {
   std::string cmake_prefix_path;
   /// The cmake program; a bare name is looked up in PATH.
   std::filesystem::path cmake = "cmake";
+  /// ProcessSpec::log_flush_timeout of the cmake steps.
+  std::chrono::milliseconds log_flush_timeout{2000};
 };
 
 /// One build of one checkout.

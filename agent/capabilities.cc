@@ -91,6 +91,33 @@ Result<std::vector<GpuInfo>> ParseNvidiaSmiCsv(std::string_view csv) {
   return gpus;
 }
 
+Result<std::map<int, int64_t>> ParseGpuMemoryCsv(std::string_view csv) {
+  std::map<int, int64_t> out;
+  for (std::string_view line : Split(csv, '\n')) {
+    line = Trim(line);
+    if (line.empty()) continue;
+    const auto fields = Split(line, ',');
+    int index = 0;
+    int64_t used = 0;
+    if (fields.size() != 2 || !ParseNumber(Trim(fields[0]), index) ||
+        !ParseNumber(Trim(fields[1]), used)) {
+      return Status::InvalidArgument("nvidia-smi memory line '" + std::string(line) +
+                                     "': expected 'index, memory.used'");
+    }
+    out[index] = used;
+  }
+  return out;
+}
+
+Result<std::map<int, int64_t>> ProbeGpuMemoryUsedMiB() {
+  const auto nvidia_smi = FindProgram("nvidia-smi");
+  if (nvidia_smi.empty()) return std::map<int, int64_t>();
+  GH_ASSIGN_OR_RETURN(std::string out,
+                      CaptureStdout(nvidia_smi, {"--query-gpu=index,memory.used",
+                                                 "--format=csv,noheader,nounits"}));
+  return ParseGpuMemoryCsv(out);
+}
+
 Result<WorkerRuntime> ParseWorkerRuntime(std::string_view json_text) {
   const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) {

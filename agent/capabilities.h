@@ -52,6 +52,14 @@ inline constexpr std::string_view kNvidiaSmiQuery =
 /// INVALID_ARGUMENT naming the bad line.
 Result<std::vector<GpuInfo>> ParseNvidiaSmiCsv(std::string_view csv);
 
+/// Parses `nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits`: index ->
+/// MiB. Errors: INVALID_ARGUMENT naming the bad line.
+Result<std::map<int, int64_t>> ParseGpuMemoryCsv(std::string_view csv);
+
+/// GPU memory in use now, per nvidia-smi index (MiB), for cleanup checks (agent/cleanup.h).
+/// An empty map when nvidia-smi is not installed; UNAVAILABLE when it fails.
+Result<std::map<int, int64_t>> ProbeGpuMemoryUsedMiB();
+
 /// Parses the worker's `--print-runtime` output (one JSON object; docs/protocols.md §3.2).
 /// Errors: INVALID_ARGUMENT naming the member that is missing or of the wrong type, or saying
 /// the text is not a JSON object.

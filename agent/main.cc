@@ -9,6 +9,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +25,7 @@
 #include "agent/agent_client.h"
 #include "agent/attempt_runner.h"
 #include "agent/capabilities.h"
+#include "common/file_util.h"
 
 namespace {
 
@@ -65,9 +68,56 @@ int main(int argc, char** argv) {
   app.add_option("--torch-version", torch_version,
                  "torch version to report when the worker cannot be probed (the worker's own "
                  "--print-runtime wins)");
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file holding the agent token (gatehouse-controller tokens create --kind agent); "
+                 "GATEHOUSE_AGENT_TOKEN in the environment is used when not given")
+      ->check(CLI::ExistingFile);
+  bool tls = false;
+  std::string tls_ca, tls_cert, tls_key;
+  app.add_flag("--tls", tls, "connect to the controller over TLS");
+  app.add_option("--tls-ca", tls_ca, "PEM CA that signed the controller's certificate "
+                                     "(default: the system roots); implies --tls")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-cert", tls_cert, "PEM client certificate, for mutual TLS; implies --tls")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-key", tls_key, "PEM key of --tls-cert")->check(CLI::ExistingFile);
+  int log_flush_timeout_ms = 2000;
+  app.add_option("--log-flush-timeout-ms", log_flush_timeout_ms,
+                 "after a build step or worker exits, how long processes it left may keep its "
+                 "output open before they are killed and the log is cut")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 600000));
+  int64_t gpu_tolerance_mib = 512;
+  app.add_option("--gpu-memory-tolerance-mib", gpu_tolerance_mib,
+                 "after an attempt, how far above its idle baseline a GPU's memory.used may stay "
+                 "before the agent drains")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  std::vector<std::string> secret_env;
+  app.add_option("--secret-env", secret_env,
+                 "name of an environment variable whose value is a secret (repeatable): the "
+                 "worker and build inherit it, and its value is replaced by [REDACTED:NAME] in "
+                 "every log and event before they leave this node");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));
+
+  // The token comes from a file or the environment, never argv (argv is visible in ps).
+  std::string token;
+  if (!token_file.empty()) {
+    auto text = gatehouse::ReadFileToString(token_file, "--token-file", 4096);
+    if (!text.ok()) {
+      spdlog::error("{}", text.status().ToString());
+      return 2;
+    }
+    token = *text;
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
+      token.pop_back();
+    }
+  } else if (const char* env = std::getenv("GATEHOUSE_AGENT_TOKEN"); env != nullptr) {
+    token = env;
+  }
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [%t] %v");
 
   const fs::path sdk = fs::absolute(sdk_dir).lexically_normal();
@@ -95,6 +145,26 @@ int main(int argc, char** argv) {
   runner_config.cmake_prefix_path = cmake_prefix_path;
   runner_config.worker = worker_path;
   runner_config.agent_name = name;
+  auto secrets = gatehouse::agent::SecretsFromEnvironment(secret_env);
+  if (!secrets.ok()) {
+    spdlog::error("{}", secrets.status().message());
+    return 2;
+  }
+  auto redactor = gatehouse::agent::Redactor::Create(*secrets);
+  if (!redactor.ok()) {
+    spdlog::error("{}", redactor.status().message());
+    return 2;
+  }
+  runner_config.redactor = std::move(redactor).value();
+  runner_config.log_flush_timeout = std::chrono::milliseconds(log_flush_timeout_ms);
+  // Cleanup evidence after every attempt, against the GPU memory in use now, while idle.
+  gatehouse::agent::CleanupChecker cleanup(gatehouse::agent::ProbeGpuMemoryUsedMiB,
+                                           gpu_tolerance_mib);
+  if (auto baseline = cleanup.TakeBaseline(); !baseline.ok()) {
+    spdlog::warn("GPU memory baseline: {} (GPU memory is not part of the cleanup check)",
+                 baseline.ToString());
+  }
+  runner_config.cleanup = &cleanup;
   std::error_code ec;
   fs::create_directories(runner_config.work_dir, ec);
   if (ec) {
@@ -104,6 +174,11 @@ int main(int argc, char** argv) {
   AgentClientConfig client_config;
   client_config.controller = controller;
   client_config.agent_name = name;
+  client_config.token = token;
+  client_config.tls = tls || !tls_ca.empty() || !tls_cert.empty();
+  client_config.tls_ca_file = tls_ca;
+  client_config.tls_cert_file = tls_cert;
+  client_config.tls_key_file = tls_key;
   client_config.capabilities = gatehouse::agent::ProbeCapabilities(worker_path, torch_version);
   const auto& caps = client_config.capabilities;
   for (const auto& gpu : caps.gpus) runner_config.gpu_indices.push_back(gpu.index);
@@ -135,7 +210,9 @@ int main(int argc, char** argv) {
   const gatehouse::Status status = client.Run();
   if (!status.ok()) {
     spdlog::error("{}", status.ToString());
-    return 1;
+    const bool refused = status.code() == gatehouse::StatusCode::kUnauthenticated ||
+                         status.code() == gatehouse::StatusCode::kPermissionDenied;
+    return refused ? 2 : 1;
   }
   spdlog::info("stopped");
   return 0;

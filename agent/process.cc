@@ -32,7 +32,6 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kReadChunkBytes = 64 * 1024;
 constexpr auto kPollInterval = std::chrono::milliseconds(100);
 // How long pipes held open by descendants are read after the child itself exited.
-constexpr auto kOrphanDrainGrace = std::chrono::seconds(2);
 
 // Runs in the forked child before exec, after the redirections: own process group (so a cancel
 // reaches cmake's or the worker's descendants), no signals blocked (the agent blocks
@@ -140,6 +139,7 @@ Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_
   std::optional<Clock::time_point> term_sent_at;
   bool kill_sent = false;
   bool exited = false;
+  bool output_cut = false;
   while (open_fds > 0 || !exited) {
     const auto now = Clock::now();
     if (!term_sent_at && !exited && cancel.requested()) {
@@ -150,9 +150,10 @@ Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_
       SignalGroup(pid, SIGKILL);
       kill_sent = true;
     }
-    if (exited && open_fds > 0 && now - *exited_at >= kOrphanDrainGrace) {
+    if (exited && open_fds > 0 && now - *exited_at >= spec.log_flush_timeout) {
       // Descendants outlived the child and still hold the pipes: end them.
       ::kill(-pid, SIGKILL);
+      output_cut = true;
       break;
     }
 
@@ -185,7 +186,9 @@ Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_
   if (ec) {
     return Status::Internal("waiting for '" + exe.string() + "' failed: " + ec.message());
   }
-  return DecodeWaitStatus(child.native_exit_code());
+  ProcessExit result = DecodeWaitStatus(child.native_exit_code());
+  result.output_cut = output_cut;
+  return result;
 }
 
 }  // namespace gatehouse::agent

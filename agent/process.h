@@ -27,12 +27,19 @@ struct ProcessSpec {
   /// Send standard error into the standard-output pipe, so both arrive as one ordered stream
   /// through `on_stdout` (the build log).
   bool merge_stderr = false;
+  /// The final log flush: after the child exits, how long descendants that still hold its
+  /// pipes are waited for before its process group is killed and the output cut
+  /// (gatehouse-agent --log-flush-timeout-ms).
+  std::chrono::milliseconds log_flush_timeout{2000};
 };
 
 /// How a child ended.
 struct ProcessExit {
   int exit_code = 0;  // exit status; 128 + signal when a signal ended it
   int signal = 0;     // the terminating signal; 0 when it exited on its own
+  /// True when descendants still held the pipes log_flush_timeout after the child exited:
+  /// they were killed and what they had not written yet is missing.
+  bool output_cut = false;
   bool ok() const { return exit_code == 0 && signal == 0; }
   /// "exited with code 1" or "exited with code 137 (signal 9)".
   std::string Describe() const;
@@ -52,8 +59,8 @@ struct CancelToken {
 /// Runs `spec` to completion on the calling thread, calling the handlers from this thread only.
 /// The child starts in its own process group with an empty signal mask, standard input from
 /// /dev/null and no inherited descriptors besides 0-2. Returns once the child has exited and its
-/// pipes are drained (descendants that keep a pipe open are waited for at most 2 s after the
-/// child's exit). Errors: NOT_FOUND when the program cannot be found, UNAVAILABLE when it cannot
+/// pipes are drained (descendants that keep a pipe open are waited for at most
+/// spec.log_flush_timeout after the child's exit, then killed: ProcessExit::output_cut). Errors: NOT_FOUND when the program cannot be found, UNAVAILABLE when it cannot
 /// be started (names the program and the OS error).
 Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_stdout,
                                const OutputHandler& on_stderr, CancelToken cancel = {});

@@ -328,6 +328,14 @@ class WorkerGroup {
     }
     std::lock_guard lock(mu_);
     rank.relay->Finish();
+    if (exit && exit->ok() && (*exit)->output_cut) {
+      rank.stderr_log->Write(std::string(rank.stderr_at_line_start ? "" : "\n") +
+                             "[gatehouse-agent] log flush timed out: processes the worker left "
+                             "still held its output " +
+                             std::to_string(specs_[static_cast<size_t>(r)].log_flush_timeout.count()) +
+                             " ms after it exited (--log-flush-timeout-ms); they were killed and "
+                             "the output is cut here\n");
+    }
     if (exit && exit->ok()) {
       rank.exit = **exit;
     } else if (exit) {
@@ -475,7 +483,8 @@ Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, in
   return std::optional<std::string>(list);
 }
 
-AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel) {
+AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel,
+                           std::vector<int>* used_ports) {
   const int64_t id = launch.attempt_id;
   auto world = WorldSize(launch.spec);
   if (!world.ok()) return ErrorEnd(id, 0, "invalid spec: " + world.status().message());
@@ -487,6 +496,7 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
       return ErrorEnd(id, 0, "cannot find a free port for MASTER_PORT: " + port.status().message());
     }
     master_port = *port;
+    if (used_ports != nullptr) used_ports->push_back(master_port);
   }
   auto visible = VisibleDevices(launch.spec, world_size, launch.gpu_indices);
   if (!visible.ok()) return ErrorEnd(id, 0, visible.status().message());
@@ -495,6 +505,7 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     auto env = WorkerEnvironment(launch.spec, rank, world_size, master_port);
     if (!env.ok()) return ErrorEnd(id, 0, "invalid spec: " + env.status().message());
     specs[static_cast<size_t>(rank)].env = std::move(env).value();
+    specs[static_cast<size_t>(rank)].log_flush_timeout = launch.log_flush_timeout;
     if (*visible) {
       // nvidia-smi numbers GPUs in PCI bus order; CUDA's default order differs on mixed nodes.
       specs[static_cast<size_t>(rank)].env.emplace_back("CUDA_DEVICE_ORDER", "PCI_BUS_ID");

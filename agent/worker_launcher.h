@@ -1,6 +1,7 @@
 // Launching the worker for one attempt and relaying its output (docs/protocols.md §3, §4).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -28,6 +29,7 @@ struct WorkerLaunch {
   std::filesystem::path worker;       // the gatehouse-worker executable
   std::string agent_name;
   std::vector<int> gpu_indices;       // this agent's GPUs (nvidia-smi index); empty: none
+  std::chrono::milliseconds log_flush_timeout{2000};  // ProcessSpec::log_flush_timeout
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.
@@ -127,6 +129,9 @@ class WorkerStdoutRelay {
 ///    or "ranks a, b of N stopped before run_end (cancelled)"; exit_code is the failed rank's.
 /// Errors before any launch (bad spec, attempt dir, run.json, no free port) are "error" ends
 /// too ("invalid spec: ..." for a bad "env" or "topology"). `seq` is events + 1.
-AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel = {});
+/// `used_ports`, when given, receives the ports the ranks were told to use (MASTER_PORT), for
+/// the cleanup check.
+AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel = {},
+                           std::vector<int>* used_ports = nullptr);
 
 }  // namespace gatehouse::agent

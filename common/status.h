@@ -24,6 +24,10 @@ enum class StatusCode {
   kDataLoss,            // a file is corrupt or lies about itself (truncated, bad offsets)
   kUnavailable,         // a dependency (network, process) is unreachable; may be retried
   kInternal,            // a bug or an unexpected failure
+  kUnauthenticated,     // no credentials, or credentials that are not valid
+  kPermissionDenied,    // valid credentials that do not allow the operation
+  kDeadlineExceeded,    // a time limit passed before the operation completed
+  kResourceExhausted,   // a size or count limit was exceeded
 };
 
 /// Short upper-case name of a code, e.g. "INVALID_ARGUMENT".
@@ -45,6 +49,18 @@ class [[nodiscard]] Status {
   static Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
   static Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status Unauthenticated(std::string m) {
+    return {StatusCode::kUnauthenticated, std::move(m)};
+  }
+  static Status PermissionDenied(std::string m) {
+    return {StatusCode::kPermissionDenied, std::move(m)};
+  }
+  static Status DeadlineExceeded(std::string m) {
+    return {StatusCode::kDeadlineExceeded, std::move(m)};
+  }
+  static Status ResourceExhausted(std::string m) {
+    return {StatusCode::kResourceExhausted, std::move(m)};
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

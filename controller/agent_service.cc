@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/file_util.h"
 #include "gatehouse/agent/v1/agent.grpc.pb.h"
 
 namespace gatehouse::controller {
@@ -35,6 +36,14 @@ grpc::Status ToGrpc(const Status& s) {
       return {grpc::StatusCode::UNAVAILABLE, s.message()};
     case StatusCode::kInternal:
       return {grpc::StatusCode::INTERNAL, s.message()};
+    case StatusCode::kUnauthenticated:
+      return {grpc::StatusCode::UNAUTHENTICATED, s.message()};
+    case StatusCode::kPermissionDenied:
+      return {grpc::StatusCode::PERMISSION_DENIED, s.message()};
+    case StatusCode::kDeadlineExceeded:
+      return {grpc::StatusCode::DEADLINE_EXCEEDED, s.message()};
+    case StatusCode::kResourceExhausted:
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED, s.message()};
   }
   return {grpc::StatusCode::UNKNOWN, s.message()};
 }
@@ -81,9 +90,22 @@ class GrpcAgentChannel : public AgentChannel {
 
 class AgentServiceImpl final : public pb::AgentService::Service {
  public:
-  explicit AgentServiceImpl(ControllerCore& core) : core_(core) {}
+  AgentServiceImpl(ControllerCore& core, Authenticator* auth) : core_(core), auth_(auth) {}
 
   grpc::Status Connect(grpc::ServerContext* context, Stream* stream) override {
+    if (auth_ != nullptr) {
+      std::string authorization;
+      const auto& metadata = context->client_metadata();
+      if (auto it = metadata.find("authorization"); it != metadata.end()) {
+        authorization.assign(it->second.data(), it->second.size());
+      }
+      auto principal = auth_->AuthorizeAgent(authorization);
+      if (!principal.ok()) {
+        spdlog::warn("agent stream from {} refused: {}", context->peer(),
+                     principal.status().message());
+        return ToGrpc(principal.status());
+      }
+    }
     pb::AgentMessage first;
     if (!stream->Read(&first)) return grpc::Status::OK;  // closed before saying anything
     if (!first.has_register_()) {
@@ -106,6 +128,12 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     auto agent_id = core_.RegisterAgent(hello);
     if (!agent_id.ok()) return ToGrpc(agent_id.status());
     hello.held_attempts.assign(reg.running_attempt_ids().begin(), reg.running_attempt_ids().end());
+    hello.drain_reason = reg.drain_reason();
+    if (auto lane = reg.capabilities().labels().find("lane");
+        lane != reg.capabilities().labels().end()) {
+      hello.lane = lane->second;
+    }
+    for (const auto& gpu : reg.capabilities().gpus()) hello.gpu_models.push_back(gpu.model());
 
     auto channel = std::make_shared<GrpcAgentChannel>(stream);
     pb::ControllerMessage registered;
@@ -145,7 +173,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     Status s;
     switch (msg.msg_case()) {
       case pb::AgentMessage::kHeartbeat:
-        s = core_.Heartbeat(agent_id);
+        s = core_.Heartbeat(agent_id, msg.heartbeat().drain_reason());
         break;
       case pb::AgentMessage::kEvent: {
         const auto& e = msg.event();
@@ -183,12 +211,13 @@ class AgentServiceImpl final : public pb::AgentService::Service {
   }
 
   ControllerCore& core_;
+  Authenticator* auth_;
 };
 
 }  // namespace
 
 struct AgentRpcServer::Impl {
-  explicit Impl(ControllerCore& core) : service(core) {}
+  Impl(ControllerCore& core, Authenticator* auth) : service(core, auth) {}
   AgentServiceImpl service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -200,10 +229,33 @@ AgentRpcServer::AgentRpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 AgentRpcServer::~AgentRpcServer() { Shutdown(); }
 
 Result<std::unique_ptr<AgentRpcServer>> AgentRpcServer::Start(const std::string& address,
-                                                              ControllerCore& core) {
-  auto impl = std::make_unique<Impl>(core);
+                                                              ControllerCore& core,
+                                                              const Options& options) {
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+      return Status::InvalidArgument("grpc TLS needs both a certificate and a key file");
+    }
+    auto cert = ReadFileToString(options.tls_cert_file, "grpc TLS certificate");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadFileToString(options.tls_key_file, "grpc TLS key");
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (!options.tls_client_ca_file.empty()) {
+      auto ca = ReadFileToString(options.tls_client_ca_file, "grpc TLS client CA");
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+      ssl.client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    credentials = grpc::SslServerCredentials(ssl);
+  } else if (!options.tls_client_ca_file.empty()) {
+    return Status::InvalidArgument("grpc mutual TLS (a client CA) needs a certificate and key");
+  }
+  auto impl = std::make_unique<Impl>(core, options.auth);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  builder.AddListeningPort(address, credentials, &impl->port);
   builder.RegisterService(&impl->service);
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0) {

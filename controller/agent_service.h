@@ -6,9 +6,22 @@
 #include <string>
 
 #include "common/status.h"
+#include "controller/auth.h"
 #include "controller/controller_core.h"
 
 namespace gatehouse::controller {
+
+/// Options of AgentRpcServer::Start.
+struct AgentRpcOptions {
+  /// Checks the stream's "authorization: Bearer <agent token>" metadata before Register is
+  /// read (UNAUTHENTICATED / PERMISSION_DENIED end the call). nullptr: no check.
+  Authenticator* auth = nullptr;
+  /// PEM files. cert and key both set: TLS; both empty: plaintext (loopback, tests).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  /// Set (needs TLS): mutual TLS; an agent must present a certificate signed by this CA.
+  std::string tls_client_ca_file;
+};
 
 /// A running gRPC server with AgentService.Connect.
 ///
@@ -17,10 +30,13 @@ namespace gatehouse::controller {
 /// closes; assignments are written to the stream from whichever thread schedules.
 class AgentRpcServer {
  public:
-  /// Binds `address` ("127.0.0.1:50051"; port 0 picks one) and serves.
-  /// Errors: UNAVAILABLE when it cannot bind.
+  using Options = AgentRpcOptions;
+
+  /// Binds `address` ("127.0.0.1:50051"; port 0 picks one) and serves. Errors: UNAVAILABLE
+  /// when it cannot bind; INVALID_ARGUMENT / NOT_FOUND for unusable TLS options or files.
   static Result<std::unique_ptr<AgentRpcServer>> Start(const std::string& address,
-                                                       ControllerCore& core);
+                                                       ControllerCore& core,
+                                                       const Options& options = {});
   ~AgentRpcServer();  // Shutdown()s.
 
   /// The bound port.

@@ -1,6 +1,7 @@
 #include "controller/cell_identity.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -238,9 +239,26 @@ bool IsMajorMinor(const std::string& s) {
   return true;
 }
 
-Status ParseRuntime(const json& v, std::string& torch, std::string& cuda) {
+Status ParseRuntime(const json& v, std::string& torch, std::string& cuda,
+                    std::string& gpu_model) {
   if (!v.is_object()) return FieldError("runtime", "an object", v);
-  GH_RETURN_IF_ERROR(CheckKnownFields(v, {"torch", "cuda"}, "runtime."));
+  GH_RETURN_IF_ERROR(CheckKnownFields(v, {"torch", "cuda", "gpu_model"}, "runtime."));
+  if (v.contains("gpu_model")) {
+    const json& g = v.at("gpu_model");
+    const bool ok = g.is_string() && !g.get_ref<const std::string&>().empty() &&
+                    g.get_ref<const std::string&>().size() <= 100 &&
+                    std::all_of(g.get_ref<const std::string&>().begin(),
+                                g.get_ref<const std::string&>().end(), [](unsigned char ch) {
+                                  return std::isalnum(ch) || ch == ' ' || ch == '-' || ch == '_' ||
+                                         ch == '.';
+                                });
+    if (!ok) {
+      return FieldError("runtime.gpu_model",
+                        "a GPU model name of 1 to 100 characters [A-Za-z0-9 ._-] such as \"H200\"",
+                        g);
+    }
+    gpu_model = g.get<std::string>();
+  }
   if (v.contains("torch")) {
     GH_ASSIGN_OR_RETURN(torch, GetString(v.at("torch"), "runtime.torch"));
   }
@@ -286,7 +304,8 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const IdentityConfi
   GH_RETURN_IF_ERROR(CheckKnownFields(
       in,
       {"repository", "branch", "commit", "model_family", "checkpoint", "reference", "precision",
-       "mode", "device", "topology", "training", "decode", "env", "phases", "runtime"},
+       "mode", "device", "topology", "training", "decode", "env", "phases", "runtime",
+       "priority"},
       ""));
 
   SubmitRequest r;
@@ -361,7 +380,19 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const IdentityConfi
     r.phases.assign(kDefaultPhases.begin(), kDefaultPhases.end());
   }
   r.torch = config.torch_pin;
-  if (in.contains("runtime")) GH_RETURN_IF_ERROR(ParseRuntime(in.at("runtime"), r.torch, r.cuda));
+  if (in.contains("runtime")) {
+    GH_RETURN_IF_ERROR(ParseRuntime(in.at("runtime"), r.torch, r.cuda, r.gpu_model));
+  }
+  if (!r.gpu_model.empty() && r.device != "cuda") {
+    return Status::InvalidArgument("field 'runtime.gpu_model' (\"" + r.gpu_model +
+                                   "\") needs \"device\": \"cuda\"");
+  }
+  if (in.contains("priority")) {
+    GH_ASSIGN_OR_RETURN(const int64_t priority,
+                        GetInt(in.at("priority"), "priority", -100, 100,
+                               "an integer from -100 to 100"));
+    r.priority = static_cast<int>(priority);
+  }
   return r;
 }
 
@@ -377,6 +408,7 @@ json BuildFrozenSpec(const SubmitRequest& r, const std::string& commit,
   spec["runtime"] = {{"torch", r.torch}, {"device", r.device}};
   // Only when pinned: a cell without a CUDA pin keeps the id it had before the field existed.
   if (!r.cuda.empty()) spec["runtime"]["cuda"] = r.cuda;
+  if (!r.gpu_model.empty()) spec["runtime"]["gpu_model"] = r.gpu_model;  // likewise
   spec["launch"] = {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}};
   spec["topology"] = {
       {"tp", r.topology.tp}, {"dp", r.topology.dp}, {"pp", r.topology.pp}, {"ep", r.topology.ep}};
@@ -420,6 +452,9 @@ json ReproduceBody(const json& spec) {
     if (spec.contains(json::json_pointer("/runtime/cuda"))) {
       body["runtime"]["cuda"] = spec.at(json::json_pointer("/runtime/cuda"));
     }
+    if (spec.contains(json::json_pointer("/runtime/gpu_model"))) {
+      body["runtime"]["gpu_model"] = spec.at(json::json_pointer("/runtime/gpu_model"));
+    }
   }
   return body;
 }
@@ -462,6 +497,7 @@ Result<FrozenCell> CellFreezer::Freeze(std::string_view body) {
   cell.commit = commit;
   cell.branch = r.branch;
   cell.model_family = r.model_family;
+  cell.priority = r.priority;
   return cell;
 }
 

@@ -47,6 +47,8 @@ struct SubmitRequest {
   std::vector<std::string> phases;  // known names in kPhases order, no duplicates
   std::string torch;                // runtime.torch
   std::string cuda;                 // runtime.cuda ("13.0"); empty: not pinned, not in the spec
+  std::string gpu_model;            // runtime.gpu_model ("H200"); empty: any, not in the spec
+  int priority = 0;                 // scheduling only (-100..100); never in the spec
 };
 
 /// Parses and validates a submit body. Checks types and values only (no filesystem or git).
@@ -77,6 +79,7 @@ struct FrozenCell {
   std::string commit;
   std::string branch;
   std::string model_family;
+  int priority = 0;  // from the body; not part of the identity
 };
 
 /// Turns submit bodies into frozen cells: validates, checks the checkpoint and reference

@@ -21,12 +21,83 @@ size_t PhaseOrder(const std::string& phase) { return PhaseIndex(phase).value_or(
 
 }  // namespace
 
-ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig lease, Clock clock)
+ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig lease, Clock clock,
+                               TimeLimits limits, SchedulingPolicy policy)
     : store_(store),
       freezer_(freezer),
       lease_(lease),
       clock_(std::move(clock)),
+      limits_(limits),
+      policy_(policy),
       started_(clock_()) {}
+
+bool ControllerCore::SendCancelTo(const std::string& agent_id, int64_t attempt_id,
+                                  const std::string& reason) {
+  std::shared_ptr<AgentChannel> channel;
+  {
+    std::lock_guard lock(agents_mu_);
+    if (auto it = agents_.find(agent_id); it != agents_.end()) channel = it->second.channel;
+  }
+  return channel && channel->SendCancel(attempt_id, reason);
+}
+
+int ControllerCore::EnforceTimeLimits() {
+  const auto now = clock_();
+  const auto cutoff = [&](std::chrono::seconds limit) {
+    return limit.count() > 0 ? FormatTimestamp(now - limit) : std::string();
+  };
+  auto overdue =
+      store_.ListOverdue(cutoff(limits_.queued), cutoff(limits_.attempt), cutoff(limits_.phase));
+  if (!overdue.ok()) {
+    spdlog::error("time limits: {}", overdue.status().ToString());
+    return 0;
+  }
+  int stopped = 0;
+  for (const OverdueAttempt& o : *overdue) {
+    std::string why;
+    switch (o.limit) {
+      case OverdueAttempt::Limit::kQueued: {
+        why = "timed out: queued since " + o.since + ", over the limit of " +
+              std::to_string(limits_.queued.count()) + " s (--queued-timeout-s)";
+        std::lock_guard lock(waiting_mu_);
+        if (auto it = waiting_reasons_.find(o.attempt_id); it != waiting_reasons_.end()) {
+          why += "; it waited because " + it->second;
+        }
+        break;
+      }
+      case OverdueAttempt::Limit::kAttempt:
+        why = "timed out: leased since " + o.since + ", over the attempt limit of " +
+              std::to_string(limits_.attempt.count()) + " s (--attempt-timeout-s)";
+        break;
+      case OverdueAttempt::Limit::kPhase:
+        why = "timed out: phase '" + o.phase + "' running since " + o.since +
+              ", over the phase limit of " + std::to_string(limits_.phase.count()) +
+              " s (--phase-timeout-s)";
+        break;
+    }
+    if (o.state == AttemptState::kQueued) {
+      auto changed = store_.CancelQueued(o.attempt_id, why, AttemptState::kTimedOut);
+      if (!changed.ok()) {
+        spdlog::error("attempt {}: {}", o.attempt_id, changed.status().ToString());
+      } else if (*changed) {
+        spdlog::warn("attempt {} of cell {}: {}", o.attempt_id, o.cell_id, why);
+        ++stopped;
+      }
+      continue;
+    }
+    auto first = store_.RequestCancel(o.attempt_id, why, AttemptState::kTimedOut);
+    if (!first.ok()) {  // it ended meanwhile: nothing to stop
+      spdlog::info("attempt {}: {}", o.attempt_id, first.status().message());
+      continue;
+    }
+    if (!*first) continue;
+    const bool sent = SendCancelTo(o.agent_id, o.attempt_id, why);
+    spdlog::warn("attempt {} of cell {}: {}; stop {} agent '{}'", o.attempt_id, o.cell_id, why,
+                 sent ? "sent to" : "recorded (not reachable now) for", o.agent_id);
+    ++stopped;
+  }
+  return stopped;
+}
 
 // ---- REST side ----
 
@@ -39,6 +110,7 @@ Result<SubmitOutcome> ControllerCore::Submit(std::string_view body, const std::s
   record.commit_sha = frozen.commit;
   record.branch = frozen.branch;
   record.model_family = frozen.model_family;
+  record.priority = frozen.priority;
   record.submitter = submitter;
   GH_ASSIGN_OR_RETURN(bool created, store_.CreateCellIfAbsent(record));
   if (created) {
@@ -101,12 +173,7 @@ Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::
   if (state == AttemptState::kLeased || state == AttemptState::kRunning) {
     GH_ASSIGN_OR_RETURN(bool first, store_.RequestCancel(a.id, why));
     if (first) {
-      std::shared_ptr<AgentChannel> channel;
-      {
-        std::lock_guard lock(agents_mu_);
-        if (auto it = agents_.find(a.agent_id); it != agents_.end()) channel = it->second.channel;
-      }
-      const bool sent = channel && channel->SendCancel(a.id, why);
+      const bool sent = SendCancelTo(a.agent_id, a.id, why);
       spdlog::info("attempt {} of cell {}: cancel {} agent '{}'", a.id, id,
                    sent ? "sent to" : "recorded; not reachable now:", a.agent_id);
     }
@@ -163,8 +230,9 @@ void ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& 
     std::lock_guard schedule_lock(schedule_mu_);
     {
       std::lock_guard lock(agents_mu_);
-      agents_[agent_id] = Attached{slots, std::max(hello.gpus, 0), hello.torch_version,
-                                   hello.cuda_version, channel};
+      agents_[agent_id] = Attached{slots,           std::max(hello.gpus, 0), hello.torch_version,
+                                   hello.cuda_version, channel,  hello.drain_reason,
+                                   hello.lane,         hello.gpu_models};
     }
     cancels = ReconcileLocked(agent_id, hello.held_attempts);
   }
@@ -187,9 +255,25 @@ void ControllerCore::DetachAgent(const std::string& agent_id, const AgentChannel
   spdlog::info("agent '{}' disconnected", agent_id);
 }
 
-Status ControllerCore::Heartbeat(const std::string& agent_id) {
+Status ControllerCore::Heartbeat(const std::string& agent_id, const std::string& drain_reason) {
   Touch(agent_id);
-  return store_.TouchAgent(agent_id);
+  bool resumed = false;
+  {
+    std::lock_guard lock(agents_mu_);
+    if (auto it = agents_.find(agent_id); it != agents_.end() &&
+                                          it->second.drain_reason != drain_reason) {
+      if (drain_reason.empty()) {
+        spdlog::info("agent '{}' no longer drains", agent_id);
+        resumed = true;
+      } else {
+        spdlog::warn("agent '{}' drains: {}", agent_id, drain_reason);
+      }
+      it->second.drain_reason = drain_reason;
+    }
+  }
+  GH_RETURN_IF_ERROR(store_.TouchAgent(agent_id));
+  if (resumed) Schedule();
+  return Status::Ok();
 }
 
 std::vector<std::pair<int64_t, std::string>> ControllerCore::ReconcileLocked(
@@ -345,8 +429,9 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
   AttemptState to = AttemptState::kError;
   std::string why;
   if (!a.cancel_reason.empty() && (outcome != "finished" || a.run_status.empty())) {
-    // Stopped on request before its run_end: cancelled, with what the agent saw.
-    to = AttemptState::kCancelled;
+    // Stopped on request before its run_end: cancelled (or timed_out when a time limit asked),
+    // with what the agent saw.
+    to = a.cancel_as;
     why = a.cancel_reason + (reason.empty() ? "" : "; " + reason);
   } else if (outcome == "finished") {
     if (a.run_status.empty()) {
@@ -397,7 +482,8 @@ void ControllerCore::Schedule() {
       for (const auto& [id, attached] : agents_) {
         if (SilentLocked(id, now)) continue;  // unreachable: no new work until heard from
         view.push_back({id, attached.slots, 0, attached.gpus, 0, attached.torch_version,
-                        attached.cuda_version});
+                        attached.cuda_version, attached.drain_reason, attached.lane,
+                        attached.gpu_models});
         channels[id] = attached.channel;
       }
     }
@@ -408,16 +494,22 @@ void ControllerCore::Schedule() {
       return;
     }
     if (queue->empty()) return;
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < view.size(); ++i) index[view[i].agent_id] = i;
+    RunningLoad load;
     for (const ActiveAttempt& a : *active) {
-      for (AgentView& agent : view) {
-        if (agent.agent_id != a.agent_id) continue;
-        ++agent.running;
-        const Demand d = DemandOfSpec(a.spec_json);
-        if (d.gpu) agent.gpus_in_use += d.world_size;
-      }
+      ++load.by_repository[a.repository];
+      ++load.by_submitter[a.submitter];
+      auto it = index.find(a.agent_id);
+      if (it == index.end()) continue;
+      AgentView& agent = view[it->second];
+      ++agent.running;
+      const Demand d = DemandOfSpec(a.spec_json);
+      if (d.gpu) agent.gpus_in_use += d.world_size;
     }
     std::vector<Waiting> waiting;
-    std::vector<Placement> placements = controller::Schedule(*queue, view, &waiting);
+    std::vector<Placement> placements =
+        controller::Schedule(*queue, view, &waiting, policy_, load);
     {
       // Only this pass's waiting attempts are kept; a reason is logged when it changes.
       std::lock_guard lock(waiting_mu_);

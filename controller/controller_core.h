@@ -17,6 +17,7 @@
 #include "controller/cell_identity.h"
 #include "controller/clock.h"
 #include "controller/records.h"
+#include "controller/scheduler.h"
 #include "controller/store/store.h"
 
 namespace gatehouse::controller {
@@ -50,6 +51,10 @@ struct AgentHello {
   std::string cuda_version;       // CUDA its worker's LibTorch is built with ("13.0"; pin)
   /// Register.running_attempt_ids: the attempts the agent still holds (AttachAgent reconciles).
   std::vector<int64_t> held_attempts;
+  /// Register.drain_reason: non-empty while the agent drains (takes no new work).
+  std::string drain_reason;
+  std::string lane;                     // Capabilities.labels["lane"]: cpu | gpu | npu
+  std::vector<std::string> gpu_models;  // Capabilities.gpus[].model
 };
 
 /// Result of a submission.
@@ -78,6 +83,15 @@ struct LeaseConfig {
   std::chrono::milliseconds lease_timeout() const { return heartbeat_interval * missed_heartbeats; }
 };
 
+/// Time limits (controller flags --queued-timeout-s, --attempt-timeout-s, --phase-timeout-s);
+/// zero turns a limit off. An attempt over a limit ends timed_out (never retried): a queued one
+/// at once, a leased or running one when its agent has stopped the worker group (as a cancel).
+struct TimeLimits {
+  std::chrono::seconds queued{24 * 3600};  // from the attempt's creation
+  std::chrono::seconds attempt{6 * 3600};  // from its lease: checkout, build and every gate
+  std::chrono::seconds phase{2 * 3600};    // one gate, from its phase_start
+};
+
 /// Domain service of the controller.
 ///
 /// Threading: thread-safe; called from REST handler threads and gRPC stream threads. Blocking:
@@ -86,7 +100,8 @@ struct LeaseConfig {
 class ControllerCore {
  public:
   ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig lease = {},
-                 Clock clock = SystemClock());
+                 Clock clock = SystemClock(), TimeLimits limits = {},
+                 SchedulingPolicy policy = {});
 
   const LeaseConfig& lease_config() const { return lease_; }
 
@@ -139,8 +154,10 @@ class ControllerCore {
   /// (attempt, seq)); ExpireLeases ends them if it stays away.
   void DetachAgent(const std::string& agent_id, const AgentChannel* channel);
 
-  /// Records a heartbeat (any message from an agent also counts as a sign of life).
-  Status Heartbeat(const std::string& agent_id);
+  /// Records a heartbeat (any message from an agent also counts as a sign of life) and the
+  /// agent's drain state: a non-empty `drain_reason` keeps new work away from it (the waiting
+  /// reason of queued cells says so); when it clears, scheduling runs.
+  Status Heartbeat(const std::string& agent_id, const std::string& drain_reason = "");
 
   /// Expires the leases of agents not heard from for lease_config().lease_timeout(): each of
   /// their leased or running attempts becomes lost (reason names the agent and the silence)
@@ -151,6 +168,13 @@ class ControllerCore {
   /// take no new work until they are heard from again. Returns the attempts lost. Call it
   /// periodically (controller/main.cc: every second).
   int ExpireLeases();
+
+  /// Ends what is over a time limit (TimeLimits): a queued attempt becomes timed_out at once;
+  /// a leased or running one gets a stop request (recorded as timed_out, reason naming the
+  /// limit, and the phase for a phase limit) sent to its agent like a cancel, and ends
+  /// timed_out when the agent reports the end (or at lease expiry). Returns the attempts
+  /// stopped. Call it periodically (controller/main.cc: every second).
+  int EnforceTimeLimits();
 
   /// Stores an event idempotently by (attempt_id, seq) and applies it (phase_start makes the
   /// attempt running). Errors: NOT_FOUND unknown attempt; FAILED_PRECONDITION when the attempt
@@ -180,6 +204,9 @@ class ControllerCore {
     std::string torch_version;
     std::string cuda_version;
     std::shared_ptr<AgentChannel> channel;
+    std::string drain_reason;
+    std::string lane;
+    std::vector<std::string> gpu_models;
   };
 
   /// Notes a sign of life from `agent_id` (agents_mu_ not held).
@@ -197,12 +224,16 @@ class ControllerCore {
   bool SilentLocked(const std::string& agent_id, std::chrono::system_clock::time_point now) const;
 
   Result<CellDetail> LoadDetail(const CellRecord& cell);
+  /// Sends a Cancel for `attempt_id` to `agent_id` if it is attached; false when it is not.
+  bool SendCancelTo(const std::string& agent_id, int64_t attempt_id, const std::string& reason);
   Result<AttemptRecord> AttemptOfAgent(const std::string& agent_id, int64_t attempt_id);
 
   Store& store_;
   CellFreezer& freezer_;
   const LeaseConfig lease_;
   const Clock clock_;
+  const TimeLimits limits_;
+  const SchedulingPolicy policy_;
   const std::chrono::system_clock::time_point started_;
 
   std::mutex agents_mu_;  // guards agents_ and last_seen_

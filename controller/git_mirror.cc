@@ -166,6 +166,9 @@ Result<std::string> GitMirror::ResolveCommit(const std::string& repository,
   const fs::path path = MirrorPath(repository);
   bool created = false;
   GH_ASSIGN_OR_RETURN(RepoPtr repo, OpenOrInitMirror(path, created));
+  // A commit the mirror already holds needs no fetch: commits are immutable (CI submits by
+  // SHA many times; the agent still checks it out from the repository itself).
+  if (!created && CheckCommitExists(repo.get(), oid, "").ok()) return OidHex(oid);
   Result<RemotePtr> remote = Connect(repo.get(), repository);
   if (!remote.ok()) {
     if (created) {

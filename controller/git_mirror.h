@@ -27,7 +27,8 @@ class GitMirror : public CommitResolver {
   Result<std::string> ResolveBranch(const std::string& repository,
                                     const std::string& branch) override;
 
-  /// Fetches all heads, then checks that `commit` names a commit in the mirror.
+  /// Checks that `commit` names a commit in the mirror, fetching all heads first unless the
+  /// mirror already holds it (commits are immutable, so a known one needs no network).
   /// Errors: NOT_FOUND for the repository as above, or "commit '<sha>' not found in '<url>'".
   Result<std::string> ResolveCommit(const std::string& repository,
                                     const std::string& commit) override;

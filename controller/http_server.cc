@@ -8,8 +8,10 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include <algorithm>
 #include <array>
@@ -20,6 +22,8 @@
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
 
 namespace gatehouse::controller {
 namespace {
@@ -39,32 +43,53 @@ std::string ErrorBody(const std::string& message) {
   return nlohmann::json{{"error", message}}.dump();
 }
 
-/// One connection. Network I/O runs on the server's io_context (one thread); the handler runs
-/// on a worker pool and posts the response back: GET/HEAD on the read pool, everything else on
-/// the write pool, so a submit stuck in a slow git fetch never delays reads or /healthz.
-class Session : public std::enable_shared_from_this<Session> {
+constexpr auto kHandshakeTimeout = std::chrono::seconds(30);
+
+using PlainStream = beast::tcp_stream;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
+/// One connection over a plain TCP stream or TLS (Stream: PlainStream | TlsStream). Network
+/// I/O runs on the server's io_context (one thread); the handler runs on a worker pool and
+/// posts the response back: GET/HEAD on the read pool, everything else on the write pool, so a
+/// submit stuck in a slow git fetch never delays reads or /healthz.
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(tcp::socket socket, asio::thread_pool& read_pool, asio::thread_pool& write_pool,
-          const HttpServer::Handler& handler, size_t body_limit)
-      : stream_(std::move(socket)),
+  template <class... StreamArgs>
+  Session(asio::thread_pool& read_pool, asio::thread_pool& write_pool,
+          const HttpServer::Handler& handler, size_t body_limit, StreamArgs&&... stream_args)
+      : stream_(std::forward<StreamArgs>(stream_args)...),
         read_pool_(read_pool),
         write_pool_(write_pool),
         handler_(handler),
         body_limit_(body_limit) {}
 
   void Start() {
-    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+    asio::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+      if constexpr (std::is_same_v<Stream, TlsStream>) {
+        beast::get_lowest_layer(self->stream_).expires_after(kHandshakeTimeout);
+        self->stream_.async_handshake(asio::ssl::stream_base::server,
+                                      [self](beast::error_code ec) {
+                                        if (ec) return self->Close();  // not TLS, bad cert, ...
+                                        self->Read();
+                                      });
+      } else {
+        self->Read();
+      }
+    });
   }
 
  private:
+  auto& Lowest() { return beast::get_lowest_layer(stream_); }
+
   void Read() {
     parser_.emplace();
     parser_->body_limit(body_limit_);
     parser_->header_limit(kHeaderLimit);
-    stream_.expires_after(kReadTimeout);
+    Lowest().expires_after(kReadTimeout);
     http::async_read(
         stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
@@ -98,7 +123,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
     const bool read_only = req.method() == http::verb::get || head;
     asio::thread_pool& pool = read_only ? read_pool_ : write_pool_;
-    asio::post(pool, [self = shared_from_this(), request = std::move(request), keep_alive, version,
+    asio::post(pool, [self = this->shared_from_this(), request = std::move(request), keep_alive, version,
                       head]() mutable {
       HttpResponse response;
       try {
@@ -132,10 +157,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Drain() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.expires_after(kDrainTimeout);
-    stream_.async_read_some(asio::buffer(drain_buffer_),
-                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+    Lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    Lowest().expires_after(kDrainTimeout);
+    Lowest().async_read_some(asio::buffer(drain_buffer_),
+                            [self = this->shared_from_this()](beast::error_code ec, size_t n) {
                               self->drained_ += n;
                               if (ec || self->drained_ > kDrainLimit) return self->Close();
                               self->Drain();
@@ -152,22 +177,24 @@ class Session : public std::enable_shared_from_this<Session> {
     res->body() = std::move(response.body);
     res->prepare_payload();
     if (head) res->body().clear();  // Content-Length stays that of the GET answer
-    stream_.expires_after(kWriteTimeout);
+    Lowest().expires_after(kWriteTimeout);
     http::async_write(stream_, *res,
-                      [self = shared_from_this(), res, keep_alive](beast::error_code ec, size_t) {
+                      [self = this->shared_from_this(), res, keep_alive](beast::error_code ec, size_t) {
                         if (!ec && self->drain_after_write_) return self->Drain();
                         if (ec || !keep_alive) return self->Close();
                         self->Read();
                       });
   }
 
+  // Over TLS this closes without a close_notify: every response has a Content-Length, so a
+  // client cannot mistake a truncated body for a whole one.
   void Close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.socket().close(ignored);
+    Lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    Lowest().socket().close(ignored);
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   asio::thread_pool& read_pool_;
@@ -192,9 +219,13 @@ struct HttpServer::Impl {
   void Accept() {
     acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
-      if (!ec) {
-        std::make_shared<Session>(std::move(socket), read_pool, write_pool, handler,
-                                  options.body_limit)
+      if (!ec && tls) {
+        std::make_shared<Session<TlsStream>>(read_pool, write_pool, handler, options.body_limit,
+                                             std::move(socket), *tls)
+            ->Start();
+      } else if (!ec) {
+        std::make_shared<Session<PlainStream>>(read_pool, write_pool, handler,
+                                               options.body_limit, std::move(socket))
             ->Start();
       } else {
         spdlog::warn("http accept: {}", ec.message());
@@ -205,6 +236,7 @@ struct HttpServer::Impl {
 
   Options options;
   Handler handler;
+  std::optional<asio::ssl::context> tls;  // set: serve TLS only
   asio::io_context ioc;  // destroyed after the pool and the acceptor
   asio::thread_pool read_pool;
   asio::thread_pool write_pool;
@@ -225,6 +257,30 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const Options& options, Ha
     return Status::InvalidArgument("http address '" + options.address + "': " + ec.message());
   }
   auto impl = std::make_unique<Impl>(options, std::move(handler));
+  if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+    if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+      return Status::InvalidArgument("http TLS needs both a certificate and a key file");
+    }
+    auto cert = ReadFileToString(options.tls_cert_file, "http TLS certificate");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadFileToString(options.tls_key_file, "http TLS key");
+    if (!key.ok()) return key.status();
+    impl->tls.emplace(asio::ssl::context::tls_server);
+    impl->tls->set_options(asio::ssl::context::default_workarounds |
+                               asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 |
+                               asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1,
+                           ec);
+    if (!ec) impl->tls->use_certificate_chain(asio::buffer(*cert), ec);
+    if (ec) {
+      return Status::InvalidArgument("http TLS certificate '" + options.tls_cert_file +
+                                     "': " + ec.message());
+    }
+    impl->tls->use_private_key(asio::buffer(*key), asio::ssl::context::pem, ec);
+    if (ec) {
+      return Status::InvalidArgument("http TLS key '" + options.tls_key_file +
+                                     "': " + ec.message());
+    }
+  }
   const tcp::endpoint endpoint(address, options.port);
   auto fail = [&](const char* what) {
     return Status::Unavailable("http " + std::string(what) + " " + options.address + ":" +

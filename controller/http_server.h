@@ -30,10 +30,14 @@ class HttpServer {
     size_t body_limit = 1024 * 1024;  // bytes
     int handler_threads = 4;        // GET/HEAD
     int write_handler_threads = 4;  // POST and the rest (submits may wait on git and hashing)
+    /// PEM files; both set: HTTPS only (TLS 1.2+), both empty: plain HTTP.
+    std::string tls_cert_file;
+    std::string tls_key_file;
   };
 
   /// Binds and starts serving. Errors: UNAVAILABLE naming the address when it cannot bind,
-  /// INVALID_ARGUMENT for a malformed address.
+  /// INVALID_ARGUMENT for a malformed address or unusable TLS certificate/key, NOT_FOUND for a
+  /// missing TLS file.
   static Result<std::unique_ptr<HttpServer>> Start(const Options& options, Handler handler);
 
   ~HttpServer();  // Stop()s.

@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 
 #include "controller/agent_service.h"
+#include "controller/auth.h"
 #include "controller/cell_identity.h"
 #include "controller/controller_core.h"
 #include "controller/digest_cache.h"
@@ -71,6 +72,73 @@ std::vector<std::string> SplitCommas(const std::string& s) {
   return out;
 }
 
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+// `gatehouse-controller tokens create|list|revoke`: token administration on the database
+// directly (the first admin token has to come from somewhere); the REST routes under
+// /api/v1/tokens do the same for a running controller.
+int RunTokens(const std::string& db, const std::string& action, const std::string& name,
+              const std::string& kind_name, const std::string& scope_list, int64_t token_id) {
+  auto store = Store::Open(db, SystemClock());
+  if (!store.ok()) {
+    std::cerr << "gatehouse-controller: " << store.status().ToString() << "\n";
+    return 1;
+  }
+  Authenticator auth(**store, AuthConfig{});
+  if (action == "create") {
+    auto kind = ParseTokenKind(kind_name);
+    if (!kind.ok()) {
+      std::cerr << "gatehouse-controller: --kind: " << kind.status().message() << "\n";
+      return 2;
+    }
+    std::vector<Scope> scopes;
+    for (const std::string& item : SplitCommas(scope_list)) {
+      auto scope = ParseScope(item);
+      if (!scope.ok()) {
+        std::cerr << "gatehouse-controller: --scopes: " << scope.status().message() << "\n";
+        return 2;
+      }
+      scopes.push_back(*scope);
+    }
+    auto issued = auth.Issue(name, *kind, scopes);
+    if (!issued.ok()) {
+      std::cerr << "gatehouse-controller: " << issued.status().ToString() << "\n";
+      return issued.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    // The secret alone on stdout, so `... tokens create ... > token` works; the rest to stderr.
+    std::cerr << "token " << issued->record.id << " '" << issued->record.name << "' ("
+              << issued->record.kind
+              << (issued->record.scopes.empty() ? "" : ", scopes " + issued->record.scopes)
+              << "); the secret is shown only now:\n";
+    std::cout << issued->secret << std::endl;
+    return 0;
+  }
+  if (action == "list") {
+    auto tokens = auth.ListTokens();
+    if (!tokens.ok()) {
+      std::cerr << "gatehouse-controller: " << tokens.status().ToString() << "\n";
+      return 1;
+    }
+    for (const TokenRecord& t : *tokens) {
+      std::cout << t.id << "\t" << t.name << "\t" << t.kind << "\t"
+                << (t.scopes.empty() ? "-" : t.scopes) << "\tcreated " << t.created_at
+                << "\tlast used " << (t.last_used_at.empty() ? "never" : t.last_used_at)
+                << (t.revoked_at.empty() ? "" : "\trevoked " + t.revoked_at) << "\n";
+    }
+    return 0;
+  }
+  auto revoked = auth.Revoke(token_id);
+  if (!revoked.ok()) {
+    std::cerr << "gatehouse-controller: " << revoked.status().ToString() << "\n";
+    return revoked.status().code() == StatusCode::kNotFound ? 2 : 1;
+  }
+  std::cerr << "token " << revoked->id << " '" << revoked->name << "' revoked at "
+            << revoked->revoked_at << "\n";
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"gatehouse-controller: validation cells for model adaptations"};
   std::string db = "var/gatehouse.db";
@@ -110,8 +178,70 @@ int Run(int argc, char** argv) {
                  "after a start, how long agents holding leases have to reconnect, ms")
       ->capture_default_str()
       ->check(CLI::Range(0, 3600000));
+  std::string auth_mode = "tokens";
+  app.add_option("--auth", auth_mode,
+                 "tokens: every /api/v1 call and every agent needs a bearer token; none: no "
+                 "checks (only when both listeners are on loopback)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tokens", "none"}));
+  bool anonymous_read = false;
+  app.add_flag("--anonymous-read", anonymous_read,
+               "GET requests without a token may read cells (a dashboard on a trusted network)");
+  std::string tls_cert, tls_key, tls_client_ca;
+  app.add_option("--tls-cert", tls_cert, "PEM certificate: serve REST and gRPC over TLS")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-key", tls_key, "PEM private key of --tls-cert")->check(CLI::ExistingFile);
+  app.add_option("--tls-client-ca", tls_client_ca,
+                 "PEM CA: agents must present a certificate it signed (mutual TLS on gRPC)")
+      ->check(CLI::ExistingFile);
+
+  TimeLimits limits;
+  int64_t queued_timeout_s = limits.queued.count(), attempt_timeout_s = limits.attempt.count(),
+          phase_timeout_s = limits.phase.count();
+  app.add_option("--queued-timeout-s", queued_timeout_s,
+                 "a queued attempt waiting longer ends timed_out (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{365} * 86400));
+  app.add_option("--attempt-timeout-s", attempt_timeout_s,
+                 "an attempt leased longer (checkout, build, gates) is stopped and ends "
+                 "timed_out (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{365} * 86400));
+  app.add_option("--phase-timeout-s", phase_timeout_s,
+                 "a gate running longer stops its attempt, which ends timed_out (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{365} * 86400));
+
+  SchedulingPolicy policy;
+  app.add_option("--max-running-per-repository", policy.max_running_per_repository,
+                 "at most this many attempts of one repository leased or running at once "
+                 "(0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+
+  CLI::App* tokens = app.add_subcommand("tokens", "create, list or revoke API and agent tokens");
+  tokens->require_subcommand(1);
+  tokens->fallthrough();
+  std::string token_name, token_kind = "api", token_scopes;
+  int64_t token_id = 0;
+  CLI::App* create = tokens->add_subcommand("create", "issue a token; prints its secret once");
+  create->add_option("--name", token_name, "unique among active tokens: [A-Za-z0-9._-]{1,100}")
+      ->required();
+  create->add_option("--kind", token_kind, "api or agent")->capture_default_str();
+  create->add_option("--scopes", token_scopes, "api tokens: comma-separated read,submit,admin");
+  CLI::App* list = tokens->add_subcommand("list", "list tokens (never their secrets)");
+  CLI::App* revoke = tokens->add_subcommand("revoke", "revoke a token now");
+  revoke->add_option("id", token_id, "token id (see list)")->required();
   CLI11_PARSE(app, argc, argv);
+  if (tokens->parsed()) {
+    const std::string action = create->parsed() ? "create" : list->parsed() ? "list" : "revoke";
+    (void)revoke;
+    return RunTokens(db, action, token_name, token_kind, token_scopes, token_id);
+  }
   lease.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  limits.queued = std::chrono::seconds(queued_timeout_s);
+  limits.attempt = std::chrono::seconds(attempt_timeout_s);
+  limits.phase = std::chrono::seconds(phase_timeout_s);
   lease.restart_grace = std::chrono::milliseconds(restart_grace_ms);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("gatehouse-controller"));
@@ -149,34 +279,70 @@ int Run(int argc, char** argv) {
   GitMirror mirror(mirror_dir);
   DigestCache digests;
   CellFreezer freezer(identity, mirror, digests);
-  ControllerCore core(**store, freezer, lease);
-  RestApi api(core, web_dir);
+  ControllerCore core(**store, freezer, lease, SystemClock(), limits, policy);
+  auto grpc_addr = ParseHostPort("grpc", grpc);
+  const std::string grpc_host = grpc_addr.ok() ? grpc_addr->host : grpc;
+  AuthConfig auth_config;
+  auth_config.required = auth_mode == "tokens";
+  auth_config.anonymous_read = anonymous_read;
+  if (!auth_config.required && !(IsLoopback(http_addr->host) && IsLoopback(grpc_host))) {
+    spdlog::error("--auth none: refused, a listener is not on loopback (--http {}, --grpc {})",
+                  http, grpc);
+    return 2;
+  }
+  if (tls_cert.empty() != tls_key.empty()) {
+    spdlog::error("--tls-cert and --tls-key go together");
+    return 2;
+  }
+  if (!tls_client_ca.empty() && tls_cert.empty()) {
+    spdlog::error("--tls-client-ca needs --tls-cert and --tls-key");
+    return 2;
+  }
+  Authenticator auth(**store, auth_config);
+  if (auth_config.required) {
+    auto existing = auth.ListTokens();
+    if (existing.ok() && existing->empty()) {
+      spdlog::warn("no tokens yet: create one with `gatehouse-controller --db {} tokens create "
+                   "--name NAME --scopes read,submit,admin` (agents: --kind agent)",
+                   db);
+    }
+  } else {
+    spdlog::warn("--auth none: no token is checked (loopback only)");
+  }
+  RestApi api(core, auth, web_dir);
 
   HttpServer::Options http_options;
   http_options.address = http_addr->host;
   http_options.port = http_addr->port;
+  http_options.tls_cert_file = tls_cert;
+  http_options.tls_key_file = tls_key;
   auto http_server =
       HttpServer::Start(http_options, [&api](const HttpRequest& r) { return api.Handle(r); });
   if (!http_server.ok()) {
     spdlog::error("{}", http_server.status().ToString());
     return 1;
   }
-  auto rpc_server = AgentRpcServer::Start(grpc, core);
+  AgentRpcServer::Options rpc_options;
+  rpc_options.auth = auth_config.required ? &auth : nullptr;
+  rpc_options.tls_cert_file = tls_cert;
+  rpc_options.tls_key_file = tls_key;
+  rpc_options.tls_client_ca_file = tls_client_ca;
+  auto rpc_server = AgentRpcServer::Start(grpc, core, rpc_options);
   if (!rpc_server.ok()) {
     spdlog::error("{}", rpc_server.status().ToString());
     return 1;
   }
-  auto grpc_addr = ParseHostPort("grpc", grpc);
-  const std::string grpc_host = grpc_addr.ok() ? grpc_addr->host : grpc;
   std::cout << "gatehouse-controller: http listening on " << http_addr->host << ":"
             << (*http_server)->port() << "\n"
             << "gatehouse-controller: grpc listening on " << grpc_host << ":"
             << (*rpc_server)->port() << std::endl;
-  spdlog::info("database {}, mirrors {}, web {}, families {}, torch pin {}", db, mirror_dir,
-               web_dir, families, torch_pin);
+  spdlog::info("database {}, mirrors {}, web {}, families {}, torch pin {}, auth {}{}, tls {}{}",
+               db, mirror_dir, web_dir, families, torch_pin, auth_mode,
+               anonymous_read ? " (anonymous read)" : "", tls_cert.empty() ? "off" : "on",
+               tls_client_ca.empty() ? "" : " (agents: mutual)");
 
   // Attempts left queued by an earlier run are placed as agents connect; leases of agents that
-  // stay away expire (ExpireLeases, checked every second).
+  // stay away expire and time limits are enforced (both checked every second).
   std::mutex reaper_mu;
   std::condition_variable reaper_cv;
   bool stopping = false;
@@ -185,6 +351,7 @@ int Run(int argc, char** argv) {
     while (!reaper_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stopping; })) {
       lock.unlock();
       core.ExpireLeases();
+      core.EnforceTimeLimits();
       lock.lock();
     }
   });

@@ -22,6 +22,7 @@ struct CellRecord {
   std::string model_family;
   std::string created_at;
   std::string submitter;  // label only
+  int priority = 0;       // label only: -100..100, higher is placed first
 };
 
 /// One run of a cell.
@@ -38,6 +39,21 @@ struct AttemptRecord {
   std::string ended_at;
   std::string cancel_reason;  // why a cancel was requested while it ran; empty when none was
   int64_t retry_of = 0;       // the lost attempt this one retries; 0 for a first attempt
+  std::string leased_at;      // empty until leased
+  /// The state a requested stop ends it in: cancelled (a cancel) or timed_out (a time limit).
+  AttemptState cancel_as = AttemptState::kCancelled;
+};
+
+/// An attempt over one of its time limits (Store::ListOverdue).
+struct OverdueAttempt {
+  enum class Limit { kQueued, kAttempt, kPhase };
+  int64_t attempt_id = 0;
+  std::string cell_id;
+  AttemptState state = AttemptState::kQueued;
+  std::string agent_id;
+  Limit limit = Limit::kQueued;
+  std::string since;  // created_at (queued), leased_at (attempt) or the phase's started_at
+  std::string phase;  // the running phase (kPhase)
 };
 
 /// A figure reported by a gate. value_json is a JSON number or string.
@@ -75,11 +91,25 @@ struct AgentRecord {
   std::string state;  // "connected" | "disconnected"
 };
 
+/// A bearer token as stored (migrations/0003_tokens.sql); the secret itself is never stored.
+struct TokenRecord {
+  int64_t id = 0;
+  std::string name;
+  std::string kind;    // "api" | "agent"
+  std::string scopes;  // comma-separated ("read,submit"); empty for agent tokens
+  std::string created_at;
+  std::string last_used_at;  // empty: never used
+  std::string revoked_at;    // empty: active
+};
+
 /// A queued attempt, as the scheduler sees it (FIFO order = creation order).
 struct QueuedAttempt {
   int64_t attempt_id = 0;
   std::string cell_id;
   std::string spec_json;  // the cell's frozen spec (the scheduler reads what it needs)
+  int priority = 0;       // the cell's
+  std::string submitter;  // the cell's (fairness)
+  std::string repository;  // the cell's (per-repository limit)
 };
 
 /// A leased or running attempt and the spec it runs.
@@ -88,6 +118,8 @@ struct ActiveAttempt {
   std::string spec_json;
   int64_t attempt_id = 0;
   std::string cell_id;
+  std::string submitter;
+  std::string repository;
 };
 
 /// What one worker event (docs/protocols.md §4) does to the stored evidence.

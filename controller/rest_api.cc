@@ -88,11 +88,24 @@ json CellJson(const CellDetail& d) {
   return {{"id", d.cell.id},
           {"status", AttemptStateName(d.status)},
           {"spec", spec.is_discarded() ? json(d.cell.spec_json) : spec},
-          {"labels", {{"branch", d.cell.branch}, {"submitter", d.cell.submitter}}},
+          {"labels",
+           {{"branch", d.cell.branch}, {"submitter", d.cell.submitter}, {"priority", d.cell.priority}}},
           {"created_at", d.cell.created_at},
           {"attempts", attempts},
           {"phases", phases},
           {"waiting_reason", NullIfEmpty(d.waiting_reason)}};
+}
+
+json TokenJson(const TokenRecord& t) {
+  json scopes = json::array();
+  for (Scope s : ScopesOf(t)) scopes.push_back(ScopeName(s));
+  return {{"id", t.id},
+          {"name", t.name},
+          {"kind", t.kind},
+          {"scopes", scopes},
+          {"created_at", t.created_at},
+          {"last_used_at", NullIfEmpty(t.last_used_at)},
+          {"revoked_at", NullIfEmpty(t.revoked_at)}};
 }
 
 json SummaryJson(const CellSummary& s) {
@@ -148,6 +161,14 @@ int HttpStatusOf(const Status& status) {
       return 409;
     case StatusCode::kUnavailable:
       return 503;
+    case StatusCode::kUnauthenticated:
+      return 401;
+    case StatusCode::kPermissionDenied:
+      return 403;
+    case StatusCode::kResourceExhausted:
+      return 413;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
     case StatusCode::kDataLoss:
     case StatusCode::kInternal:
       return 500;
@@ -159,8 +180,13 @@ HttpResponse ErrorResponse(int http_status, const std::string& message) {
   return JsonResponse(http_status, json{{"error", message}});
 }
 
-RestApi::RestApi(ControllerCore& core, fs::path web_dir)
-    : core_(core), web_dir_(std::move(web_dir)) {}
+Scope RequiredScope(const std::string& method, const std::vector<std::string>& segments) {
+  if (segments.size() >= 3 && segments[2] == "tokens") return Scope::kAdmin;
+  return method == "GET" || method == "HEAD" ? Scope::kRead : Scope::kSubmit;
+}
+
+RestApi::RestApi(ControllerCore& core, Authenticator& auth, fs::path web_dir)
+    : core_(core), auth_(auth), web_dir_(std::move(web_dir)) {}
 
 HttpResponse RestApi::Handle(const HttpRequest& request) {
   try {
@@ -183,18 +209,49 @@ HttpResponse RestApi::Route(const HttpRequest& req) {
   if (!seg.empty() && seg.back().empty()) seg.pop_back();  // tolerate a trailing '/'
   const std::string path = url.path();
   const std::string& m = req.method;
+  std::string principal_name;
 
   if (seg.size() == 1 && seg[0] == "healthz") {
     if (m != "GET" && m != "HEAD") return MethodNotAllowed(m, path, "GET");
     return TextResponse(200, "text/plain; charset=utf-8", "ok");
   }
 
+  if (seg.size() == 3 && seg[0] == "api" && seg[1] == "v1" && seg[2] == "openapi.json") {
+    if (m != "GET" && m != "HEAD") return MethodNotAllowed(m, path, "GET");
+    return TextResponse(200, "application/json", std::string(OpenApiDocument()));
+  }
+
+  if (!seg.empty() && seg[0] == "api") {
+    auto header = req.headers.find("authorization");
+    auto principal =
+        auth_.AuthorizeApi(header == req.headers.end() ? "" : header->second,
+                           RequiredScope(m, seg), m == "GET" || m == "HEAD");
+    if (!principal.ok()) {
+      HttpResponse r = ErrorResponse(HttpStatusOf(principal.status()),
+                                     principal.status().message());
+      if (principal.status().code() == StatusCode::kUnauthenticated) {
+        r.headers["WWW-Authenticate"] = "Bearer realm=\"gatehouse\"";
+      }
+      return r;
+    }
+    principal_name = principal->token_id != 0 ? principal->name : "";
+  }
+
+  if (seg.size() >= 3 && seg[0] == "api" && seg[1] == "v1" && seg[2] == "tokens") {
+    return Tokens(req, seg, path);
+  }
+
   if (seg.size() >= 3 && seg[0] == "api" && seg[1] == "v1" && seg[2] == "cells") {
     if (seg.size() == 3) {
       if (m == "POST") {
-        auto submitter = req.headers.find("x-gatehouse-submitter");
-        auto outcome =
-            core_.Submit(req.body, submitter == req.headers.end() ? "" : submitter->second);
+        // The submitter is the token's name; the X-Gatehouse-Submitter header only names one
+        // when the caller has no token (auth off, tests).
+        std::string submitter = principal_name;
+        if (auto h = req.headers.find("x-gatehouse-submitter");
+            submitter.empty() && h != req.headers.end()) {
+          submitter = h->second;
+        }
+        auto outcome = core_.Submit(req.body, submitter);
         if (!outcome.ok()) {
           return ErrorResponse(HttpStatusOf(outcome.status()), outcome.status().message());
         }
@@ -279,6 +336,67 @@ HttpResponse RestApi::Route(const HttpRequest& req) {
   }
   if (relative.empty()) relative = "index.html";
   return ServeStatic(relative);
+}
+
+HttpResponse RestApi::Tokens(const HttpRequest& req, const std::vector<std::string>& seg,
+                             const std::string& path) {
+  const std::string& m = req.method;
+  if (seg.size() == 3) {
+    if (m == "GET") {
+      auto tokens = auth_.ListTokens();
+      if (!tokens.ok()) return ErrorResponse(HttpStatusOf(tokens.status()), tokens.status().message());
+      json list = json::array();
+      for (const auto& t : *tokens) list.push_back(TokenJson(t));
+      return JsonResponse(200, {{"tokens", list}});
+    }
+    if (m != "POST") return MethodNotAllowed(m, path, "GET, POST");
+    const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (!body.is_object()) return ErrorResponse(400, "body: expected a JSON object");
+    for (auto it = body.begin(); it != body.end(); ++it) {
+      if (it.key() != "name" && it.key() != "kind" && it.key() != "scopes") {
+        return ErrorResponse(400, "unknown field '" + it.key() + "'");
+      }
+    }
+    if (!body.contains("name") || !body["name"].is_string()) {
+      return ErrorResponse(400, "field 'name': expected a string");
+    }
+    TokenKind kind = TokenKind::kApi;
+    if (body.contains("kind")) {
+      if (!body["kind"].is_string()) return ErrorResponse(400, "field 'kind': expected a string");
+      auto k = ParseTokenKind(body["kind"].get<std::string>());
+      if (!k.ok()) return ErrorResponse(400, "field 'kind': " + k.status().message());
+      kind = *k;
+    }
+    std::vector<Scope> scopes;
+    if (body.contains("scopes")) {
+      if (!body["scopes"].is_array()) {
+        return ErrorResponse(400, "field 'scopes': expected an array of strings");
+      }
+      for (const json& v : body["scopes"]) {
+        if (!v.is_string()) return ErrorResponse(400, "field 'scopes': expected strings");
+        auto sc = ParseScope(v.get<std::string>());
+        if (!sc.ok()) return ErrorResponse(400, "field 'scopes': " + sc.status().message());
+        scopes.push_back(*sc);
+      }
+    }
+    auto issued = auth_.Issue(body["name"].get<std::string>(), kind, std::move(scopes));
+    if (!issued.ok()) return ErrorResponse(HttpStatusOf(issued.status()), issued.status().message());
+    return JsonResponse(201, {{"token", TokenJson(issued->record)}, {"secret", issued->secret}});
+  }
+  if (seg.size() == 4) {
+    if (m != "DELETE") return MethodNotAllowed(m, path, "DELETE");
+    int64_t id = 0;
+    const std::string& text = seg[3];
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), id);
+    if (ec != std::errc() || end != text.data() + text.size() || id <= 0) {
+      return ErrorResponse(404, "no token '" + text + "'");
+    }
+    auto revoked = auth_.Revoke(id);
+    if (!revoked.ok()) return ErrorResponse(HttpStatusOf(revoked.status()), revoked.status().message());
+    spdlog::info("token {} '{}' revoked", revoked->id, revoked->name);
+    return JsonResponse(200, TokenJson(*revoked));
+  }
+  return ErrorResponse(404, "no route for " + path);
 }
 
 HttpResponse RestApi::ServeStatic(const std::string& relative) {

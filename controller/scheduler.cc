@@ -1,15 +1,37 @@
 #include "controller/scheduler.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
+#include <cctype>
+#include <deque>
+#include <functional>
 #include <optional>
+#include <queue>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
 
 namespace gatehouse::controller {
 namespace {
 
+bool ContainsIgnoreCase(std::string_view haystack, std::string_view needle) {
+  auto lower = [](unsigned char c) { return static_cast<char>(std::tolower(c)); };
+  auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(),
+                        [&](char a, char b) { return lower(a) == lower(b); });
+  return it != haystack.end();
+}
+
+/// GPUs of `agent` that a demand for `model` may use (all of them when no model is pinned).
+int MatchingGpus(const AgentView& agent, const std::string& model) {
+  if (model.empty()) return agent.gpus;
+  int n = 0;
+  for (const std::string& m : agent.gpu_models) n += ContainsIgnoreCase(m, model) ? 1 : 0;
+  return n;
+}
+
 /// Why `agent` (with `free_slots` and `free_gpus` left this round) cannot take `d`; empty when
 /// it can.
 std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, const Demand& d) {
+  if (!agent.drain_reason.empty()) return "draining (" + agent.drain_reason + ")";
   if (free_slots <= 0) return "no free slot";
   if (!d.torch.empty() && !agent.torch_version.empty() && agent.torch_version != d.torch) {
     return "torch " + agent.torch_version + " (the cell pins " + d.torch + ")";
@@ -18,6 +40,13 @@ std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, const 
     return (agent.cuda_version.empty() ? std::string("no CUDA reported")
                                        : "CUDA " + agent.cuda_version) +
            " (the cell pins " + d.cuda + ")";
+  }
+  if (d.gpu && !d.gpu_model.empty()) {
+    const int matching = MatchingGpus(agent, d.gpu_model);
+    if (matching < d.world_size) {
+      return std::to_string(matching) + " " + d.gpu_model + " GPU" + (matching == 1 ? "" : "s") +
+             " (the cell pins " + d.gpu_model + ", needs " + std::to_string(d.world_size) + ")";
+    }
   }
   if (d.gpu && free_gpus < d.world_size) {
     return std::to_string(free_gpus) + " of " + std::to_string(agent.gpus) +
@@ -36,6 +65,9 @@ Demand DemandOfSpec(std::string_view spec_json) {
     d.gpu = rt->value("device", "") == "cuda";
     if (auto t = rt->find("torch"); t != rt->end() && t->is_string()) d.torch = t->get<std::string>();
     if (auto c = rt->find("cuda"); c != rt->end() && c->is_string()) d.cuda = c->get<std::string>();
+    if (auto g = rt->find("gpu_model"); g != rt->end() && g->is_string()) {
+      d.gpu_model = g->get<std::string>();
+    }
   }
   if (auto topo = spec.find("topology"); topo != spec.end() && topo->is_object()) {
     int64_t n = 1;
@@ -50,36 +82,84 @@ Demand DemandOfSpec(std::string_view spec_json) {
 
 std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
                                 const std::vector<AgentView>& agents,
-                                std::vector<Waiting>* waiting) {
+                                std::vector<Waiting>* waiting, const SchedulingPolicy& policy,
+                                const RunningLoad& load) {
   std::vector<int> free(agents.size()), free_gpus(agents.size());
   for (size_t i = 0; i < agents.size(); ++i) {
-    free[i] = std::max(agents[i].slots, 1) - agents[i].running;
+    free[i] = agents[i].drain_reason.empty() ? std::max(agents[i].slots, 1) - agents[i].running : 0;
     free_gpus[i] = agents[i].gpus - agents[i].gpus_in_use;
   }
+  const bool any_draining = std::any_of(agents.begin(), agents.end(), [](const AgentView& a) {
+    return !a.drain_reason.empty();
+  });
+  std::map<std::string, int> by_submitter = load.by_submitter;
+  std::map<std::string, int> by_repository = load.by_repository;
+
+  // Priority buckets (highest first); in each, a FIFO per submitter.
+  std::map<int, std::map<std::string, std::deque<size_t>>, std::greater<>> buckets;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    buckets[queue[i].priority][queue[i].submitter].push_back(i);
+  }
+
   std::vector<Placement> out;
-  for (const QueuedAttempt& attempt : queue) {
-    if (std::none_of(free.begin(), free.end(), [](int f) { return f > 0; })) {
-      if (waiting) waiting->push_back({attempt.attempt_id, agents.empty() ? "no agent connected" : "no free slot on any agent"});
-      continue;
-    }
-    const Demand d = DemandOfSpec(attempt.spec_json);
-    std::optional<size_t> best;
-    std::string why;
-    for (size_t i = 0; i < agents.size(); ++i) {
-      const std::string misfit = Misfit(agents[i], free[i], free_gpus[i], d);
-      if (!misfit.empty()) {
-        why += (why.empty() ? "" : "; ") + agents[i].agent_id + ": " + misfit;
-        continue;
+  for (auto& [priority, fifos] : buckets) {
+    // Next submitter: fewest running (this round included), then the oldest head.
+    using Turn = std::tuple<int, size_t, std::string>;
+    std::priority_queue<Turn, std::vector<Turn>, std::greater<>> turns;
+    for (const auto& [submitter, fifo] : fifos) turns.emplace(by_submitter[submitter], fifo.front(), submitter);
+    while (!turns.empty()) {
+      const std::string submitter = std::get<2>(turns.top());
+      turns.pop();
+      std::deque<size_t>& fifo = fifos[submitter];
+      const QueuedAttempt& attempt = queue[fifo.front()];
+      fifo.pop_front();
+      bool placed = false;
+      // Shortcut when every agent is full (a draining one is named by the loop below instead).
+      if (!any_draining && std::none_of(free.begin(), free.end(), [](int f) { return f > 0; })) {
+        if (waiting) {
+          waiting->push_back({attempt.attempt_id,
+                              agents.empty() ? "no agent connected" : "no free slot on any agent"});
+        }
+      } else if (policy.max_running_per_repository > 0 &&
+                 by_repository[attempt.repository] >= policy.max_running_per_repository) {
+        if (waiting) {
+          waiting->push_back({attempt.attempt_id,
+                              "repository " + attempt.repository + " already runs " +
+                                  std::to_string(by_repository[attempt.repository]) +
+                                  " attempts, its limit (--max-running-per-repository)"});
+        }
+      } else {
+        const Demand d = DemandOfSpec(attempt.spec_json);
+        std::optional<size_t> best;
+        std::string why;
+        auto better = [&](size_t i, size_t j) {  // is agent i a better home than agent j?
+          if (!d.gpu) {
+            const bool i_cpu = agents[i].lane == "cpu", j_cpu = agents[j].lane == "cpu";
+            if (i_cpu != j_cpu) return i_cpu;
+          }
+          return free[i] > free[j];
+        };
+        for (size_t i = 0; i < agents.size(); ++i) {
+          const std::string misfit = Misfit(agents[i], free[i], free_gpus[i], d);
+          if (!misfit.empty()) {
+            why += (why.empty() ? "" : "; ") + agents[i].agent_id + ": " + misfit;
+            continue;
+          }
+          if (!best || better(i, *best)) best = i;
+        }
+        if (!best) {
+          if (waiting) waiting->push_back({attempt.attempt_id, agents.empty() ? "no agent connected" : why});
+        } else {
+          out.push_back({attempt.attempt_id, attempt.cell_id, agents[*best].agent_id});
+          --free[*best];
+          if (d.gpu) free_gpus[*best] -= d.world_size;
+          ++by_repository[attempt.repository];
+          placed = true;
+        }
       }
-      if (!best || free[i] > free[*best]) best = i;
+      if (placed) ++by_submitter[submitter];
+      if (!fifo.empty()) turns.emplace(by_submitter[submitter], fifo.front(), submitter);
     }
-    if (!best) {
-      if (waiting) waiting->push_back({attempt.attempt_id, why});
-      continue;
-    }
-    out.push_back({attempt.attempt_id, attempt.cell_id, agents[*best].agent_id});
-    --free[*best];
-    if (d.gpu) free_gpus[*best] -= d.world_size;
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,7 @@ struct Demand {
   int world_size = 1;   // topology tp x dp x pp: worker ranks
   std::string torch;    // runtime.torch, the pinned torch version ("2.11.0")
   std::string cuda;     // runtime.cuda, the pinned CUDA version ("13.0"); empty: not pinned
+  std::string gpu_model;  // runtime.gpu_model ("H200"); empty: any GPU
 };
 
 /// The demand of a frozen spec (docs/protocols.md §2). Missing or malformed members give the
@@ -36,6 +38,25 @@ struct AgentView {
   /// The CUDA its worker's LibTorch is built with (Capabilities.cuda_version); empty: not
   /// reported (an agent that reports none cannot take a cell pinning CUDA).
   std::string cuda_version;
+  /// Non-empty: the agent drains (its cleanup check failed) and takes nothing; says why.
+  std::string drain_reason;
+  /// Its lane label ("cpu", "gpu", "npu"; Capabilities.labels["lane"]); empty: unknown.
+  std::string lane;
+  /// The model of each of its GPUs (Capabilities.gpus[].model), e.g. "NVIDIA H200".
+  std::vector<std::string> gpu_models;
+};
+
+/// Limits the scheduler applies beyond fit (controller flags).
+struct SchedulingPolicy {
+  /// At most this many leased or running attempts per repository; 0: no limit
+  /// (--max-running-per-repository).
+  int max_running_per_repository = 0;
+};
+
+/// Leased and running attempts per repository and per submitter, before this round.
+struct RunningLoad {
+  std::map<std::string, int> by_repository;
+  std::map<std::string, int> by_submitter;
 };
 
 /// One decision: run `attempt_id` on `agent_id`.
@@ -52,16 +73,24 @@ struct Waiting {
   std::string reason;
 };
 
-/// Places queued attempts first-in first-out. An attempt fits an agent with a free slot whose
-/// torch version equals the attempt's pin (when both are known), whose CUDA version equals the
-/// attempt's CUDA pin (when the cell pins one) and, for a CUDA attempt, with
-/// at least world_size free GPUs; among those it goes to the agent with the most free slots
-/// (ties: the earlier agent in `agents`). An attempt that fits no agent stays queued without
-/// holding back later ones (it is listed in `waiting` when given). Deterministic for equal
-/// inputs.
-/// TODO(issue 5): lane labels, priorities, per-repository limits, fairness.
+/// Places queued attempts. Order: higher priority first; within a priority, fair across
+/// submitters (the next attempt comes from the submitter with the fewest attempts leased or
+/// running, counting this round's placements; ties: the submitter whose oldest queued attempt
+/// is older); within a submitter, first-in first-out (`queue` is oldest first).
+///
+/// An attempt fits an agent that is not draining, with a free slot, whose torch version equals
+/// the attempt's pin (when both are known), whose CUDA version equals the attempt's CUDA pin
+/// (when the cell pins one) and, for a CUDA attempt, with at least world_size free GPUs (of
+/// the pinned model when the cell pins one: a case-insensitive substring of the agent's GPU
+/// model, "H200" matches "NVIDIA H200"); and only while its repository is under
+/// policy.max_running_per_repository. Among fitting agents a CPU attempt prefers lane "cpu"
+/// agents (GPU nodes stay free for GPU work), then the most free slots, then the earlier agent
+/// in `agents`. An attempt that fits no agent stays queued without holding back later ones (it
+/// is listed in `waiting` with why, when given). Deterministic for equal inputs.
 std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
                                 const std::vector<AgentView>& agents,
-                                std::vector<Waiting>* waiting = nullptr);
+                                std::vector<Waiting>* waiting = nullptr,
+                                const SchedulingPolicy& policy = {},
+                                const RunningLoad& load = {});
 
 }  // namespace gatehouse::controller

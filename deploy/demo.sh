@@ -51,16 +51,27 @@ done
 sleep 0.5
 TORCH_VERSION=$("$VENV/bin/python" -c 'import torch;print(torch.__version__.split("+")[0])')
 TORCH_PREFIX=$("$VENV/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)')
+#    Bearer tokens, as an operator makes them: one for this script (read, submit), one for the
+#    agent. Only their hashes are stored; the secrets stay in var/demo/*.token (mode 600).
+STAMP=$(date -u +%Y%m%dT%H%M%S)
+( umask 077
+  "$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db" tokens create \
+    --name "demo-ci-$STAMP" --scopes read,submit >"$VAR/demo/ci.token" 2>/dev/null
+  "$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db" tokens create \
+    --name "local-agent-$STAMP" --kind agent >"$VAR/demo/agent.token" 2>/dev/null )
+CI_TOKEN=$(cat "$VAR/demo/ci.token")
+#    --anonymous-read: the dashboard on 127.0.0.1 reads without a token; writes still need one.
 "$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db" --http "127.0.0.1:$HTTP_PORT" \
   --grpc "127.0.0.1:$GRPC_PORT" --mirror-dir "$VAR/mirrors" --web-dir "$ROOT/web" \
-  --torch-pin "$TORCH_VERSION" >"$VAR/logs/controller.out" 2>"$VAR/logs/controller.log" &
+  --torch-pin "$TORCH_VERSION" --anonymous-read \
+  >"$VAR/logs/controller.out" 2>"$VAR/logs/controller.log" &
 echo $! >"$VAR/demo/controller.pid"
 # The performance phase (opt-in per cell) measures transformers beside us with this Python.
 GATEHOUSE_PEER_PYTHON="$VENV/bin/python" \
 "$BUILD_DIR/bin/gatehouse-agent" --controller "127.0.0.1:$GRPC_PORT" --name local-agent \
   --work-dir "$VAR/agent" --sdk-dir "$BUILD_DIR/sdk" --cmake-prefix-path "$TORCH_PREFIX" \
   --worker "$BUILD_DIR/bin/gatehouse-worker" --torch-version "$TORCH_VERSION" \
-  >"$VAR/logs/agent.out" 2>"$VAR/logs/agent.log" &
+  --token-file "$VAR/demo/agent.token" >"$VAR/logs/agent.out" 2>"$VAR/logs/agent.log" &
 echo $! >"$VAR/demo/agent.pid"
 stop() {
   for pidfile in "$VAR/demo/agent.pid" "$VAR/demo/controller.pid"; do
@@ -78,14 +89,15 @@ submit() {  # submit NAME: prints the new cell's id
   body=$(printf '{"repository":"%s","branch":"main","model_family":"llama","checkpoint":"%s","reference":"%s"}' \
     "$REPO" "$VAR/checkpoints/$1/checkpoint" "$VAR/checkpoints/$1/reference")
   log "POST $API/cells $body"
-  response=$(curl -sS -X POST -H 'Content-Type: application/json' -d "$body" "$API/cells")
+  response=$(curl -sS -X POST -H "Authorization: Bearer $CI_TOKEN" \
+    -H 'Content-Type: application/json' -d "$body" "$API/cells")
   printf '%s' "$response" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["id"])' || {
     log "submit failed: $response"; return 1; }
 }
 wait_for() {  # wait_for ID: prints the final status
   local status=""
   for _ in $(seq 1800); do
-    status=$(curl -sS "$API/cells/$1" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["status"])')
+    status=$(curl -sS -H "Authorization: Bearer $CI_TOKEN" "$API/cells/$1" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["status"])')
     case "$status" in passed|failed|error) break ;; esac
     sleep 1
   done
@@ -101,13 +113,14 @@ SUMMARY=""
 for i in "${!IDS[@]}"; do
   ID=${IDS[$i]}
   STATUS=$(wait_for "$ID")
-  curl -sS "$API/cells/$ID/report"
+  curl -sS -H "Authorization: Bearer $CI_TOKEN" "$API/cells/$ID/report"
   echo
   SUMMARY+="Cell $ID (${NAMES[$i]}): $STATUS"$'\n'
   [ "$STATUS" = passed ] || ALL_PASSED=0
 done
 printf '%s' "$SUMMARY"
 echo "Dashboard: http://127.0.0.1:$HTTP_PORT/   (cell pages: http://127.0.0.1:$HTTP_PORT/cell.html?id=${IDS[0]})"
+echo "API token (read, submit): $VAR/demo/ci.token   e.g. curl -H \"Authorization: Bearer \$(cat $VAR/demo/ci.token)\" $API/cells"
 if [ -t 0 ]; then
   echo "Serving the dashboard; press Ctrl-C to stop the controller and agent."
   wait

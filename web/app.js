@@ -6,9 +6,31 @@ const POLL_MS = 2000;
 const IDLE_POLL_MS = 10000;
 const FINAL_STATES = new Set(['passed', 'failed', 'error', 'lost', 'cancelled', 'timed_out']);
 
-/** Fetches JSON (or text with asText) from the controller; throws Error(message) on failure. */
+const TOKEN_KEY = 'gatehouse-token';
+let tokenAsked = false;
+
+/** The bearer token for this tab (sessionStorage), or ''. */
+function apiToken() {
+  try { return sessionStorage.getItem(TOKEN_KEY) || ''; } catch (e) { return ''; }
+}
+
+/**
+ * Fetches JSON (or text with asText) from the controller; throws Error(message) on failure.
+ * On a 401 it asks once per page for a token with scope read, keeps it for this tab only
+ * (sessionStorage) and retries.
+ */
 async function fetchApi(path, asText) {
-  const res = await fetch(path, { cache: 'no-store' });
+  const token = apiToken();
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  const res = await fetch(path, { cache: 'no-store', headers });
+  if (res.status === 401 && !tokenAsked) {
+    tokenAsked = true;
+    const entered = window.prompt('This controller needs an API token with scope "read":', '');
+    if (entered) {
+      try { sessionStorage.setItem(TOKEN_KEY, entered.trim()); } catch (e) { /* private mode */ }
+      return fetchApi(path, asText);
+    }
+  }
   const body = asText ? await res.text() : await res.json().catch(() => ({}));
   if (!res.ok) {
     const msg = asText ? body : (body.error || res.statusText);

@@ -126,7 +126,7 @@ Result<AttemptState> StateColumn(const Stmt& s, int col) {
 
 constexpr char kAttemptColumns[] =
     "id, cell_id, number, state, agent_id, reason, run_status, created_at, started_at, ended_at, "
-    "cancel_reason, retry_of";
+    "cancel_reason, retry_of, leased_at, cancel_as";
 
 Result<AttemptRecord> AttemptFromRow(const Stmt& s) {
   AttemptRecord a;
@@ -142,11 +142,13 @@ Result<AttemptRecord> AttemptFromRow(const Stmt& s) {
   a.ended_at = s.Text(9);
   a.cancel_reason = s.Text(10);
   a.retry_of = s.Int(11);  // NULL reads as 0
+  a.leased_at = s.Text(12);
+  GH_ASSIGN_OR_RETURN(a.cancel_as, StateColumn(s, 13));
   return a;
 }
 
 constexpr char kCellColumns[] =
-    "id, spec_json, repository, commit_sha, branch, model_family, created_at, submitter";
+    "id, spec_json, repository, commit_sha, branch, model_family, created_at, submitter, priority";
 
 CellRecord CellFromRow(const Stmt& s, int first = 0) {
   CellRecord c;
@@ -158,6 +160,7 @@ CellRecord CellFromRow(const Stmt& s, int first = 0) {
   c.model_family = s.Text(first + 5);
   c.created_at = s.Text(first + 6);
   c.submitter = s.Text(first + 7);
+  c.priority = static_cast<int>(s.Int(first + 8));
   return c;
 }
 
@@ -242,7 +245,7 @@ Result<bool> Store::CreateCellIfAbsent(const CellRecord& cell) {
   GH_RETURN_IF_ERROR(tx.begin_status());
   const std::string now = Now();
   Stmt insert(db_, std::string("INSERT OR IGNORE INTO cells(") + kCellColumns +
-                       ") VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+                       ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
   insert.Bind(1, cell.id)
       .Bind(2, cell.spec_json)
       .Bind(3, cell.repository)
@@ -250,7 +253,8 @@ Result<bool> Store::CreateCellIfAbsent(const CellRecord& cell) {
       .Bind(5, cell.branch)
       .Bind(6, cell.model_family)
       .Bind(7, now)
-      .Bind(8, cell.submitter);
+      .Bind(8, cell.submitter)
+      .Bind(9, int64_t{cell.priority});
   GH_RETURN_IF_ERROR(insert.Exec().WithContext("store cell " + cell.id));
   if (sqlite3_changes(db_) == 0) return false;  // exists; rollback of an empty transaction
   Stmt attempt(db_, "INSERT INTO attempts(cell_id, number, state, created_at) VALUES (?, 1, ?, ?)");
@@ -273,7 +277,7 @@ Result<std::vector<CellSummary>> Store::ListCells(int limit, int offset) {
   std::lock_guard lock(mu_);
   Stmt s(db_,
          "SELECT c.id, c.spec_json, c.repository, c.commit_sha, c.branch, c.model_family, "
-         "c.created_at, c.submitter, "
+         "c.created_at, c.submitter, c.priority, "
          "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1) "
          "FROM cells c ORDER BY c.created_at DESC, c.rowid DESC LIMIT ? OFFSET ?");
   s.Bind(1, int64_t{limit}).Bind(2, int64_t{offset});
@@ -281,7 +285,7 @@ Result<std::vector<CellSummary>> Store::ListCells(int limit, int offset) {
   while (s.Step()) {
     CellSummary summary;
     summary.cell = CellFromRow(s);
-    GH_ASSIGN_OR_RETURN(summary.status, StateColumn(s, 8));
+    GH_ASSIGN_OR_RETURN(summary.status, StateColumn(s, 9));
     out.push_back(std::move(summary));
   }
   GH_RETURN_IF_ERROR(s.status());
@@ -310,11 +314,15 @@ Result<AttemptRecord> Store::GetAttempt(int64_t attempt_id) {
 Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts() {
   std::lock_guard lock(mu_);
   Stmt s(db_,
-         "SELECT a.id, a.cell_id, c.spec_json FROM attempts a JOIN cells c ON c.id = a.cell_id "
+         "SELECT a.id, a.cell_id, c.spec_json, c.priority, c.submitter, c.repository "
+         "FROM attempts a JOIN cells c ON c.id = a.cell_id "
          "WHERE a.state = ? ORDER BY a.created_at, a.id");
   s.Bind(1, AttemptStateName(AttemptState::kQueued));
   std::vector<QueuedAttempt> out;
-  while (s.Step()) out.push_back({s.Int(0), s.Text(1), s.Text(2)});
+  while (s.Step()) {
+    out.push_back({s.Int(0), s.Text(1), s.Text(2), static_cast<int>(s.Int(3)), s.Text(4),
+                   s.Text(5)});
+  }
   GH_RETURN_IF_ERROR(s.status());
   return out;
 }
@@ -322,20 +330,25 @@ Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts() {
 Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts() {
   std::lock_guard lock(mu_);
   Stmt s(db_,
-         "SELECT a.agent_id, c.spec_json, a.id, a.cell_id FROM attempts a "
-         "JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) ORDER BY a.id");
+         "SELECT a.agent_id, c.spec_json, a.id, a.cell_id, c.submitter, c.repository "
+         "FROM attempts a JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) ORDER BY a.id");
   s.Bind(1, AttemptStateName(AttemptState::kLeased))
       .Bind(2, AttemptStateName(AttemptState::kRunning));
   std::vector<ActiveAttempt> out;
-  while (s.Step()) out.push_back({s.Text(0), s.Text(1), s.Int(2), s.Text(3)});
+  while (s.Step()) {
+    out.push_back({s.Text(0), s.Text(1), s.Int(2), s.Text(3), s.Text(4), s.Text(5)});
+  }
   GH_RETURN_IF_ERROR(s.status());
   return out;
 }
 
-Result<bool> Store::CancelQueued(int64_t attempt_id, const std::string& reason) {
+Result<bool> Store::CancelQueued(int64_t attempt_id, const std::string& reason, AttemptState as) {
+  if (as != AttemptState::kCancelled && as != AttemptState::kTimedOut) {
+    return Status::InvalidArgument("a queued attempt stops as cancelled or timed_out");
+  }
   std::lock_guard lock(mu_);
   Stmt s(db_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ? AND state = ?");
-  s.Bind(1, AttemptStateName(AttemptState::kCancelled))
+  s.Bind(1, AttemptStateName(as))
       .Bind(2, reason)
       .Bind(3, Now())
       .Bind(4, attempt_id)
@@ -344,7 +357,10 @@ Result<bool> Store::CancelQueued(int64_t attempt_id, const std::string& reason) 
   return sqlite3_changes(db_) > 0;
 }
 
-Result<bool> Store::RequestCancel(int64_t attempt_id, const std::string& reason) {
+Result<bool> Store::RequestCancel(int64_t attempt_id, const std::string& reason, AttemptState as) {
+  if (as != AttemptState::kCancelled && as != AttemptState::kTimedOut) {
+    return Status::InvalidArgument("a requested stop ends cancelled or timed_out");
+  }
   std::lock_guard lock(mu_);
   Transaction tx(db_);
   GH_RETURN_IF_ERROR(tx.begin_status());
@@ -355,8 +371,10 @@ Result<bool> Store::RequestCancel(int64_t attempt_id, const std::string& reason)
                                       ", not leased or running");
   }
   if (!a.cancel_reason.empty()) return false;
-  Stmt s(db_, "UPDATE attempts SET cancel_reason = ? WHERE id = ?");
-  s.Bind(1, reason.empty() ? std::string("cancel requested") : reason).Bind(2, attempt_id);
+  Stmt s(db_, "UPDATE attempts SET cancel_reason = ?, cancel_as = ? WHERE id = ?");
+  s.Bind(1, reason.empty() ? std::string("cancel requested") : reason)
+      .Bind(2, AttemptStateName(as))
+      .Bind(3, attempt_id);
   GH_RETURN_IF_ERROR(s.Exec());
   GH_RETURN_IF_ERROR(tx.Commit());
   return true;
@@ -369,9 +387,10 @@ Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std:
   GH_RETURN_IF_ERROR(tx.begin_status());
   GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
   if (IsTerminal(a.state)) return std::optional<int64_t>();  // ended meanwhile
-  // A lost attempt whose cancel was requested ends cancelled: nobody wants it run again.
+  // A lost attempt whose stop was requested ends as requested (cancelled or timed_out):
+  // nobody wants it run again.
   const bool cancelled = !a.cancel_reason.empty();
-  const AttemptState to = cancelled ? AttemptState::kCancelled : AttemptState::kLost;
+  const AttemptState to = cancelled ? a.cancel_as : AttemptState::kLost;
   GH_RETURN_IF_ERROR(CheckTransition(a.id, a.state, to));
   const std::string now = Now();
   {
@@ -410,6 +429,48 @@ Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std:
   return retry;
 }
 
+Result<std::vector<OverdueAttempt>> Store::ListOverdue(const std::string& queued_before,
+                                                       const std::string& leased_before,
+                                                       const std::string& phase_started_before) {
+  std::lock_guard lock(mu_);
+  // Only attempts not already being stopped; an empty cutoff disables that limit.
+  Stmt s(db_,
+         "SELECT a.id, a.cell_id, a.state, a.agent_id, a.created_at, a.leased_at, "
+         "COALESCE(p.phase, ''), COALESCE(p.started_at, '') "
+         "FROM attempts a LEFT JOIN phases p ON p.attempt_id = a.id AND p.status = 'RUNNING' "
+         "WHERE a.cancel_reason = '' AND ("
+         "(a.state = 'queued' AND ?1 != '' AND a.created_at < ?1) OR "
+         "(a.state IN ('leased', 'running') AND ("
+         "(?2 != '' AND a.leased_at != '' AND a.leased_at < ?2) OR "
+         "(?3 != '' AND p.started_at IS NOT NULL AND p.started_at != '' AND p.started_at < ?3))))"
+         " ORDER BY a.id");
+  s.Bind(1, queued_before).Bind(2, leased_before).Bind(3, phase_started_before);
+  std::vector<OverdueAttempt> out;
+  while (s.Step()) {
+    OverdueAttempt o;
+    o.attempt_id = s.Int(0);
+    o.cell_id = s.Text(1);
+    GH_ASSIGN_OR_RETURN(o.state, StateColumn(s, 2));
+    o.agent_id = s.Text(3);
+    if (o.state == AttemptState::kQueued) {
+      o.limit = OverdueAttempt::Limit::kQueued;
+      o.since = s.Text(4);
+    } else if (!leased_before.empty() && !s.Text(5).empty() && s.Text(5) < leased_before) {
+      o.limit = OverdueAttempt::Limit::kAttempt;
+      o.since = s.Text(5);
+    } else {
+      o.limit = OverdueAttempt::Limit::kPhase;
+      o.phase = s.Text(6);
+      o.since = s.Text(7);
+    }
+    // One row per attempt even if two phases were RUNNING (a lost phase_end).
+    if (!out.empty() && out.back().attempt_id == o.attempt_id) continue;
+    out.push_back(std::move(o));
+  }
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
 Status Store::LeaseAttempts(const std::vector<Lease>& leases) {
   std::lock_guard lock(mu_);
   Transaction tx(db_);
@@ -417,8 +478,11 @@ Status Store::LeaseAttempts(const std::vector<Lease>& leases) {
   for (const Lease& lease : leases) {
     GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, lease.attempt_id));
     GH_RETURN_IF_ERROR(CheckTransition(a.id, a.state, AttemptState::kLeased));
-    Stmt s(db_, "UPDATE attempts SET state = ?, agent_id = ? WHERE id = ?");
-    s.Bind(1, AttemptStateName(AttemptState::kLeased)).Bind(2, lease.agent_id).Bind(3, a.id);
+    Stmt s(db_, "UPDATE attempts SET state = ?, agent_id = ?, leased_at = ? WHERE id = ?");
+    s.Bind(1, AttemptStateName(AttemptState::kLeased))
+        .Bind(2, lease.agent_id)
+        .Bind(3, Now())
+        .Bind(4, a.id);
     GH_RETURN_IF_ERROR(s.Exec());
   }
   return tx.Commit();
@@ -616,6 +680,84 @@ Result<AgentRecord> Store::GetAgent(const std::string& agent_id) {
     return Status::NotFound("agent '" + agent_id + "' not found");
   }
   return AgentRecord{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4), s.Text(5)};
+}
+
+namespace {
+
+constexpr char kTokenColumns[] =
+    "id, name, kind, scopes, created_at, COALESCE(last_used_at, ''), COALESCE(revoked_at, '')";
+
+TokenRecord TokenFromRow(const Stmt& s) {
+  return TokenRecord{s.Int(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4), s.Text(5), s.Text(6)};
+}
+
+Result<TokenRecord> LoadToken(sqlite3* db, int64_t token_id) {
+  Stmt s(db, std::string("SELECT ") + kTokenColumns + " FROM tokens WHERE id = ?");
+  s.Bind(1, token_id);
+  if (!s.Step()) {
+    GH_RETURN_IF_ERROR(s.status());
+    return Status::NotFound("token " + std::to_string(token_id) + " not found");
+  }
+  return TokenFromRow(s);
+}
+
+}  // namespace
+
+Result<TokenRecord> Store::CreateToken(const TokenRecord& token, const std::string& sha256_hex) {
+  std::lock_guard lock(mu_);
+  Transaction tx(db_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  {
+    Stmt active(db_, "SELECT 1 FROM tokens WHERE name = ? AND revoked_at IS NULL");
+    active.Bind(1, token.name);
+    if (active.Step()) {
+      return Status::AlreadyExists("an active token is named '" + token.name + "'");
+    }
+    GH_RETURN_IF_ERROR(active.status());
+  }
+  Stmt s(db_,
+         "INSERT INTO tokens(name, kind, scopes, token_sha256, created_at) VALUES (?, ?, ?, ?, ?)");
+  s.Bind(1, token.name).Bind(2, token.kind).Bind(3, token.scopes).Bind(4, sha256_hex).Bind(5, Now());
+  GH_RETURN_IF_ERROR(s.Exec());
+  auto stored = LoadToken(db_, sqlite3_last_insert_rowid(db_));
+  if (!stored.ok()) return stored.status();
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return stored;
+}
+
+Result<std::optional<TokenRecord>> Store::FindToken(const std::string& sha256_hex) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, std::string("SELECT ") + kTokenColumns + " FROM tokens WHERE token_sha256 = ?");
+  s.Bind(1, sha256_hex);
+  if (!s.Step()) {
+    GH_RETURN_IF_ERROR(s.status());
+    return std::optional<TokenRecord>();
+  }
+  return std::optional<TokenRecord>(TokenFromRow(s));
+}
+
+Result<std::vector<TokenRecord>> Store::ListTokens() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, std::string("SELECT ") + kTokenColumns + " FROM tokens ORDER BY id");
+  std::vector<TokenRecord> out;
+  while (s.Step()) out.push_back(TokenFromRow(s));
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<TokenRecord> Store::RevokeToken(int64_t token_id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL");
+  s.Bind(1, Now()).Bind(2, token_id);
+  GH_RETURN_IF_ERROR(s.Exec());
+  return LoadToken(db_, token_id);
+}
+
+Status Store::TouchToken(int64_t token_id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE tokens SET last_used_at = ? WHERE id = ?");
+  s.Bind(1, Now()).Bind(2, token_id);
+  return s.Exec();
 }
 
 }  // namespace gatehouse::controller

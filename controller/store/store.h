@@ -76,15 +76,27 @@ class Store {
   /// Leased and running attempts with their agents and cells' specs.
   Result<std::vector<ActiveAttempt>> ListActiveAttempts();
 
-  /// Moves a queued attempt to cancelled with `reason`, only if it is still queued (in one
-  /// statement, so a concurrent lease wins or loses whole). Returns false when it was not.
-  Result<bool> CancelQueued(int64_t attempt_id, const std::string& reason);
+  /// Moves a queued attempt to `as` (cancelled, or timed_out for the queued time limit) with
+  /// `reason`, only if it is still queued (in one statement, so a concurrent lease wins or
+  /// loses whole). Returns false when it was not.
+  Result<bool> CancelQueued(int64_t attempt_id, const std::string& reason,
+                            AttemptState as = AttemptState::kCancelled);
 
-  /// Records that a cancel was requested for a leased or running attempt (cancel_reason; the
-  /// attempt ends cancelled when its agent reports the end, or when it is lost). Returns false
-  /// when one was already requested (the first reason stays). FAILED_PRECONDITION for an
-  /// attempt in any other state.
-  Result<bool> RequestCancel(int64_t attempt_id, const std::string& reason);
+  /// Records that a stop was requested for a leased or running attempt (cancel_reason, and
+  /// `as`: cancelled for a cancel, timed_out for a time limit; the attempt ends in that state
+  /// when its agent reports the end, or when it is lost). Returns false when one was already
+  /// requested (the first reason and state stay). FAILED_PRECONDITION for an attempt in any
+  /// other state.
+  Result<bool> RequestCancel(int64_t attempt_id, const std::string& reason,
+                             AttemptState as = AttemptState::kCancelled);
+
+  /// Attempts over a time limit and not already being stopped: queued ones created before
+  /// `queued_before`, leased/running ones leased before `leased_before`, or whose RUNNING
+  /// phase started before `phase_started_before` (timestamps as stored; an empty cutoff turns
+  /// that limit off). The attempt limit wins when both apply. By attempt id.
+  Result<std::vector<OverdueAttempt>> ListOverdue(const std::string& queued_before,
+                                                  const std::string& leased_before,
+                                                  const std::string& phase_started_before);
 
   /// In one transaction: moves a leased or running attempt to lost with `reason` (to cancelled
   /// when a cancel was requested for it) and, when the cell's lost attempts (this one
@@ -132,6 +144,20 @@ class Store {
   Status SetAgentState(const std::string& agent_id, const std::string& state);
   /// NOT_FOUND when absent.
   Result<AgentRecord> GetAgent(const std::string& agent_id);
+
+  // ---- tokens (controller/auth.h) ----
+
+  /// Stores a token (name, kind, scopes; created_at set here) by the SHA-256 hex of its
+  /// secret and returns the stored row. ALREADY_EXISTS when an active token has that name.
+  Result<TokenRecord> CreateToken(const TokenRecord& token, const std::string& sha256_hex);
+  /// The token whose secret hashes to `sha256_hex` (revoked ones too), or nullopt.
+  Result<std::optional<TokenRecord>> FindToken(const std::string& sha256_hex);
+  /// All tokens, by id.
+  Result<std::vector<TokenRecord>> ListTokens();
+  /// Sets revoked_at (kept when already revoked) and returns the row; NOT_FOUND when absent.
+  Result<TokenRecord> RevokeToken(int64_t token_id);
+  /// Sets last_used_at = now.
+  Status TouchToken(int64_t token_id);
 
  private:
   Store(sqlite3* db, Clock clock);

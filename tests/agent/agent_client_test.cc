@@ -125,6 +125,7 @@ class AgentClientTest : public ::testing::Test {
     runner_config.sdk_dir = tmp_.path();
     runner_config.worker = tmp_.path() / "no-worker";
     runner_config.agent_name = "test-agent";
+    runner_config.cleanup = cleanup_;
     runner_ = std::make_unique<AttemptRunner>(runner_config);
     AgentClientConfig config;
     config.controller = address;
@@ -133,6 +134,7 @@ class AgentClientTest : public ::testing::Test {
     config.capabilities.labels["lane"] = "cpu";
     config.capabilities.torch_version = "2.11.0";
     config.initial_backoff = std::chrono::milliseconds(20);
+    config.drain_recheck = std::chrono::milliseconds(100);
     client_ = std::make_unique<AgentClient>(config, *runner_);
     client_->OnRegistered([this](const std::string& id) {
       std::lock_guard lock(ids_mu_);
@@ -153,6 +155,7 @@ class AgentClientTest : public ::testing::Test {
   FakeController controller_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  const CleanupChecker* cleanup_ = nullptr;  // set before StartAgent to check cleanups
   std::unique_ptr<AttemptRunner> runner_;
   std::unique_ptr<AgentClient> client_;
   std::thread agent_thread_;
@@ -242,6 +245,54 @@ TEST_F(AgentClientTest, UnacknowledgedMessagesAreResentAfterReconnect) {
               std::vector<int64_t>{41});
     EXPECT_EQ(registers[2].running_attempt_ids_size(), 0);
     return true;
+  }));
+}
+
+// Verifies draining: an attempt that leaves a process in its directory makes the agent say it
+// drains before it sends the end (so the controller never schedules onto it in between), the
+// cleanup report is a log chunk of stream "cleanup", and once the process is gone a recheck
+// clears the drain on the next heartbeat.
+TEST_F(AgentClientTest, AFailedCleanupDrainsTheAgentUntilARecheckIsClean) {
+  CleanupChecker checker(nullptr);
+  ASSERT_TRUE(checker.TakeBaseline().ok());
+  cleanup_ = &checker;
+  std::filesystem::create_directories(tmp_.path() / "work" / "attempts" / "41");
+  testing::Leftover left(tmp_.path() / "work" / "attempts" / "41");
+  controller_.assignments = {InvalidSpecAssignment(41)};
+  StartServer();
+  StartAgent(Address());
+  ASSERT_TRUE(controller_.WaitFor([](const auto&, const auto& received) {
+    return Count(received, pb::AgentMessage::kEnd) == 1;
+  }));
+  controller_.WaitFor([&](const auto&, const auto& received) {
+    size_t drain_at = received.size(), end_at = received.size(), report_at = received.size();
+    for (size_t i = 0; i < received.size(); ++i) {
+      const auto& m = received[i];
+      if (m.has_heartbeat() && !m.heartbeat().drain_reason().empty() && drain_at == received.size()) {
+        drain_at = i;
+        EXPECT_NE(m.heartbeat().drain_reason().find("cleanup after attempt 41: 1 leftover process"),
+                  std::string::npos)
+            << m.heartbeat().drain_reason();
+      }
+      if (m.has_log() && m.log().stream() == "cleanup") {
+        report_at = i;
+        EXPECT_NE(m.log().data().find("\"healthy\":false"), std::string::npos);
+      }
+      if (m.has_end()) end_at = i;
+    }
+    EXPECT_LT(report_at, end_at);
+    EXPECT_LT(drain_at, end_at) << "the drain must reach the controller before the end";
+    return true;
+  });
+  left.End();
+  ASSERT_TRUE(controller_.WaitFor([](const auto&, const auto& received) {
+    bool drained = false;
+    for (const auto& m : received) {
+      if (!m.has_heartbeat()) continue;
+      if (!m.heartbeat().drain_reason().empty()) drained = true;
+      else if (drained) return true;  // a clean heartbeat after the drain
+    }
+    return false;
   }));
 }
 

@@ -3,17 +3,22 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "agent/cleanup.h"
 #include "agent/process.h"
 #include "tests/common/temp_dir.h"
 
@@ -77,5 +82,34 @@ inline std::string CommitFiles(const std::filesystem::path& repo,
   Git(repo, {"commit", "-q", "-m", message});
   return Git(repo, {"rev-parse", "HEAD"});
 }
+
+/// A `sleep 60` whose working directory is `dir` (a process an attempt left behind); killed and
+/// reaped by End() or the destructor.
+class Leftover {
+ public:
+  explicit Leftover(const std::filesystem::path& dir) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      if (::chdir(dir.c_str()) != 0) ::_exit(127);
+      ::execlp("sleep", "sleep", "60", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Wait until the child has changed directory and exec'd.
+    for (int i = 0; i < 200 && ProcessesUnder(dir).empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~Leftover() { End(); }
+  void End() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = 0;
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = 0;
+};
 
 }  // namespace gatehouse::agent::testing

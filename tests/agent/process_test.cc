@@ -135,5 +135,31 @@ TEST(ProcessTest, ChildDoesNotInheritBlockedSignals) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+TEST(ProcessTest, LeftoverProcessesHoldingTheOutputAreKilledAfterTheLogFlushTimeout) {
+  // The child exits at once but leaves a background process holding its stdout: RunProcess
+  // returns after log_flush_timeout (not after the leftover's 30 s), says the output was cut,
+  // and what was written before is kept.
+  TempDir dir;
+  WriteFile(dir.path() / "leave.sh", "#!/bin/sh\necho before\nsleep 30 &\nexit 0\n", true);
+  ProcessSpec spec;
+  spec.exe = dir.path() / "leave.sh";
+  spec.log_flush_timeout = std::chrono::milliseconds(300);
+  const auto start = std::chrono::steady_clock::now();
+  const Captured c = Capture(spec);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(c.exit.ok()) << c.exit.status().ToString();
+  EXPECT_TRUE(c.exit->output_cut);
+  EXPECT_EQ(c.exit->exit_code, 0);
+  EXPECT_EQ(c.out, "before\n");
+  EXPECT_GE(took, std::chrono::milliseconds(300));
+  EXPECT_LT(took, std::chrono::seconds(10));
+  // A child without leftovers is not cut.
+  ProcessSpec quick;
+  quick.exe = "true";
+  const Captured q = Capture(quick);
+  ASSERT_TRUE(q.exit.ok());
+  EXPECT_FALSE(q.exit->output_cut);
+}
+
 }  // namespace
 }  // namespace gatehouse::agent

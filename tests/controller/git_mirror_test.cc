@@ -115,5 +115,23 @@ TEST_F(GitMirrorTest, ResolvesAnExistingCommitAndRejectsAnUnknownOne) {
   EXPECT_EQ(r.status().message(), "commit '" + unknown + "' not found in '" + repo_ + "'");
 }
 
+TEST_F(GitMirrorTest, AKnownCommitResolvesWithoutAFetchANewOneIsFetched) {
+  const std::string first = Commit("first");
+  ASSERT_TRUE(mirror_.ResolveCommit(repo_, first).ok());
+  // A commit made after the mirror's last fetch is fetched on demand.
+  const std::string second = Commit("second");
+  auto fetched = mirror_.ResolveCommit(repo_, second);
+  ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+  // With the repository gone, a commit the mirror holds still resolves (no network needed);
+  // anything else needs the repository and says it cannot be reached.
+  std::filesystem::rename(repo_, repo_ + ".moved");
+  auto known = mirror_.ResolveCommit(repo_, first);
+  ASSERT_TRUE(known.ok()) << known.status().ToString();
+  EXPECT_EQ(*known, first);
+  EXPECT_EQ(mirror_.ResolveCommit(repo_, std::string(40, 'e')).status().code(),
+            StatusCode::kNotFound);
+  std::filesystem::rename(repo_ + ".moved", repo_);
+}
+
 }  // namespace
 }  // namespace gatehouse::controller

@@ -2,6 +2,7 @@
 // spec (docs/protocols.md §1-2), and the directory digest cache.
 #include "controller/cell_identity.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <set>
@@ -125,6 +126,40 @@ TEST_F(IdentityTest, CudaPinIsFrozenOnlyWhenGivenAndReproduced) {
   EXPECT_EQ(pinned.at("runtime").at("cuda"), "13.0");
   EXPECT_EQ(ReproduceBody(pinned).at("runtime").at("cuda"), "13.0");
   EXPECT_EQ(IdOf(ReproduceBody(pinned)), CellIdOf(pinned));
+}
+
+TEST_F(IdentityTest, GpuModelPinIsFrozenOnlyWhenGivenAndNeedsCuda) {
+  json body = BaseBody();
+  body["device"] = "cuda";
+  const json plain = Freeze(body);
+  EXPECT_FALSE(plain.at("runtime").contains("gpu_model"));
+  body["runtime"] = {{"gpu_model", "H200"}};
+  const json pinned = Freeze(body);
+  EXPECT_EQ(pinned.at("runtime").at("gpu_model"), "H200");
+  EXPECT_NE(CellIdOf(pinned), CellIdOf(plain));
+  EXPECT_EQ(IdOf(ReproduceBody(pinned)), CellIdOf(pinned));
+  json cpu = BaseBody();
+  cpu["runtime"] = {{"gpu_model", "H200"}};
+  EXPECT_THAT(ErrorOf(cpu).message(), ::testing::HasSubstr("needs \"device\": \"cuda\""));
+  body["runtime"] = {{"gpu_model", "H200; rm -rf /"}};
+  EXPECT_EQ(ErrorOf(body).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(IdentityTest, PriorityIsALabelNotIdentity) {
+  json urgent = BaseBody();
+  urgent["priority"] = 50;
+  auto a = freezer_.Freeze(BaseBody().dump());
+  auto b = freezer_.Freeze(urgent.dump());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->id, b->id);
+  EXPECT_EQ(a->priority, 0);
+  EXPECT_EQ(b->priority, 50);
+  EXPECT_EQ(json::parse(b->spec_json).count("priority"), 0u);
+  for (const json& bad : {json(101), json(-101), json("high"), json(1.5)}) {
+    json body = BaseBody();
+    body["priority"] = bad;
+    EXPECT_THAT(ErrorOf(body).message(), ::testing::HasSubstr("field 'priority'")) << bad;
+  }
 }
 
 TEST_F(IdentityTest, CheckpointContentIsPartOfTheIdentity) {

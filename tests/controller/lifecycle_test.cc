@@ -308,3 +308,147 @@ TEST_F(LifecycleTest, QueuedCellSaysWhyItWaits) {
 
 }  // namespace
 }  // namespace gatehouse::controller
+
+namespace gatehouse::controller {
+namespace {
+
+// Time limits (TimeLimits, --queued-timeout-s / --attempt-timeout-s / --phase-timeout-s).
+class TimeLimitTest : public LifecycleTest {
+ protected:
+  void UseLimits(std::chrono::seconds queued, std::chrono::seconds attempt,
+                 std::chrono::seconds phase) {
+    LeaseConfig lease;
+    lease.heartbeat_interval = 5s;
+    TimeLimits limits{queued, attempt, phase};
+    core_ = std::make_unique<ControllerCore>(*store_, freezer_, lease, [this] { return Now(); },
+                                             limits);
+  }
+  // Advances `total` in heartbeat steps, so `agent` never looks silent.
+  void AdvanceAlive(const std::string& agent, std::chrono::seconds total) {
+    for (auto t = 0s; t < total; t += 4s) {
+      Advance(std::min<std::chrono::milliseconds>(4s, total - t));
+      ASSERT_TRUE(core_->Heartbeat(agent).ok());
+    }
+  }
+};
+
+TEST_F(TimeLimitTest, AnAttemptQueuedTooLongTimesOutWithItsWaitingReason) {
+  UseLimits(60s, 0s, 0s);
+  const std::string id = Submit();
+  Advance(59s);
+  EXPECT_EQ(core_->EnforceTimeLimits(), 0);
+  EXPECT_EQ(Cell(id).status, AttemptState::kQueued);
+  Advance(2s);
+  EXPECT_EQ(core_->EnforceTimeLimits(), 1);
+  const CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 1u);
+  EXPECT_EQ(d.status, AttemptState::kTimedOut);
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("timed out: queued since"));
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("limit of 60 s (--queued-timeout-s)"));
+  EXPECT_EQ(core_->EnforceTimeLimits(), 0) << "timed out once";
+  auto late = Connect("late");
+  EXPECT_TRUE(late->AssignedIds().empty()) << "a timed-out attempt is never leased";
+}
+
+TEST_F(TimeLimitTest, AnAttemptOverItsLimitIsStoppedAndEndsTimedOutWithoutRetry) {
+  UseLimits(0s, 100s, 0s);
+  auto agent = Connect("a");
+  const std::string id = Submit();
+  ASSERT_EQ(agent->AssignedIds().size(), 1u);
+  const int64_t attempt = agent->AssignedIds()[0];
+  ASSERT_TRUE(core_->RecordEvent("a", attempt, 1, R"({"event":"phase_start","phase":"identity"})").ok());
+  AdvanceAlive("a", 99s);
+  EXPECT_EQ(core_->EnforceTimeLimits(), 0);
+  AdvanceAlive("a", 2s);
+  EXPECT_EQ(core_->EnforceTimeLimits(), 1);
+  ASSERT_EQ(agent->cancels.size(), 1u);
+  EXPECT_EQ(agent->cancels[0].first, attempt);
+  EXPECT_THAT(agent->cancels[0].second, HasSubstr("over the attempt limit of 100 s"));
+  EXPECT_EQ(core_->EnforceTimeLimits(), 0) << "one stop request per attempt";
+  EXPECT_EQ(agent->cancels.size(), 1u);
+  // The agent stops the worker group and reports the end: timed_out, not cancelled or error.
+  ASSERT_TRUE(core_->EndAttempt("a", attempt, "error", "stopped: worker killed", 137).ok());
+  const CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 1u) << "a timeout is not retried";
+  EXPECT_EQ(d.status, AttemptState::kTimedOut);
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("attempt limit"));
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("worker killed"));
+}
+
+TEST_F(TimeLimitTest, APhaseOverItsLimitStopsTheAttemptFinishedPhasesDoNotCount) {
+  UseLimits(0s, 0s, 30s);
+  auto agent = Connect("a");
+  const std::string id = Submit();
+  const int64_t attempt = agent->AssignedIds().at(0);
+  ASSERT_TRUE(core_->RecordEvent("a", attempt, 1, R"({"event":"phase_start","phase":"identity"})").ok());
+  AdvanceAlive("a", 20s);
+  ASSERT_TRUE(core_->RecordEvent("a", attempt, 2,
+      R"({"event":"phase_end","phase":"identity","status":"PASS","duration_ms":20000})").ok());
+  ASSERT_TRUE(core_->RecordEvent("a", attempt, 3, R"({"event":"phase_start","phase":"training"})").ok());
+  AdvanceAlive("a", 25s);  // 45 s into the attempt, 25 s into training
+  EXPECT_EQ(core_->EnforceTimeLimits(), 0);
+  AdvanceAlive("a", 6s);
+  EXPECT_EQ(core_->EnforceTimeLimits(), 1);
+  ASSERT_EQ(agent->cancels.size(), 1u);
+  EXPECT_THAT(agent->cancels[0].second, HasSubstr("phase 'training'"));
+  EXPECT_THAT(agent->cancels[0].second, HasSubstr("phase limit of 30 s"));
+  ASSERT_TRUE(core_->EndAttempt("a", attempt, "error", "stopped", 143).ok());
+  EXPECT_EQ(Cell(id).status, AttemptState::kTimedOut);
+}
+
+TEST_F(TimeLimitTest, AStoppedAttemptWhoseAgentIsLostEndsTimedOut) {
+  UseLimits(0s, 10s, 0s);
+  auto agent = Connect("a");
+  const std::string id = Submit();
+  AdvanceAlive("a", 11s);
+  EXPECT_EQ(core_->EnforceTimeLimits(), 1);
+  Advance(16s);  // the agent goes silent before it reports the end
+  EXPECT_EQ(core_->ExpireLeases(), 1);
+  const CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 1u) << "neither lost nor retried";
+  EXPECT_EQ(d.status, AttemptState::kTimedOut);
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("timed out"));
+  EXPECT_THAT(d.attempts[0].reason, HasSubstr("unreachable"));
+}
+
+TEST_F(TimeLimitTest, ACancelAfterATimeoutKeepsTheTimeout) {
+  UseLimits(0s, 10s, 0s);
+  auto agent = Connect("a");
+  const std::string id = Submit();
+  const int64_t attempt = agent->AssignedIds().at(0);
+  AdvanceAlive("a", 11s);
+  ASSERT_EQ(core_->EnforceTimeLimits(), 1);
+  ASSERT_TRUE(core_->CancelCell(id, "impatient").ok());
+  ASSERT_TRUE(core_->EndAttempt("a", attempt, "error", "stopped", 143).ok());
+  EXPECT_EQ(Cell(id).status, AttemptState::kTimedOut) << "the first stop request decides";
+}
+
+}  // namespace
+}  // namespace gatehouse::controller
+
+namespace gatehouse::controller {
+namespace {
+
+TEST_F(LifecycleTest, ADrainingAgentGetsWorkOnlyOnceItsCleanupIsClean) {
+  auto agent = Connect("a");
+  ASSERT_TRUE(core_->Heartbeat("a", "cleanup after attempt 3: port 29500 still in use").ok());
+  const std::string id = Submit();
+  EXPECT_TRUE(agent->AssignedIds().empty());
+  EXPECT_THAT(Cell(id).waiting_reason, HasSubstr("a: draining (cleanup after attempt 3"));
+  ASSERT_TRUE(core_->Heartbeat("a", "").ok());  // a clean recheck: scheduling runs at once
+  EXPECT_EQ(agent->AssignedIds().size(), 1u);
+  EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
+}
+
+TEST_F(LifecycleTest, AnAgentThatRegistersDrainingGetsNoWork) {
+  auto channel = std::make_shared<RecordingChannel>();
+  AgentHello hello{"a", "{}", 1};
+  hello.drain_reason = "cleanup after attempt 9: GPU 0: 4096 MiB used, baseline 0 MiB";
+  ASSERT_TRUE(core_->RegisterAgent(hello).ok());
+  core_->AttachAgent("a", hello, channel);
+  Submit();
+  EXPECT_TRUE(channel->AssignedIds().empty());
+}
+
+}  // namespace
+}  // namespace gatehouse::controller

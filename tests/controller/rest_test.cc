@@ -8,11 +8,16 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <future>
+#include <iterator>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "common/sha256.h"
+#include "controller/auth.h"
 #include "controller/controller_core.h"
 #include "controller/http_server.h"
 #include "controller/rest_api.h"
@@ -91,7 +96,8 @@ class RestTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     store_ = std::move(*store);
     core_ = std::make_unique<ControllerCore>(*store_, freezer_);
-    api_ = std::make_unique<RestApi>(*core_, dir_.path() / "web");
+    auth_ = std::make_unique<Authenticator>(*store_, auth_config_);
+    api_ = std::make_unique<RestApi>(*core_, *auth_, dir_.path() / "web");
     auto server = HttpServer::Start({}, [this](const HttpRequest& r) { return api_->Handle(r); });
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
@@ -139,6 +145,8 @@ class RestTest : public ::testing::Test {
   CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
   std::unique_ptr<Store> store_;
   std::unique_ptr<ControllerCore> core_;
+  AuthConfig auth_config_{.required = false};  // RestAuthTest turns tokens on
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RestApi> api_;
   std::unique_ptr<HttpServer> server_;
   uint16_t port_ = 0;
@@ -425,6 +433,214 @@ TEST(HttpServerPoolsTest, StuckWritesDoNotDelayReads) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   release.set_value();
   for (auto& t : writers) t.join();
+}
+
+}  // namespace
+}  // namespace gatehouse::controller
+
+namespace gatehouse::controller {
+namespace {
+
+// The same server with bearer tokens required (controller --auth tokens, the default).
+class RestAuthTest : public RestTest {
+ protected:
+  void SetUp() override {
+    auth_config_.required = true;
+    RestTest::SetUp();
+    for (const auto& [name, scopes] :
+         std::vector<std::pair<std::string, std::vector<Scope>>>{
+             {"reader", {Scope::kRead}},
+             {"submitter", {Scope::kSubmit}},
+             {"ci", {Scope::kRead, Scope::kSubmit}},
+             {"root", {Scope::kAdmin}}}) {
+      auto issued = auth_->Issue(name, TokenKind::kApi, scopes);
+      ASSERT_TRUE(issued.ok()) << issued.status().ToString();
+      secrets_[name] = issued->secret;
+    }
+    auto agent = auth_->Issue("node-1", TokenKind::kAgent, {});
+    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+    secrets_["node-1"] = agent->secret;
+  }
+
+  std::string Bearer(const std::string& name) {
+    return "Authorization: Bearer " + secrets_.at(name) + "\r\n";
+  }
+
+  std::map<std::string, std::string> secrets_;
+};
+
+struct Route {
+  std::string method;
+  std::string target;
+  std::string body;
+  Scope needed;
+};
+
+TEST_F(RestAuthTest, EveryApiRouteNeedsATokenWithItsScope) {
+  // A stored cell, so the cell routes reach their handlers.
+  const Reply created =
+      Http(port_, "POST", "/api/v1/cells", SubmitBody(), Bearer("submitter"));
+  ASSERT_EQ(created.status, 201) << created.body;
+  const std::string id = json::parse(created.body)["id"];
+  auto victim = auth_->Issue("victim", TokenKind::kApi, {Scope::kRead});  // for DELETE
+  ASSERT_TRUE(victim.ok());
+  const std::vector<Route> routes = {
+      {"GET", "/api/v1/cells", "", Scope::kRead},
+      {"POST", "/api/v1/cells", SubmitBody("other"), Scope::kSubmit},
+      {"GET", "/api/v1/cells/" + id, "", Scope::kRead},
+      {"GET", "/api/v1/cells/" + id + "/report", "", Scope::kRead},
+      {"GET", "/api/v1/cells/" + id + "/log?stream=worker", "", Scope::kRead},
+      {"POST", "/api/v1/cells/" + id + "/cancel", "{\"reason\": \"test\"}", Scope::kSubmit},
+      {"GET", "/api/v1/tokens", "", Scope::kAdmin},
+      {"POST", "/api/v1/tokens", "{\"name\": \"made\", \"scopes\": [\"read\"]}", Scope::kAdmin},
+      {"DELETE", "/api/v1/tokens/" + std::to_string(victim->record.id), "", Scope::kAdmin},
+      {"GET", "/api/v1/no-such-route", "", Scope::kRead},
+  };
+  for (const Route& r : routes) {
+    SCOPED_TRACE(r.method + " " + r.target);
+    const Reply none = Http(port_, r.method, r.target, r.body);
+    EXPECT_EQ(none.status, 401) << none.body;
+    EXPECT_NE(none.head.find("WWW-Authenticate: Bearer"), std::string::npos) << none.head;
+    EXPECT_EQ(Http(port_, r.method, r.target, r.body, "Authorization: Bearer ghapi_wrong\r\n")
+                  .status,
+              401);
+    EXPECT_EQ(Http(port_, r.method, r.target, r.body, "Authorization: Basic cm9vdDpyb290\r\n")
+                  .status,
+              401);
+    const Reply agent = Http(port_, r.method, r.target, r.body, Bearer("node-1"));
+    EXPECT_EQ(agent.status, 403) << agent.body;
+    EXPECT_NE(agent.body.find("agent token"), std::string::npos) << agent.body;
+    // A token with another scope is refused with the scope named.
+    const std::string wrong = r.needed == Scope::kRead ? "submitter" : "reader";
+    const Reply denied = Http(port_, r.method, r.target, r.body, Bearer(wrong));
+    EXPECT_EQ(denied.status, 403) << denied.body;
+    EXPECT_NE(denied.body.find(std::string(ScopeName(r.needed))), std::string::npos)
+        << denied.body;
+  }
+  // With the scope (admin holds every scope), each route reaches its handler.
+  for (const Route& r : routes) {
+    SCOPED_TRACE(r.method + " " + r.target);
+    const std::string right = r.needed == Scope::kAdmin   ? "root"
+                              : r.needed == Scope::kRead ? "reader"
+                                                         : "submitter";
+    for (const std::string& who : {right, std::string("root")}) {
+      const Reply ok = Http(port_, r.method, r.target, r.body, Bearer(who));
+      EXPECT_NE(ok.status, 401) << who << ": " << ok.body;
+      EXPECT_NE(ok.status, 403) << who << ": " << ok.body;
+      EXPECT_LT(ok.status, 500) << who << ": " << ok.body;
+    }
+  }
+  // No token is needed for liveness, the API document and the dashboard's files.
+  EXPECT_EQ(Http(port_, "GET", "/healthz").status, 200);
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/openapi.json").status, 200);
+  EXPECT_EQ(Http(port_, "GET", "/").status, 200);
+}
+
+TEST_F(RestAuthTest, TheSubmitterIsTheTokensNameNotAHeader) {
+  const Reply r = Http(port_, "POST", "/api/v1/cells", SubmitBody(),
+                       Bearer("ci") + "X-Gatehouse-Submitter: mallory\r\n");
+  ASSERT_EQ(r.status, 201) << r.body;
+  EXPECT_EQ(json::parse(r.body)["labels"]["submitter"], "ci");
+}
+
+TEST_F(RestAuthTest, TokensAreIssuedListedWithoutSecretsAndRevoked) {
+  const Reply made = Http(port_, "POST", "/api/v1/tokens",
+                          R"({"name": "ci-2", "scopes": ["submit", "read", "read"]})",
+                          Bearer("root"));
+  ASSERT_EQ(made.status, 201) << made.body;
+  const json body = json::parse(made.body);
+  const std::string secret = body["secret"];
+  EXPECT_EQ(secret.rfind("ghapi_", 0), 0u) << secret;
+  EXPECT_EQ(body["token"]["scopes"], json({"read", "submit"}));
+  EXPECT_TRUE(body["token"]["revoked_at"].is_null());
+  const std::string auth = "Authorization: Bearer " + secret + "\r\n";
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells", "", auth).status, 200);
+
+  // Only the hash is stored: neither the list nor the database file holds the secret.
+  const Reply list = Http(port_, "GET", "/api/v1/tokens", "", Bearer("root"));
+  ASSERT_EQ(list.status, 200);
+  EXPECT_EQ(list.body.find(secret), std::string::npos);
+  EXPECT_EQ(list.body.find(Sha256Hex(secret)), std::string::npos);
+  for (const char* file : {"g.db", "g.db-wal"}) {
+    std::ifstream db(dir_.path() / file, std::ios::binary);
+    const std::string db_bytes((std::istreambuf_iterator<char>(db)), {});
+    EXPECT_EQ(db_bytes.find(secret.substr(6)), std::string::npos) << file;
+  }
+  auto stored = store_->FindToken(Sha256Hex(secret));
+  ASSERT_TRUE(stored.ok() && stored->has_value());
+
+  // Names are unique among active tokens; bad bodies name the field.
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/tokens", R"({"name": "ci-2", "scopes": ["read"]})",
+                 Bearer("root")).status, 409);
+  for (const char* bad : {R"({"name": "a b", "scopes": ["read"]})",
+                          R"({"name": "../x", "scopes": ["read"]})",
+                          R"({"name": "x", "scopes": []})",
+                          R"({"name": "x", "scopes": ["root"]})",
+                          R"({"name": "x", "kind": "agent", "scopes": ["read"]})",
+                          R"({"name": "x", "kind": "robot", "scopes": ["read"]})",
+                          R"({"name": "x", "scopes": ["read"], "secret": "mine"})",
+                          R"(["x"])"}) {
+    const Reply r = Http(port_, "POST", "/api/v1/tokens", bad, Bearer("root"));
+    EXPECT_EQ(r.status, 400) << bad << " -> " << r.body;
+  }
+
+  // Revoked: the next call is refused at once; revoking again keeps the first time.
+  const int64_t id = body["token"]["id"];
+  const Reply revoked =
+      Http(port_, "DELETE", "/api/v1/tokens/" + std::to_string(id), "", Bearer("root"));
+  ASSERT_EQ(revoked.status, 200) << revoked.body;
+  const std::string revoked_at = json::parse(revoked.body)["revoked_at"];
+  const Reply after = Http(port_, "GET", "/api/v1/cells", "", auth);
+  EXPECT_EQ(after.status, 401);
+  EXPECT_NE(after.body.find("revoked"), std::string::npos) << after.body;
+  const Reply again =
+      Http(port_, "DELETE", "/api/v1/tokens/" + std::to_string(id), "", Bearer("root"));
+  EXPECT_EQ(json::parse(again.body)["revoked_at"], revoked_at);
+  EXPECT_EQ(Http(port_, "DELETE", "/api/v1/tokens/99999", "", Bearer("root")).status, 404);
+  EXPECT_EQ(Http(port_, "DELETE", "/api/v1/tokens/..%2f1", "", Bearer("root")).status, 404);
+  // The name is free again once its token is revoked.
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/tokens", R"({"name": "ci-2", "scopes": ["read"]})",
+                 Bearer("root")).status, 201);
+}
+
+TEST_F(RestAuthTest, AgentTokensAreIssuedWithoutScopes) {
+  const Reply made = Http(port_, "POST", "/api/v1/tokens", R"({"name": "gpu-7", "kind": "agent"})",
+                          Bearer("root"));
+  ASSERT_EQ(made.status, 201) << made.body;
+  const json body = json::parse(made.body);
+  EXPECT_EQ(body["token"]["kind"], "agent");
+  EXPECT_EQ(body["secret"].get<std::string>().rfind("ghagent_", 0), 0u);
+  EXPECT_TRUE(auth_->AuthorizeAgent("Bearer " + body["secret"].get<std::string>()).ok());
+  EXPECT_EQ(auth_->AuthorizeAgent("Bearer " + secrets_["root"]).status().code(),
+            StatusCode::kPermissionDenied);
+}
+
+class RestAnonymousReadTest : public RestAuthTest {
+ protected:
+  void SetUp() override {
+    auth_config_.anonymous_read = true;
+    RestAuthTest::SetUp();
+  }
+};
+
+TEST_F(RestAnonymousReadTest, ReadsNeedNoTokenButWritesAndBadTokensStillDo) {
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells").status, 200);
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells", "", "Authorization: Bearer nope\r\n").status, 401);
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/cells", SubmitBody()).status, 401);
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/tokens").status, 401);
+}
+
+TEST_F(RestTest, ServesItsOpenApiDocument) {
+  const Reply r = Http(port_, "GET", "/api/v1/openapi.json");
+  ASSERT_EQ(r.status, 200);
+  const json doc = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << r.body.substr(0, 200);
+  EXPECT_EQ(doc.value("openapi", "").rfind("3.", 0), 0u);
+  ASSERT_TRUE(doc.contains("paths"));
+  for (const char* path : {"/api/v1/cells", "/api/v1/cells/{id}", "/api/v1/cells/{id}/cancel",
+                           "/api/v1/tokens", "/api/v1/tokens/{id}"}) {
+    EXPECT_TRUE(doc["paths"].contains(path)) << path;
+  }
 }
 
 }  // namespace

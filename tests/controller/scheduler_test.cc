@@ -48,6 +48,102 @@ TEST(SchedulerTest, NoPlacementWithoutFreeSlotsOrAgents) {
   EXPECT_EQ(Schedule(Queue({1, 2}), {{"a", 0, 0}}).size(), 1u);
 }
 
+/// A queued CPU attempt of `submitter` on `repository` with `priority`.
+QueuedAttempt Of(int64_t id, const std::string& submitter, int priority = 0,
+                 const std::string& repository = "repo") {
+  return {id, "cell-" + std::to_string(id), "{}", priority, submitter, repository};
+}
+
+TEST(SchedulerTest, HigherPriorityGoesFirst) {
+  auto placements = Schedule({Of(1, "ci", 0), Of(2, "ci", 5), Of(3, "ci", -1)}, {{"a", 1, 0}});
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].attempt_id, 2);
+  placements = Schedule({Of(1, "ci", 0), Of(2, "ci", 5), Of(3, "ci", -1)}, {{"a", 3, 0}});
+  ASSERT_EQ(placements.size(), 3u);
+  EXPECT_EQ(placements[1].attempt_id, 1);
+  EXPECT_EQ(placements[2].attempt_id, 3);
+}
+
+TEST(SchedulerTest, SubmittersTakeTurnsWithinAPriority) {
+  // alice queued three before bob's one: with two slots, one each.
+  const std::vector<QueuedAttempt> queue = {Of(1, "alice"), Of(2, "alice"), Of(3, "alice"),
+                                            Of(4, "bob")};
+  auto placements = Schedule(queue, {{"a", 2, 0}});
+  ASSERT_EQ(placements.size(), 2u);
+  EXPECT_EQ(placements[0].attempt_id, 1);
+  EXPECT_EQ(placements[1].attempt_id, 4);
+  // Work already running counts: alice runs one, so bob goes first for the single slot.
+  RunningLoad load;
+  load.by_submitter["alice"] = 1;
+  placements = Schedule(queue, {{"a", 2, 1}}, nullptr, {}, load);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].attempt_id, 4);
+  // Within one submitter: first in, first out.
+  placements = Schedule({Of(9, "alice"), Of(3, "alice")}, {{"a", 1, 0}});
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].attempt_id, 9);
+}
+
+TEST(SchedulerTest, PerRepositoryLimitHoldsBackOnlyThatRepository) {
+  SchedulingPolicy policy;
+  policy.max_running_per_repository = 1;
+  RunningLoad load;
+  load.by_repository["/repos/a"] = 1;
+  std::vector<Waiting> waiting;
+  auto placements = Schedule({Of(1, "ci", 0, "/repos/a"), Of(2, "ci", 0, "/repos/b"),
+                              Of(3, "ci", 0, "/repos/b")},
+                             {{"x", 4, 1}}, &waiting, policy, load);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].attempt_id, 2);  // b's second waits for b's first
+  ASSERT_EQ(waiting.size(), 2u);
+  EXPECT_EQ(waiting[0].reason,
+            "repository /repos/a already runs 1 attempts, its limit (--max-running-per-repository)");
+  EXPECT_THAT(waiting[1].reason, HasSubstr("repository /repos/b already runs 1"));
+}
+
+TEST(SchedulerTest, AGpuModelPinNeedsThatModel) {
+  QueuedAttempt h200 = Of(1, "ci");
+  h200.spec_json = R"({"runtime":{"device":"cuda","gpu_model":"h200"},"topology":{"tp":1}})";
+  AgentView a100{"a100-node", 4, 0, 2, 0};
+  a100.gpu_models = {"NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"};
+  AgentView h{"h200-node", 4, 0, 1, 0};
+  h.gpu_models = {"NVIDIA H200"};
+  auto placements = Schedule({h200}, {a100, h});
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].agent_id, "h200-node");
+  h200.spec_json = R"({"runtime":{"device":"cuda","gpu_model":"H200"},"topology":{"tp":2}})";
+  std::vector<Waiting> waiting;
+  EXPECT_TRUE(Schedule({h200}, {a100, h}, &waiting).empty());
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_THAT(waiting[0].reason, HasSubstr("a100-node: 0 H200 GPUs (the cell pins H200, needs 2)"));
+  EXPECT_THAT(waiting[0].reason, HasSubstr("h200-node: 1 H200 GPU (the cell pins H200, needs 2)"));
+}
+
+TEST(SchedulerTest, CpuCellsPreferCpuLaneAgents) {
+  AgentView gpu{"gpu-node", 8, 0, 8, 0};
+  gpu.lane = "gpu";
+  AgentView cpu{"cpu-node", 1, 0};
+  cpu.lane = "cpu";
+  auto placements = Schedule({Of(1, "ci"), Of(2, "ci")}, {gpu, cpu});
+  ASSERT_EQ(placements.size(), 2u);
+  EXPECT_EQ(placements[0].agent_id, "cpu-node");
+  EXPECT_EQ(placements[1].agent_id, "gpu-node");  // the CPU lane is full: overflow is fine
+}
+
+TEST(SchedulerTest, ADrainingAgentTakesNothingAndQueuedCellsSayWhy) {
+  AgentView draining{"a", 4, 0};
+  draining.drain_reason = "cleanup after attempt 7: 1 leftover process: pid 42 (sleep)";
+  std::vector<Waiting> waiting;
+  EXPECT_TRUE(Schedule(Queue({1}), {draining}, &waiting).empty());
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_EQ(waiting[0].reason,
+            "a: draining (cleanup after attempt 7: 1 leftover process: pid 42 (sleep))");
+  // The healthy agent beside it takes the work.
+  auto placements = Schedule(Queue({1, 2}), {draining, {"b", 1, 0}}, &waiting);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].agent_id, "b");
+}
+
 /// A queued attempt whose cell runs on `device` with topology tp and torch pin `torch`.
 QueuedAttempt Cell(int64_t id, const std::string& device, int tp, const std::string& torch = "2.11.0") {
   const nlohmann::json spec = {{"runtime", {{"torch", torch}, {"device", device}}},

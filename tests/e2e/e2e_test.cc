@@ -38,6 +38,13 @@ class EndToEndTest : public ::testing::Test {
     ASSERT_NO_FATAL_FAILURE(MakeAdapterRepository(repo_));
 
     const std::string bin = GATEHOUSE_BIN_DIR;
+    // Tokens as an operator makes them (controller --auth tokens is the default): one for CI
+    // (read, submit) and one for the agent, passed in a file.
+    const std::string db = (root_ / "gatehouse.db").string();
+    token_ = CreateToken(bin, db, {"--name", "ci", "--scopes", "read,submit"});
+    const std::string agent_token = CreateToken(bin, db, {"--name", "e2e-agent", "--kind", "agent"});
+    ASSERT_FALSE(token_.empty() || agent_token.empty());
+    WriteTextFile(root_ / "agent.token", agent_token + "\n");
     controller_ = std::make_unique<Daemon>(
         bin + "/gatehouse-controller",
         std::vector<std::string>{"--db", (root_ / "gatehouse.db").string(), "--http",
@@ -45,21 +52,20 @@ class EndToEndTest : public ::testing::Test {
                                  (root_ / "mirrors").string(), "--web-dir", GATEHOUSE_WEB_DIR,
                                  "--torch-pin", GATEHOUSE_TORCH_VERSION},
         root_ / "logs" / "controller");
-    auto http = controller_->WaitForLine(std::regex("http listening on 127\\.0\\.0\\.1:(\\d+)"),
-                                         seconds(30));
-    auto grpc = controller_->WaitForLine(std::regex("grpc listening on 127\\.0\\.0\\.1:(\\d+)"),
-                                         seconds(30));
-    ASSERT_TRUE(http && grpc) << controller_->Stderr();
-    http_port_ = std::stoi(*http);
+    auto ports = WaitForControllerPorts(*controller_);
+    ASSERT_TRUE(ports) << controller_->Stderr();
+    http_port_ = ports->http;
 
     agent_ = std::make_unique<Daemon>(
         bin + "/gatehouse-agent",
-        std::vector<std::string>{"--controller", "127.0.0.1:" + *grpc, "--name", "e2e-agent",
+        std::vector<std::string>{"--controller", "127.0.0.1:" + std::to_string(ports->grpc),
+                                 "--name", "e2e-agent",
                                  "--work-dir", (root_ / "agent").string(), "--sdk-dir",
                                  GATEHOUSE_SDK_DIR, "--cmake-prefix-path",
                                  GATEHOUSE_TORCH_PREFIX, "--worker",
                                  bin + "/gatehouse-worker", "--torch-version",
-                                 GATEHOUSE_TORCH_VERSION},
+                                 GATEHOUSE_TORCH_VERSION, "--token-file",
+                                 (root_ / "agent.token").string()},
         root_ / "logs" / "agent");
     ASSERT_TRUE(agent_->WaitForLine(std::regex("registered as"), seconds(30)))
         << agent_->Stderr();
@@ -83,7 +89,7 @@ class EndToEndTest : public ::testing::Test {
 
   /// POSTs a cell and returns the response JSON; expects 200 or 201.
   json Submit(const json& body) {
-    HttpResponse r = HttpRequest(http_port_, "POST", "/api/v1/cells", body.dump());
+    HttpResponse r = HttpRequest(http_port_, "POST", "/api/v1/cells", body.dump(), token_);
     EXPECT_TRUE(r.status == 200 || r.status == 201) << r.status << " " << r.body << r.error;
     return json::parse(r.body, nullptr, false);
   }
@@ -93,7 +99,7 @@ class EndToEndTest : public ::testing::Test {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     json cell;
     while (std::chrono::steady_clock::now() < deadline) {
-      HttpResponse r = HttpRequest(http_port_, "GET", "/api/v1/cells/" + id);
+      HttpResponse r = HttpRequest(http_port_, "GET", "/api/v1/cells/" + id, "", token_);
       cell = json::parse(r.body, nullptr, false);
       if (r.status == 200 && cell.is_object()) {
         const std::string s = cell.value("status", "");
@@ -136,6 +142,7 @@ class EndToEndTest : public ::testing::Test {
 
   fs::path root_;
   fs::path repo_;
+  std::string token_;  // scopes read, submit
   int http_port_ = 0;
   std::unique_ptr<Daemon> controller_;
   std::unique_ptr<Daemon> agent_;
@@ -155,7 +162,7 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
   EXPECT_EQ(again.value("created", true), false);
 
   // 3. The report names the commit and every phase.
-  HttpResponse report = HttpRequest(http_port_, "GET", "/api/v1/cells/" + tied_id + "/report");
+  HttpResponse report = HttpRequest(http_port_, "GET", "/api/v1/cells/" + tied_id + "/report", "", token_);
   ASSERT_EQ(report.status, 200);
   EXPECT_NE(report.body.find(cell.at("spec").at("commit").get<std::string>()), std::string::npos);
   for (const char* gate : kCpuGates) EXPECT_NE(report.body.find(gate), std::string::npos) << gate;
@@ -188,7 +195,8 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
   EXPECT_EQ(*tp_top1, 100.0);
   HttpResponse rank1_log =
       HttpRequest(http_port_, "GET", "/api/v1/cells/" + tp.at("id").get<std::string>() +
-                                         "/log?stream=worker.rank1");
+                                         "/log?stream=worker.rank1",
+                  "", token_);
   EXPECT_EQ(rank1_log.status, 200);
   EXPECT_NE(rank1_log.body.find("rank 1 of 2"), std::string::npos) << rank1_log.body;
 
@@ -213,18 +221,39 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
 
   // 6. Bad input is refused with the offending value named, and the controller keeps serving.
   json unknown_branch = Body("no-such-branch", "llama-tiny-tied");
-  HttpResponse r = HttpRequest(http_port_, "POST", "/api/v1/cells", unknown_branch.dump());
+  HttpResponse r = HttpRequest(http_port_, "POST", "/api/v1/cells", unknown_branch.dump(), token_);
   EXPECT_GE(r.status, 400);
   EXPECT_LT(r.status, 500);
   EXPECT_NE(r.body.find("no-such-branch"), std::string::npos) << r.body;
-  r = HttpRequest(http_port_, "POST", "/api/v1/cells", "{\"repository\": ");
+  r = HttpRequest(http_port_, "POST", "/api/v1/cells", "{\"repository\": ", token_);
   EXPECT_EQ(r.status, 400);
   json extra = Body("main", "llama-tiny-tied");
   extra["colour"] = "blue";
-  r = HttpRequest(http_port_, "POST", "/api/v1/cells", extra.dump());
+  r = HttpRequest(http_port_, "POST", "/api/v1/cells", extra.dump(), token_);
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("colour"), std::string::npos) << r.body;
-  EXPECT_EQ(HttpRequest(http_port_, "GET", "/api/v1/cells/" + tied_id).status, 200);
+  EXPECT_EQ(HttpRequest(http_port_, "GET", "/api/v1/cells/" + tied_id, "", token_).status, 200);
+
+  // 7. User strings reach processes as argv and environment, never through a shell: a branch
+  //    name and an env value full of shell syntax run like any other cell, and nothing they
+  //    spell is executed (no "pwned*" file appears anywhere under the test's root or cwd).
+  const std::string evil = "sec/$(touch${IFS}pwned1)`touch${IFS}pwned2`;touch${IFS}pwned3";
+  Git(repo_, {"branch", evil, "main"});
+  json evil_body = Body(evil, "llama-tiny-untied");
+  evil_body["env"] = {{"GATEHOUSE_PROBE", "$(touch pwned4); `touch pwned5` | touch pwned6 && x"}};
+  json evil_cell = Submit(evil_body);
+  ASSERT_TRUE(evil_cell.contains("id")) << evil_cell.dump();
+  EXPECT_EQ(evil_cell.at("labels").at("branch"), evil);
+  json evil_final = WaitFinal(evil_cell.at("id"), seconds(300));
+  EXPECT_EQ(evil_final.value("status", ""), "passed") << evil_final.dump(2);
+  EXPECT_EQ(evil_final.at("spec").at("env").at("GATEHOUSE_PROBE"),
+            evil_body["env"]["GATEHOUSE_PROBE"]);
+  for (const fs::path& dir : {root_, fs::current_path()}) {
+    for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+      EXPECT_EQ(entry.path().filename().string().rfind("pwned", 0), std::string::npos)
+          << "a shell ran user input: " << entry.path();
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <fstream>
+#include <regex>
+
 #include "process_harness.h"
 
 namespace gatehouse::testing {
@@ -27,6 +31,34 @@ void MakeAdapterRepository(const fs::path& repo) {
   Git(repo, {"apply", GATEHOUSE_ROPE_PATCH});
   Git(repo, {"commit", "-q", "-am", "Llama adapter with RoPE not applied to keys"});
   Git(repo, {"checkout", "-q", "main"});
+}
+
+std::optional<ControllerPorts> WaitForControllerPorts(Daemon& controller) {
+  auto http = controller.WaitForLine(std::regex("http listening on 127\\.0\\.0\\.1:(\\d+)"),
+                                     std::chrono::seconds(30));
+  auto grpc = controller.WaitForLine(std::regex("grpc listening on 127\\.0\\.0\\.1:(\\d+)"),
+                                     std::chrono::seconds(30));
+  if (!http || !grpc) return std::nullopt;
+  return ControllerPorts{std::stoi(*http), std::stoi(*grpc)};
+}
+
+std::string CreateToken(const std::string& bin_dir, const std::string& db,
+                        const std::vector<std::string>& create_args) {
+  std::vector<std::string> args = {"--db", db, "tokens", "create"};
+  args.insert(args.end(), create_args.begin(), create_args.end());
+  CommandResult r = RunCommand(bin_dir + "/gatehouse-controller", args, fs::current_path());
+  std::smatch m;
+  if (r.exit_code != 0 || !std::regex_search(r.output, m, std::regex("gh(api|agent)_[0-9a-f]{64}"))) {
+    ADD_FAILURE() << "tokens create failed (exit " << r.exit_code << "):\n" << r.output;
+    return "";
+  }
+  return m.str(0);
+}
+
+void WriteTextFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) ADD_FAILURE() << "cannot write " << path;
 }
 
 const json* FindPhase(const json& cell, const std::string& name) {

@@ -18,6 +18,24 @@ void Git(const std::filesystem::path& repo, const std::vector<std::string>& args
 /// with tools/mutations/rope_keys_unapplied.patch committed.
 void MakeAdapterRepository(const std::filesystem::path& repo);
 
+class Daemon;
+
+/// The HTTP and gRPC ports a starting controller prints ("<kind> listening on 127.0.0.1:P"),
+/// waiting up to 30 s for each; nullopt (and the caller fails) when it does not print them.
+struct ControllerPorts {
+  int http = 0;
+  int grpc = 0;
+};
+std::optional<ControllerPorts> WaitForControllerPorts(Daemon& controller);
+
+/// Runs `gatehouse-controller --db DB tokens create ARGS...` and returns the secret it prints
+/// ("" and a test failure when it fails).
+std::string CreateToken(const std::string& bin_dir, const std::string& db,
+                        const std::vector<std::string>& create_args);
+
+/// Writes `text` to `path` (truncating); a failure is a test failure.
+void WriteTextFile(const std::filesystem::path& path, const std::string& text);
+
 /// The phase named `name` of a cell object, or null.
 const nlohmann::json* FindPhase(const nlohmann::json& cell, const std::string& name);
 

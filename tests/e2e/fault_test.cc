@@ -6,6 +6,11 @@
 // Then the database: PRAGMA integrity_check, no duplicated event, no gap in any event sequence
 // of a passed attempt, no gap or overlap in any log stream.
 //
+// The agent reaches the controller through a TCP proxy (tcp_proxy.h) that can cut the link: a
+// cut that heals at once must cost nothing (the agent reconnects within the lease and goes on);
+// a cut longer than the lease loses the attempt, which is retried once the agent is back (and
+// the agent stops the stale run when the controller cancels it).
+//
 // GATEHOUSE_FAULT_TRIALS (default 1) repeats each kind of fault. Figures are printed as a table.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -23,6 +28,7 @@
 #include "e2e_util.h"
 #include "http_client.h"
 #include "process_harness.h"
+#include "tcp_proxy.h"
 
 namespace gatehouse::testing {
 namespace {
@@ -68,10 +74,12 @@ class FaultTest : public ::testing::Test {
     fs::create_directories(root_ / "logs");
     ASSERT_NO_FATAL_FAILURE(MakeAdapterRepository(root_ / "adapter"));
     ASSERT_NO_FATAL_FAILURE(StartController(0, 0));
+    proxy_ = std::make_unique<TcpProxy>(grpc_port_);  // agents connect through it
   }
 
   void TearDown() override {
     agent_.reset();
+    proxy_.reset();
     controller_.reset();
     if (!HasFailure()) fs::remove_all(root_);
     else std::cerr << "faults: keeping " << root_ << " for inspection\n";
@@ -88,13 +96,12 @@ class FaultTest : public ::testing::Test {
                                  "--torch-pin", GATEHOUSE_TORCH_VERSION, "--heartbeat-ms",
                                  std::to_string(kHeartbeatMs), "--missed-heartbeats",
                                  std::to_string(kMissedHeartbeats), "--restart-grace-ms",
-                                 "20000"},
+                                 "20000", "--auth", "none"},  // loopback; tokens: e2e_test
         root_ / "logs" / ("controller" + std::to_string(++controller_starts_)));
-    auto http = controller_->WaitForLine(std::regex("http listening on 127\\.0\\.0\\.1:(\\d+)"), seconds(30));
-    auto grpc = controller_->WaitForLine(std::regex("grpc listening on 127\\.0\\.0\\.1:(\\d+)"), seconds(30));
-    ASSERT_TRUE(http && grpc) << controller_->Stderr();
-    http_port_ = std::stoi(*http);
-    grpc_port_ = std::stoi(*grpc);
+    auto ports = WaitForControllerPorts(*controller_);
+    ASSERT_TRUE(ports) << controller_->Stderr();
+    http_port_ = ports->http;
+    grpc_port_ = ports->grpc;
   }
 
   // Agents share one work dir (a killed agent's clone and plugin build are reused).
@@ -102,7 +109,7 @@ class FaultTest : public ::testing::Test {
     const std::string bin = GATEHOUSE_BIN_DIR;
     agent_ = std::make_unique<Daemon>(
         bin + "/gatehouse-agent",
-        std::vector<std::string>{"--controller", "127.0.0.1:" + std::to_string(grpc_port_),
+        std::vector<std::string>{"--controller", "127.0.0.1:" + std::to_string(proxy_->port()),
                                  "--name", name, "--work-dir", (root_ / "agent").string(),
                                  "--sdk-dir", GATEHOUSE_SDK_DIR, "--cmake-prefix-path",
                                  GATEHOUSE_TORCH_PREFIX, "--worker", bin + "/gatehouse-worker"},
@@ -165,6 +172,7 @@ class FaultTest : public ::testing::Test {
   int http_port_ = 0, grpc_port_ = 0;
   int controller_starts_ = 0, agent_starts_ = 0;
   std::unique_ptr<Daemon> controller_;
+  std::unique_ptr<TcpProxy> proxy_;
   std::unique_ptr<Daemon> agent_;
 };
 
@@ -180,17 +188,26 @@ TEST_F(FaultTest, KillAgentOrControllerMidRunLosesNothing) {
   int seed = 0, names = 0;
   for (int round = 0; round < trials; ++round) {
     for (const std::string kind : {"agent kill -9, restarted", "agent kill -9, replaced",
-                                   "controller kill -9, restarted"}) {
+                                   "controller kill -9, restarted", "network cut, healed at once",
+                                   "network cut 3 s (past the lease)"}) {
       SCOPED_TRACE(kind);
       Trial t;
       t.kind = kind;
       const std::string id = Submit(++seed).at("id");
       WaitUntil(id, seconds(120), "running", [](const json& c) { return c.value("status", "") == "running"; });
       const auto killed = Clock::now();
+      const bool cut = kind.rfind("network cut", 0) == 0;
+      const bool long_cut = kind == "network cut 3 s (past the lease)";
       if (kind == "controller kill -9, restarted") {
         controller_->Kill();
         std::this_thread::sleep_for(milliseconds(500));
         ASSERT_NO_FATAL_FAILURE(StartController(http_port_, grpc_port_));
+      } else if (cut) {
+        EXPECT_GE(proxy_->Cut(long_cut ? milliseconds(3000) : milliseconds(0)), 1);
+        if (long_cut) {
+          WaitUntil(id, seconds(30), "lost", [](const json& c) { return c.at("attempts").at(0).at("state") == "lost"; });
+          t.detection_s = SecondsSince(killed);
+        }
       } else {
         agent_->Kill();
         const bool replaced = kind == "agent kill -9, replaced";
@@ -210,7 +227,7 @@ TEST_F(FaultTest, KillAgentOrControllerMidRunLosesNothing) {
       t.final_status = cell.value("status", "");
       t.attempts = cell.at("attempts").size();
       EXPECT_EQ(t.final_status, "passed") << cell.dump(2);
-      if (kind == "controller kill -9, restarted") {
+      if (kind == "controller kill -9, restarted" || (cut && !long_cut)) {
         EXPECT_EQ(t.attempts, 1u) << "the running attempt should have been re-attached";
       } else {
         ASSERT_EQ(t.attempts, 2u) << cell.dump(2);
@@ -220,7 +237,7 @@ TEST_F(FaultTest, KillAgentOrControllerMidRunLosesNothing) {
         t.lost_via = reason.find("registered again") != std::string::npos ? "reconcile"
                      : reason.find("unreachable") != std::string::npos  ? "lease expiry"
                                                                          : reason;
-        if (kind == "agent kill -9, replaced") EXPECT_EQ(t.lost_via, "lease expiry");
+        if (kind == "agent kill -9, replaced" || long_cut) EXPECT_EQ(t.lost_via, "lease expiry");
       }
       results.push_back(t);
     }
@@ -253,7 +270,7 @@ TEST_F(FaultTest, KillAgentOrControllerMidRunLosesNothing) {
   sqlite3_close(db);
 
   int lost_cells = 0;
-  std::cout << "\n| fault | final | attempts | lost via | detection (s) | kill -> final (s) |\n"
+  std::cout << "\n| fault | final | attempts | lost via | detection (s) | fault -> final (s) |\n"
                "|---|---|---|---|---|---|\n";
   for (const Trial& t : results) {
     lost_cells += t.final_status == "passed" ? 0 : 1;

@@ -11,9 +11,16 @@ struct HttpResponse {
   std::string error;       // transport error, if any
 };
 
-/// Sends one request (`method` "GET"/"POST") to 127.0.0.1:`port` and reads the whole response.
-/// Never throws; a transport failure leaves status 0 and sets error. Timeout 30 s.
+/// Sends one request (`method` "GET"/"POST"/...) to 127.0.0.1:`port` and reads the whole
+/// response; `bearer`, when set, goes in "Authorization: Bearer <bearer>". Never throws; a
+/// transport failure leaves status 0 and sets error. Timeout 30 s.
 HttpResponse HttpRequest(int port, const std::string& method, const std::string& target,
-                         const std::string& body = "");
+                         const std::string& body = "", const std::string& bearer = "");
+
+/// The same over TLS, verifying the server's certificate against the PEM `ca_file` and the
+/// name 127.0.0.1. A failed handshake (wrong CA, plain HTTP server) leaves status 0 and error.
+HttpResponse HttpsRequest(int port, const std::string& ca_file, const std::string& method,
+                          const std::string& target, const std::string& body = "",
+                          const std::string& bearer = "");
 
 }  // namespace gatehouse::testing

@@ -1,0 +1,28 @@
+#include "common/file_util.h"
+
+#include <fstream>
+#include <iterator>
+#include <system_error>
+
+namespace gatehouse {
+
+Result<std::string> ReadFileToString(const std::filesystem::path& path, const std::string& what,
+                                     size_t max_bytes) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return Status::NotFound(what + " '" + path.string() + "': not a readable file");
+  }
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return Status::NotFound(what + " '" + path.string() + "': " + ec.message());
+  if (size > max_bytes) {
+    return Status::ResourceExhausted(what + " '" + path.string() + "': " + std::to_string(size) +
+                                     " bytes, over the limit of " + std::to_string(max_bytes));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound(what + " '" + path.string() + "': cannot open");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return Status::NotFound(what + " '" + path.string() + "': read error");
+  return text;
+}
+
+}  // namespace gatehouse

@@ -1,0 +1,17 @@
+// Reading small files whole (certificates, keys, token files, recipes).
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+
+#include "common/status.h"
+
+namespace gatehouse {
+
+/// The bytes of a regular file. Errors: NOT_FOUND when it does not exist or cannot be opened
+/// (naming `what` and the path), RESOURCE_EXHAUSTED when it is over `max_bytes`.
+Result<std::string> ReadFileToString(const std::filesystem::path& path, const std::string& what,
+                                     size_t max_bytes = 16 * 1024 * 1024);
+
+}  // namespace gatehouse
