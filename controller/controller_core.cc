@@ -271,7 +271,19 @@ Status ControllerCore::Heartbeat(const std::string& agent_id, const std::string&
       it->second.drain_reason = drain_reason;
     }
   }
-  GH_RETURN_IF_ERROR(store_.TouchAgent(agent_id));
+  // Leases run on the in-memory time (Touch); the stored last_heartbeat_at is for people, so
+  // it is written at most every kHeartbeatWriteInterval per agent, not on every heartbeat.
+  const auto now = clock_();
+  bool write = false;
+  {
+    std::lock_guard lock(agents_mu_);
+    auto [it, inserted] = heartbeat_written_.try_emplace(agent_id, now);
+    if (inserted || now - it->second >= kHeartbeatWriteInterval) {
+      it->second = now;
+      write = true;
+    }
+  }
+  if (write) GH_RETURN_IF_ERROR(store_.TouchAgent(agent_id));
   if (resumed) Schedule();
   return Status::Ok();
 }
@@ -471,86 +483,108 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
 }
 
 void ControllerCore::Schedule() {
+  // Passes coalesce: a caller that finds one in progress leaves a note and returns; the pass
+  // in progress runs again before it stops, so nothing queued meanwhile is left unplaced (and
+  // many submits at once cost a few passes, not one each).
+  schedule_pending_.store(true);
+  while (schedule_pending_.load()) {
+    std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>> sends;
+    {
+      std::unique_lock schedule_lock(schedule_mu_, std::try_to_lock);
+      if (!schedule_lock.owns_lock()) return;
+      if (!schedule_pending_.exchange(false)) return;
+      sends = PlaceQueuedLocked();
+    }
+    for (auto& [channel, assignment] : sends) {
+      if (channel->SendAssignment(assignment)) {
+        spdlog::info("attempt {} of cell {} assigned", assignment.attempt_id, assignment.cell_id);
+      } else {
+        // TODO(issue 5): the lease stays until lease expiry requeues it.
+        spdlog::warn("attempt {}: assignment could not be sent; it stays leased",
+                     assignment.attempt_id);
+      }
+    }
+  }
+}
+
+std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>>
+ControllerCore::PlaceQueuedLocked() {
   std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>> sends;
+  auto queue = store_.ListQueuedAttempts();
+  if (!queue.ok()) {
+    spdlog::error("schedule: {}", queue.status().ToString());
+    return sends;
+  }
+  if (queue->empty()) return sends;  // most passes (after every end): nothing waits
+  std::vector<AgentView> view;
+  std::map<std::string, std::shared_ptr<AgentChannel>> channels;
   {
-    std::lock_guard schedule_lock(schedule_mu_);
-    std::vector<AgentView> view;
-    std::map<std::string, std::shared_ptr<AgentChannel>> channels;
-    {
-      std::lock_guard lock(agents_mu_);
-      const auto now = clock_();
-      for (const auto& [id, attached] : agents_) {
-        if (SilentLocked(id, now)) continue;  // unreachable: no new work until heard from
-        view.push_back({id, attached.slots, 0, attached.gpus, 0, attached.torch_version,
-                        attached.cuda_version, attached.drain_reason, attached.lane,
-                        attached.gpu_models});
-        channels[id] = attached.channel;
-      }
-    }
-    auto queue = store_.ListQueuedAttempts();
-    auto active = store_.ListActiveAttempts();
-    if (!queue.ok() || !active.ok()) {
-      spdlog::error("schedule: {}", (queue.ok() ? active.status() : queue.status()).ToString());
-      return;
-    }
-    if (queue->empty()) return;
-    std::map<std::string, size_t> index;
-    for (size_t i = 0; i < view.size(); ++i) index[view[i].agent_id] = i;
-    RunningLoad load;
-    for (const ActiveAttempt& a : *active) {
-      ++load.by_repository[a.repository];
-      ++load.by_submitter[a.submitter];
-      auto it = index.find(a.agent_id);
-      if (it == index.end()) continue;
-      AgentView& agent = view[it->second];
-      ++agent.running;
-      const Demand d = DemandOfSpec(a.spec_json);
-      if (d.gpu) agent.gpus_in_use += d.world_size;
-    }
-    std::vector<Waiting> waiting;
-    std::vector<Placement> placements =
-        controller::Schedule(*queue, view, &waiting, policy_, load);
-    {
-      // Only this pass's waiting attempts are kept; a reason is logged when it changes.
-      std::lock_guard lock(waiting_mu_);
-      std::map<int64_t, std::string> now_waiting;
-      for (const Waiting& w : waiting) {
-        auto old = waiting_reasons_.find(w.attempt_id);
-        if (old == waiting_reasons_.end() || old->second != w.reason) {
-          spdlog::info("attempt {} waits: {}", w.attempt_id, w.reason);
-        }
-        now_waiting[w.attempt_id] = w.reason;
-      }
-      waiting_reasons_ = std::move(now_waiting);
-    }
-    if (placements.empty()) return;
-    std::vector<Lease> leases;
-    for (const Placement& p : placements) leases.push_back({p.attempt_id, p.agent_id});
-    Status s = store_.LeaseAttempts(leases);
-    if (!s.ok()) {
-      spdlog::error("schedule: {}", s.ToString());
-      return;
-    }
-    for (const Placement& p : placements) {
-      auto cell = store_.GetCell(p.cell_id);
-      if (!cell.ok() || !cell->has_value()) {
-        spdlog::error("schedule: cell {} of attempt {} unreadable", p.cell_id, p.attempt_id);
-        continue;
-      }
-      const CellRecord& c = **cell;
-      sends.emplace_back(channels[p.agent_id],
-                         AssignmentMessage{p.attempt_id, c.id, c.spec_json, c.branch});
+    std::lock_guard lock(agents_mu_);
+    const auto now = clock_();
+    for (const auto& [id, attached] : agents_) {
+      if (SilentLocked(id, now)) continue;  // unreachable: no new work until heard from
+      view.push_back({id, attached.slots, 0, attached.gpus, 0, attached.torch_version,
+                      attached.cuda_version, attached.drain_reason, attached.lane,
+                      attached.gpu_models});
+      channels[id] = attached.channel;
     }
   }
-  for (auto& [channel, assignment] : sends) {
-    if (channel->SendAssignment(assignment)) {
-      spdlog::info("attempt {} of cell {} assigned", assignment.attempt_id, assignment.cell_id);
-    } else {
-      // TODO(issue 5): the lease stays until lease expiry requeues it.
-      spdlog::warn("attempt {}: assignment could not be sent; it stays leased",
-                   assignment.attempt_id);
-    }
+  auto active = store_.ListActiveAttempts();
+  if (!active.ok()) {
+    spdlog::error("schedule: {}", active.status().ToString());
+    return sends;
   }
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < view.size(); ++i) index[view[i].agent_id] = i;
+  RunningLoad load;
+  for (const ActiveAttempt& a : *active) {
+    ++load.by_repository[a.repository];
+    ++load.by_submitter[a.submitter];
+    auto it = index.find(a.agent_id);
+    if (it == index.end()) continue;
+    AgentView& agent = view[it->second];
+    ++agent.running;
+    // A cell's spec never changes: parse its demand once.
+    auto [demand, inserted] = demands_.try_emplace(a.cell_id);
+    if (inserted) demand->second = DemandOfSpec(a.spec_json);
+    if (demand->second.gpu) agent.gpus_in_use += demand->second.world_size;
+  }
+  if (demands_.size() > kMaxCachedDemands) demands_.clear();
+  std::vector<Waiting> waiting;
+  std::vector<Placement> placements =
+      controller::Schedule(*queue, view, &waiting, policy_, load);
+  {
+    // Only this pass's waiting attempts are kept; a reason is logged when it changes.
+    std::lock_guard lock(waiting_mu_);
+    std::map<int64_t, std::string> now_waiting;
+    for (const Waiting& w : waiting) {
+      auto old = waiting_reasons_.find(w.attempt_id);
+      if (old == waiting_reasons_.end() || old->second != w.reason) {
+        spdlog::info("attempt {} waits: {}", w.attempt_id, w.reason);
+      }
+      now_waiting[w.attempt_id] = w.reason;
+    }
+    waiting_reasons_ = std::move(now_waiting);
+  }
+  if (placements.empty()) return sends;
+  std::vector<Lease> leases;
+  for (const Placement& p : placements) leases.push_back({p.attempt_id, p.agent_id});
+  Status s = store_.LeaseAttempts(leases);
+  if (!s.ok()) {
+    spdlog::error("schedule: {}", s.ToString());
+    return sends;
+  }
+  for (const Placement& p : placements) {
+    auto cell = store_.GetCell(p.cell_id);
+    if (!cell.ok() || !cell->has_value()) {
+      spdlog::error("schedule: cell {} of attempt {} unreadable", p.cell_id, p.attempt_id);
+      continue;
+    }
+    const CellRecord& c = **cell;
+    sends.emplace_back(channels[p.agent_id],
+                       AssignmentMessage{p.attempt_id, c.id, c.spec_json, c.branch});
+  }
+  return sends;
 }
 
 }  // namespace gatehouse::controller

@@ -3,6 +3,7 @@
 // from these calls; this layer includes no transport, SQLite or libgit2 header.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -11,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -224,6 +226,9 @@ class ControllerCore {
   bool SilentLocked(const std::string& agent_id, std::chrono::system_clock::time_point now) const;
 
   Result<CellDetail> LoadDetail(const CellRecord& cell);
+  /// One scheduling pass (schedule_mu_ held): places queued attempts, persists the leases and
+  /// returns the assignments to send once the lock is released.
+  std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>> PlaceQueuedLocked();
   /// Sends a Cancel for `attempt_id` to `agent_id` if it is attached; false when it is not.
   bool SendCancelTo(const std::string& agent_id, int64_t attempt_id, const std::string& reason);
   Result<AttemptRecord> AttemptOfAgent(const std::string& agent_id, int64_t attempt_id);
@@ -239,7 +244,14 @@ class ControllerCore {
   std::mutex agents_mu_;  // guards agents_ and last_seen_
   std::map<std::string, Attached> agents_;
   std::map<std::string, std::chrono::system_clock::time_point> last_seen_;
-  std::mutex schedule_mu_;  // one scheduling pass at a time
+  /// When each agent's last_heartbeat_at was last stored (agents_mu_).
+  std::map<std::string, std::chrono::system_clock::time_point> heartbeat_written_;
+  static constexpr std::chrono::seconds kHeartbeatWriteInterval{30};
+  std::mutex schedule_mu_;  // one scheduling pass at a time; guards demands_
+  std::atomic<bool> schedule_pending_{false};  // a pass was asked for (Schedule coalesces)
+  /// Demands of cells with active attempts, by cell id (specs never change).
+  std::unordered_map<std::string, Demand> demands_;
+  static constexpr size_t kMaxCachedDemands = 100000;
   /// Why each queued attempt last waited (logged when it changes). Guarded by waiting_mu_,
   /// written only in a scheduling pass.
   std::mutex waiting_mu_;

@@ -55,6 +55,33 @@ std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, const 
   return "";
 }
 
+bool Fits(const AgentView& agent, int free_slots, int free_gpus, const Demand& d) {
+  if (free_slots <= 0 || !agent.drain_reason.empty()) return false;  // the common case, cheap
+  return Misfit(agent, free_slots, free_gpus, d).empty();
+}
+
+/// Why no agent can take `d`: one clause per distinct reason, naming up to 3 agents each
+/// ("a, b, c and 997 more: no free slot; gpu-1: 1 of 4 GPUs free, needs 2").
+std::string WhyNot(const std::vector<AgentView>& agents, const std::vector<int>& free,
+                   const std::vector<int>& free_gpus, const Demand& d) {
+  std::vector<std::pair<std::string, std::vector<const std::string*>>> groups;  // in first-seen order
+  for (size_t i = 0; i < agents.size(); ++i) {
+    const std::string misfit = Misfit(agents[i], free[i], free_gpus[i], d);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == misfit; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {misfit, {}});
+    it->second.push_back(&agents[i].agent_id);
+  }
+  std::string why;
+  for (const auto& [misfit, names] : groups) {
+    std::string who;
+    for (size_t k = 0; k < names.size() && k < 3; ++k) who += (k == 0 ? "" : ", ") + *names[k];
+    if (names.size() > 3) who += " and " + std::to_string(names.size() - 3) + " more";
+    why += (why.empty() ? "" : "; ") + who + ": " + misfit;
+  }
+  return why;
+}
+
 }  // namespace
 
 Demand DemandOfSpec(std::string_view spec_json) {
@@ -131,7 +158,6 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
       } else {
         const Demand d = DemandOfSpec(attempt.spec_json);
         std::optional<size_t> best;
-        std::string why;
         auto better = [&](size_t i, size_t j) {  // is agent i a better home than agent j?
           if (!d.gpu) {
             const bool i_cpu = agents[i].lane == "cpu", j_cpu = agents[j].lane == "cpu";
@@ -140,15 +166,14 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
           return free[i] > free[j];
         };
         for (size_t i = 0; i < agents.size(); ++i) {
-          const std::string misfit = Misfit(agents[i], free[i], free_gpus[i], d);
-          if (!misfit.empty()) {
-            why += (why.empty() ? "" : "; ") + agents[i].agent_id + ": " + misfit;
-            continue;
-          }
+          if (!Fits(agents[i], free[i], free_gpus[i], d)) continue;
           if (!best || better(i, *best)) best = i;
         }
         if (!best) {
-          if (waiting) waiting->push_back({attempt.attempt_id, agents.empty() ? "no agent connected" : why});
+          if (waiting) {
+            waiting->push_back({attempt.attempt_id, agents.empty() ? "no agent connected"
+                                                                   : WhyNot(agents, free, free_gpus, d)});
+          }
         } else {
           out.push_back({attempt.attempt_id, attempt.cell_id, agents[*best].agent_id});
           --free[*best];

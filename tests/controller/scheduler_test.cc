@@ -130,6 +130,26 @@ TEST(SchedulerTest, CpuCellsPreferCpuLaneAgents) {
   EXPECT_EQ(placements[1].agent_id, "gpu-node");  // the CPU lane is full: overflow is fine
 }
 
+TEST(SchedulerTest, AWaitingReasonGroupsAgentsThatMisfitAlike) {
+  // Five draining agents for one reason and one with a torch mismatch: one clause per reason,
+  // at most three names each, so a reason stays short with a thousand agents.
+  std::vector<AgentView> agents;
+  for (int i = 0; i < 5; ++i) {
+    AgentView a{"d" + std::to_string(i), 1, 0};
+    a.drain_reason = "cleanup failed";
+    agents.push_back(a);
+  }
+  agents.push_back({"old", 1, 0, 0, 0, "2.9.0"});
+  std::vector<Waiting> waiting;
+  QueuedAttempt attempt = Of(1, "ci");
+  attempt.spec_json = R"({"runtime":{"torch":"2.11.0","device":"cpu"}})";
+  EXPECT_TRUE(Schedule({attempt}, agents, &waiting).empty());
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_EQ(waiting[0].reason,
+            "d0, d1, d2 and 2 more: draining (cleanup failed); old: torch 2.9.0 (the cell pins "
+            "2.11.0)");
+}
+
 TEST(SchedulerTest, ADrainingAgentTakesNothingAndQueuedCellsSayWhy) {
   AgentView draining{"a", 4, 0};
   draining.drain_reason = "cleanup after attempt 7: 1 leftover process: pid 42 (sleep)";
