@@ -185,6 +185,32 @@ Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::
   return LoadDetail(*cell);
 }
 
+Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
+  GH_ASSIGN_OR_RETURN(std::vector<AgentRecord> records, store_.ListAgents());
+  GH_ASSIGN_OR_RETURN(std::vector<ActiveAttempt> active, store_.ListActiveAttempts());
+  std::map<std::string, int> running;
+  for (const ActiveAttempt& a : active) ++running[a.agent_id];
+  std::vector<AgentStatus> out;
+  const auto now = clock_();
+  std::lock_guard lock(agents_mu_);
+  for (AgentRecord& r : records) {
+    AgentStatus st;
+    if (auto it = agents_.find(r.id); it != agents_.end()) {
+      st.attached = true;
+      st.slots = it->second.slots;
+      st.drain_reason = it->second.drain_reason;
+    }
+    st.silent = SilentLocked(r.id, now);
+    if (auto seen = last_seen_.find(r.id); seen != last_seen_.end()) {
+      st.last_seen_at = FormatTimestamp(seen->second);
+    }
+    st.running = running[r.id];
+    st.record = std::move(r);
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
 Result<std::string> ControllerCore::Report(const std::string& id) {
   GH_ASSIGN_OR_RETURN(CellDetail d, GetCell(id));
   return RenderReport(d);
@@ -249,7 +275,7 @@ void ControllerCore::DetachAgent(const std::string& agent_id, const AgentChannel
     if (it == agents_.end() || it->second.channel.get() != channel) return;  // replaced
     agents_.erase(it);
   }
-  // TODO(issue 5): expire the leases of a disconnected agent (requeue or mark lost).
+  // Its leases stay: it may reconnect and go on; ExpireLeases ends them if it stays away.
   Status s = store_.SetAgentState(agent_id, "disconnected");
   if (!s.ok()) spdlog::warn("agent '{}': {}", agent_id, s.ToString());
   spdlog::info("agent '{}' disconnected", agent_id);
@@ -499,7 +525,8 @@ void ControllerCore::Schedule() {
       if (channel->SendAssignment(assignment)) {
         spdlog::info("attempt {} of cell {} assigned", assignment.attempt_id, assignment.cell_id);
       } else {
-        // TODO(issue 5): the lease stays until lease expiry requeues it.
+        // The lease stays: the agent re-registers without it (lost at once, retried) or
+        // stays away (lost at lease expiry, retried).
         spdlog::warn("attempt {}: assignment could not be sent; it stays leased",
                      assignment.attempt_id);
       }

@@ -59,6 +59,17 @@ struct AgentHello {
   std::vector<std::string> gpu_models;  // Capabilities.gpus[].model
 };
 
+/// An agent as the API shows it: what it registered with and its live state here.
+struct AgentStatus {
+  AgentRecord record;        // as stored (capabilities JSON, registered_at, state)
+  bool attached = false;     // it has a stream to this controller now
+  bool silent = false;       // not heard from within the lease timeout: takes no new work
+  std::string drain_reason;  // non-empty while it drains
+  int slots = 0;             // while attached
+  int running = 0;           // attempts leased to it or running on it
+  std::string last_seen_at;  // when this controller last heard from it; empty: not since start
+};
+
 /// Result of a submission.
 struct SubmitOutcome {
   CellDetail cell;
@@ -135,6 +146,10 @@ class ControllerCore {
   /// order. NOT_FOUND for an unknown cell or attempt number.
   Result<std::string> ReadLog(const std::string& id, const std::string& stream,
                               std::optional<int> number);
+
+  /// Every agent that registered, with its live state (attached, silent, draining, running
+  /// attempts). Errors: INTERNAL on a store failure.
+  Result<std::vector<AgentStatus>> ListAgents();
 
   // ---- agent side ----
 

@@ -108,6 +108,23 @@ json TokenJson(const TokenRecord& t) {
           {"revoked_at", NullIfEmpty(t.revoked_at)}};
 }
 
+json AgentJson(const AgentStatus& a) {
+  json capabilities = json::parse(a.record.capabilities_json, nullptr, false);
+  if (!capabilities.is_object()) capabilities = json::object();
+  return {{"id", a.record.id},
+          {"name", a.record.name},
+          {"state", a.record.state},
+          {"attached", a.attached},
+          {"silent", a.silent},
+          {"drain_reason", NullIfEmpty(a.drain_reason)},
+          {"slots", a.slots},
+          {"running", a.running},
+          {"capabilities", capabilities},
+          {"registered_at", a.record.registered_at},
+          {"last_heartbeat_at", NullIfEmpty(a.record.last_heartbeat_at)},
+          {"last_seen_at", NullIfEmpty(a.last_seen_at)}};
+}
+
 json SummaryJson(const CellSummary& s) {
   return {{"id", s.cell.id},
           {"status", AttemptStateName(s.status)},
@@ -239,6 +256,15 @@ HttpResponse RestApi::Route(const HttpRequest& req) {
 
   if (seg.size() >= 3 && seg[0] == "api" && seg[1] == "v1" && seg[2] == "tokens") {
     return Tokens(req, seg, path);
+  }
+
+  if (seg.size() == 3 && seg[0] == "api" && seg[1] == "v1" && seg[2] == "agents") {
+    if (m != "GET") return MethodNotAllowed(m, path, "GET");
+    auto agents = core_.ListAgents();
+    if (!agents.ok()) return ErrorResponse(HttpStatusOf(agents.status()), agents.status().message());
+    json list = json::array();
+    for (const AgentStatus& a : *agents) list.push_back(AgentJson(a));
+    return JsonResponse(200, {{"agents", list}});
   }
 
   if (seg.size() >= 3 && seg[0] == "api" && seg[1] == "v1" && seg[2] == "cells") {

@@ -12,7 +12,8 @@ namespace gatehouse::controller {
 /// Routes HTTP requests to ControllerCore and renders the answers:
 ///   POST /api/v1/cells, GET /api/v1/cells, GET /api/v1/cells/{id},
 ///   GET /api/v1/cells/{id}/report, GET /api/v1/cells/{id}/log?stream=worker[&attempt=N],
-///   POST /api/v1/cells/{id}/cancel, GET|POST /api/v1/tokens, DELETE /api/v1/tokens/{id},
+///   POST /api/v1/cells/{id}/cancel, GET /api/v1/agents, GET|POST /api/v1/tokens,
+///   DELETE /api/v1/tokens/{id},
 ///   GET /api/v1/openapi.json (controller/openapi.json), GET /healthz, and GET of dashboard
 ///   files under `web_dir` (/ -> index.html, /<file>, /static/<file>; no path leaves web_dir).
 /// Every /api/v1 route but openapi.json needs a bearer token (RequiredScope); the dashboard's

@@ -669,6 +669,19 @@ Status Store::SetAgentState(const std::string& agent_id, const std::string& stat
   return s.Exec();
 }
 
+Result<std::vector<AgentRecord>> Store::ListAgents() {
+  std::lock_guard lock(mu_);
+  Stmt s(db_,
+         "SELECT id, name, capabilities_json, registered_at, last_heartbeat_at, state "
+         "FROM agents ORDER BY id");
+  std::vector<AgentRecord> out;
+  while (s.Step()) {
+    out.push_back(AgentRecord{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4), s.Text(5)});
+  }
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
 Result<AgentRecord> Store::GetAgent(const std::string& agent_id) {
   std::lock_guard lock(mu_);
   Stmt s(db_,

@@ -144,6 +144,8 @@ class Store {
   Status SetAgentState(const std::string& agent_id, const std::string& state);
   /// NOT_FOUND when absent.
   Result<AgentRecord> GetAgent(const std::string& agent_id);
+  /// Every agent that ever registered, by id.
+  Result<std::vector<AgentRecord>> ListAgents();
 
   // ---- tokens (controller/auth.h) ----
 

@@ -491,6 +491,7 @@ TEST_F(RestAuthTest, EveryApiRouteNeedsATokenWithItsScope) {
       {"GET", "/api/v1/cells/" + id + "/report", "", Scope::kRead},
       {"GET", "/api/v1/cells/" + id + "/log?stream=worker", "", Scope::kRead},
       {"POST", "/api/v1/cells/" + id + "/cancel", "{\"reason\": \"test\"}", Scope::kSubmit},
+      {"GET", "/api/v1/agents", "", Scope::kRead},
       {"GET", "/api/v1/tokens", "", Scope::kAdmin},
       {"POST", "/api/v1/tokens", "{\"name\": \"made\", \"scopes\": [\"read\"]}", Scope::kAdmin},
       {"DELETE", "/api/v1/tokens/" + std::to_string(victim->record.id), "", Scope::kAdmin},
@@ -630,6 +631,32 @@ TEST_F(RestAnonymousReadTest, ReadsNeedNoTokenButWritesAndBadTokensStillDo) {
   EXPECT_EQ(Http(port_, "GET", "/api/v1/tokens").status, 401);
 }
 
+TEST_F(RestTest, ListsAgentsWithTheirLiveState) {
+  auto channel = std::make_shared<FakeChannel>();
+  const Submitted s = SubmitToAgent(channel);  // agent-1 holds one attempt
+  ASSERT_TRUE(core_->Heartbeat("agent-1", "cleanup after attempt 9: port 29500 still in use").ok());
+  const Reply r = Http(port_, "GET", "/api/v1/agents");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json agents = json::parse(r.body)["agents"];
+  ASSERT_EQ(agents.size(), 1u);
+  const json& a = agents[0];
+  EXPECT_EQ(a["id"], "agent-1");
+  EXPECT_EQ(a["state"], "connected");
+  EXPECT_EQ(a["attached"], true);
+  EXPECT_EQ(a["silent"], false);
+  EXPECT_EQ(a["running"], 1);
+  EXPECT_EQ(a["slots"], 1);
+  EXPECT_EQ(a["drain_reason"], "cleanup after attempt 9: port 29500 still in use");
+  EXPECT_TRUE(a["capabilities"].is_object());
+  EXPECT_TRUE(a["last_seen_at"].is_string());
+  core_->DetachAgent("agent-1", channel.get());
+  const json after = json::parse(Http(port_, "GET", "/api/v1/agents").body)["agents"];
+  EXPECT_EQ(after[0]["attached"], false);
+  EXPECT_EQ(after[0]["state"], "disconnected");
+  EXPECT_TRUE(after[0]["drain_reason"].is_null());
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/agents", "{}").status, 405);
+}
+
 TEST_F(RestTest, ServesItsOpenApiDocument) {
   const Reply r = Http(port_, "GET", "/api/v1/openapi.json");
   ASSERT_EQ(r.status, 200);
@@ -638,7 +665,7 @@ TEST_F(RestTest, ServesItsOpenApiDocument) {
   EXPECT_EQ(doc.value("openapi", "").rfind("3.", 0), 0u);
   ASSERT_TRUE(doc.contains("paths"));
   for (const char* path : {"/api/v1/cells", "/api/v1/cells/{id}", "/api/v1/cells/{id}/cancel",
-                           "/api/v1/tokens", "/api/v1/tokens/{id}"}) {
+                           "/api/v1/agents", "/api/v1/tokens", "/api/v1/tokens/{id}"}) {
     EXPECT_TRUE(doc["paths"].contains(path)) << path;
   }
 }

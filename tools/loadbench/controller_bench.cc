@@ -407,14 +407,16 @@ int Get(int port, const std::string& token_file, const std::vector<std::string>&
 
 int Dashboard(int port, const std::string& token_file, int repeats) {
   const std::string token = token_file.empty() ? "" : ReadSecret(token_file);
-  // What index.html loads: the page, its CSS and scripts, then the first page of cells.
+  // What index.html loads: the page, its CSS and scripts, then the cells it shows (index.js
+  // asks for 200) and the agents.
   const std::vector<std::pair<std::string, bool>> loads = {
-      {"/", false}, {"/static/style.css", false}, {"/static/app.js", false},
-      {"/static/index.js", false}, {"/api/v1/cells?limit=50", true}};
+      {"/", false},          {"/static/style.css", false}, {"/static/app.js", false},
+      {"/static/index.js", false}, {"/api/v1/cells?limit=200", true}, {"/api/v1/agents", true}};
   std::vector<double> page_ms, api_ms;
   for (int r = 0; r < repeats; ++r) {
     HttpConnection anonymous(port, ""), authed(port, token);
     const auto t0 = Clock::now();
+    double api_page_ms = 0;
     for (const auto& [target, needs_token] : loads) {
       const auto t1 = Clock::now();
       auto res = (needs_token ? authed : anonymous).Request(http::verb::get, target);
@@ -422,11 +424,12 @@ int Dashboard(int port, const std::string& token_file, int repeats) {
         std::fprintf(stderr, "dashboard %s: %d\n", target.c_str(), res.first);
         return 1;
       }
-      if (needs_token) api_ms.push_back(Ms(Clock::now() - t1));
+      if (needs_token) api_page_ms += Ms(Clock::now() - t1);
     }
     page_ms.push_back(Ms(Clock::now() - t0));
+    api_ms.push_back(api_page_ms);
   }
-  std::printf("| dashboard cells page (5 requests, new connections; median of %d) | %.1f ms (cells API %.1f ms) | < 300 ms |\n",
+  std::printf("| dashboard cells page (6 requests, new connections; median of %d) | %.1f ms (of which the API %.1f ms) | < 300 ms |\n",
               repeats, Quantile(page_ms, 0.5), Quantile(api_ms, 0.5));
   return 0;
 }
