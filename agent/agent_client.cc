@@ -2,6 +2,7 @@
 #include "agent/agent_client.h"
 
 #include <algorithm>
+#include <random>
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +14,18 @@ namespace gatehouse::agent {
 namespace {
 
 namespace pb = ::gatehouse::agent::v1;
+
+/// 16 random bytes in hex (std::random_device: the kernel's generator on Linux).
+std::string NewInstanceId() {
+  std::random_device device;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id;
+  for (int i = 0; i < 8; ++i) {
+    const unsigned v = device();
+    for (int k = 0; k < 4; ++k) id += kHex[(v >> (4 * k)) & 15];
+  }
+  return id;
+}
 
 pb::Capabilities ToProto(const AgentCapabilities& caps) {
   pb::Capabilities out;
@@ -88,7 +101,10 @@ class AgentClient::StreamSink : public AttemptSink {
 };
 
 AgentClient::AgentClient(AgentClientConfig config, AttemptRunner& runner)
-    : config_(std::move(config)), runner_(runner), sink_(std::make_unique<StreamSink>(*this)) {}
+    : config_(std::move(config)),
+      instance_id_(NewInstanceId()),
+      runner_(runner),
+      sink_(std::make_unique<StreamSink>(*this)) {}
 
 AgentClient::~AgentClient() {
   Stop();
@@ -290,6 +306,7 @@ Status AgentClient::Session(bool& registered) {
   pb::AgentMessage hello;
   pb::Register* reg = hello.mutable_register_();
   reg->set_agent_name(config_.agent_name);
+  reg->set_instance_id(instance_id_);
   *reg->mutable_capabilities() = ToProto(config_.capabilities);
   for (const int64_t held : HeldAttempts()) reg->add_running_attempt_ids(held);
   {

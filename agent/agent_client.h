@@ -128,6 +128,9 @@ class AgentClient {
   bool WaitUntilHealthy();
 
   AgentClientConfig config_;
+  /// Random per process (Register.instance_id): tells this agent's reconnects from a second
+  /// agent started with the same name.
+  const std::string instance_id_;
   AttemptRunner& runner_;
   std::unique_ptr<StreamSink> sink_;
   std::function<void(const std::string&)> on_registered_;

@@ -125,15 +125,19 @@ class AgentServiceImpl final : public pb::AgentService::Service {
              .ok()) {
       hello.capabilities_json = "{}";
     }
-    auto agent_id = core_.RegisterAgent(hello);
-    if (!agent_id.ok()) return ToGrpc(agent_id.status());
     hello.held_attempts.assign(reg.running_attempt_ids().begin(), reg.running_attempt_ids().end());
     hello.drain_reason = reg.drain_reason();
+    hello.instance_id = reg.instance_id();
     if (auto lane = reg.capabilities().labels().find("lane");
         lane != reg.capabilities().labels().end()) {
       hello.lane = lane->second;
     }
     for (const auto& gpu : reg.capabilities().gpus()) hello.gpu_models.push_back(gpu.model());
+    auto agent_id = core_.RegisterAgent(hello);
+    if (!agent_id.ok()) {
+      spdlog::warn("register from {} refused: {}", context->peer(), agent_id.status().message());
+      return ToGrpc(agent_id.status());
+    }
 
     auto channel = std::make_shared<GrpcAgentChannel>(stream);
     pb::ControllerMessage registered;

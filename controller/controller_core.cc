@@ -236,6 +236,22 @@ Result<std::string> ControllerCore::ReadLog(const std::string& id, const std::st
 
 Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
   if (hello.name.empty()) return Status::InvalidArgument("register: field 'agent_name' is empty");
+  {
+    std::lock_guard lock(agents_mu_);
+    auto it = agents_.find(hello.name);
+    const auto now = clock_();
+    if (it != agents_.end() && !hello.instance_id.empty() && !it->second.instance_id.empty() &&
+        it->second.instance_id != hello.instance_id && !SilentLocked(hello.name, now)) {
+      const double heard_s =
+          std::chrono::duration<double>(now - LastHeardLocked(hello.name)).count();
+      char ago[32];
+      std::snprintf(ago, sizeof ago, "%.1f", heard_s);
+      return Status::AlreadyExists("agent '" + hello.name +
+                                   "' is already connected (another instance, heard from " + ago +
+                                   " s ago); a second agent with this name is refused until the "
+                                   "first disconnects or goes silent");
+    }
+  }
   AgentRecord record;
   record.id = hello.name;
   record.name = hello.name;
@@ -258,7 +274,7 @@ void ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& 
       std::lock_guard lock(agents_mu_);
       agents_[agent_id] = Attached{slots,           std::max(hello.gpus, 0), hello.torch_version,
                                    hello.cuda_version, channel,  hello.drain_reason,
-                                   hello.lane,         hello.gpu_models};
+                                   hello.lane,         hello.gpu_models, hello.instance_id};
     }
     cancels = ReconcileLocked(agent_id, hello.held_attempts);
   }

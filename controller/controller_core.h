@@ -57,6 +57,7 @@ struct AgentHello {
   std::string drain_reason;
   std::string lane;                     // Capabilities.labels["lane"]: cpu | gpu | npu
   std::vector<std::string> gpu_models;  // Capabilities.gpus[].model
+  std::string instance_id;              // Register.instance_id; empty: not sent
 };
 
 /// An agent as the API shows it: what it registered with and its live state here.
@@ -154,7 +155,9 @@ class ControllerCore {
   // ---- agent side ----
 
   /// Stores the agent (id = name) as connected. Call AttachAgent once the agent has been told.
-  /// Errors: INVALID_ARGUMENT for an empty name.
+  /// Errors: INVALID_ARGUMENT for an empty name; ALREADY_EXISTS when another instance of that
+  /// name (a different hello.instance_id) is attached and not silent: two agents with one
+  /// name would take each other's leases.
   Result<std::string> RegisterAgent(const AgentHello& hello);
 
   /// Makes `channel` the agent's outbound stream (replacing an older one), keeps what it
@@ -224,6 +227,7 @@ class ControllerCore {
     std::string drain_reason;
     std::string lane;
     std::vector<std::string> gpu_models;
+    std::string instance_id;
   };
 
   /// Notes a sign of life from `agent_id` (agents_mu_ not held).

@@ -452,3 +452,35 @@ TEST_F(LifecycleTest, AnAgentThatRegistersDrainingGetsNoWork) {
 
 }  // namespace
 }  // namespace gatehouse::controller
+
+namespace gatehouse::controller {
+namespace {
+
+TEST_F(LifecycleTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLeases) {
+  // Instance "one" of agent "a" holds an attempt; instance "two" registering as "a" is refused
+  // while "one" is heard from, so the attempt stays leased to "one". The same instance
+  // reconnecting is fine, and once "one" is silent a new instance may take the name.
+  AgentHello one{"a", "{}", 1};
+  one.instance_id = "one";
+  ASSERT_TRUE(core_->RegisterAgent(one).ok());
+  auto channel = std::make_shared<RecordingChannel>();
+  core_->AttachAgent("a", one, channel);
+  const std::string id = Submit();
+  ASSERT_EQ(channel->AssignedIds().size(), 1u);
+  const int64_t attempt = channel->AssignedIds()[0];
+
+  AgentHello two{"a", "{}", 1};
+  two.instance_id = "two";
+  auto refused = core_->RegisterAgent(two);
+  ASSERT_EQ(refused.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(refused.status().message(), HasSubstr("agent 'a' is already connected"));
+  EXPECT_EQ(Cell(id).attempts.at(0).state, AttemptState::kLeased);
+  EXPECT_TRUE(core_->RegisterAgent(one).ok()) << "the same instance reconnecting";
+
+  Advance(16s);  // "one" goes silent (3 x 5 s)
+  EXPECT_TRUE(core_->RegisterAgent(two).ok());
+  EXPECT_EQ(attempt, Cell(id).attempts.at(0).id);
+}
+
+}  // namespace
+}  // namespace gatehouse::controller
