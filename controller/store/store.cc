@@ -623,8 +623,12 @@ Result<std::vector<PhaseRecord>> Store::ListPhases(int64_t attempt_id) {
 Result<bool> Store::AppendLog(int64_t attempt_id, const std::string& stream, int64_t offset,
                               const std::string& data) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "INSERT OR IGNORE INTO logs(attempt_id, stream, offset, data) VALUES (?, ?, ?, ?)");
-  s.Bind(1, attempt_id).Bind(2, stream).Bind(3, offset).BindBlob(4, data);
+  // stale = 1 when the attempt has already ended (a terminal state), in the same statement.
+  Stmt s(db_,
+         "INSERT OR IGNORE INTO logs(attempt_id, stream, offset, data, stale) VALUES (?, ?, ?, ?, "
+         "COALESCE((SELECT state IN ('passed', 'failed', 'error', 'lost', 'cancelled', "
+         "'timed_out') FROM attempts WHERE id = ?), 0))");
+  s.Bind(1, attempt_id).Bind(2, stream).Bind(3, offset).BindBlob(4, data).Bind(5, attempt_id);
   GH_RETURN_IF_ERROR(s.Exec());
   return sqlite3_changes(db_) > 0;
 }

@@ -127,7 +127,8 @@ class Store {
   Result<std::vector<PhaseRecord>> ListPhases(int64_t attempt_id);
 
   /// Stores a log chunk; a chunk at an (attempt, stream, offset) already stored is ignored
-  /// (returns false).
+  /// (returns false). A chunk for an attempt that has already ended is stored flagged stale
+  /// (logs.stale; still part of the log, so it keeps its tail).
   Result<bool> AppendLog(int64_t attempt_id, const std::string& stream, int64_t offset,
                          const std::string& data);
 

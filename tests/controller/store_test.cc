@@ -229,6 +229,24 @@ TEST_F(StoreTest, LogChunksKeepOffsetOrderAndIgnoreResends) {
   EXPECT_EQ(*store_->ReadLog(id, "none"), "");
 }
 
+TEST_F(StoreTest, LogChunksAfterTheAttemptEndedAreFlaggedStale) {
+  const int64_t id = LeasedAttempt("c1");
+  ASSERT_TRUE(*store_->AppendLog(id, "worker", 0, "before "));
+  ASSERT_TRUE(*store_->FinishAttempt(id, AttemptState::kLost, "agent unreachable"));
+  ASSERT_TRUE(*store_->AppendLog(id, "worker", 7, "after\n"));
+  EXPECT_EQ(*store_->ReadLog(id, "worker"), "before after\n");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(db_path().c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT offset, stale FROM logs ORDER BY offset", -1, &q, nullptr),
+            SQLITE_OK);
+  std::vector<std::pair<int, int>> rows;
+  while (sqlite3_step(q) == SQLITE_ROW) rows.emplace_back(sqlite3_column_int(q, 0), sqlite3_column_int(q, 1));
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  EXPECT_EQ(rows, (std::vector<std::pair<int, int>>{{0, 0}, {7, 1}}));
+}
+
 TEST_F(StoreTest, LeasesAreAllOrNothingAndFollowTheTransitionTable) {
   // Verifies a lease batch is all-or-nothing and ends obey the transition table.
   ASSERT_TRUE(store_->CreateCellIfAbsent(MakeCell("c1")).ok());

@@ -267,6 +267,7 @@ TEST_F(FaultTest, KillAgentOrControllerMidRunLosesNothing) {
   }
   EXPECT_EQ(log_gaps, 0) << "log chunks with a gap or an overlap";
   const auto stale = Query(db, "SELECT COUNT(*) FROM events WHERE stale = 1");
+  const auto stale_logs = Query(db, "SELECT COUNT(*) FROM logs WHERE stale = 1");
   sqlite3_close(db);
 
   int lost_cells = 0;
@@ -279,9 +280,10 @@ TEST_F(FaultTest, KillAgentOrControllerMidRunLosesNothing) {
                 t.detection_s < 0 ? "-" : std::to_string(t.detection_s).substr(0, 4).c_str(), t.recovery_s);
   }
   std::printf("trials %zu, cells not passed %d, duplicate events %zu, log gaps %d, stale events stored %s, "
-              "lease %d ms\n",
+              "stale log chunks %s, lease %d ms\n",
               results.size(), lost_cells, duplicates.size(), log_gaps,
-              stale.empty() ? "?" : stale[0][0].c_str(), kHeartbeatMs * kMissedHeartbeats);
+              stale.empty() ? "?" : stale[0][0].c_str(),
+              stale_logs.empty() ? "?" : stale_logs[0][0].c_str(), kHeartbeatMs * kMissedHeartbeats);
   EXPECT_EQ(lost_cells, 0);
 }
 
