@@ -408,6 +408,23 @@ void AgentClient::PublishDrainState() {
 
 bool AgentClient::WaitUntilHealthy() {
   while (!runner_.healthy()) {
+    // Work that reached this agent before the controller heard it drains (or that the
+    // controller placed before it heard) is not run: it ends at once, so it is not held here
+    // while the drain lasts.
+    std::deque<QueuedAttempt> refused;
+    {
+      std::lock_guard lock(mu_);
+      refused.swap(queue_);
+    }
+    for (const QueuedAttempt& q : refused) {
+      AttemptEndReport end;
+      end.attempt_id = q.assignment.attempt_id;
+      end.seq = 1;
+      end.outcome = std::string(kOutcomeError);
+      end.reason = q.cancelled ? "cancelled: " + q.cancel_reason
+                               : "not run: this agent drains (" + runner_.drain_reason() + ")";
+      sink_->End(end);
+    }
     {
       std::unique_lock lock(mu_);
       if (cv_.wait_for(lock, config_.drain_recheck, [this] { return stopping_; })) return false;

@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
   } else if (const char* env = std::getenv("GATEHOUSE_AGENT_TOKEN"); env != nullptr) {
     token = env;
   }
+  // Builds and workers run the submitted repository's code and inherit this environment: the
+  // token must not be there.
+  ::unsetenv("GATEHOUSE_AGENT_TOKEN");
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [%t] %v");
 
   const fs::path sdk = fs::absolute(sdk_dir).lexically_normal();
@@ -149,6 +152,10 @@ int main(int argc, char** argv) {
   if (!secrets.ok()) {
     spdlog::error("{}", secrets.status().message());
     return 2;
+  }
+  // The agent token is redacted too, wherever it would appear in a log.
+  if (token.size() >= gatehouse::agent::Redactor::kMinSecretBytes) {
+    secrets->emplace_back("GATEHOUSE_AGENT_TOKEN", token);
   }
   auto redactor = gatehouse::agent::Redactor::Create(*secrets);
   if (!redactor.ok()) {

@@ -93,6 +93,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
   AgentServiceImpl(ControllerCore& core, Authenticator* auth) : core_(core), auth_(auth) {}
 
   grpc::Status Connect(grpc::ServerContext* context, Stream* stream) override {
+    std::string token_name;  // with auth: the agent token's name, which bounds agent names
     if (auth_ != nullptr) {
       std::string authorization;
       const auto& metadata = context->client_metadata();
@@ -105,6 +106,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
                      principal.status().message());
         return ToGrpc(principal.status());
       }
+      token_name = principal->name;
     }
     pb::AgentMessage first;
     if (!stream->Read(&first)) return grpc::Status::OK;  // closed before saying anything
@@ -112,6 +114,16 @@ class AgentServiceImpl final : public pb::AgentService::Service {
       return {grpc::StatusCode::INVALID_ARGUMENT, "the first message must be Register"};
     }
     const pb::Register& reg = first.register_();
+    // An agent token names the agents it may run as: its own name, or "<name>-<anything>"
+    // (one token for a pool of nodes), so a token cannot register as another pool's agent.
+    if (!token_name.empty() && reg.agent_name() != token_name &&
+        reg.agent_name().rfind(token_name + "-", 0) != 0) {
+      spdlog::warn("register from {} refused: agent '{}' with token '{}'", context->peer(),
+                   reg.agent_name(), token_name);
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              "agent token '" + token_name + "' may register agents named '" + token_name +
+                  "' or '" + token_name + "-...', not '" + reg.agent_name() + "'"};
+    }
     AgentHello hello;
     hello.name = reg.agent_name();
     hello.slots = reg.capabilities().slots() > 0 ? reg.capabilities().slots() : 1;

@@ -240,7 +240,9 @@ Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
     std::lock_guard lock(agents_mu_);
     auto it = agents_.find(hello.name);
     const auto now = clock_();
-    if (it != agents_.end() && !hello.instance_id.empty() && !it->second.instance_id.empty() &&
+    // An attached instance that said who it is keeps its name against anyone else, including
+    // a Register that names no instance.
+    if (it != agents_.end() && !it->second.instance_id.empty() &&
         it->second.instance_id != hello.instance_id && !SilentLocked(hello.name, now)) {
       const double heard_s =
           std::chrono::duration<double>(now - LastHeardLocked(hello.name)).count();
@@ -614,7 +616,10 @@ ControllerCore::PlaceQueuedLocked() {
   for (const Placement& p : placements) leases.push_back({p.attempt_id, p.agent_id});
   Status s = store_.LeaseAttempts(leases);
   if (!s.ok()) {
-    spdlog::error("schedule: {}", s.ToString());
+    // FAILED_PRECONDITION: an attempt left the queue meanwhile (cancelled, timed out); the
+    // batch rolled back whole, so place again from a fresh read.
+    if (s.code() == StatusCode::kFailedPrecondition) schedule_pending_.store(true);
+    spdlog::warn("schedule: {}", s.ToString());
     return sends;
   }
   for (const Placement& p : placements) {

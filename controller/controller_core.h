@@ -156,8 +156,8 @@ class ControllerCore {
 
   /// Stores the agent (id = name) as connected. Call AttachAgent once the agent has been told.
   /// Errors: INVALID_ARGUMENT for an empty name; ALREADY_EXISTS when another instance of that
-  /// name (a different hello.instance_id) is attached and not silent: two agents with one
-  /// name would take each other's leases.
+  /// name (one that sent an instance_id other than hello.instance_id) is attached and not
+  /// silent: two agents with one name would take each other's leases.
   Result<std::string> RegisterAgent(const AgentHello& hello);
 
   /// Makes `channel` the agent's outbound stream (replacing an older one), keeps what it

@@ -53,12 +53,14 @@ TORCH_VERSION=$("$VENV/bin/python" -c 'import torch;print(torch.__version__.spli
 TORCH_PREFIX=$("$VENV/bin/python" -c 'import torch;print(torch.utils.cmake_prefix_path)')
 #    Bearer tokens, as an operator makes them: one for this script (read, submit), one for the
 #    agent. Only their hashes are stored; the secrets stay in var/demo/*.token (mode 600).
-STAMP=$(date -u +%Y%m%dT%H%M%S)
+#    A rerun revokes the previous run's tokens (their secrets are gone with the old files) and
+#    makes new ones under the same names; an agent token names its agent ("local-agent").
+CTL=("$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db")
+"${CTL[@]}" tokens list 2>/dev/null | awk -F'\t' '($2=="demo-ci" || $2=="local-agent") && $0 !~ /revoked/ {print $1}' |
+  while read -r id; do "${CTL[@]}" tokens revoke "$id" 2>/dev/null; done
 ( umask 077
-  "$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db" tokens create \
-    --name "demo-ci-$STAMP" --scopes read,submit >"$VAR/demo/ci.token" 2>/dev/null
-  "$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db" tokens create \
-    --name "local-agent-$STAMP" --kind agent >"$VAR/demo/agent.token" 2>/dev/null )
+  "${CTL[@]}" tokens create --name demo-ci --scopes read,submit >"$VAR/demo/ci.token" 2>/dev/null
+  "${CTL[@]}" tokens create --name local-agent --kind agent >"$VAR/demo/agent.token" 2>/dev/null )
 CI_TOKEN=$(cat "$VAR/demo/ci.token")
 #    --anonymous-read: the dashboard on 127.0.0.1 reads without a token; writes still need one.
 "$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db" --http "127.0.0.1:$HTTP_PORT" \

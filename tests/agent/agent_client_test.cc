@@ -258,12 +258,23 @@ TEST_F(AgentClientTest, AFailedCleanupDrainsTheAgentUntilARecheckIsClean) {
   cleanup_ = &checker;
   std::filesystem::create_directories(tmp_.path() / "work" / "attempts" / "41");
   testing::Leftover left(tmp_.path() / "work" / "attempts" / "41");
-  controller_.assignments = {InvalidSpecAssignment(41)};
+  // 42 arrives with 41 and waits behind it: the draining agent ends it without running it.
+  controller_.assignments = {InvalidSpecAssignment(41), InvalidSpecAssignment(42)};
   StartServer();
   StartAgent(Address());
   ASSERT_TRUE(controller_.WaitFor([](const auto&, const auto& received) {
-    return Count(received, pb::AgentMessage::kEnd) == 1;
+    return Count(received, pb::AgentMessage::kEnd) == 2;
   }));
+  controller_.WaitFor([&](const auto&, const auto& received) {
+    for (const auto& m : received) {
+      if (m.has_end() && m.end().attempt_id() == 42) {
+        EXPECT_EQ(m.end().outcome(), "error");
+        EXPECT_EQ(m.end().reason().rfind("not run: this agent drains (cleanup after attempt 41", 0), 0u)
+            << m.end().reason();
+      }
+    }
+    return true;
+  });
   controller_.WaitFor([&](const auto&, const auto& received) {
     size_t drain_at = received.size(), end_at = received.size(), report_at = received.size();
     for (size_t i = 0; i < received.size(); ++i) {
@@ -278,7 +289,7 @@ TEST_F(AgentClientTest, AFailedCleanupDrainsTheAgentUntilARecheckIsClean) {
         report_at = i;
         EXPECT_NE(m.log().data().find("\"healthy\":false"), std::string::npos);
       }
-      if (m.has_end()) end_at = i;
+      if (m.has_end() && m.end().attempt_id() == 41) end_at = i;
     }
     EXPECT_LT(report_at, end_at);
     EXPECT_LT(drain_at, end_at) << "the drain must reach the controller before the end";

@@ -477,9 +477,16 @@ TEST_F(LifecycleTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLease
   EXPECT_EQ(Cell(id).attempts.at(0).state, AttemptState::kLeased);
   EXPECT_TRUE(core_->RegisterAgent(one).ok()) << "the same instance reconnecting";
 
+  // A Register that names no instance cannot take the name either.
+  AgentHello anonymous{"a", "{}", 1};
+  EXPECT_EQ(core_->RegisterAgent(anonymous).status().code(), StatusCode::kAlreadyExists);
+
   Advance(16s);  // "one" goes silent (3 x 5 s)
-  EXPECT_TRUE(core_->RegisterAgent(two).ok());
-  EXPECT_EQ(attempt, Cell(id).attempts.at(0).id);
+  ASSERT_TRUE(core_->RegisterAgent(two).ok());
+  core_->AttachAgent("a", two, std::make_shared<RecordingChannel>());  // holds nothing
+  const CellDetail d = Cell(id);
+  EXPECT_EQ(d.attempts.at(0).id, attempt);
+  EXPECT_EQ(d.attempts.at(0).state, AttemptState::kLost) << "the new instance does not hold it";
 }
 
 }  // namespace

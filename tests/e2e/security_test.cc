@@ -103,8 +103,15 @@ TEST_F(SecurityTest, TheAgentStreamNeedsAnAgentToken) {
   const CommandResult api = RunRefusedAgent(with_file("api.token"));
   EXPECT_EQ(api.exit_code, 2) << api.output;
   EXPECT_NE(api.output.find("API token"), std::string::npos) << api.output;
-  // The agent token registers.
+  // The agent token registers its own name (or "<name>-..."), and no other.
+  const CommandResult other = RunRefusedAgent(with_file("agent.token"));  // named "a"
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("may register agents named 'node-1'"), std::string::npos)
+      << other.output;
   EXPECT_TRUE(AgentRegisters("node-1", {"--token-file", (root_ / "agent.token").string()},
+                             seconds(30)))
+      << controller_->Stderr();
+  EXPECT_TRUE(AgentRegisters("node-1-b", {"--token-file", (root_ / "agent.token").string()},
                              seconds(30)))
       << controller_->Stderr();
   // The API itself refuses the agent token.
@@ -164,14 +171,14 @@ TEST_F(SecurityTest, RestAndTheAgentStreamServeTlsWithMutualTlsForAgents) {
   // certificate, or without TLS, the agent never registers (it keeps retrying: a stopped
   // handshake is not a refused token).
   const std::string token_file = (root_ / "agent.token").string();
-  EXPECT_TRUE(AgentRegisters("mtls", {"--token-file", token_file, "--tls-ca", ca, "--tls-cert",
+  EXPECT_TRUE(AgentRegisters("node-1-mtls", {"--token-file", token_file, "--tls-ca", ca, "--tls-cert",
                                       (certs / "client.pem").string(), "--tls-key",
                                       (certs / "client.key").string()},
                              seconds(30)))
       << controller_->Stderr();
-  EXPECT_FALSE(AgentRegisters("no-client-cert", {"--token-file", token_file, "--tls-ca", ca},
+  EXPECT_FALSE(AgentRegisters("node-1-no-client-cert", {"--token-file", token_file, "--tls-ca", ca},
                               seconds(5)));
-  EXPECT_FALSE(AgentRegisters("plain", {"--token-file", token_file}, seconds(5)));
+  EXPECT_FALSE(AgentRegisters("node-1-plain", {"--token-file", token_file}, seconds(5)));
 }
 
 TEST_F(SecurityTest, HostileStringsInEverySubmitFieldAreDataNeverCommands) {
