@@ -9,7 +9,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -106,15 +105,12 @@ int main(int argc, char** argv) {
   // The token comes from a file or the environment, never argv (argv is visible in ps).
   std::string token;
   if (!token_file.empty()) {
-    auto text = gatehouse::ReadFileToString(token_file, "--token-file", 4096);
-    if (!text.ok()) {
-      spdlog::error("{}", text.status().ToString());
+    auto secret = gatehouse::ReadSecretFile(token_file, "--token-file");
+    if (!secret.ok()) {
+      spdlog::error("{}", secret.status().ToString());
       return 2;
     }
-    token = *text;
-    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
-      token.pop_back();
-    }
+    token = std::move(secret).value();
   } else if (const char* env = std::getenv("GATEHOUSE_AGENT_TOKEN"); env != nullptr) {
     token = env;
   }

@@ -1,5 +1,6 @@
 #include "common/file_util.h"
 
+#include <cctype>
 #include <fstream>
 #include <iterator>
 #include <system_error>
@@ -23,6 +24,17 @@ Result<std::string> ReadFileToString(const std::filesystem::path& path, const st
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return Status::NotFound(what + " '" + path.string() + "': read error");
   return text;
+}
+
+Result<std::string> ReadSecretFile(const std::filesystem::path& path, const std::string& what) {
+  auto text = ReadFileToString(path, what, 4096);
+  if (!text.ok()) return text.status();
+  std::string secret = std::move(text).value();
+  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) {
+    secret.pop_back();
+  }
+  if (secret.empty()) return Status::InvalidArgument(what + " '" + path.string() + "' is empty");
+  return secret;
 }
 
 }  // namespace gatehouse

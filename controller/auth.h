@@ -87,8 +87,6 @@ class Authenticator {
   /// Revoking twice keeps the first revoked_at.
   Result<TokenRecord> Revoke(int64_t token_id) { return store_.RevokeToken(token_id); }
 
-  bool required() const { return config_.required; }
-
  private:
   Result<TokenRecord> Lookup(std::string_view authorization);
   void NoteUse(int64_t token_id);

@@ -63,11 +63,9 @@ double Quantile(std::vector<double> v, double q) {
 }
 
 std::string ReadSecret(const std::string& path) {
-  auto text = gatehouse::ReadFileToString(path, "token file", 4096);
-  if (!text.ok()) throw std::runtime_error(text.status().ToString());
-  std::string s = *text;
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  return s;
+  auto secret = gatehouse::ReadSecretFile(path, "token file");
+  if (!secret.ok()) throw std::runtime_error(secret.status().ToString());
+  return std::move(secret).value();
 }
 
 /// One keep-alive HTTP/1.1 connection to 127.0.0.1:port (reconnects when the server closes).
