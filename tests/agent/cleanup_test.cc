@@ -6,14 +6,19 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <thread>
 
 #include "agent/attempt_runner.h"
+#include "agent/capabilities.h"
 #include "agent_test_util.h"
 #include "tests/agent/fake_attempt_sink.h"
 
@@ -73,6 +78,48 @@ TEST(CleanupTest, WithoutGpusTheReportSaysWhyMemoryWasNotCompared) {
   EXPECT_TRUE(report.healthy());
   EXPECT_EQ(report.gpu_note, "no GPUs");
   EXPECT_EQ(report.Summary(), "clean");
+}
+
+// On a machine with an NVIDIA GPU (skipped elsewhere): a process that still holds 2 GiB of GPU
+// memory after an attempt (a leaked worker rank, say) fails the check against the real
+// nvidia-smi baseline, and once it is gone a recheck is clean again.
+TEST(CleanupTest, MemoryHeldOnARealGpuFailsTheCheckUntilFreed) {
+  const Result<std::map<int, int64_t>> now = ProbeGpuMemoryUsedMiB();
+  if (!now.ok()) GTEST_SKIP() << "nvidia-smi failed: " << now.status().ToString();
+  if (now->empty()) GTEST_SKIP() << "no GPU: nvidia-smi is not installed or lists no GPU";
+  CleanupChecker checker(ProbeGpuMemoryUsedMiB, 512);
+  ASSERT_TRUE(checker.TakeBaseline().ok());
+  TempDir dir;
+  const std::filesystem::path ready = dir.path() / "ready";
+  const char* python = std::getenv("GATEHOUSE_TEST_PYTHON");
+  if (python == nullptr) python = GATEHOUSE_PYTHON;
+  const std::string script =
+      "import pathlib, sys, time, torch\n"
+      "x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda')\n"
+      "torch.cuda.synchronize()\n"
+      "pathlib.Path(sys.argv[1]).write_text('ok')\n"
+      "time.sleep(120)\n";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(python, python, "-c", script.c_str(), ready.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 600 && !std::filesystem::exists(ready); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(std::filesystem::exists(ready)) << python << " did not allocate on the GPU in 60 s";
+  const CleanupReport held = checker.Check(dir.path(), {});
+  EXPECT_FALSE(held.healthy()) << held.ToJson().dump();
+  EXPECT_NE(held.Summary().find("GPU 0: "), std::string::npos) << held.Summary();
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  bool healthy = false;
+  for (int i = 0; i < 100 && !healthy; ++i) {  // the driver frees the memory soon after exit
+    healthy = checker.Check(dir.path(), {}).healthy();
+    if (!healthy) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(healthy) << checker.Check(dir.path(), {}).Summary();
 }
 
 TEST(CleanupTest, TheRunnerRecordsTheReportAndDrainsUntilARecheckIsClean) {

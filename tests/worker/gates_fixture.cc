@@ -77,13 +77,17 @@ void Fixture::WriteReference(CausalLM& source) {
     }
     list.emplace_back(p + "input_ids", ids);
     list.emplace_back(p + "logits", logits.contiguous());
+    if (options.bf16_logits) {
+      list.emplace_back(p + "logits_bf16", logits.to(torch::kBFloat16).to(torch::kFloat).contiguous());
+    }
     list.emplace_back(p + "greedy_ids", torch::tensor(greedy, torch::kLong));
     meta_prompts.push_back({{"text", "prompt " + std::to_string(i)}});
   }
   Status s = safetensors::WriteTensors(reference_dir / "reference.safetensors", list);
   if (!s.ok()) throw std::runtime_error(s.ToString());
-  std::ofstream(reference_dir / "reference.json")
-      << nlohmann::json{{"format", kReferenceFormat}, {"prompts", meta_prompts}}.dump(2);
+  nlohmann::json meta{{"format", kReferenceFormat}, {"prompts", meta_prompts}};
+  if (!options.reference_device.empty()) meta["device"] = options.reference_device;
+  std::ofstream(reference_dir / "reference.json") << meta.dump(2);
 }
 
 nlohmann::json Fixture::SpecJson() const {

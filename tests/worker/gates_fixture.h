@@ -23,6 +23,11 @@ struct FixtureOptions {
   std::vector<int64_t> prompt_lengths = {5, 7, 4};
   int64_t max_new_tokens = 6;
   uint64_t seed = 1;
+  /// Also write prompts.{i}.logits_bf16 (the source model's forward, rounded to bf16), as
+  /// tools/refgen does for bf16 cells.
+  bool bf16_logits = false;
+  /// reference.json "device" (where the reference forwards ran); none when empty.
+  std::string reference_device;
 };
 
 /// One seeded fake model and everything made from it. Layout under a temp dir:

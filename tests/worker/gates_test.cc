@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "common/sha256.h"
 #include "gatehouse/worker/gates.h"
@@ -490,6 +491,41 @@ TEST(InferenceGateTest, PerturbedWeightsFail) {
   EXPECT_EQ(FailureClassName(out.classification), "adapter_contract");
 }
 
+// Verifies the bf16 bars follow where the bundle was made: 99% top-1 against a bundle of the
+// run's own device kind (reference.json without "device" counts as the CPU), 97% against one
+// made on another (bf16 near-ties move with the kernels); the KL bar is the same, and the
+// figures say which applied.
+// Fixture options for a bundle with bf16 logits whose reference.json says it was made on
+// `reference_device` (no "device" when empty).
+FixtureOptions Bf16Bundle(const std::string& reference_device, bool tie = true) {
+  FixtureOptions options;
+  options.tie = tie;
+  options.bf16_logits = true;
+  options.reference_device = reference_device;
+  return options;
+}
+
+TEST(InferenceGateTest, Bf16TopOneBarFollowsTheReferenceDevice) {
+  for (const std::string device : {"", "cpu", "cuda"}) {
+    Fixture fx(Bf16Bundle(device));
+    fx.Write();
+    GateContext ctx = fx.Context();
+    ctx.spec.precision = "bf16";
+    GateOutcome out = RunThrough(ctx, "inference");
+    EXPECT_EQ(Text(out, "reference"), "transformers bf16 forward (same precision)");
+    if (device == "cuda") {
+      EXPECT_EQ(Text(out, "reference_device"), "cuda");
+      EXPECT_EQ(Text(out, "thresholds"),
+                "bf16 (reference made on cuda, run on cpu): kl_mean < 0.001 nats, "
+                "top1_agreement >= 97%");
+    } else {
+      EXPECT_EQ(Text(out, "reference_device"), "cpu");
+      EXPECT_EQ(Text(out, "thresholds"), "bf16: kl_mean < 0.001 nats, top1_agreement >= 99%");
+    }
+    EXPECT_LT(Real(out, "kl_mean"), 1e-3) << device;
+  }
+}
+
 // Verifies a missing reference bundle makes inference UNKNOWN.
 TEST(InferenceGateTest, MissingReferenceUnknown) {
   Fixture fx;
@@ -575,6 +611,85 @@ TEST(DecodeGateTest, MismatchingIdsFail) {
   EXPECT_EQ(Text(out, "first_mismatch"), "prompt 1 position 2: ours " + std::to_string(good) +
                                              " vs ref " + std::to_string((good + 1) % 32));
   EXPECT_THAT(out.reason, HasSubstr("17/18"));
+}
+
+// A bf16 decode setup whose bundle says it was made on `reference_device`, with an exact tie
+// planted at prompt 1, position 2: the model's output row of a second token is set equal to
+// the row of the token greedy picks there, so both have the same logit. The bundle's bf16
+// greedy ids are the model's own, except that position, which gets `ref_token(tied, other)`.
+GateOutcome DecodeWithPlantedTie(const std::string& reference_device,
+                                 const std::function<int64_t(int64_t, int64_t,
+                                                             const torch::Tensor&)>& ref_token) {
+  Fixture fx(Bf16Bundle(reference_device, /*tie=*/false));
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.spec.precision = "bf16";
+  RunThrough(ctx, "inference");  // loads the bf16 model and the bundle; its verdict is not read
+  EXPECT_TRUE(ctx.model && ctx.reference);
+  if (!ctx.model || !ctx.reference) return {};
+  const int64_t n = ctx.spec.decode.max_new_tokens;
+  auto& prompts = ctx.reference->prompts;
+  torch::Tensor w = ctx.model->named_parameters()["output.weight"];
+  {
+    // The fake model's logits are nearly flat (every gap a few hundredths of a nat); spread
+    // them as a trained model's are, so that an unlikely token is nats below the top.
+    torch::NoGradGuard no_grad;
+    w.mul_(100);
+  }
+  const torch::Tensor before = GreedyDecode(*ctx.model, prompts[1].input_ids, n, ctx.device, nullptr);
+  const int64_t g = before[2].item<int64_t>();
+  int64_t other = 0;  // a token greedy does not pick before position 2
+  while (other == g || other == before[0].item<int64_t>() || other == before[1].item<int64_t>()) ++other;
+  {
+    torch::NoGradGuard no_grad;
+    w[other].copy_(w[g]);
+  }
+  for (auto& p : prompts) p.greedy_ids_bf16 = GreedyDecode(*ctx.model, p.input_ids, n, ctx.device, nullptr);
+  torch::Tensor& ids = prompts[1].greedy_ids_bf16;
+  const int64_t picked = ids[2].item<int64_t>();  // the first of the tied pair
+  EXPECT_TRUE(picked == std::min(g, other)) << picked;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor context = torch::cat({prompts[1].input_ids, ids.slice(0, 0, 2)});
+  const torch::Tensor step_logits =  // [V]: the model's logits where the tie is
+      ctx.model->Forward(context.unsqueeze(0), torch::arange(context.size(0)).unsqueeze(0),
+                         nullptr)[0][-1];
+  ids[2] = ref_token(picked, picked == g ? other : g, step_logits);
+  return DecodeGate(ctx);
+}
+
+// Verifies that against a bundle made on another device a bf16 continuation may diverge once at
+// a near-tie (here an exact one): PASS, with the divergence and its log-prob gap in the figures.
+TEST(DecodeGateTest, CrossDeviceBf16DivergenceAtANearTiePasses) {
+  GateOutcome out = DecodeWithPlantedTie(
+      "cuda", [](int64_t, int64_t other, const torch::Tensor&) { return other; });
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Count(out, "near_tie_divergences"), 1);
+  EXPECT_THAT(Text(out, "divergences"), HasSubstr("prompt 1 position 2"));
+  EXPECT_THAT(Text(out, "divergences"), HasSubstr("log-prob gap 0 nats (near-tie)"));
+  EXPECT_THAT(Text(out, "comparison"), HasSubstr("reference made on cuda, run on cpu"));
+  EXPECT_LT(Count(out, "tokens_matched"), Count(out, "tokens_total"));
+}
+
+// Verifies the same divergence fails against a bundle made on the run's own device kind: there
+// every token must match.
+TEST(DecodeGateTest, SameDeviceBf16DivergenceFails) {
+  GateOutcome out = DecodeWithPlantedTie(
+      "cpu", [](int64_t, int64_t other, const torch::Tensor&) { return other; });
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_THAT(out.reason, HasSubstr("first mismatch at prompt 1 position 2"));
+  EXPECT_EQ(out.Find("near_tie_divergences"), nullptr);
+}
+
+// Verifies a cross-device divergence to a token the model finds far less likely is no near-tie:
+// FAIL, naming the gap.
+TEST(DecodeGateTest, CrossDeviceBf16DivergenceToAnUnlikelyTokenFails) {
+  GateOutcome out = DecodeWithPlantedTie(
+      "cuda", [](int64_t, int64_t, const torch::Tensor& step_logits) {
+        return step_logits.argmin().item<int64_t>();  // the least likely token there
+      });
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_EQ(Count(out, "near_tie_divergences"), 0);
+  EXPECT_THAT(out.reason, HasSubstr("(not a near-tie)")) << Text(out, "divergences");
 }
 
 // Verifies a reference with fewer greedy ids than the cell decodes is UNKNOWN.

@@ -39,7 +39,7 @@ Reference bundle (reference/reference.safetensors), for each probe prompt i:
     reference/reference.json:
       {"format": "gatehouse-reference/1", "num_prompts": N, "dtype": "float32",
        "max_new_tokens": 32, "transformers": ver, "torch": ver, "model_type": "llama",
-       "seed": S}
+       "seed": S, "device": "cpu"}
 
 Idempotent
     A variant is skipped when OUT_ROOT/NAME/.done holds exactly this generator's parameters
@@ -174,6 +174,9 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         "torch": torch.__version__,
         "model_type": model.config.model_type,
         "seed": SEED,
+        # Where the forwards ran: bf16 near-ties move with the kernels, and the inference gate
+        # reads a bf16 bundle from another device kind with its cross-device top-1 bar.
+        "device": next(model.parameters()).device.type,
     }
     if describe is not None:
         meta["prompts"] = described

@@ -1,6 +1,7 @@
 // The numerical gates: inference (logits vs reference), decode (greedy with KV cache),
 // training (gradients and optimizer steps). DESIGN.md "Phases";
 // thresholds and reductions from GATES-NOTES.md "Comparing logits".
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -22,6 +23,29 @@ using internal::ShapeString;
 
 namespace {
 
+// A bf16 bundle made on one device kind and read by a run on another (reference.json "device";
+// "cpu" when absent: tools/refgen runs its forwards on the CPU). bf16 near-ties move with the
+// kernels: transformers itself, bf16 on an H200 against its own CPU bf16 bundle, scored top-1
+// 98.24-100% and KL <= 3.8e-5 nats on the nine tiny fixtures (tools/gpu/upstream_floor.py,
+// 2026-11-30), and the worker scored the same figures to four digits there. For such a pair the
+// top-1 bar is 97%; the KL bar stays.
+constexpr double kCrossDeviceBf16Top1AtLeast = 97.0;
+
+// Decode, for the same pair: one moved near-tie changes the rest of a greedy continuation
+// (qwen3-tiny bf16 on the H200 matched 81/96 tokens of its CPU bf16 bundle, diverging at one
+// position). A prompt may diverge once where our log-probabilities of our token and the
+// reference's token differ by at most this much; later tokens of that prompt are not compared
+// (vLLM's model tests treat greedy divergence the same way: check_logprobs_close).
+constexpr double kCrossDeviceTieGapNats = 0.1;
+
+/// Where the bundle's forwards ran: reference.json "device", "cpu" when absent (tools/refgen
+/// runs on the CPU).
+std::string ReferenceDevice(const ReferenceBundle& ref) {
+  const auto it = ref.meta.find("device");
+  return it != ref.meta.end() && it->is_string() ? it->get<std::string>() : std::string("cpu");
+}
+
+std::string DeviceKind(const torch::Device& device) { return device.is_cuda() ? "cuda" : "cpu"; }
 
 std::string IdsString(const torch::Tensor& ids) {
   const torch::Tensor c = ids.to(torch::kLong).cpu().contiguous();
@@ -124,9 +148,14 @@ GateOutcome InferenceGate(GateContext& ctx) {
     cmp.Add(bf16_reference ? p.logits_bf16 : p.logits, ours);
     if (bf16_reference) vs_fp32.Add(p.logits, ours);
   }
-  const InferenceThresholds thr = ThresholdsFor(ctx.spec.precision);
+  InferenceThresholds thr = ThresholdsFor(ctx.spec.precision);
+  const std::string ref_device = ReferenceDevice(ref);
+  const std::string run_device = DeviceKind(ctx.device);
+  const bool cross_device = bf16_reference && ref_device != run_device;
+  if (cross_device) thr.top1_at_least = std::min(thr.top1_at_least, kCrossDeviceBf16Top1AtLeast);
   out.Text("reference", bf16_reference ? "transformers bf16 forward (same precision)"
                                        : "transformers fp32 forward");
+  out.Text("reference_device", ref_device);
   out.Real("kl_mean", cmp.kl_mean(), "nats");
   out.Real("kl_max", cmp.kl_max(), "nats");
   out.Real("top1_agreement", cmp.top1_agreement_percent(), "percent");
@@ -139,7 +168,10 @@ GateOutcome InferenceGate(GateContext& ctx) {
   }
   out.Count("tokens_compared", cmp.tokens());
   out.Count("prompts", static_cast<int64_t>(ref.prompts.size()));
-  out.Text("thresholds", ctx.spec.precision + ": kl_mean < " + Num(thr.kl_mean_below) +
+  const std::string precision_label =
+      ctx.spec.precision +
+      (cross_device ? " (reference made on " + ref_device + ", run on " + run_device + ")" : "");
+  out.Text("thresholds", precision_label + ": kl_mean < " + Num(thr.kl_mean_below) +
                              " nats, top1_agreement >= " + Num(thr.top1_at_least) + "%");
 
   std::vector<std::string> failed;
@@ -149,7 +181,7 @@ GateOutcome InferenceGate(GateContext& ctx) {
   }
   if (!(cmp.top1_agreement_percent() >= thr.top1_at_least)) {
     failed.push_back("top1_agreement " + Num(cmp.top1_agreement_percent()) + "% is below the " +
-                     ctx.spec.precision + " threshold " + Num(thr.top1_at_least) + "%");
+                     precision_label + " threshold " + Num(thr.top1_at_least) + "%");
   }
   if (!failed.empty()) return out.Fail(FailureClass::kAdapterContract, JoinFew(failed));
   return out;
@@ -198,6 +230,14 @@ GateOutcome DecodeGate(GateContext& ctx) {
   };
   out.Text("reference", bf16_greedy ? "transformers bf16 greedy (same precision)"
                                     : "transformers fp32 greedy");
+  const std::string ref_device = ReferenceDevice(ref);
+  const bool cross_device = bf16_greedy && ref_device != DeviceKind(ctx.device);
+  if (cross_device) {
+    out.Text("comparison", "bf16, reference made on " + ref_device + ", run on " +
+                               DeviceKind(ctx.device) + ": a prompt may diverge once at a " +
+                               "near-tie (log-prob gap <= " + Num(kCrossDeviceTieGapNats) +
+                               " nats); its later tokens are not compared");
+  }
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const int64_t have = greedy_of(ref.prompts[i]).size(0);
     if (have < n) {
@@ -223,9 +263,11 @@ GateOutcome DecodeGate(GateContext& ctx) {
     if (it == (*prompts)[i].end() || !it->is_string()) return std::nullopt;
     return it->get<std::string>();
   };
-  int64_t matched = 0, total = 0, texts_compared = 0, texts_equal = 0;
+  int64_t matched = 0, total = 0, texts_compared = 0, texts_equal = 0, tie_divergences = 0;
   double ms_sum = 0;
   std::string first_mismatch;
+  std::vector<std::string> ties;
+  bool mismatch_counts = false;  // a mismatch that is not an accepted near-tie divergence
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const ReferencePrompt& p = ref.prompts[i];
     double ms = 0;
@@ -235,11 +277,29 @@ GateOutcome DecodeGate(GateContext& ctx) {
     const torch::Tensor eq = ours == want;
     matched += eq.sum().item<int64_t>();
     total += n;
-    if (first_mismatch.empty() && !eq.all().item<bool>()) {
+    if (!eq.all().item<bool>()) {
       const int64_t j = (~eq).nonzero()[0][0].item<int64_t>();
-      first_mismatch = "prompt " + std::to_string(i) + " position " + std::to_string(j) +
-                       ": ours " + std::to_string(ours[j].item<int64_t>()) + " vs ref " +
-                       std::to_string(want[j].item<int64_t>());
+      const std::string where = "prompt " + std::to_string(i) + " position " + std::to_string(j) +
+                                ": ours " + std::to_string(ours[j].item<int64_t>()) + " vs ref " +
+                                std::to_string(want[j].item<int64_t>());
+      bool tie = false;
+      if (cross_device) {
+        // Our log-probabilities at the diverging step, the prompt and our tokens before it fed
+        // whole (no cache).
+        torch::NoGradGuard no_grad;
+        const torch::Tensor seq = torch::cat({p.input_ids.to(torch::kLong).cpu(), ours.slice(0, 0, j)});
+        const torch::Tensor logits = ctx.model->Forward(seq.unsqueeze(0).to(ctx.device),
+                                                        Positions(0, seq.size(0), ctx.device), nullptr);
+        const torch::Tensor logp = torch::log_softmax(logits[0][-1].to(torch::kDouble), -1).cpu();
+        const double gap = std::abs(logp[ours[j].item<int64_t>()].item<double>() -
+                                    logp[want[j].item<int64_t>()].item<double>());
+        tie = gap <= kCrossDeviceTieGapNats;
+        ties.push_back(where + ", log-prob gap " + Num(gap) + " nats" +
+                       (tie ? " (near-tie)" : " (not a near-tie)"));
+        tie_divergences += tie;
+      }
+      if (!tie) mismatch_counts = true;
+      if (first_mismatch.empty()) first_mismatch = where;
     }
     const std::string suffix = "_prompt_" + std::to_string(i);
     if (i == 0) {
@@ -270,11 +330,16 @@ GateOutcome DecodeGate(GateContext& ctx) {
   out.Count("tokens_total", total);
   out.Text("first_mismatch", first_mismatch.empty() ? "none" : first_mismatch);
   out.Real("ms_per_token", ms_sum / static_cast<double>(ref.prompts.size()), "ms");
+  if (cross_device) {
+    out.Count("near_tie_divergences", tie_divergences);
+    out.Text("divergences", ties.empty() ? "none" : JoinFew(ties));
+  }
+  if (cross_device && !mismatch_counts) return out;
   if (matched != total) {
     return out.Fail(FailureClass::kAdapterContract,
                     "greedy decode matched " + std::to_string(matched) + "/" +
                         std::to_string(total) + " reference tokens; first mismatch at " +
-                        first_mismatch);
+                        first_mismatch + (cross_device ? "; divergences: " + JoinFew(ties) : ""));
   }
   return out;
 }
