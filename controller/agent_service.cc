@@ -94,8 +94,8 @@ class AgentServiceImpl final : public pb::AgentService::Service {
 
   grpc::Status Connect(grpc::ServerContext* context, Stream* stream) override {
     std::string token_name;  // with auth: the agent token's name, which bounds agent names
+    std::string authorization;  // with auth: checked again on every heartbeat
     if (auth_ != nullptr) {
-      std::string authorization;
       const auto& metadata = context->client_metadata();
       if (auto it = metadata.find("authorization"); it != metadata.end()) {
         authorization.assign(it->second.data(), it->second.size());
@@ -165,6 +165,17 @@ class AgentServiceImpl final : public pb::AgentService::Service {
 
     pb::AgentMessage msg;
     while (stream->Read(&msg)) {
+      if (auth_ != nullptr && msg.has_heartbeat()) {
+        // A token revoked while its stream is open ends the stream at the next heartbeat:
+        // the agent takes and reports nothing more (its leases expire and are retried).
+        auto principal = auth_->AuthorizeAgent(authorization);
+        if (!principal.ok()) {
+          spdlog::warn("agent '{}': stream ended: {}", *agent_id, principal.status().message());
+          channel->Close();
+          core_.DetachAgent(*agent_id, channel.get());
+          return ToGrpc(principal.status());
+        }
+      }
       const Status s = Dispatch(*agent_id, msg, *channel);
       if (s.code() == StatusCode::kInternal || s.code() == StatusCode::kDataLoss ||
           s.code() == StatusCode::kUnavailable) {

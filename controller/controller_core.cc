@@ -391,7 +391,10 @@ void ControllerCore::Touch(const std::string& agent_id) {
 std::chrono::system_clock::time_point ControllerCore::LastHeardLocked(
     const std::string& agent_id) const {
   auto it = last_seen_.find(agent_id);
-  if (it != last_seen_.end()) return it->second;
+  return it != last_seen_.end() ? it->second : NotYetHeard();
+}
+
+std::chrono::system_clock::time_point ControllerCore::NotYetHeard() const {
   const auto extra = std::max(lease_.restart_grace - lease_.lease_timeout(),
                               std::chrono::milliseconds(0));
   return started_ + extra;
@@ -526,7 +529,56 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
   return Status::Ok();
 }
 
+ControllerCore::~ControllerCore() { StopSchedulerThread(); }
+
+void ControllerCore::StartSchedulerThread() {
+  std::lock_guard lock(scheduler_mu_);
+  if (scheduler_thread_.joinable()) return;
+  scheduler_stopping_ = false;
+  scheduler_thread_ = std::thread([this] {
+    std::unique_lock lock(scheduler_mu_);
+    while (true) {
+      scheduler_cv_.wait(lock, [this] { return scheduler_requested_ || scheduler_stopping_; });
+      if (scheduler_stopping_) return;
+      scheduler_requested_ = false;
+      lock.unlock();
+      const auto started = std::chrono::steady_clock::now();
+      RunSchedulingPasses();
+      lock.lock();
+      // Requests made within kMinPassInterval of a pass's start wait for its end: one pass
+      // then places the whole batch (a pass reads every agent, so a pass per submit would
+      // cost O(agents) per cell), at the price of at most that much latency.
+      scheduler_cv_.wait_until(lock, started + kMinPassInterval,
+                               [this] { return scheduler_stopping_; });
+    }
+  });
+}
+
+void ControllerCore::StopSchedulerThread() {
+  std::thread thread;
+  {
+    std::lock_guard lock(scheduler_mu_);
+    if (!scheduler_thread_.joinable()) return;
+    scheduler_stopping_ = true;
+    thread = std::move(scheduler_thread_);
+  }
+  scheduler_cv_.notify_all();
+  thread.join();
+}
+
 void ControllerCore::Schedule() {
+  {
+    std::lock_guard lock(scheduler_mu_);
+    if (scheduler_thread_.joinable()) {
+      scheduler_requested_ = true;
+      scheduler_cv_.notify_one();
+      return;
+    }
+  }
+  RunSchedulingPasses();
+}
+
+void ControllerCore::RunSchedulingPasses() {
   // Passes coalesce: a caller that finds one in progress leaves a note and returns; the pass
   // in progress runs again before it stops, so nothing queued meanwhile is left unplaced (and
   // many submits at once cost a few passes, not one each).
@@ -555,49 +607,72 @@ void ControllerCore::Schedule() {
 std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>>
 ControllerCore::PlaceQueuedLocked() {
   std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>> sends;
-  auto queue = store_.ListQueuedAttempts();
+  // Specs are read only for cells whose demand is not cached (specs never change).
+  auto queue = store_.ListQueuedAttempts(/*with_specs=*/false);
   if (!queue.ok()) {
     spdlog::error("schedule: {}", queue.status().ToString());
     return sends;
   }
   if (queue->empty()) return sends;  // most passes (after every end): nothing waits
-  std::vector<AgentView> view;
-  std::map<std::string, std::shared_ptr<AgentChannel>> channels;
+  std::vector<AgentView> view;  // sorted by agent id (agents_ is a std::map)
   {
     std::lock_guard lock(agents_mu_);
     const auto now = clock_();
+    const auto not_yet_heard = NotYetHeard();
+    view.reserve(agents_.size());
+    // agents_ and last_seen_ are both ordered by agent id: walk them together.
+    auto seen = last_seen_.begin();
     for (const auto& [id, attached] : agents_) {
-      if (SilentLocked(id, now)) continue;  // unreachable: no new work until heard from
+      while (seen != last_seen_.end() && seen->first < id) ++seen;
+      const auto heard = seen != last_seen_.end() && seen->first == id ? seen->second : not_yet_heard;
+      // Unreachable (as SilentLocked): no new work until heard from.
+      if (now - heard > lease_.lease_timeout()) continue;
       view.push_back({id, attached.slots, 0, attached.gpus, 0, attached.torch_version,
                       attached.cuda_version, attached.drain_reason, attached.lane,
                       attached.gpu_models});
-      channels[id] = attached.channel;
     }
   }
-  auto active = store_.ListActiveAttempts();
+  auto active = store_.ListActiveAttempts(/*with_specs=*/false);
   if (!active.ok()) {
     spdlog::error("schedule: {}", active.status().ToString());
     return sends;
   }
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < view.size(); ++i) index[view[i].agent_id] = i;
+  if (demands_.size() > kMaxCachedDemands) demands_.clear();
+  // The demand of a cell, from the cache or from its stored spec; nullptr when unreadable.
+  auto demand_of = [this](const std::string& cell_id) -> const Demand* {
+    auto it = demands_.find(cell_id);
+    if (it != demands_.end()) return &it->second;
+    auto cell = store_.GetCell(cell_id);
+    if (!cell.ok() || !cell->has_value()) {
+      spdlog::error("schedule: cell {} unreadable", cell_id);
+      return nullptr;
+    }
+    return &demands_.emplace(cell_id, DemandOfSpec((*cell)->spec_json)).first->second;
+  };
   RunningLoad load;
   for (const ActiveAttempt& a : *active) {
     ++load.by_repository[a.repository];
     ++load.by_submitter[a.submitter];
-    auto it = index.find(a.agent_id);
-    if (it == index.end()) continue;
-    AgentView& agent = view[it->second];
-    ++agent.running;
-    // A cell's spec never changes: parse its demand once.
-    auto [demand, inserted] = demands_.try_emplace(a.cell_id);
-    if (inserted) demand->second = DemandOfSpec(a.spec_json);
-    if (demand->second.gpu) agent.gpus_in_use += demand->second.world_size;
+    auto it = std::lower_bound(view.begin(), view.end(), a.agent_id,
+                               [](const AgentView& v, const std::string& id) { return v.agent_id < id; });
+    if (it == view.end() || it->agent_id != a.agent_id) continue;
+    ++it->running;
+    const Demand* demand = demand_of(a.cell_id);
+    if (demand != nullptr && demand->gpu) it->gpus_in_use += demand->world_size;
   }
-  if (demands_.size() > kMaxCachedDemands) demands_.clear();
+  std::vector<Demand> demands;
+  std::vector<QueuedAttempt> placeable;  // the queue less cells whose spec is unreadable
+  demands.reserve(queue->size());
+  placeable.reserve(queue->size());
+  for (QueuedAttempt& q : *queue) {
+    const Demand* demand = demand_of(q.cell_id);
+    if (demand == nullptr) continue;
+    demands.push_back(*demand);
+    placeable.push_back(std::move(q));
+  }
   std::vector<Waiting> waiting;
   std::vector<Placement> placements =
-      controller::Schedule(*queue, view, &waiting, policy_, load);
+      controller::Schedule(placeable, demands, view, &waiting, policy_, load);
   {
     // Only this pass's waiting attempts are kept; a reason is logged when it changes.
     std::lock_guard lock(waiting_mu_);
@@ -622,15 +697,31 @@ ControllerCore::PlaceQueuedLocked() {
     spdlog::warn("schedule: {}", s.ToString());
     return sends;
   }
-  for (const Placement& p : placements) {
+  // The channels of the agents placed on. AttachAgent swaps a channel only under
+  // schedule_mu_ (held here); an agent that detached meanwhile keeps its lease, as a failed
+  // send does (reconcile or lease expiry ends it).
+  std::vector<std::shared_ptr<AgentChannel>> channels;
+  {
+    std::lock_guard lock(agents_mu_);
+    for (const Placement& p : placements) {
+      auto it = agents_.find(p.agent_id);
+      channels.push_back(it == agents_.end() ? nullptr : it->second.channel);
+    }
+  }
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const Placement& p = placements[i];
     auto cell = store_.GetCell(p.cell_id);
     if (!cell.ok() || !cell->has_value()) {
       spdlog::error("schedule: cell {} of attempt {} unreadable", p.cell_id, p.attempt_id);
       continue;
     }
+    if (channels[i] == nullptr) {
+      spdlog::warn("attempt {}: agent '{}' detached before its assignment was sent; it stays "
+                   "leased", p.attempt_id, p.agent_id);
+      continue;
+    }
     const CellRecord& c = **cell;
-    sends.emplace_back(channels[p.agent_id],
-                       AssignmentMessage{p.attempt_id, c.id, c.spec_json, c.branch});
+    sends.emplace_back(channels[i], AssignmentMessage{p.attempt_id, c.id, c.spec_json, c.branch});
   }
   return sends;
 }

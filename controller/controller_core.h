@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -215,7 +217,19 @@ class ControllerCore {
   /// Places queued attempts on attached agents (free slots; the torch pin; one free GPU per
   /// rank of a CUDA attempt: scheduler.h), persists the leases and sends the assignments. Why
   /// an attempt keeps waiting is logged when it changes. Errors are logged, not returned.
+  /// With the scheduler thread started, only asks that thread for a pass and returns; else
+  /// runs the pass on the caller's thread (passes coalesce either way).
   void Schedule();
+
+  /// Starts the scheduler thread: from now on Schedule() only asks it for a pass, so the
+  /// REST and agent threads never run one, and requests made while a pass runs are served by
+  /// one more pass, started at most every kMinPassInterval (2 ms), so a burst of submits is
+  /// placed a batch per pass, not a pass each. The controller process starts it; unit tests
+  /// schedule on the caller's thread. Idempotent.
+  void StartSchedulerThread();
+  /// Stops and joins the scheduler thread (after its current pass); called by the destructor.
+  void StopSchedulerThread();
+  ~ControllerCore();
 
  private:
   struct Attached {
@@ -235,6 +249,8 @@ class ControllerCore {
   /// When `agent_id` was last heard from; for an agent not heard from since the controller
   /// started, the start plus what restart_grace adds beyond a lease (agents_mu_ held).
   std::chrono::system_clock::time_point LastHeardLocked(const std::string& agent_id) const;
+  /// LastHeardLocked of an agent not heard from since the controller started.
+  std::chrono::system_clock::time_point NotYetHeard() const;
   /// Store::LoseAttempt with the retry limit, logged; false (logged) on a store error.
   bool Lose(const ActiveAttempt& a, const std::string& reason);
   /// AttachAgent's reconcile (schedule_mu_ held); returns the Cancels to send.
@@ -266,6 +282,16 @@ class ControllerCore {
   /// When each agent's last_heartbeat_at was last stored (agents_mu_).
   std::map<std::string, std::chrono::system_clock::time_point> heartbeat_written_;
   static constexpr std::chrono::seconds kHeartbeatWriteInterval{30};
+  /// Schedule()'s passes, on whichever thread runs them.
+  void RunSchedulingPasses();
+
+  std::mutex scheduler_mu_;  // guards the three below
+  std::condition_variable scheduler_cv_;
+  bool scheduler_requested_ = false;
+  bool scheduler_stopping_ = false;
+  std::thread scheduler_thread_;
+  /// The scheduler thread starts passes at most this often (batching; see StartSchedulerThread).
+  static constexpr std::chrono::milliseconds kMinPassInterval{2};
   std::mutex schedule_mu_;  // one scheduling pass at a time; guards demands_
   std::atomic<bool> schedule_pending_{false};  // a pass was asked for (Schedule coalesces)
   /// Demands of cells with active attempts, by cell id (specs never change).

@@ -162,13 +162,24 @@ Result<std::string> GitMirror::ResolveCommit(const std::string& repository,
     return Status::InvalidArgument("field 'commit': expected a 40-hex commit SHA, got '" + commit +
                                    "'");
   }
+  const std::string sha = OidHex(oid);
+  {
+    std::lock_guard lock(mu_);
+    if (known_.count({repository, sha}) > 0) return sha;
+  }
+  auto remember = [&] {
+    std::lock_guard lock(mu_);
+    if (known_.size() >= kKnownCommits) known_.clear();
+    known_.emplace(repository, sha);
+    return sha;
+  };
   std::lock_guard lock(MirrorMutex(repository));
   const fs::path path = MirrorPath(repository);
   bool created = false;
   GH_ASSIGN_OR_RETURN(RepoPtr repo, OpenOrInitMirror(path, created));
   // A commit the mirror already holds needs no fetch: commits are immutable (CI submits by
   // SHA many times; the agent still checks it out from the repository itself).
-  if (!created && CheckCommitExists(repo.get(), oid, "").ok()) return OidHex(oid);
+  if (!created && CheckCommitExists(repo.get(), oid, "").ok()) return remember();
   Result<RemotePtr> remote = Connect(repo.get(), repository);
   if (!remote.ok()) {
     if (created) {
@@ -181,7 +192,7 @@ Result<std::string> GitMirror::ResolveCommit(const std::string& repository,
   GH_RETURN_IF_ERROR(Fetch(remote->get(), repository, "+refs/heads/*:refs/heads/*"));
   GH_RETURN_IF_ERROR(CheckCommitExists(
       repo.get(), oid, "commit '" + commit + "' not found in '" + repository + "'"));
-  return OidHex(oid);
+  return remember();
 }
 
 }  // namespace gatehouse::controller

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "controller/commit_resolver.h"
@@ -28,7 +29,9 @@ class GitMirror : public CommitResolver {
                                     const std::string& branch) override;
 
   /// Checks that `commit` names a commit in the mirror, fetching all heads first unless the
-  /// mirror already holds it (commits are immutable, so a known one needs no network).
+  /// mirror already holds it (commits are immutable, so a known one needs no network). A pair
+  /// found once is remembered (up to kKnownCommits pairs) and answered without opening the
+  /// mirror: CI submits a matrix of cells for one SHA.
   /// Errors: NOT_FOUND for the repository as above, or "commit '<sha>' not found in '<url>'".
   Result<std::string> ResolveCommit(const std::string& repository,
                                     const std::string& commit) override;
@@ -40,8 +43,12 @@ class GitMirror : public CommitResolver {
   std::mutex& MirrorMutex(const std::string& repository);
 
   std::filesystem::path mirror_dir_;
-  std::mutex mu_;  // guards locks_
+  static constexpr size_t kKnownCommits = 4096;
+
+  std::mutex mu_;  // guards locks_ and known_
   std::map<std::string, std::unique_ptr<std::mutex>> locks_;
+  /// (repository, commit SHA) pairs the mirror was seen to hold; cleared when full.
+  std::set<std::pair<std::string, std::string>> known_;
 };
 
 }  // namespace gatehouse::controller

@@ -280,6 +280,7 @@ int Run(int argc, char** argv) {
   DigestCache digests;
   CellFreezer freezer(identity, mirror, digests);
   ControllerCore core(**store, freezer, lease, SystemClock(), limits, policy);
+  core.StartSchedulerThread();
   auto grpc_addr = ParseHostPort("grpc", grpc);
   const std::string grpc_host = grpc_addr.ok() ? grpc_addr->host : grpc;
   AuthConfig auth_config;
@@ -364,6 +365,7 @@ int Run(int argc, char** argv) {
   }
   reaper_cv.notify_all();
   reaper.join();
+  core.StopSchedulerThread();
   (*http_server)->Stop();
   (*rpc_server)->Shutdown();
   spdlog::info("stopped");

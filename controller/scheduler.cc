@@ -111,6 +111,17 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
                                 const std::vector<AgentView>& agents,
                                 std::vector<Waiting>* waiting, const SchedulingPolicy& policy,
                                 const RunningLoad& load) {
+  std::vector<Demand> demands;
+  demands.reserve(queue.size());
+  for (const QueuedAttempt& a : queue) demands.push_back(DemandOfSpec(a.spec_json));
+  return Schedule(queue, demands, agents, waiting, policy, load);
+}
+
+std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
+                                const std::vector<Demand>& demands,
+                                const std::vector<AgentView>& agents,
+                                std::vector<Waiting>* waiting, const SchedulingPolicy& policy,
+                                const RunningLoad& load) {
   std::vector<int> free(agents.size()), free_gpus(agents.size());
   for (size_t i = 0; i < agents.size(); ++i) {
     free[i] = agents[i].drain_reason.empty() ? std::max(agents[i].slots, 1) - agents[i].running : 0;
@@ -139,6 +150,7 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
       turns.pop();
       std::deque<size_t>& fifo = fifos[submitter];
       const QueuedAttempt& attempt = queue[fifo.front()];
+      const Demand& d = demands.at(fifo.front());
       fifo.pop_front();
       bool placed = false;
       // Shortcut when every agent is full (a draining one is named by the loop below instead).
@@ -156,7 +168,6 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
                                   " attempts, its limit (--max-running-per-repository)"});
         }
       } else {
-        const Demand d = DemandOfSpec(attempt.spec_json);
         std::optional<size_t> best;
         auto better = [&](size_t i, size_t j) {  // is agent i a better home than agent j?
           if (!d.gpu) {

@@ -93,4 +93,13 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
                                 const SchedulingPolicy& policy = {},
                                 const RunningLoad& load = {});
 
+/// As above, with each queued attempt's demand given (`demands[i]` is queue[i]'s; the
+/// controller caches them by cell, specs never change) instead of parsed from its spec_json.
+std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
+                                const std::vector<Demand>& demands,
+                                const std::vector<AgentView>& agents,
+                                std::vector<Waiting>* waiting = nullptr,
+                                const SchedulingPolicy& policy = {},
+                                const RunningLoad& load = {});
+
 }  // namespace gatehouse::controller

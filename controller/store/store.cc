@@ -2,6 +2,9 @@
 
 #include <sqlite3.h>
 
+#include <map>
+#include <memory>
+#include <string>
 #include <utility>
 
 namespace gatehouse::controller {
@@ -11,15 +14,78 @@ Status SqliteError(sqlite3* db, std::string_view what) {
   return Status::Internal(std::string(what) + ": " + sqlite3_errmsg(db));
 }
 
-/// A prepared statement with positional binds (1-based) and typed column reads (0-based).
-/// Not thread-safe; used under Store::mu_.
+}  // namespace
+
+/// The connection's prepared statements, kept and reused by SQL text: preparing every
+/// statement anew was about 18% of the controller's CPU under the load bench
+/// (tools/loadbench). A statement whose cached copy is in use (a nested Stmt of the same SQL)
+/// is prepared afresh and finalized after use. Not thread-safe; used under Store::mu_.
+class StatementCache {
+ public:
+  explicit StatementCache(sqlite3* db) : db_(db) {}
+  ~StatementCache() {
+    for (auto& [sql, entry] : cache_) sqlite3_finalize(entry.stmt);
+  }
+  StatementCache(const StatementCache&) = delete;
+  StatementCache& operator=(const StatementCache&) = delete;
+
+  sqlite3* db() const { return db_; }
+
+  /// A statement for `sql` ready to bind, or the SQLite error code (statement null).
+  sqlite3_stmt* Acquire(std::string_view sql, int* rc) {
+    auto it = cache_.find(sql);
+    if (it != cache_.end() && !it->second.in_use) {
+      it->second.in_use = true;
+      *rc = SQLITE_OK;
+      return it->second.stmt;
+    }
+    sqlite3_stmt* stmt = nullptr;
+    const bool keep = it == cache_.end();
+    *rc = sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()),
+                             keep ? SQLITE_PREPARE_PERSISTENT : 0, &stmt, nullptr);
+    if (*rc != SQLITE_OK) {
+      sqlite3_finalize(stmt);
+      return nullptr;
+    }
+    if (keep) cache_.emplace(std::string(sql), Entry{stmt, true});
+    return stmt;
+  }
+
+  /// Returns `stmt` (from Acquire): reset with its bindings cleared when cached, else
+  /// finalized.
+  void Release(sqlite3_stmt* stmt) {
+    if (stmt == nullptr) return;
+    const char* sql = sqlite3_sql(stmt);
+    auto it = sql ? cache_.find(std::string_view(sql)) : cache_.end();
+    if (it != cache_.end() && it->second.stmt == stmt) {
+      sqlite3_reset(stmt);
+      sqlite3_clear_bindings(stmt);
+      it->second.in_use = false;
+      return;
+    }
+    sqlite3_finalize(stmt);
+  }
+
+ private:
+  struct Entry {
+    sqlite3_stmt* stmt = nullptr;
+    bool in_use = false;
+  };
+  sqlite3* db_;
+  std::map<std::string, Entry, std::less<>> cache_;
+};
+
+namespace {
+
+/// A prepared statement (from the connection's StatementCache) with positional binds (1-based)
+/// and typed column reads (0-based). Not thread-safe; used under Store::mu_.
 class Stmt {
  public:
-  Stmt(sqlite3* db, std::string_view sql) : db_(db) {
-    rc_ = sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr);
-    if (rc_ != SQLITE_OK) error_ = SqliteError(db, "prepare '" + std::string(sql) + "'");
+  Stmt(StatementCache& cache, std::string_view sql) : cache_(cache), db_(cache.db()) {
+    stmt_ = cache.Acquire(sql, &rc_);
+    if (rc_ != SQLITE_OK) error_ = SqliteError(db_, "prepare '" + std::string(sql) + "'");
   }
-  ~Stmt() { sqlite3_finalize(stmt_); }
+  ~Stmt() { cache_.Release(stmt_); }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
 
@@ -81,6 +147,7 @@ class Stmt {
   void Check(int rc) {
     if (rc != SQLITE_OK) error_ = SqliteError(db_, "bind");
   }
+  StatementCache& cache_;
   sqlite3* db_;
   sqlite3_stmt* stmt_ = nullptr;
   int rc_ = SQLITE_OK;
@@ -98,21 +165,24 @@ Status ExecSql(sqlite3* db, const char* sql) {
 }
 
 /// BEGIN IMMEDIATE on construction; ROLLBACK on destruction unless Commit() succeeded.
+/// The three statements are prepared once (StatementCache), like every other.
 class Transaction {
  public:
-  explicit Transaction(sqlite3* db) : db_(db) { begin_ = ExecSql(db, "BEGIN IMMEDIATE"); }
+  explicit Transaction(StatementCache& cache) : cache_(cache) {
+    begin_ = Stmt(cache, "BEGIN IMMEDIATE").Exec();
+  }
   ~Transaction() {
-    if (begin_.ok() && !committed_) (void)ExecSql(db_, "ROLLBACK");
+    if (begin_.ok() && !committed_) (void)Stmt(cache_, "ROLLBACK").Exec();
   }
   Status begin_status() const { return begin_; }
   Status Commit() {
-    GH_RETURN_IF_ERROR(ExecSql(db_, "COMMIT"));
+    GH_RETURN_IF_ERROR(Stmt(cache_, "COMMIT").Exec());
     committed_ = true;
     return Status::Ok();
   }
 
  private:
-  sqlite3* db_;
+  StatementCache& cache_;
   Status begin_;
   bool committed_ = false;
 };
@@ -165,7 +235,7 @@ CellRecord CellFromRow(const Stmt& s, int first = 0) {
 }
 
 // Reads one attempt; NOT_FOUND when absent. Caller holds mu_.
-Result<AttemptRecord> LoadAttempt(sqlite3* db, int64_t attempt_id) {
+Result<AttemptRecord> LoadAttempt(StatementCache& db, int64_t attempt_id) {
   Stmt s(db, std::string("SELECT ") + kAttemptColumns + " FROM attempts WHERE id = ?");
   s.Bind(1, attempt_id);
   if (!s.Step()) {
@@ -177,9 +247,13 @@ Result<AttemptRecord> LoadAttempt(sqlite3* db, int64_t attempt_id) {
 
 }  // namespace
 
-Store::Store(sqlite3* db, Clock clock) : db_(db), clock_(std::move(clock)) {}
+Store::Store(sqlite3* db, Clock clock)
+    : db_(db), statements_(std::make_unique<StatementCache>(db)), clock_(std::move(clock)) {}
 
-Store::~Store() { sqlite3_close_v2(db_); }
+Store::~Store() {
+  statements_.reset();  // finalized before the connection closes
+  sqlite3_close_v2(db_);
+}
 
 std::string Store::Now() const { return FormatTimestamp(clock_()); }
 
@@ -210,9 +284,9 @@ Status Store::ApplyMigrations(std::span<const Migration> migrations) {
                              "version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
                              "applied_at TEXT NOT NULL)"));
   for (const Migration& m : migrations) {
-    Transaction tx(db_);
+    Transaction tx(*statements_);
     GH_RETURN_IF_ERROR(tx.begin_status());
-    Stmt seen(db_, "SELECT 1 FROM schema_migrations WHERE version = ?");
+    Stmt seen(*statements_, "SELECT 1 FROM schema_migrations WHERE version = ?");
     seen.Bind(1, int64_t{m.version});
     if (seen.Step()) continue;  // already applied; the transaction rolls back (nothing done)
     GH_RETURN_IF_ERROR(seen.status());
@@ -220,7 +294,7 @@ Status Store::ApplyMigrations(std::span<const Migration> migrations) {
     GH_RETURN_IF_ERROR(
         ExecSql(db_, sql.c_str())
             .WithContext("migration " + std::to_string(m.version) + "_" + std::string(m.name)));
-    Stmt record(db_, "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?)");
+    Stmt record(*statements_, "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?)");
     record.Bind(1, int64_t{m.version}).Bind(2, m.name).Bind(3, Now());
     GH_RETURN_IF_ERROR(record.Exec());
     GH_RETURN_IF_ERROR(tx.Commit());
@@ -230,7 +304,7 @@ Status Store::ApplyMigrations(std::span<const Migration> migrations) {
 
 Result<std::vector<AppliedMigration>> Store::AppliedMigrations() {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "SELECT version, name, applied_at FROM schema_migrations ORDER BY version");
+  Stmt s(*statements_, "SELECT version, name, applied_at FROM schema_migrations ORDER BY version");
   std::vector<AppliedMigration> out;
   while (s.Step()) {
     out.push_back({static_cast<int>(s.Int(0)), s.Text(1), s.Text(2)});
@@ -241,10 +315,10 @@ Result<std::vector<AppliedMigration>> Store::AppliedMigrations() {
 
 Result<bool> Store::CreateCellIfAbsent(const CellRecord& cell) {
   std::lock_guard lock(mu_);
-  Transaction tx(db_);
+  Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
   const std::string now = Now();
-  Stmt insert(db_, std::string("INSERT OR IGNORE INTO cells(") + kCellColumns +
+  Stmt insert(*statements_, std::string("INSERT OR IGNORE INTO cells(") + kCellColumns +
                        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
   insert.Bind(1, cell.id)
       .Bind(2, cell.spec_json)
@@ -257,7 +331,7 @@ Result<bool> Store::CreateCellIfAbsent(const CellRecord& cell) {
       .Bind(9, int64_t{cell.priority});
   GH_RETURN_IF_ERROR(insert.Exec().WithContext("store cell " + cell.id));
   if (sqlite3_changes(db_) == 0) return false;  // exists; rollback of an empty transaction
-  Stmt attempt(db_, "INSERT INTO attempts(cell_id, number, state, created_at) VALUES (?, 1, ?, ?)");
+  Stmt attempt(*statements_, "INSERT INTO attempts(cell_id, number, state, created_at) VALUES (?, 1, ?, ?)");
   attempt.Bind(1, cell.id).Bind(2, AttemptStateName(AttemptState::kQueued)).Bind(3, now);
   GH_RETURN_IF_ERROR(attempt.Exec().WithContext("store attempt 1 of cell " + cell.id));
   GH_RETURN_IF_ERROR(tx.Commit());
@@ -266,7 +340,7 @@ Result<bool> Store::CreateCellIfAbsent(const CellRecord& cell) {
 
 Result<std::optional<CellRecord>> Store::GetCell(const std::string& id) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, std::string("SELECT ") + kCellColumns + " FROM cells WHERE id = ?");
+  Stmt s(*statements_, std::string("SELECT ") + kCellColumns + " FROM cells WHERE id = ?");
   s.Bind(1, id);
   if (s.Step()) return std::optional<CellRecord>(CellFromRow(s));
   GH_RETURN_IF_ERROR(s.status());
@@ -275,7 +349,7 @@ Result<std::optional<CellRecord>> Store::GetCell(const std::string& id) {
 
 Result<std::vector<CellSummary>> Store::ListCells(int limit, int offset) {
   std::lock_guard lock(mu_);
-  Stmt s(db_,
+  Stmt s(*statements_,
          "SELECT c.id, c.spec_json, c.repository, c.commit_sha, c.branch, c.model_family, "
          "c.created_at, c.submitter, c.priority, "
          "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1) "
@@ -294,7 +368,7 @@ Result<std::vector<CellSummary>> Store::ListCells(int limit, int offset) {
 
 Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& cell_id) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, std::string("SELECT ") + kAttemptColumns +
+  Stmt s(*statements_, std::string("SELECT ") + kAttemptColumns +
                   " FROM attempts WHERE cell_id = ? ORDER BY number");
   s.Bind(1, cell_id);
   std::vector<AttemptRecord> out;
@@ -308,15 +382,18 @@ Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& cell_i
 
 Result<AttemptRecord> Store::GetAttempt(int64_t attempt_id) {
   std::lock_guard lock(mu_);
-  return LoadAttempt(db_, attempt_id);
+  return LoadAttempt(*statements_, attempt_id);
 }
 
-Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts() {
+Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts(bool with_specs) {
   std::lock_guard lock(mu_);
-  Stmt s(db_,
-         "SELECT a.id, a.cell_id, c.spec_json, c.priority, c.submitter, c.repository "
-         "FROM attempts a JOIN cells c ON c.id = a.cell_id "
-         "WHERE a.state = ? ORDER BY a.created_at, a.id");
+  Stmt s(*statements_,
+         with_specs ? "SELECT a.id, a.cell_id, c.spec_json, c.priority, c.submitter, c.repository "
+                      "FROM attempts a JOIN cells c ON c.id = a.cell_id "
+                      "WHERE a.state = ? ORDER BY a.created_at, a.id"
+                    : "SELECT a.id, a.cell_id, '', c.priority, c.submitter, c.repository "
+                      "FROM attempts a JOIN cells c ON c.id = a.cell_id "
+                      "WHERE a.state = ? ORDER BY a.created_at, a.id");
   s.Bind(1, AttemptStateName(AttemptState::kQueued));
   std::vector<QueuedAttempt> out;
   while (s.Step()) {
@@ -327,11 +404,16 @@ Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts() {
   return out;
 }
 
-Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts() {
+Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts(bool with_specs) {
   std::lock_guard lock(mu_);
-  Stmt s(db_,
-         "SELECT a.agent_id, c.spec_json, a.id, a.cell_id, c.submitter, c.repository "
-         "FROM attempts a JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) ORDER BY a.id");
+  Stmt s(*statements_,
+         with_specs
+             ? "SELECT a.agent_id, c.spec_json, a.id, a.cell_id, c.submitter, c.repository "
+               "FROM attempts a JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) "
+               "ORDER BY a.id"
+             : "SELECT a.agent_id, '', a.id, a.cell_id, c.submitter, c.repository "
+               "FROM attempts a JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) "
+               "ORDER BY a.id");
   s.Bind(1, AttemptStateName(AttemptState::kLeased))
       .Bind(2, AttemptStateName(AttemptState::kRunning));
   std::vector<ActiveAttempt> out;
@@ -347,7 +429,7 @@ Result<bool> Store::CancelQueued(int64_t attempt_id, const std::string& reason, 
     return Status::InvalidArgument("a queued attempt stops as cancelled or timed_out");
   }
   std::lock_guard lock(mu_);
-  Stmt s(db_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ? AND state = ?");
+  Stmt s(*statements_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ? AND state = ?");
   s.Bind(1, AttemptStateName(as))
       .Bind(2, reason)
       .Bind(3, Now())
@@ -362,16 +444,16 @@ Result<bool> Store::RequestCancel(int64_t attempt_id, const std::string& reason,
     return Status::InvalidArgument("a requested stop ends cancelled or timed_out");
   }
   std::lock_guard lock(mu_);
-  Transaction tx(db_);
+  Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
-  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(*statements_, attempt_id));
   if (a.state != AttemptState::kLeased && a.state != AttemptState::kRunning) {
     return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) + " is " +
                                       std::string(AttemptStateName(a.state)) +
                                       ", not leased or running");
   }
   if (!a.cancel_reason.empty()) return false;
-  Stmt s(db_, "UPDATE attempts SET cancel_reason = ?, cancel_as = ? WHERE id = ?");
+  Stmt s(*statements_, "UPDATE attempts SET cancel_reason = ?, cancel_as = ? WHERE id = ?");
   s.Bind(1, reason.empty() ? std::string("cancel requested") : reason)
       .Bind(2, AttemptStateName(as))
       .Bind(3, attempt_id);
@@ -383,9 +465,9 @@ Result<bool> Store::RequestCancel(int64_t attempt_id, const std::string& reason,
 Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std::string& reason,
                                                   int retry_limit) {
   std::lock_guard lock(mu_);
-  Transaction tx(db_);
+  Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
-  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(*statements_, attempt_id));
   if (IsTerminal(a.state)) return std::optional<int64_t>();  // ended meanwhile
   // A lost attempt whose stop was requested ends as requested (cancelled or timed_out):
   // nobody wants it run again.
@@ -394,7 +476,7 @@ Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std:
   GH_RETURN_IF_ERROR(CheckTransition(a.id, a.state, to));
   const std::string now = Now();
   {
-    Stmt s(db_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ?");
+    Stmt s(*statements_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ?");
     s.Bind(1, AttemptStateName(to))
         .Bind(2, cancelled ? a.cancel_reason + "; " + reason : reason)
         .Bind(3, now)
@@ -403,7 +485,7 @@ Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std:
   }
   std::optional<int64_t> retry;
   if (!cancelled) {
-    Stmt count(db_,
+    Stmt count(*statements_,
                "SELECT MAX(number), SUM(state = ?) FROM attempts WHERE cell_id = ?");
     count.Bind(1, AttemptStateName(AttemptState::kLost)).Bind(2, a.cell_id);
     if (!count.Step()) {
@@ -413,7 +495,7 @@ Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std:
     const int64_t last_number = count.Int(0);
     const int64_t lost_so_far = count.Int(1);  // this one included
     if (lost_so_far <= retry_limit) {
-      Stmt insert(db_,
+      Stmt insert(*statements_,
                   "INSERT INTO attempts(cell_id, number, state, created_at, retry_of) "
                   "VALUES (?, ?, ?, ?, ?)");
       insert.Bind(1, a.cell_id)
@@ -434,7 +516,7 @@ Result<std::vector<OverdueAttempt>> Store::ListOverdue(const std::string& queued
                                                        const std::string& phase_started_before) {
   std::lock_guard lock(mu_);
   // Only attempts not already being stopped; an empty cutoff disables that limit.
-  Stmt s(db_,
+  Stmt s(*statements_,
          "SELECT a.id, a.cell_id, a.state, a.agent_id, a.created_at, a.leased_at, "
          "COALESCE(p.phase, ''), COALESCE(p.started_at, '') "
          "FROM attempts a LEFT JOIN phases p ON p.attempt_id = a.id AND p.status = 'RUNNING' "
@@ -473,12 +555,12 @@ Result<std::vector<OverdueAttempt>> Store::ListOverdue(const std::string& queued
 
 Status Store::LeaseAttempts(const std::vector<Lease>& leases) {
   std::lock_guard lock(mu_);
-  Transaction tx(db_);
+  Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
   for (const Lease& lease : leases) {
-    GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, lease.attempt_id));
+    GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(*statements_, lease.attempt_id));
     GH_RETURN_IF_ERROR(CheckTransition(a.id, a.state, AttemptState::kLeased));
-    Stmt s(db_, "UPDATE attempts SET state = ?, agent_id = ?, leased_at = ? WHERE id = ?");
+    Stmt s(*statements_, "UPDATE attempts SET state = ?, agent_id = ?, leased_at = ? WHERE id = ?");
     s.Bind(1, AttemptStateName(AttemptState::kLeased))
         .Bind(2, lease.agent_id)
         .Bind(3, Now())
@@ -490,12 +572,12 @@ Status Store::LeaseAttempts(const std::vector<Lease>& leases) {
 
 Result<bool> Store::FinishAttempt(int64_t attempt_id, AttemptState to, const std::string& reason) {
   std::lock_guard lock(mu_);
-  Transaction tx(db_);
+  Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
-  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(*statements_, attempt_id));
   if (IsTerminal(a.state)) return false;
   GH_RETURN_IF_ERROR(CheckTransition(a.id, a.state, to));
-  Stmt s(db_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ?");
+  Stmt s(*statements_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ?");
   s.Bind(1, AttemptStateName(to)).Bind(2, reason).Bind(3, Now()).Bind(4, attempt_id);
   GH_RETURN_IF_ERROR(s.Exec());
   GH_RETURN_IF_ERROR(tx.Commit());
@@ -505,15 +587,15 @@ Result<bool> Store::FinishAttempt(int64_t attempt_id, AttemptState to, const std
 Result<bool> Store::RecordEvent(int64_t attempt_id, int64_t seq, const std::string& json,
                                 const EventEffect& effect) {
   std::lock_guard lock(mu_);
-  Transaction tx(db_);
+  Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
-  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(db_, attempt_id));
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(*statements_, attempt_id));
   const std::string now = Now();
   // An event for an attempt already ended (lost, cancelled, ...) comes from an agent whose
   // lease is gone: stored flagged stale, never applied.
   const bool stale = IsTerminal(a.state);
   {
-    Stmt s(db_,
+    Stmt s(*statements_,
            "INSERT OR IGNORE INTO events(attempt_id, seq, json, received_at, stale) "
            "VALUES (?, ?, ?, ?, ?)");
     s.Bind(1, attempt_id).Bind(2, seq).Bind(3, json).Bind(4, now).Bind(5, int64_t{stale ? 1 : 0});
@@ -526,14 +608,14 @@ Result<bool> Store::RecordEvent(int64_t attempt_id, int64_t seq, const std::stri
       break;
     case Kind::kPhaseStart: {
       Stmt s(
-          db_,
+          *statements_,
           "INSERT INTO phases(attempt_id, phase, status, started_at) VALUES (?, ?, 'RUNNING', ?) "
           "ON CONFLICT(attempt_id, phase) DO UPDATE SET status = 'RUNNING', "
           "started_at = excluded.started_at");
       s.Bind(1, attempt_id).Bind(2, effect.phase).Bind(3, now);
       GH_RETURN_IF_ERROR(s.Exec());
       if (IsAllowedTransition(a.state, AttemptState::kRunning)) {
-        Stmt u(db_, "UPDATE attempts SET state = ?, started_at = ? WHERE id = ?");
+        Stmt u(*statements_, "UPDATE attempts SET state = ?, started_at = ? WHERE id = ?");
         u.Bind(1, AttemptStateName(AttemptState::kRunning)).Bind(2, now).Bind(3, attempt_id);
         GH_RETURN_IF_ERROR(u.Exec());
       }
@@ -541,7 +623,7 @@ Result<bool> Store::RecordEvent(int64_t attempt_id, int64_t seq, const std::stri
     }
     case Kind::kFigure: {
       Stmt s(
-          db_,
+          *statements_,
           "INSERT INTO figures(attempt_id, phase, name, value_json, unit) VALUES (?, ?, ?, ?, ?)");
       s.Bind(1, attempt_id)
           .Bind(2, effect.phase)
@@ -552,7 +634,7 @@ Result<bool> Store::RecordEvent(int64_t attempt_id, int64_t seq, const std::stri
       break;
     }
     case Kind::kPhaseEnd: {
-      Stmt s(db_,
+      Stmt s(*statements_,
              "INSERT INTO phases(attempt_id, phase, status, reason, classification, ended_at, "
              "duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?) "
              "ON CONFLICT(attempt_id, phase) DO UPDATE SET status = excluded.status, "
@@ -569,7 +651,7 @@ Result<bool> Store::RecordEvent(int64_t attempt_id, int64_t seq, const std::stri
       break;
     }
     case Kind::kRunEnd: {
-      Stmt s(db_, "UPDATE attempts SET run_status = ? WHERE id = ?");
+      Stmt s(*statements_, "UPDATE attempts SET run_status = ? WHERE id = ?");
       s.Bind(1, effect.status).Bind(2, attempt_id);
       GH_RETURN_IF_ERROR(s.Exec());
       break;
@@ -584,7 +666,7 @@ Result<std::vector<PhaseRecord>> Store::ListPhases(int64_t attempt_id) {
   std::vector<PhaseRecord> out;
   std::map<std::string, size_t> index;
   {
-    Stmt s(db_,
+    Stmt s(*statements_,
            "SELECT phase, status, reason, classification, started_at, ended_at, duration_ms "
            "FROM phases WHERE attempt_id = ?");
     s.Bind(1, attempt_id);
@@ -602,7 +684,7 @@ Result<std::vector<PhaseRecord>> Store::ListPhases(int64_t attempt_id) {
     }
     GH_RETURN_IF_ERROR(s.status());
   }
-  Stmt f(db_, "SELECT phase, name, value_json, unit FROM figures WHERE attempt_id = ? ORDER BY id");
+  Stmt f(*statements_, "SELECT phase, name, value_json, unit FROM figures WHERE attempt_id = ? ORDER BY id");
   f.Bind(1, attempt_id);
   while (f.Step()) {
     std::string phase = f.Text(0);
@@ -624,7 +706,7 @@ Result<bool> Store::AppendLog(int64_t attempt_id, const std::string& stream, int
                               const std::string& data) {
   std::lock_guard lock(mu_);
   // stale = 1 when the attempt has already ended (a terminal state), in the same statement.
-  Stmt s(db_,
+  Stmt s(*statements_,
          "INSERT OR IGNORE INTO logs(attempt_id, stream, offset, data, stale) VALUES (?, ?, ?, ?, "
          "COALESCE((SELECT state IN ('passed', 'failed', 'error', 'lost', 'cancelled', "
          "'timed_out') FROM attempts WHERE id = ?), 0))");
@@ -635,7 +717,7 @@ Result<bool> Store::AppendLog(int64_t attempt_id, const std::string& stream, int
 
 Result<std::string> Store::ReadLog(int64_t attempt_id, const std::string& stream) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "SELECT data FROM logs WHERE attempt_id = ? AND stream = ? ORDER BY offset");
+  Stmt s(*statements_, "SELECT data FROM logs WHERE attempt_id = ? AND stream = ? ORDER BY offset");
   s.Bind(1, attempt_id).Bind(2, stream);
   std::string out;
   while (s.Step()) out += s.Blob(0);
@@ -646,7 +728,7 @@ Result<std::string> Store::ReadLog(int64_t attempt_id, const std::string& stream
 Status Store::UpsertAgent(const AgentRecord& agent) {
   std::lock_guard lock(mu_);
   const std::string now = Now();
-  Stmt s(db_,
+  Stmt s(*statements_,
          "INSERT INTO agents(id, name, capabilities_json, registered_at, last_heartbeat_at, state) "
          "VALUES (?, ?, ?, ?, ?, 'connected') ON CONFLICT(id) DO UPDATE SET name = excluded.name, "
          "capabilities_json = excluded.capabilities_json, registered_at = excluded.registered_at, "
@@ -661,21 +743,21 @@ Status Store::UpsertAgent(const AgentRecord& agent) {
 
 Status Store::TouchAgent(const std::string& agent_id) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "UPDATE agents SET last_heartbeat_at = ? WHERE id = ?");
+  Stmt s(*statements_, "UPDATE agents SET last_heartbeat_at = ? WHERE id = ?");
   s.Bind(1, Now()).Bind(2, agent_id);
   return s.Exec();
 }
 
 Status Store::SetAgentState(const std::string& agent_id, const std::string& state) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "UPDATE agents SET state = ? WHERE id = ?");
+  Stmt s(*statements_, "UPDATE agents SET state = ? WHERE id = ?");
   s.Bind(1, state).Bind(2, agent_id);
   return s.Exec();
 }
 
 Result<std::vector<AgentRecord>> Store::ListAgents() {
   std::lock_guard lock(mu_);
-  Stmt s(db_,
+  Stmt s(*statements_,
          "SELECT id, name, capabilities_json, registered_at, last_heartbeat_at, state "
          "FROM agents ORDER BY id");
   std::vector<AgentRecord> out;
@@ -688,7 +770,7 @@ Result<std::vector<AgentRecord>> Store::ListAgents() {
 
 Result<AgentRecord> Store::GetAgent(const std::string& agent_id) {
   std::lock_guard lock(mu_);
-  Stmt s(db_,
+  Stmt s(*statements_,
          "SELECT id, name, capabilities_json, registered_at, last_heartbeat_at, state "
          "FROM agents WHERE id = ?");
   s.Bind(1, agent_id);
@@ -708,7 +790,7 @@ TokenRecord TokenFromRow(const Stmt& s) {
   return TokenRecord{s.Int(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4), s.Text(5), s.Text(6)};
 }
 
-Result<TokenRecord> LoadToken(sqlite3* db, int64_t token_id) {
+Result<TokenRecord> LoadToken(StatementCache& db, int64_t token_id) {
   Stmt s(db, std::string("SELECT ") + kTokenColumns + " FROM tokens WHERE id = ?");
   s.Bind(1, token_id);
   if (!s.Step()) {
@@ -722,21 +804,21 @@ Result<TokenRecord> LoadToken(sqlite3* db, int64_t token_id) {
 
 Result<TokenRecord> Store::CreateToken(const TokenRecord& token, const std::string& sha256_hex) {
   std::lock_guard lock(mu_);
-  Transaction tx(db_);
+  Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
   {
-    Stmt active(db_, "SELECT 1 FROM tokens WHERE name = ? AND revoked_at IS NULL");
+    Stmt active(*statements_, "SELECT 1 FROM tokens WHERE name = ? AND revoked_at IS NULL");
     active.Bind(1, token.name);
     if (active.Step()) {
       return Status::AlreadyExists("an active token is named '" + token.name + "'");
     }
     GH_RETURN_IF_ERROR(active.status());
   }
-  Stmt s(db_,
+  Stmt s(*statements_,
          "INSERT INTO tokens(name, kind, scopes, token_sha256, created_at) VALUES (?, ?, ?, ?, ?)");
   s.Bind(1, token.name).Bind(2, token.kind).Bind(3, token.scopes).Bind(4, sha256_hex).Bind(5, Now());
   GH_RETURN_IF_ERROR(s.Exec());
-  auto stored = LoadToken(db_, sqlite3_last_insert_rowid(db_));
+  auto stored = LoadToken(*statements_, sqlite3_last_insert_rowid(db_));
   if (!stored.ok()) return stored.status();
   GH_RETURN_IF_ERROR(tx.Commit());
   return stored;
@@ -744,7 +826,7 @@ Result<TokenRecord> Store::CreateToken(const TokenRecord& token, const std::stri
 
 Result<std::optional<TokenRecord>> Store::FindToken(const std::string& sha256_hex) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, std::string("SELECT ") + kTokenColumns + " FROM tokens WHERE token_sha256 = ?");
+  Stmt s(*statements_, std::string("SELECT ") + kTokenColumns + " FROM tokens WHERE token_sha256 = ?");
   s.Bind(1, sha256_hex);
   if (!s.Step()) {
     GH_RETURN_IF_ERROR(s.status());
@@ -755,7 +837,7 @@ Result<std::optional<TokenRecord>> Store::FindToken(const std::string& sha256_he
 
 Result<std::vector<TokenRecord>> Store::ListTokens() {
   std::lock_guard lock(mu_);
-  Stmt s(db_, std::string("SELECT ") + kTokenColumns + " FROM tokens ORDER BY id");
+  Stmt s(*statements_, std::string("SELECT ") + kTokenColumns + " FROM tokens ORDER BY id");
   std::vector<TokenRecord> out;
   while (s.Step()) out.push_back(TokenFromRow(s));
   GH_RETURN_IF_ERROR(s.status());
@@ -764,15 +846,15 @@ Result<std::vector<TokenRecord>> Store::ListTokens() {
 
 Result<TokenRecord> Store::RevokeToken(int64_t token_id) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL");
+  Stmt s(*statements_, "UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL");
   s.Bind(1, Now()).Bind(2, token_id);
   GH_RETURN_IF_ERROR(s.Exec());
-  return LoadToken(db_, token_id);
+  return LoadToken(*statements_, token_id);
 }
 
 Status Store::TouchToken(int64_t token_id) {
   std::lock_guard lock(mu_);
-  Stmt s(db_, "UPDATE tokens SET last_used_at = ? WHERE id = ?");
+  Stmt s(*statements_, "UPDATE tokens SET last_used_at = ? WHERE id = ?");
   s.Bind(1, Now()).Bind(2, token_id);
   return s.Exec();
 }

@@ -19,6 +19,8 @@ struct sqlite3;
 
 namespace gatehouse::controller {
 
+class StatementCache;  // store.cc: the connection's prepared statements
+
 /// A migration recorded in schema_migrations.
 struct AppliedMigration {
   int version = 0;
@@ -70,11 +72,13 @@ class Store {
   /// NOT_FOUND "attempt <id> not found" when absent.
   Result<AttemptRecord> GetAttempt(int64_t attempt_id);
 
-  /// Queued attempts with their cells' specs, oldest first (FIFO).
-  Result<std::vector<QueuedAttempt>> ListQueuedAttempts();
+  /// Queued attempts with their cells' specs (spec_json left empty when `with_specs` is
+  /// false: a scheduling pass reads the specs it has not cached), oldest first (FIFO).
+  Result<std::vector<QueuedAttempt>> ListQueuedAttempts(bool with_specs = true);
 
-  /// Leased and running attempts with their agents and cells' specs.
-  Result<std::vector<ActiveAttempt>> ListActiveAttempts();
+  /// Leased and running attempts with their agents and cells' specs (empty when `with_specs`
+  /// is false).
+  Result<std::vector<ActiveAttempt>> ListActiveAttempts(bool with_specs = true);
 
   /// Moves a queued attempt to `as` (cancelled, or timed_out for the queued time limit) with
   /// `reason`, only if it is still queued (in one statement, so a concurrent lease wins or
@@ -169,6 +173,7 @@ class Store {
 
   std::mutex mu_;
   sqlite3* db_;
+  std::unique_ptr<StatementCache> statements_;  // prepared statements of db_
   Clock clock_;
 };
 

@@ -6,6 +6,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <set>
 
 #include "common/sha256.h"
@@ -33,9 +35,32 @@ class AuthTest : public ::testing::Test {
     return issued.ok() ? issued->secret : "";
   }
 
+  /// Starts an agent stream server over this store with tokens required; returns its stub.
+  pb::AgentService::Stub& StartAgentServer() {
+    core_ = std::make_unique<ControllerCore>(*store_, freezer_);
+    AgentRpcServer::Options options;
+    options.auth = auth_.get();
+    auto server = AgentRpcServer::Start("127.0.0.1:0", *core_, options);
+    EXPECT_TRUE(server.ok()) << server.status().ToString();
+    if (server.ok()) server_ = std::move(*server);
+    stub_ = pb::AgentService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(server_ ? server_->port() : 0),
+        grpc::InsecureChannelCredentials()));
+    return *stub_;
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+
   testing::TempDir dir_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Authenticator> auth_;
+  testing::FakeCommitResolver resolver_;
+  DigestCache digests_;
+  CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
+  std::unique_ptr<ControllerCore> core_;
+  std::unique_ptr<AgentRpcServer> server_;
+  std::unique_ptr<pb::AgentService::Stub> stub_;
 };
 
 TEST_F(AuthTest, AcceptsTheBearerSchemeInAnyCaseAndNothingElse) {
@@ -142,23 +167,14 @@ TEST_F(AuthTest, WithAuthOffEveryCallerMayDoEverything) {
 // The agent stream with tokens required: no token and an API token are refused before
 // Register is read; an agent token registers.
 TEST_F(AuthTest, TheAgentStreamNeedsAnAgentToken) {
-  testing::FakeCommitResolver resolver;
-  DigestCache digests;
-  CellFreezer freezer{IdentityConfig{}, resolver, digests};
-  ControllerCore core(*store_, freezer);
-  AgentRpcServer::Options options;
-  options.auth = auth_.get();
-  auto server = AgentRpcServer::Start("127.0.0.1:0", core, options);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  auto stub = pb::AgentService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string((*server)->port()), grpc::InsecureChannelCredentials()));
+  pb::AgentService::Stub& stub = StartAgentServer();
   const std::string agent_secret = Issue("node-1", TokenKind::kAgent, {});
   const std::string api_secret = Issue("root", TokenKind::kApi, {Scope::kAdmin});
 
   const auto connect = [&](const std::string& authorization) {
     grpc::ClientContext ctx;
     if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
-    auto stream = stub->Connect(&ctx);
+    auto stream = stub.Connect(&ctx);
     pb::AgentMessage reg;
     reg.mutable_register_()->set_agent_name("node-1");
     stream->Write(reg);
@@ -175,7 +191,41 @@ TEST_F(AuthTest, TheAgentStreamNeedsAnAgentToken) {
   EXPECT_EQ(connect("Bearer " + api_secret),
             std::make_pair(false, grpc::StatusCode::PERMISSION_DENIED));
   EXPECT_TRUE(connect("Bearer " + agent_secret).first);
-  (*server)->Shutdown();
+}
+
+// Revoking an agent token ends its open stream at the next heartbeat (UNAUTHENTICATED, naming
+// the revocation): the stream was accepted when the token was good, and stays open until then.
+TEST_F(AuthTest, RevokingAnAgentTokenEndsItsOpenStream) {
+  pb::AgentService::Stub& stub = StartAgentServer();
+  auto issued = auth_->Issue("node-2", TokenKind::kAgent, {});
+  ASSERT_TRUE(issued.ok()) << issued.status().ToString();
+
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + issued->secret);
+  // A stream the revocation does not end fails the test by this deadline instead of hanging.
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = stub.Connect(&ctx);
+  pb::AgentMessage reg;
+  reg.mutable_register_()->set_agent_name("node-2");
+  ASSERT_TRUE(stream->Write(reg));
+  pb::ControllerMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_TRUE(in.has_registered());
+  pb::AgentMessage hb;
+  hb.mutable_heartbeat()->set_seq(1);
+  ASSERT_TRUE(stream->Write(hb));  // accepted: the token is good
+  ASSERT_TRUE(auth_->Revoke(issued->record.id).ok());
+  hb.mutable_heartbeat()->set_seq(2);
+  stream->Write(hb);
+  while (stream->Read(&in)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(status.error_message().find("token 'node-2' was revoked"), std::string::npos)
+      << status.error_message();
+  auto agent = store_->GetAgent("node-2");
+  ASSERT_TRUE(agent.ok());
+  EXPECT_EQ(agent->state, "disconnected");
 }
 
 }  // namespace

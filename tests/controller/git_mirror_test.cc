@@ -133,5 +133,21 @@ TEST_F(GitMirrorTest, AKnownCommitResolvesWithoutAFetchANewOneIsFetched) {
   std::filesystem::rename(repo_ + ".moved", repo_);
 }
 
+// Verifies a (repository, commit) pair resolved once is answered from memory: with the mirror
+// deleted and the repository moved away it still resolves, where a fresh GitMirror over the
+// same directory has to reach the repository and cannot.
+TEST_F(GitMirrorTest, AResolvedCommitIsRememberedWithoutOpeningTheMirror) {
+  const std::string first = Commit("first");
+  ASSERT_TRUE(mirror_.ResolveCommit(repo_, first).ok());
+  std::filesystem::remove_all(mirror_.MirrorPath(repo_));
+  std::filesystem::rename(repo_, repo_ + ".moved");
+  auto remembered = mirror_.ResolveCommit(repo_, first);
+  ASSERT_TRUE(remembered.ok()) << remembered.status().ToString();
+  EXPECT_EQ(*remembered, first);
+  GitMirror fresh(dir_.path() / "mirrors");
+  EXPECT_EQ(fresh.ResolveCommit(repo_, first).status().code(), StatusCode::kNotFound);
+  std::filesystem::rename(repo_ + ".moved", repo_);
+}
+
 }  // namespace
 }  // namespace gatehouse::controller

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -487,6 +488,38 @@ TEST_F(LifecycleTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLease
   const CellDetail d = Cell(id);
   EXPECT_EQ(d.attempts.at(0).id, attempt);
   EXPECT_EQ(d.attempts.at(0).state, AttemptState::kLost) << "the new instance does not hold it";
+}
+
+// Verifies the scheduler thread: once started, the passes Submit asks for run on it and place a
+// burst of 8 submits on one agent with 8 slots; starting or stopping it twice is harmless, and
+// once stopped Schedule() places on the caller's thread again (before Submit returns).
+TEST_F(LifecycleTest, TheSchedulerThreadPlacesWhatSubmitsQueue) {
+  auto agent = Connect("threaded", {}, /*slots=*/8);
+  core_->StartSchedulerThread();
+  core_->StartSchedulerThread();  // idempotent
+  std::vector<std::string> ids;
+  for (int i = 0; i < 8; ++i) {
+    const std::string body = json{{"repository", "/repos/adapt"},
+                                  {"branch", "main"},
+                                  {"model_family", "llama"},
+                                  {"checkpoint", (dir_.path() / "ckpt").string()},
+                                  {"env", {{"RUN", std::to_string(i)}}}}
+                                 .dump();
+    auto outcome = core_->Submit(body, "ci");
+    ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+    ids.push_back(outcome->cell.cell.id);
+  }
+  for (int i = 0; i < 500 && agent->AssignedIds().size() < 8; ++i) {
+    std::this_thread::sleep_for(10ms);  // the thread's passes, bounded at 5 s
+  }
+  EXPECT_EQ(agent->AssignedIds().size(), 8u);
+  for (const std::string& id : ids) EXPECT_EQ(Cell(id).status, AttemptState::kLeased) << id;
+  core_->StopSchedulerThread();
+  core_->StopSchedulerThread();
+  auto late = Connect("late");
+  const std::string id = Submit();  // no thread: placed before Submit returns
+  EXPECT_EQ(late->AssignedIds().size(), 1u);
+  EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
 }
 
 }  // namespace

@@ -267,6 +267,16 @@ TEST_F(StoreTest, LeasesAreAllOrNothingAndFollowTheTransitionTable) {
   ASSERT_EQ(queued.size(), 1u);
   EXPECT_EQ(queued[0].attempt_id, a1);
   EXPECT_EQ(queued[0].spec_json, MakeCell("c1").spec_json);
+  // Without specs (a scheduling pass reads the specs it has not cached): the same rows.
+  const std::vector<ActiveAttempt> active_brief = *store_->ListActiveAttempts(/*with_specs=*/false);
+  ASSERT_EQ(active_brief.size(), 1u);
+  EXPECT_EQ(active_brief[0].attempt_id, a2);
+  EXPECT_EQ(active_brief[0].cell_id, "c2");
+  EXPECT_EQ(active_brief[0].spec_json, "");
+  const std::vector<QueuedAttempt> queued_brief = *store_->ListQueuedAttempts(/*with_specs=*/false);
+  ASSERT_EQ(queued_brief.size(), 1u);
+  EXPECT_EQ(queued_brief[0].attempt_id, a1);
+  EXPECT_EQ(queued_brief[0].spec_json, "");
 
   EXPECT_TRUE(*store_->FinishAttempt(a2, AttemptState::kPassed, ""));
   EXPECT_FALSE(*store_->FinishAttempt(a2, AttemptState::kError, "late resend"));
