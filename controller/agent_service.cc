@@ -160,8 +160,12 @@ class AgentServiceImpl final : public pb::AgentService::Service {
       core_.DetachAgent(*agent_id, channel.get());
       return grpc::Status::OK;
     }
+    if (Status attached = core_.AttachAgent(*agent_id, hello, channel); !attached.ok()) {
+      spdlog::warn("attach from {} refused: {}", context->peer(), attached.message());
+      channel->Close();
+      return ToGrpc(attached);
+    }
     spdlog::info("agent '{}' registered from {}", *agent_id, context->peer());
-    core_.AttachAgent(*agent_id, hello, channel);
 
     pb::AgentMessage msg;
     while (stream->Read(&msg)) {

@@ -238,33 +238,38 @@ Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
   if (hello.name.empty()) return Status::InvalidArgument("register: field 'agent_name' is empty");
   {
     std::lock_guard lock(agents_mu_);
-    auto it = agents_.find(hello.name);
-    const auto now = clock_();
-    // An attached instance that said who it is keeps its name against anyone else, including
-    // a Register that names no instance.
-    if (it != agents_.end() && !it->second.instance_id.empty() &&
-        it->second.instance_id != hello.instance_id && !SilentLocked(hello.name, now)) {
-      const double heard_s =
-          std::chrono::duration<double>(now - LastHeardLocked(hello.name)).count();
-      char ago[32];
-      std::snprintf(ago, sizeof ago, "%.1f", heard_s);
-      return Status::AlreadyExists("agent '" + hello.name +
-                                   "' is already connected (another instance, heard from " + ago +
-                                   " s ago); a second agent with this name is refused until the "
-                                   "first disconnects or goes silent");
-    }
+    GH_RETURN_IF_ERROR(NameTakenLocked(hello));
   }
   AgentRecord record;
   record.id = hello.name;
   record.name = hello.name;
   record.capabilities_json = hello.capabilities_json;
   GH_RETURN_IF_ERROR(store_.UpsertAgent(record));
-  Touch(record.id);
+  // Heard from once attached (AttachAgent): a sign of life here would make a silent instance
+  // holding the name look alive to the attach-time check.
   return record.id;
 }
 
-void ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& hello,
-                                 std::shared_ptr<AgentChannel> channel) {
+Status ControllerCore::NameTakenLocked(const AgentHello& hello) const {
+  auto it = agents_.find(hello.name);
+  const auto now = clock_();
+  // An attached instance that said who it is keeps its name against anyone else, including
+  // a Register that names no instance.
+  if (it != agents_.end() && !it->second.instance_id.empty() &&
+      it->second.instance_id != hello.instance_id && !SilentLocked(hello.name, now)) {
+    const double heard_s = std::chrono::duration<double>(now - LastHeardLocked(hello.name)).count();
+    char ago[32];
+    std::snprintf(ago, sizeof ago, "%.1f", heard_s);
+    return Status::AlreadyExists("agent '" + hello.name +
+                                 "' is already connected (another instance, heard from " + ago +
+                                 " s ago); a second agent with this name is refused until the "
+                                 "first disconnects or goes silent");
+  }
+  return Status::Ok();
+}
+
+Status ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& hello,
+                                   std::shared_ptr<AgentChannel> channel) {
   const int slots = std::max(hello.slots, 1);
   std::vector<std::pair<int64_t, std::string>> cancels;
   {
@@ -274,6 +279,10 @@ void ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& 
     std::lock_guard schedule_lock(schedule_mu_);
     {
       std::lock_guard lock(agents_mu_);
+      // Again here, atomically with the attach: two instances may both have passed
+      // RegisterAgent before either attached.
+      GH_RETURN_IF_ERROR(NameTakenLocked(hello));
+      last_seen_[agent_id] = clock_();
       agents_[agent_id] = Attached{slots,           std::max(hello.gpus, 0), hello.torch_version,
                                    hello.cuda_version, channel,  hello.drain_reason,
                                    hello.lane,         hello.gpu_models, hello.instance_id};
@@ -284,6 +293,7 @@ void ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& 
                hello.gpus, hello.torch_version);
   for (const auto& [attempt_id, reason] : cancels) channel->SendCancel(attempt_id, reason);
   Schedule();
+  return Status::Ok();
 }
 
 void ControllerCore::DetachAgent(const std::string& agent_id, const AgentChannel* channel) {

@@ -168,8 +168,10 @@ class ControllerCore {
   /// agent it does not hold is lost (retried within the cell's limit, as ExpireLeases: it
   /// restarted, or never received the assignment); a held attempt that ended here while it
   /// was away (lost, cancelled), or whose cancel it may have missed, is sent a Cancel.
-  void AttachAgent(const std::string& agent_id, const AgentHello& hello,
-                   std::shared_ptr<AgentChannel> channel);
+  /// Errors: ALREADY_EXISTS as RegisterAgent, checked again atomically with the attach (two
+  /// instances may both pass RegisterAgent before either attaches); nothing is attached then.
+  Status AttachAgent(const std::string& agent_id, const AgentHello& hello,
+                     std::shared_ptr<AgentChannel> channel);
 
   /// The stream of `channel` ended: the agent is disconnected unless a newer stream replaced it.
   /// Its attempts keep their leases: the agent may reconnect and go on (its events carry
@@ -244,6 +246,8 @@ class ControllerCore {
     std::string instance_id;
   };
 
+  /// ALREADY_EXISTS when another live instance holds hello.name (agents_mu_ held).
+  Status NameTakenLocked(const AgentHello& hello) const;
   /// Notes a sign of life from `agent_id` (agents_mu_ not held).
   void Touch(const std::string& agent_id);
   /// When `agent_id` was last heard from; for an agent not heard from since the controller

@@ -49,7 +49,7 @@ class LifecycleTest : public ::testing::Test {
     AgentHello hello{name, "{}", slots};
     hello.held_attempts = std::move(held);
     EXPECT_TRUE(core_->RegisterAgent(hello).ok());
-    core_->AttachAgent(name, hello, channel);
+    EXPECT_TRUE(core_->AttachAgent(name, hello, channel).ok());
     return channel;
   }
 
@@ -446,7 +446,7 @@ TEST_F(LifecycleTest, AnAgentThatRegistersDrainingGetsNoWork) {
   AgentHello hello{"a", "{}", 1};
   hello.drain_reason = "cleanup after attempt 9: GPU 0: 4096 MiB used, baseline 0 MiB";
   ASSERT_TRUE(core_->RegisterAgent(hello).ok());
-  core_->AttachAgent("a", hello, channel);
+  ASSERT_TRUE(core_->AttachAgent("a", hello, channel).ok());
   Submit();
   EXPECT_TRUE(channel->AssignedIds().empty());
 }
@@ -457,6 +457,27 @@ TEST_F(LifecycleTest, AnAgentThatRegistersDrainingGetsNoWork) {
 namespace gatehouse::controller {
 namespace {
 
+// Verifies the name check is repeated at attach: two instances that both registered before
+// either attached (a race between their streams) cannot both attach; the second is refused
+// with ALREADY_EXISTS and work keeps going to the first.
+TEST_F(LifecycleTest, TwoInstancesThatBothRegisteredCannotBothAttach) {
+  AgentHello one{"b", "{}", 1};
+  one.instance_id = "one";
+  AgentHello two{"b", "{}", 1};
+  two.instance_id = "two";
+  ASSERT_TRUE(core_->RegisterAgent(one).ok());
+  ASSERT_TRUE(core_->RegisterAgent(two).ok());  // "one" is not attached yet
+  auto first = std::make_shared<RecordingChannel>();
+  ASSERT_TRUE(core_->AttachAgent("b", one, first).ok());
+  auto second = std::make_shared<RecordingChannel>();
+  const Status refused = core_->AttachAgent("b", two, second);
+  EXPECT_EQ(refused.code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(refused.message(), HasSubstr("agent 'b' is already connected"));
+  Submit();
+  EXPECT_EQ(first->AssignedIds().size(), 1u);
+  EXPECT_TRUE(second->AssignedIds().empty());
+}
+
 TEST_F(LifecycleTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLeases) {
   // Instance "one" of agent "a" holds an attempt; instance "two" registering as "a" is refused
   // while "one" is heard from, so the attempt stays leased to "one". The same instance
@@ -465,7 +486,7 @@ TEST_F(LifecycleTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLease
   one.instance_id = "one";
   ASSERT_TRUE(core_->RegisterAgent(one).ok());
   auto channel = std::make_shared<RecordingChannel>();
-  core_->AttachAgent("a", one, channel);
+  ASSERT_TRUE(core_->AttachAgent("a", one, channel).ok());
   const std::string id = Submit();
   ASSERT_EQ(channel->AssignedIds().size(), 1u);
   const int64_t attempt = channel->AssignedIds()[0];
@@ -484,7 +505,7 @@ TEST_F(LifecycleTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLease
 
   Advance(16s);  // "one" goes silent (3 x 5 s)
   ASSERT_TRUE(core_->RegisterAgent(two).ok());
-  core_->AttachAgent("a", two, std::make_shared<RecordingChannel>());  // holds nothing
+  ASSERT_TRUE(core_->AttachAgent("a", two, std::make_shared<RecordingChannel>()).ok());  // holds nothing
   const CellDetail d = Cell(id);
   EXPECT_EQ(d.attempts.at(0).id, attempt);
   EXPECT_EQ(d.attempts.at(0).state, AttemptState::kLost) << "the new instance does not hold it";

@@ -121,7 +121,7 @@ class RestTest : public ::testing::Test {
   Submitted SubmitToAgent(const std::shared_ptr<FakeChannel>& channel) {
     const AgentHello hello{"agent-1", "{}", 1};
     EXPECT_TRUE(core_->RegisterAgent(hello).ok());
-    core_->AttachAgent("agent-1", hello, channel);
+    EXPECT_TRUE(core_->AttachAgent("agent-1", hello, channel).ok());
     Submitted s;
     s.cell = json::parse(Http(port_, "POST", "/api/v1/cells", SubmitBody()).body);
     s.id = s.cell["id"];
