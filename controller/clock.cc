@@ -10,6 +10,17 @@ Clock SystemClock() {
   return [] { return std::chrono::system_clock::now(); };
 }
 
+MonotonicClock SteadyClock() {
+  return [] { return std::chrono::steady_clock::now(); };
+}
+
+MonotonicClock MonotonicFrom(Clock clock) {
+  return [clock = std::move(clock)] {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(clock().time_since_epoch()));
+  };
+}
+
 std::string FormatTimestamp(std::chrono::system_clock::time_point t) {
   using namespace std::chrono;
   const auto ms_since_epoch = duration_cast<milliseconds>(t.time_since_epoch()).count();

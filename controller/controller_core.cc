@@ -22,14 +22,16 @@ size_t PhaseOrder(const std::string& phase) { return PhaseIndex(phase).value_or(
 }  // namespace
 
 ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig lease, Clock clock,
-                               TimeLimits limits, SchedulingPolicy policy)
+                               TimeLimits limits, SchedulingPolicy policy,
+                               MonotonicClock lease_clock)
     : store_(store),
       freezer_(freezer),
       lease_(lease),
       clock_(std::move(clock)),
       limits_(limits),
       policy_(policy),
-      started_(clock_()) {}
+      lease_clock_(lease_clock ? std::move(lease_clock) : MonotonicFrom(clock_)),
+      started_(lease_clock_()) {}
 
 bool ControllerCore::SendCancelTo(const std::string& agent_id, int64_t attempt_id,
                                   const std::string& reason) {
@@ -187,11 +189,13 @@ Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::
 
 Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
   GH_ASSIGN_OR_RETURN(std::vector<AgentRecord> records, store_.ListAgents());
-  GH_ASSIGN_OR_RETURN(std::vector<ActiveAttempt> active, store_.ListActiveAttempts());
+  GH_ASSIGN_OR_RETURN(std::vector<ActiveAttempt> active,
+                      store_.ListActiveAttempts(/*with_specs=*/false));
   std::map<std::string, int> running;
   for (const ActiveAttempt& a : active) ++running[a.agent_id];
   std::vector<AgentStatus> out;
-  const auto now = clock_();
+  const auto now = lease_clock_();
+  const auto wall_now = clock_();
   std::lock_guard lock(agents_mu_);
   for (AgentRecord& r : records) {
     AgentStatus st;
@@ -202,7 +206,8 @@ Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
     }
     st.silent = SilentLocked(r.id, now);
     if (auto seen = last_seen_.find(r.id); seen != last_seen_.end()) {
-      st.last_seen_at = FormatTimestamp(seen->second);
+      st.last_seen_at = FormatTimestamp(
+          wall_now - std::chrono::duration_cast<std::chrono::system_clock::duration>(now - seen->second));
     }
     st.running = running[r.id];
     st.record = std::move(r);
@@ -252,7 +257,7 @@ Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
 
 Status ControllerCore::NameTakenLocked(const AgentHello& hello) const {
   auto it = agents_.find(hello.name);
-  const auto now = clock_();
+  const auto now = lease_clock_();
   // An attached instance that said who it is keeps its name against anyone else, including
   // a Register that names no instance.
   if (it != agents_.end() && !it->second.instance_id.empty() &&
@@ -282,7 +287,7 @@ Status ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello
       // Again here, atomically with the attach: two instances may both have passed
       // RegisterAgent before either attached.
       GH_RETURN_IF_ERROR(NameTakenLocked(hello));
-      last_seen_[agent_id] = clock_();
+      last_seen_[agent_id] = lease_clock_();
       agents_[agent_id] = Attached{slots,           std::max(hello.gpus, 0), hello.torch_version,
                                    hello.cuda_version, channel,  hello.drain_reason,
                                    hello.lane,         hello.gpu_models, hello.instance_id};
@@ -327,7 +332,7 @@ Status ControllerCore::Heartbeat(const std::string& agent_id, const std::string&
   }
   // Leases run on the in-memory time (Touch); the stored last_heartbeat_at is for people, so
   // it is written at most every kHeartbeatWriteInterval per agent, not on every heartbeat.
-  const auto now = clock_();
+  const auto now = lease_clock_();
   bool write = false;
   {
     std::lock_guard lock(agents_mu_);
@@ -345,7 +350,7 @@ Status ControllerCore::Heartbeat(const std::string& agent_id, const std::string&
 std::vector<std::pair<int64_t, std::string>> ControllerCore::ReconcileLocked(
     const std::string& agent_id, const std::vector<int64_t>& held) {
   std::vector<std::pair<int64_t, std::string>> cancels;
-  auto active = store_.ListActiveAttempts();
+  auto active = store_.ListActiveAttempts(/*with_specs=*/false);
   if (!active.ok()) {
     spdlog::error("agent '{}': reconcile: {}", agent_id, active.status().ToString());
     return cancels;
@@ -386,7 +391,7 @@ bool ControllerCore::Lose(const ActiveAttempt& a, const std::string& reason) {
 }
 
 void ControllerCore::Touch(const std::string& agent_id) {
-  const auto now = clock_();
+  const auto now = lease_clock_();
   bool resumed = false;
   {
     std::lock_guard lock(agents_mu_);
@@ -398,26 +403,26 @@ void ControllerCore::Touch(const std::string& agent_id) {
   if (resumed) Schedule();
 }
 
-std::chrono::system_clock::time_point ControllerCore::LastHeardLocked(
+std::chrono::steady_clock::time_point ControllerCore::LastHeardLocked(
     const std::string& agent_id) const {
   auto it = last_seen_.find(agent_id);
   return it != last_seen_.end() ? it->second : NotYetHeard();
 }
 
-std::chrono::system_clock::time_point ControllerCore::NotYetHeard() const {
+std::chrono::steady_clock::time_point ControllerCore::NotYetHeard() const {
   const auto extra = std::max(lease_.restart_grace - lease_.lease_timeout(),
                               std::chrono::milliseconds(0));
   return started_ + extra;
 }
 
 bool ControllerCore::SilentLocked(const std::string& agent_id,
-                                  std::chrono::system_clock::time_point now) const {
+                                  std::chrono::steady_clock::time_point now) const {
   return now - LastHeardLocked(agent_id) > lease_.lease_timeout();
 }
 
 int ControllerCore::ExpireLeases() {
-  const auto now = clock_();
-  auto active = store_.ListActiveAttempts();
+  const auto now = lease_clock_();
+  auto active = store_.ListActiveAttempts(/*with_specs=*/false);
   if (!active.ok()) {
     spdlog::error("lease expiry: {}", active.status().ToString());
     return 0;
@@ -437,7 +442,7 @@ int ControllerCore::ExpireLeases() {
     {
       // Heard from since the snapshot (e.g. it re-registered holding this attempt): keep it.
       std::lock_guard lock(agents_mu_);
-      if (!SilentLocked(a.agent_id, clock_())) continue;
+      if (!SilentLocked(a.agent_id, lease_clock_())) continue;
     }
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.1f", silent->second);
@@ -627,7 +632,7 @@ ControllerCore::PlaceQueuedLocked() {
   std::vector<AgentView> view;  // sorted by agent id (agents_ is a std::map)
   {
     std::lock_guard lock(agents_mu_);
-    const auto now = clock_();
+    const auto now = lease_clock_();
     const auto not_yet_heard = NotYetHeard();
     view.reserve(agents_.size());
     // agents_ and last_seen_ are both ordered by agent id: walk them together.

@@ -115,9 +115,12 @@ struct TimeLimits {
 /// every change that can free or need a slot; assignments are sent outside internal locks.
 class ControllerCore {
  public:
+  /// `clock` stamps stored rows and time limits (wall time); `lease_clock` measures leases,
+  /// heartbeats and silence (monotonic; the controller passes SteadyClock()). Without one,
+  /// leases read `clock` (MonotonicFrom: tests move one fake clock).
   ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig lease = {},
                  Clock clock = SystemClock(), TimeLimits limits = {},
-                 SchedulingPolicy policy = {});
+                 SchedulingPolicy policy = {}, MonotonicClock lease_clock = {});
 
   const LeaseConfig& lease_config() const { return lease_; }
 
@@ -252,9 +255,9 @@ class ControllerCore {
   void Touch(const std::string& agent_id);
   /// When `agent_id` was last heard from; for an agent not heard from since the controller
   /// started, the start plus what restart_grace adds beyond a lease (agents_mu_ held).
-  std::chrono::system_clock::time_point LastHeardLocked(const std::string& agent_id) const;
+  std::chrono::steady_clock::time_point LastHeardLocked(const std::string& agent_id) const;
   /// LastHeardLocked of an agent not heard from since the controller started.
-  std::chrono::system_clock::time_point NotYetHeard() const;
+  std::chrono::steady_clock::time_point NotYetHeard() const;
   /// Store::LoseAttempt with the retry limit, logged; false (logged) on a store error.
   bool Lose(const ActiveAttempt& a, const std::string& reason);
   /// AttachAgent's reconcile (schedule_mu_ held); returns the Cancels to send.
@@ -262,7 +265,7 @@ class ControllerCore {
                                                                const std::vector<int64_t>& held);
   /// True when `agent_id` was last heard from more than the lease timeout before `now`
   /// (agents_mu_ held).
-  bool SilentLocked(const std::string& agent_id, std::chrono::system_clock::time_point now) const;
+  bool SilentLocked(const std::string& agent_id, std::chrono::steady_clock::time_point now) const;
 
   Result<CellDetail> LoadDetail(const CellRecord& cell);
   /// One scheduling pass (schedule_mu_ held): places queued attempts, persists the leases and
@@ -278,13 +281,15 @@ class ControllerCore {
   const Clock clock_;
   const TimeLimits limits_;
   const SchedulingPolicy policy_;
-  const std::chrono::system_clock::time_point started_;
+  /// Leases, heartbeats and silence run on this clock (never on clock_, which stamps rows).
+  const MonotonicClock lease_clock_;
+  const std::chrono::steady_clock::time_point started_;
 
   std::mutex agents_mu_;  // guards agents_ and last_seen_
   std::map<std::string, Attached> agents_;
-  std::map<std::string, std::chrono::system_clock::time_point> last_seen_;
+  std::map<std::string, std::chrono::steady_clock::time_point> last_seen_;  // lease_clock_
   /// When each agent's last_heartbeat_at was last stored (agents_mu_).
-  std::map<std::string, std::chrono::system_clock::time_point> heartbeat_written_;
+  std::map<std::string, std::chrono::steady_clock::time_point> heartbeat_written_;
   static constexpr std::chrono::seconds kHeartbeatWriteInterval{30};
   /// Schedule()'s passes, on whichever thread runs them.
   void RunSchedulingPasses();

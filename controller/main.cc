@@ -279,7 +279,7 @@ int Run(int argc, char** argv) {
   GitMirror mirror(mirror_dir);
   DigestCache digests;
   CellFreezer freezer(identity, mirror, digests);
-  ControllerCore core(**store, freezer, lease, SystemClock(), limits, policy);
+  ControllerCore core(**store, freezer, lease, SystemClock(), limits, policy, SteadyClock());
   core.StartSchedulerThread();
   auto grpc_addr = ParseHostPort("grpc", grpc);
   const std::string grpc_host = grpc_addr.ok() ? grpc_addr->host : grpc;

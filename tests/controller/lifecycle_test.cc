@@ -460,6 +460,28 @@ namespace {
 // Verifies the name check is repeated at attach: two instances that both registered before
 // either attached (a race between their streams) cannot both attach; the second is refused
 // with ALREADY_EXISTS and work keeps going to the first.
+// Verifies leases run on the monotonic clock, not the wall clock: a wall-clock step of an hour
+// (NTP, an operator) expires nothing, while 16 s on the lease clock (3 missed 5 s heartbeats)
+// loses the attempt.
+TEST_F(LifecycleTest, LeasesRunOnTheMonotonicClockNotTheWallClock) {
+  std::atomic<int64_t> mono_ms{5'000};
+  LeaseConfig lease = core_->lease_config();
+  core_ = std::make_unique<ControllerCore>(
+      *store_, freezer_, lease, [this] { return Now(); }, TimeLimits{}, SchedulingPolicy{},
+      [&mono_ms] {
+        return std::chrono::steady_clock::time_point(std::chrono::milliseconds(mono_ms.load()));
+      });
+  auto agent = Connect("steady");
+  const std::string id = Submit();
+  ASSERT_EQ(agent->AssignedIds().size(), 1u);
+  Advance(1h);  // the wall clock jumps
+  EXPECT_EQ(core_->ExpireLeases(), 0);
+  EXPECT_EQ(Cell(id).attempts.at(0).state, AttemptState::kLeased);
+  mono_ms += 16'000;
+  EXPECT_EQ(core_->ExpireLeases(), 1);
+  EXPECT_EQ(Cell(id).attempts.at(0).state, AttemptState::kLost);
+}
+
 TEST_F(LifecycleTest, TwoInstancesThatBothRegisteredCannotBothAttach) {
   AgentHello one{"b", "{}", 1};
   one.instance_id = "one";
