@@ -124,6 +124,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.worker = config_.worker;
   launch.agent_name = config_.agent_name;
   launch.gpu_indices = config_.gpu_indices;
+  launch.gpu_models = config_.gpu_models;
   launch.log_flush_timeout = config_.log_flush_timeout;
   return RunWorker(launch, sink, cancel, &used_ports);
 }

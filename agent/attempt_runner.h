@@ -32,6 +32,7 @@ struct RunnerConfig {
   std::filesystem::path worker;  // gatehouse-worker
   std::string agent_name;
   std::vector<int> gpu_indices;  // this node's GPUs (nvidia-smi index); worker_launcher.h VisibleDevices
+  std::vector<std::string> gpu_models;  // their models, parallel to gpu_indices
   /// Secret values redacted from every log chunk, event and end reason (--secret-env).
   Redactor redactor;
   /// How long processes a build step or worker leaves behind may hold its output after it

@@ -184,7 +184,10 @@ int main(int argc, char** argv) {
   client_config.tls_key_file = tls_key;
   client_config.capabilities = gatehouse::agent::ProbeCapabilities(worker_path, torch_version);
   const auto& caps = client_config.capabilities;
-  for (const auto& gpu : caps.gpus) runner_config.gpu_indices.push_back(gpu.index);
+  for (const auto& gpu : caps.gpus) {
+    runner_config.gpu_indices.push_back(gpu.index);
+    runner_config.gpu_models.push_back(gpu.model);
+  }
   spdlog::info("agent {}: {} cores, {} MiB, {} GPU(s), lane={}, torch {}, CUDA {}, NCCL {}, "
                "driver CUDA {}, work dir {}",
                name, caps.cpu_cores, caps.memory_bytes >> 20, caps.gpus.size(),

@@ -1,6 +1,8 @@
 // Worker launch and output relay (docs/protocols.md §3, §4).
 #include "agent/worker_launcher.h"
 
+#include <cctype>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -464,21 +466,35 @@ class WorkerGroup {
 }  // namespace
 
 Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, int world_size,
-                                                  const std::vector<int>& gpu_indices) {
+                                                  const std::vector<int>& gpu_indices,
+                                                  const std::vector<std::string>& gpu_models) {
   if (gpu_indices.empty()) return std::optional<std::string>();
   const nlohmann::json* device = nullptr;
+  std::string pin;  // runtime.gpu_model
   if (auto rt = spec.find("runtime"); rt != spec.end() && rt->is_object()) {
     if (auto d = rt->find("device"); d != rt->end()) device = &*d;
+    if (auto m = rt->find("gpu_model"); m != rt->end() && m->is_string()) pin = m->get<std::string>();
   }
   if (device == nullptr || *device != "cuda") return std::optional<std::string>("");
-  if (world_size > static_cast<int>(gpu_indices.size())) {
-    return Status::FailedPrecondition("the cell needs " + std::to_string(world_size) +
-                                      " GPUs (one per rank) but this agent has " +
-                                      std::to_string(gpu_indices.size()));
+  std::vector<int> usable;
+  const auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  for (size_t i = 0; i < gpu_indices.size(); ++i) {
+    if (pin.empty() ||
+        (i < gpu_models.size() && lower(gpu_models[i]).find(lower(pin)) != std::string::npos)) {
+      usable.push_back(gpu_indices[i]);
+    }
+  }
+  if (world_size > static_cast<int>(usable.size())) {
+    return Status::FailedPrecondition(
+        "the cell needs " + std::to_string(world_size) + " " + (pin.empty() ? "" : pin + " ") +
+        "GPUs (one per rank) but this agent has " + std::to_string(usable.size()));
   }
   std::string list;
   for (int i = 0; i < world_size; ++i) {
-    list += (i ? "," : "") + std::to_string(gpu_indices[static_cast<size_t>(i)]);
+    list += (i ? "," : "") + std::to_string(usable[static_cast<size_t>(i)]);
   }
   return std::optional<std::string>(list);
 }
@@ -498,7 +514,7 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     master_port = *port;
     if (used_ports != nullptr) used_ports->push_back(master_port);
   }
-  auto visible = VisibleDevices(launch.spec, world_size, launch.gpu_indices);
+  auto visible = VisibleDevices(launch.spec, world_size, launch.gpu_indices, launch.gpu_models);
   if (!visible.ok()) return ErrorEnd(id, 0, visible.status().message());
   std::vector<ProcessSpec> specs(static_cast<size_t>(world_size));
   for (int rank = 0; rank < world_size; ++rank) {

@@ -29,6 +29,7 @@ struct WorkerLaunch {
   std::filesystem::path worker;       // the gatehouse-worker executable
   std::string agent_name;
   std::vector<int> gpu_indices;       // this agent's GPUs (nvidia-smi index); empty: none
+  std::vector<std::string> gpu_models;  // their models, parallel to gpu_indices ("NVIDIA H200")
   std::chrono::milliseconds log_flush_timeout{2000};  // ProcessSpec::log_flush_timeout
 };
 
@@ -51,12 +52,16 @@ Result<int> FindFreePort();
 
 /// CUDA_VISIBLE_DEVICES for every rank of an attempt on an agent with GPUs `gpu_indices`
 /// (one attempt at a time per agent): a cuda cell sees the first `world_size` of them, one per
-/// rank, which each rank uses as device LOCAL_RANK; a CPU cell sees none (""), so it cannot
-/// touch a GPU by accident. CUDA_DEVICE_ORDER=PCI_BUS_ID is set with it (nvidia-smi's order). nullopt when the agent has no GPUs (nothing is set). The value
-/// wins over a CUDA_VISIBLE_DEVICES in the spec's env. Errors: FAILED_PRECONDITION when a cuda
-/// cell needs more GPUs than the agent has, naming both counts.
+/// rank, which each rank uses as device LOCAL_RANK; a cell pinning runtime.gpu_model sees the
+/// first `world_size` whose model (`gpu_models`, parallel to gpu_indices) contains the pin,
+/// case-insensitively, as the scheduler matches it (a node may mix GPU models); a CPU cell sees
+/// none (""), so it cannot touch a GPU by accident. CUDA_DEVICE_ORDER=PCI_BUS_ID is set with it
+/// (nvidia-smi's order). nullopt when the agent has no GPUs (nothing is set). The value wins
+/// over a CUDA_VISIBLE_DEVICES in the spec's env. Errors: FAILED_PRECONDITION when a cuda cell
+/// needs more GPUs (of the pinned model) than the agent has, naming both counts.
 Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, int world_size,
-                                                  const std::vector<int>& gpu_indices);
+                                                  const std::vector<int>& gpu_indices,
+                                                  const std::vector<std::string>& gpu_models = {});
 
 /// The log stream of rank `rank` for a worker stream: `stream` itself for rank 0,
 /// `<stream>.rank<rank>` for the others ("worker.rank1", "worker-stdout.rank3").

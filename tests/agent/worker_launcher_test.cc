@@ -242,6 +242,30 @@ echo '{"event":"run_end","status":"PASS","ts_ms":3}'
   EXPECT_FALSE(std::filesystem::exists(too_big.attempt_dir / "visible.0.txt"));
 }
 
+// Verifies a cell pinning runtime.gpu_model on a node that mixes models sees only GPUs of that
+// model (case-insensitive substring, as the scheduler matches), and that a pin the node cannot
+// meet ends in error before any rank starts.
+TEST_F(WorkerLauncherTest, APinnedGpuModelGetsOnlyGpusOfThatModel) {
+  const std::string body = R"(
+printf '%s\n' "${CUDA_VISIBLE_DEVICES-unset}" > visible.$RANK.txt
+echo '{"event":"run_end","status":"PASS","ts_ms":3}'
+)";
+  WorkerLaunch launch = MakeGroupLaunch(2, body);
+  launch.gpu_indices = {0, 1, 2, 3};
+  launch.gpu_models = {"NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA A100-SXM4-80GB",
+                       "NVIDIA H200"};
+  launch.spec["runtime"] = {{"device", "cuda"}, {"gpu_model", "h200"}};
+  ASSERT_EQ(RunWorker(launch, sink_).outcome, "finished");
+  EXPECT_EQ(ReadFile(launch.attempt_dir / "visible.0.txt"), "1,3\n");
+  EXPECT_EQ(ReadFile(launch.attempt_dir / "visible.1.txt"), "1,3\n");
+
+  launch.spec["runtime"] = {{"device", "cuda"}, {"gpu_model", "B200"}};
+  launch.attempt_dir = tmp_.path() / "attempts" / "9";
+  const AttemptEndReport end = RunWorker(launch, sink_);
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason, "the cell needs 2 B200 GPUs (one per rank) but this agent has 0");
+}
+
 // Verifies that a worker exiting without run_end ends the attempt in error naming its code.
 TEST_F(WorkerLauncherTest, ExitWithoutRunEndIsErrorNamingCode) {
   const WorkerLaunch launch = MakeLaunch(R"(
