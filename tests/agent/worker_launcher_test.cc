@@ -208,14 +208,17 @@ echo '{"event":"run_end","status":"PASS","ts_ms":3}'
   EXPECT_EQ(run["attempt"]["agent"], "agent-under-test");
 }
 
+// A worker body that records the CUDA_VISIBLE_DEVICES each rank sees in visible.<rank>.txt.
+constexpr const char* kRecordVisibleDevices = R"(
+printf '%s\n' "${CUDA_VISIBLE_DEVICES-unset}" > visible.$RANK.txt
+echo '{"event":"run_end","status":"PASS","ts_ms":3}'
+)";
+
 // Verifies the GPUs each rank sees on an agent with four GPUs: a cuda cell at tp=2 gets the
 // first two (over a CUDA_VISIBLE_DEVICES in the spec's env), a CPU cell none; a cuda cell
 // needing more GPUs than the agent has ends in error naming both counts, before any rank starts.
 TEST_F(WorkerLauncherTest, CudaCellSeesOneGpuPerRank) {
-  const std::string body = R"(
-printf '%s\n' "${CUDA_VISIBLE_DEVICES-unset}" > visible.$RANK.txt
-echo '{"event":"run_end","status":"PASS","ts_ms":3}'
-)";
+  const std::string body = kRecordVisibleDevices;
   WorkerLaunch launch = MakeGroupLaunch(2, body);
   launch.gpu_indices = {0, 1, 2, 3};
   launch.spec["runtime"] = {{"device", "cuda"}};
@@ -246,10 +249,7 @@ echo '{"event":"run_end","status":"PASS","ts_ms":3}'
 // model (case-insensitive substring, as the scheduler matches), and that a pin the node cannot
 // meet ends in error before any rank starts.
 TEST_F(WorkerLauncherTest, APinnedGpuModelGetsOnlyGpusOfThatModel) {
-  const std::string body = R"(
-printf '%s\n' "${CUDA_VISIBLE_DEVICES-unset}" > visible.$RANK.txt
-echo '{"event":"run_end","status":"PASS","ts_ms":3}'
-)";
+  const std::string body = kRecordVisibleDevices;
   WorkerLaunch launch = MakeGroupLaunch(2, body);
   launch.gpu_indices = {0, 1, 2, 3};
   launch.gpu_models = {"NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA A100-SXM4-80GB",
