@@ -145,7 +145,10 @@ Result<CellDetail> ControllerCore::LoadDetail(const CellRecord& cell) {
       auto it = waiting_reasons_.find(d.attempts.back().id);
       if (it != waiting_reasons_.end()) d.waiting_reason = it->second;
     }
-    GH_ASSIGN_OR_RETURN(d.phases, store_.ListPhases(d.attempts.back().id));
+    // A queued attempt has sent no event, so it has no phases (a submit's answer skips the read).
+    if (d.status != AttemptState::kQueued) {
+      GH_ASSIGN_OR_RETURN(d.phases, store_.ListPhases(d.attempts.back().id));
+    }
     std::stable_sort(d.phases.begin(), d.phases.end(), [](const auto& a, const auto& b) {
       return PhaseOrder(a.phase) < PhaseOrder(b.phase);
     });

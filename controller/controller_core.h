@@ -228,7 +228,7 @@ class ControllerCore {
 
   /// Starts the scheduler thread: from now on Schedule() only asks it for a pass, so the
   /// REST and agent threads never run one, and requests made while a pass runs are served by
-  /// one more pass, started at most every kMinPassInterval (2 ms), so a burst of submits is
+  /// one more pass, started at most every kMinPassInterval (5 ms), so a burst of submits is
   /// placed a batch per pass, not a pass each. The controller process starts it; unit tests
   /// schedule on the caller's thread. Idempotent.
   void StartSchedulerThread();
@@ -300,7 +300,7 @@ class ControllerCore {
   bool scheduler_stopping_ = false;
   std::thread scheduler_thread_;
   /// The scheduler thread starts passes at most this often (batching; see StartSchedulerThread).
-  static constexpr std::chrono::milliseconds kMinPassInterval{2};
+  static constexpr std::chrono::milliseconds kMinPassInterval{5};
   std::mutex schedule_mu_;  // one scheduling pass at a time; guards demands_
   std::atomic<bool> schedule_pending_{false};  // a pass was asked for (Schedule coalesces)
   /// Demands of cells with active attempts, by cell id (specs never change).
