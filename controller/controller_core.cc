@@ -193,7 +193,7 @@ Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::
 Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
   GH_ASSIGN_OR_RETURN(std::vector<AgentRecord> records, store_.ListAgents());
   GH_ASSIGN_OR_RETURN(std::vector<ActiveAttempt> active,
-                      store_.ListActiveAttempts(/*with_specs=*/false));
+                      store_.ListActiveAttempts());
   std::map<std::string, int> running;
   for (const ActiveAttempt& a : active) ++running[a.agent_id];
   std::vector<AgentStatus> out;
@@ -353,7 +353,7 @@ Status ControllerCore::Heartbeat(const std::string& agent_id, const std::string&
 std::vector<std::pair<int64_t, std::string>> ControllerCore::ReconcileLocked(
     const std::string& agent_id, const std::vector<int64_t>& held) {
   std::vector<std::pair<int64_t, std::string>> cancels;
-  auto active = store_.ListActiveAttempts(/*with_specs=*/false);
+  auto active = store_.ListActiveAttempts();
   if (!active.ok()) {
     spdlog::error("agent '{}': reconcile: {}", agent_id, active.status().ToString());
     return cancels;
@@ -425,7 +425,7 @@ bool ControllerCore::SilentLocked(const std::string& agent_id,
 
 int ControllerCore::ExpireLeases() {
   const auto now = lease_clock_();
-  auto active = store_.ListActiveAttempts(/*with_specs=*/false);
+  auto active = store_.ListActiveAttempts();
   if (!active.ok()) {
     spdlog::error("lease expiry: {}", active.status().ToString());
     return 0;
@@ -650,7 +650,7 @@ ControllerCore::PlaceQueuedLocked() {
                       attached.gpu_models});
     }
   }
-  auto active = store_.ListActiveAttempts(/*with_specs=*/false);
+  auto active = store_.ListActiveAttempts();
   if (!active.ok()) {
     spdlog::error("schedule: {}", active.status().ToString());
     return sends;

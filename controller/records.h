@@ -112,10 +112,10 @@ struct QueuedAttempt {
   std::string repository;  // the cell's (per-repository limit)
 };
 
-/// A leased or running attempt and the spec it runs.
+/// A leased or running attempt, where it runs and whose it is (its spec is read by cell id
+/// when needed: the scheduler caches demands per cell).
 struct ActiveAttempt {
   std::string agent_id;
-  std::string spec_json;
   int64_t attempt_id = 0;
   std::string cell_id;
   std::string submitter;

@@ -31,12 +31,22 @@ class StatementCache {
 
   sqlite3* db() const { return db_; }
 
-  /// A statement for `sql` ready to bind, or the SQLite error code (statement null).
-  sqlite3_stmt* Acquire(std::string_view sql, int* rc) {
+  /// A cached statement's entry; its `in_use` is set while a Stmt holds it.
+  struct Entry {
+    sqlite3_stmt* stmt = nullptr;
+    bool in_use = false;
+  };
+
+  /// A statement for `sql` ready to bind, or null with the SQLite error code in `rc`.
+  /// `entry` is the cache entry it belongs to, or null for a one-off copy (the cached one was
+  /// in use); pass both to Release.
+  sqlite3_stmt* Acquire(std::string_view sql, int* rc, Entry** entry) {
+    *entry = nullptr;
     auto it = cache_.find(sql);
     if (it != cache_.end() && !it->second.in_use) {
       it->second.in_use = true;
       *rc = SQLITE_OK;
+      *entry = &it->second;
       return it->second.stmt;
     }
     sqlite3_stmt* stmt = nullptr;
@@ -47,32 +57,25 @@ class StatementCache {
       sqlite3_finalize(stmt);
       return nullptr;
     }
-    if (keep) cache_.emplace(std::string(sql), Entry{stmt, true});
+    if (keep) *entry = &cache_.emplace(std::string(sql), Entry{stmt, true}).first->second;
     return stmt;
   }
 
-  /// Returns `stmt` (from Acquire): reset with its bindings cleared when cached, else
+  /// Returns `stmt` from Acquire: reset with its bindings cleared when cached (`entry`), else
   /// finalized.
-  void Release(sqlite3_stmt* stmt) {
-    if (stmt == nullptr) return;
-    const char* sql = sqlite3_sql(stmt);
-    auto it = sql ? cache_.find(std::string_view(sql)) : cache_.end();
-    if (it != cache_.end() && it->second.stmt == stmt) {
-      sqlite3_reset(stmt);
-      sqlite3_clear_bindings(stmt);
-      it->second.in_use = false;
+  static void Release(sqlite3_stmt* stmt, Entry* entry) {
+    if (entry == nullptr) {
+      sqlite3_finalize(stmt);
       return;
     }
-    sqlite3_finalize(stmt);
+    sqlite3_reset(stmt);
+    sqlite3_clear_bindings(stmt);
+    entry->in_use = false;
   }
 
  private:
-  struct Entry {
-    sqlite3_stmt* stmt = nullptr;
-    bool in_use = false;
-  };
   sqlite3* db_;
-  std::map<std::string, Entry, std::less<>> cache_;
+  std::map<std::string, Entry, std::less<>> cache_;  // node-based: entries never move
 };
 
 namespace {
@@ -81,11 +84,11 @@ namespace {
 /// and typed column reads (0-based). Not thread-safe; used under Store::mu_.
 class Stmt {
  public:
-  Stmt(StatementCache& cache, std::string_view sql) : cache_(cache), db_(cache.db()) {
-    stmt_ = cache.Acquire(sql, &rc_);
+  Stmt(StatementCache& cache, std::string_view sql) : db_(cache.db()) {
+    stmt_ = cache.Acquire(sql, &rc_, &entry_);
     if (rc_ != SQLITE_OK) error_ = SqliteError(db_, "prepare '" + std::string(sql) + "'");
   }
-  ~Stmt() { cache_.Release(stmt_); }
+  ~Stmt() { StatementCache::Release(stmt_, entry_); }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
 
@@ -147,8 +150,8 @@ class Stmt {
   void Check(int rc) {
     if (rc != SQLITE_OK) error_ = SqliteError(db_, "bind");
   }
-  StatementCache& cache_;
   sqlite3* db_;
+  StatementCache::Entry* entry_ = nullptr;  // null: a one-off statement
   sqlite3_stmt* stmt_ = nullptr;
   int rc_ = SQLITE_OK;
   Status error_;
@@ -404,21 +407,16 @@ Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts(bool with_specs) {
   return out;
 }
 
-Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts(bool with_specs) {
+Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts() {
   std::lock_guard lock(mu_);
   Stmt s(*statements_,
-         with_specs
-             ? "SELECT a.agent_id, c.spec_json, a.id, a.cell_id, c.submitter, c.repository "
-               "FROM attempts a JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) "
-               "ORDER BY a.id"
-             : "SELECT a.agent_id, '', a.id, a.cell_id, c.submitter, c.repository "
-               "FROM attempts a JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) "
-               "ORDER BY a.id");
+         "SELECT a.agent_id, a.id, a.cell_id, c.submitter, c.repository "
+         "FROM attempts a JOIN cells c ON c.id = a.cell_id WHERE a.state IN (?, ?) ORDER BY a.id");
   s.Bind(1, AttemptStateName(AttemptState::kLeased))
       .Bind(2, AttemptStateName(AttemptState::kRunning));
   std::vector<ActiveAttempt> out;
   while (s.Step()) {
-    out.push_back({s.Text(0), s.Text(1), s.Int(2), s.Text(3), s.Text(4), s.Text(5)});
+    out.push_back({s.Text(0), s.Int(1), s.Text(2), s.Text(3), s.Text(4)});
   }
   GH_RETURN_IF_ERROR(s.status());
   return out;

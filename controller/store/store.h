@@ -76,9 +76,8 @@ class Store {
   /// false: a scheduling pass reads the specs it has not cached), oldest first (FIFO).
   Result<std::vector<QueuedAttempt>> ListQueuedAttempts(bool with_specs = true);
 
-  /// Leased and running attempts with their agents and cells' specs (empty when `with_specs`
-  /// is false).
-  Result<std::vector<ActiveAttempt>> ListActiveAttempts(bool with_specs = true);
+  /// Leased and running attempts with their agents, submitters and repositories.
+  Result<std::vector<ActiveAttempt>> ListActiveAttempts();
 
   /// Moves a queued attempt to `as` (cancelled, or timed_out for the queued time limit) with
   /// `reason`, only if it is still queued (in one statement, so a concurrent lease wins or

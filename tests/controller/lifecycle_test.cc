@@ -557,11 +557,18 @@ TEST_F(LifecycleTest, TheSchedulerThreadPlacesWhatSubmitsQueue) {
   }
   EXPECT_EQ(agent->AssignedIds().size(), 8u);
   for (const std::string& id : ids) EXPECT_EQ(Cell(id).status, AttemptState::kLeased) << id;
+  {
+    std::lock_guard lock(agent->mu);
+    for (const std::thread::id sender : agent->sender_threads) {
+      EXPECT_NE(sender, std::this_thread::get_id()) << "a pass ran on the submitting thread";
+    }
+  }
   core_->StopSchedulerThread();
   core_->StopSchedulerThread();
   auto late = Connect("late");
   const std::string id = Submit();  // no thread: placed before Submit returns
   EXPECT_EQ(late->AssignedIds().size(), 1u);
+  EXPECT_EQ(late->sender_threads.at(0), std::this_thread::get_id());
   EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
 }
 

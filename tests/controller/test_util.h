@@ -7,6 +7,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,7 @@ class RecordingChannel : public AgentChannel {
   bool SendAssignment(const AssignmentMessage& a) override {
     std::lock_guard lock(mu);
     sent.push_back(a);
+    sender_threads.push_back(std::this_thread::get_id());
     return true;
   }
   bool SendCancel(int64_t attempt_id, const std::string& reason) override {
@@ -77,6 +79,7 @@ class RecordingChannel : public AgentChannel {
   }
   std::mutex mu;
   std::vector<AssignmentMessage> sent;
+  std::vector<std::thread::id> sender_threads;  // the thread of each SendAssignment
   std::vector<std::pair<int64_t, std::string>> cancels;
 };
 
