@@ -4,6 +4,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <deque>
+#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -14,7 +16,6 @@ namespace gatehouse::controller {
 namespace {
 
 namespace pb = gatehouse::agent::v1;
-using Stream = grpc::ServerReaderWriter<pb::ControllerMessage, pb::AgentMessage>;
 
 constexpr auto kShutdownGrace = std::chrono::seconds(2);
 
@@ -48,11 +49,14 @@ grpc::Status ToGrpc(const Status& s) {
   return {grpc::StatusCode::UNKNOWN, s.message()};
 }
 
-/// The outbound half of one agent stream. Writes are serialised; after Close() (the handler is
-/// returning) sends fail instead of touching the dead stream.
-class GrpcAgentChannel : public AgentChannel {
+class AgentStream;
+
+/// The outbound half of one agent stream, held by ControllerCore while the agent is attached.
+/// Messages are queued and written one at a time (the callback API allows one write in
+/// flight); after the stream ends, sends return false instead of touching it.
+class StreamChannel : public AgentChannel {
  public:
-  explicit GrpcAgentChannel(Stream* stream) : stream_(stream) {}
+  explicit StreamChannel(AgentStream* stream) : stream_(stream) {}
 
   bool SendAssignment(const AssignmentMessage& a) override {
     pb::ControllerMessage msg;
@@ -61,7 +65,7 @@ class GrpcAgentChannel : public AgentChannel {
     out->set_cell_id(a.cell_id);
     out->set_spec_json(a.spec_json);
     out->set_branch(a.branch);
-    return Write(msg);
+    return Send(std::move(msg));
   }
 
   bool SendCancel(int64_t attempt_id, const std::string& reason) override {
@@ -69,60 +73,117 @@ class GrpcAgentChannel : public AgentChannel {
     pb::Cancel* out = msg.mutable_cancel();
     out->set_attempt_id(attempt_id);
     out->set_reason(reason);
-    return Write(msg);
+    return Send(std::move(msg));
   }
 
-  bool Write(const pb::ControllerMessage& msg) {
-    std::lock_guard lock(mu_);
-    return !closed_ && stream_->Write(msg);
-  }
+  /// Queues `msg`; starts writing it when no write is in flight. False once the stream is
+  /// finishing or a write failed: `msg` is dropped (true means queued, not yet delivered).
+  bool Send(pb::ControllerMessage msg);
 
-  void Close() {
-    std::lock_guard lock(mu_);
-    closed_ = true;
-  }
+  /// Ends the stream with `status` once the queued messages are written (at once when a
+  /// write failed). Idempotent: the first status wins.
+  void Finish(grpc::Status status);
+
+  /// The write in flight completed. Starts the next, or the deferred Finish.
+  void OnWriteDone(bool ok);
 
  private:
+  /// With mu_ held and no write in flight: what to start next (a write or the Finish). The
+  /// caller starts it after unlocking, as gRPC may run a reaction inline.
+  enum class Next { kNothing, kWrite, kFinish };
+  Next NextLocked();
+  void Start(Next next);
+
   std::mutex mu_;
-  Stream* stream_;
-  bool closed_ = false;
+  AgentStream* stream_;  // outlives every operation started here (OnDone waits for them)
+  std::deque<pb::ControllerMessage> queue_;
+  pb::ControllerMessage in_flight_;  // written now; untouched until OnWriteDone
+  bool writing_ = false;
+  bool broken_ = false;     // a write failed: the peer is gone
+  bool finishing_ = false;  // Finish requested; nothing more is queued
+  bool finished_ = false;   // Finish started
+  grpc::Status status_;
 };
 
-class AgentServiceImpl final : public pb::AgentService::Service {
+/// One agent's Connect call (the gRPC callback API: no thread per stream). Register first
+/// (else INVALID_ARGUMENT), Registered back, then heartbeats, events, log chunks and attempt
+/// ends until the agent closes. One read is in flight at a time; each message is applied on
+/// the gRPC thread that completed its read, before the next read starts, so an agent's
+/// messages are applied in order.
+class AgentStream final : public grpc::ServerBidiReactor<pb::AgentMessage, pb::ControllerMessage> {
  public:
-  AgentServiceImpl(ControllerCore& core, Authenticator* auth) : core_(core), auth_(auth) {}
-
-  grpc::Status Connect(grpc::ServerContext* context, Stream* stream) override {
-    std::string token_name;  // with auth: the agent token's name, which bounds agent names
-    std::string authorization;  // with auth: checked again on every heartbeat
+  AgentStream(grpc::CallbackServerContext* context, ControllerCore& core, Authenticator* auth)
+      : context_(context), core_(core), auth_(auth), channel_(std::make_shared<StreamChannel>(this)) {
     if (auth_ != nullptr) {
       const auto& metadata = context->client_metadata();
       if (auto it = metadata.find("authorization"); it != metadata.end()) {
-        authorization.assign(it->second.data(), it->second.size());
+        authorization_.assign(it->second.data(), it->second.size());
       }
-      auto principal = auth_->AuthorizeAgent(authorization);
+      auto principal = auth_->AuthorizeAgent(authorization_);
       if (!principal.ok()) {
         spdlog::warn("agent stream from {} refused: {}", context->peer(),
                      principal.status().message());
-        return ToGrpc(principal.status());
+        channel_->Finish(ToGrpc(principal.status()));
+        return;
       }
-      token_name = principal->name;
+      token_name_ = principal->name;
     }
-    pb::AgentMessage first;
-    if (!stream->Read(&first)) return grpc::Status::OK;  // closed before saying anything
-    if (!first.has_register_()) {
+    StartRead(&read_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return End(grpc::Status::OK);  // the agent closed, or the call was cancelled
+    if (agent_id_.empty()) {
+      if (grpc::Status s = OnRegister(); !s.ok()) return End(s);
+    } else {
+      if (auth_ != nullptr && read_.has_heartbeat()) {
+        // A token revoked while its stream is open ends the stream at the next heartbeat:
+        // the agent takes and reports nothing more (its leases expire and are retried).
+        auto principal = auth_->AuthorizeAgent(authorization_);
+        if (!principal.ok()) {
+          spdlog::warn("agent '{}': stream ended: {}", agent_id_, principal.status().message());
+          return End(ToGrpc(principal.status()));
+        }
+      }
+      const Status s = Dispatch(read_);
+      if (s.code() == StatusCode::kInternal || s.code() == StatusCode::kDataLoss ||
+          s.code() == StatusCode::kUnavailable) {
+        // Not stored: end the stream, so the agent reconnects and resends (nothing it sent
+        // after this message is acknowledged either).
+        return End(ToGrpc(Status::Unavailable("controller could not store a message: " +
+                                              s.message())));
+      }
+    }
+    StartRead(&read_);
+  }
+
+  void OnWriteDone(bool ok) override { channel_->OnWriteDone(ok); }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Detaches the agent (when attached) and finishes the call with `status`.
+  void End(grpc::Status status) {
+    if (attached_) core_.DetachAgent(agent_id_, channel_.get());
+    attached_ = false;
+    channel_->Finish(std::move(status));
+  }
+
+  // Applies the first message, which must be Register. OK: registered and attached.
+  grpc::Status OnRegister() {
+    if (!read_.has_register_()) {
       return {grpc::StatusCode::INVALID_ARGUMENT, "the first message must be Register"};
     }
-    const pb::Register& reg = first.register_();
+    const pb::Register& reg = read_.register_();
     // An agent token names the agents it may run as: its own name, or "<name>-<anything>"
     // (one token for a pool of nodes), so a token cannot register as another pool's agent.
-    if (!token_name.empty() && reg.agent_name() != token_name &&
-        reg.agent_name().rfind(token_name + "-", 0) != 0) {
-      spdlog::warn("register from {} refused: agent '{}' with token '{}'", context->peer(),
-                   reg.agent_name(), token_name);
+    if (!token_name_.empty() && reg.agent_name() != token_name_ &&
+        reg.agent_name().rfind(token_name_ + "-", 0) != 0) {
+      spdlog::warn("register from {} refused: agent '{}' with token '{}'", context_->peer(),
+                   reg.agent_name(), token_name_);
       return {grpc::StatusCode::PERMISSION_DENIED,
-              "agent token '" + token_name + "' may register agents named '" + token_name +
-                  "' or '" + token_name + "-...', not '" + reg.agent_name() + "'"};
+              "agent token '" + token_name_ + "' may register agents named '" + token_name_ +
+                  "' or '" + token_name_ + "-...', not '" + reg.agent_name() + "'"};
     }
     AgentHello hello;
     hello.name = reg.agent_name();
@@ -147,78 +208,49 @@ class AgentServiceImpl final : public pb::AgentService::Service {
     for (const auto& gpu : reg.capabilities().gpus()) hello.gpu_models.push_back(gpu.model());
     auto agent_id = core_.RegisterAgent(hello);
     if (!agent_id.ok()) {
-      spdlog::warn("register from {} refused: {}", context->peer(), agent_id.status().message());
+      spdlog::warn("register from {} refused: {}", context_->peer(), agent_id.status().message());
       return ToGrpc(agent_id.status());
     }
+    agent_id_ = *agent_id;
 
-    auto channel = std::make_shared<GrpcAgentChannel>(stream);
     pb::ControllerMessage registered;
-    registered.mutable_registered()->set_agent_id(*agent_id);
+    registered.mutable_registered()->set_agent_id(agent_id_);
     registered.mutable_registered()->set_heartbeat_interval_ms(
         static_cast<int32_t>(core_.lease_config().heartbeat_interval.count()));
-    if (!channel->Write(registered)) {
-      core_.DetachAgent(*agent_id, channel.get());
-      return grpc::Status::OK;
+    // Queued before the agent is attached, so it precedes any assignment on the stream.
+    if (!channel_->Send(std::move(registered))) {
+      return {grpc::StatusCode::CANCELLED, "the stream closed before Registered was sent"};
     }
-    if (Status attached = core_.AttachAgent(*agent_id, hello, channel); !attached.ok()) {
-      spdlog::warn("attach from {} refused: {}", context->peer(), attached.message());
-      channel->Close();
+    if (Status attached = core_.AttachAgent(agent_id_, hello, channel_); !attached.ok()) {
+      spdlog::warn("attach from {} refused: {}", context_->peer(), attached.message());
       return ToGrpc(attached);
     }
-    spdlog::info("agent '{}' registered from {}", *agent_id, context->peer());
-
-    pb::AgentMessage msg;
-    while (stream->Read(&msg)) {
-      if (auth_ != nullptr && msg.has_heartbeat()) {
-        // A token revoked while its stream is open ends the stream at the next heartbeat:
-        // the agent takes and reports nothing more (its leases expire and are retried).
-        auto principal = auth_->AuthorizeAgent(authorization);
-        if (!principal.ok()) {
-          spdlog::warn("agent '{}': stream ended: {}", *agent_id, principal.status().message());
-          channel->Close();
-          core_.DetachAgent(*agent_id, channel.get());
-          return ToGrpc(principal.status());
-        }
-      }
-      const Status s = Dispatch(*agent_id, msg, *channel);
-      if (s.code() == StatusCode::kInternal || s.code() == StatusCode::kDataLoss ||
-          s.code() == StatusCode::kUnavailable) {
-        // Not stored: end the stream, so the agent reconnects and resends (nothing it sent
-        // after this message is acknowledged either).
-        channel->Close();
-        core_.DetachAgent(*agent_id, channel.get());
-        return ToGrpc(Status::Unavailable("controller could not store a message: " + s.message()));
-      }
-    }
-
-    channel->Close();
-    core_.DetachAgent(*agent_id, channel.get());
+    attached_ = true;
+    spdlog::info("agent '{}' registered from {}", agent_id_, context_->peer());
     return grpc::Status::OK;
   }
 
- private:
   // Applies one message. A bad message is logged and skipped (the stream stays open); the
   // status is returned so a store failure can end the stream.
-  Status Dispatch(const std::string& agent_id, const pb::AgentMessage& msg,
-                  GrpcAgentChannel& channel) {
+  Status Dispatch(const pb::AgentMessage& msg) {
     Status s;
     switch (msg.msg_case()) {
       case pb::AgentMessage::kHeartbeat:
-        s = core_.Heartbeat(agent_id, msg.heartbeat().drain_reason());
+        s = core_.Heartbeat(agent_id_, msg.heartbeat().drain_reason());
         break;
       case pb::AgentMessage::kEvent: {
         const auto& e = msg.event();
-        s = core_.RecordEvent(agent_id, e.attempt_id(), e.seq(), e.json());
+        s = core_.RecordEvent(agent_id_, e.attempt_id(), e.seq(), e.json());
         break;
       }
       case pb::AgentMessage::kLog: {
         const auto& l = msg.log();
-        s = core_.RecordLog(agent_id, l.attempt_id(), l.stream(), l.offset(), l.data());
+        s = core_.RecordLog(agent_id_, l.attempt_id(), l.stream(), l.offset(), l.data());
         break;
       }
       case pb::AgentMessage::kEnd: {
         const auto& e = msg.end();
-        s = core_.EndAttempt(agent_id, e.attempt_id(), e.outcome(), e.reason(), e.exit_code());
+        s = core_.EndAttempt(agent_id_, e.attempt_id(), e.outcome(), e.reason(), e.exit_code());
         // Stored, or nothing more to take for this attempt (unknown, or leased to another
         // agent): the agent may forget its messages. A store failure is not acknowledged, so
         // the agent resends after its next registration.
@@ -226,7 +258,7 @@ class AgentServiceImpl final : public pb::AgentService::Service {
             s.code() == StatusCode::kFailedPrecondition) {
           pb::ControllerMessage ack;
           ack.mutable_end_ack()->set_attempt_id(e.attempt_id());
-          channel.Write(ack);
+          channel_->Send(std::move(ack));
         }
         break;
       }
@@ -237,10 +269,92 @@ class AgentServiceImpl final : public pb::AgentService::Service {
         s = Status::InvalidArgument("empty AgentMessage");
         break;
     }
-    if (!s.ok()) spdlog::warn("agent '{}': {}", agent_id, s.ToString());
+    if (!s.ok()) spdlog::warn("agent '{}': {}", agent_id_, s.ToString());
     return s;
   }
 
+  grpc::CallbackServerContext* context_;
+  ControllerCore& core_;
+  Authenticator* auth_;
+  std::shared_ptr<StreamChannel> channel_;  // also held by the core while attached
+  std::string authorization_;  // with auth: checked again on every heartbeat
+  std::string token_name_;     // with auth: the agent token's name, which bounds agent names
+  std::string agent_id_;       // set by Register
+  bool attached_ = false;      // read side only (reactions of one stream do not overlap)
+  pb::AgentMessage read_;      // the read in flight
+};
+
+bool StreamChannel::Send(pb::ControllerMessage msg) {
+  Next next;
+  {
+    std::lock_guard lock(mu_);
+    if (finishing_ || broken_) return false;
+    queue_.push_back(std::move(msg));
+    if (writing_) return true;
+    next = NextLocked();
+  }
+  Start(next);
+  return true;
+}
+
+void StreamChannel::Finish(grpc::Status status) {
+  Next next;
+  {
+    std::lock_guard lock(mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    status_ = std::move(status);
+    if (writing_) return;  // OnWriteDone finishes
+    next = NextLocked();
+  }
+  Start(next);
+}
+
+void StreamChannel::OnWriteDone(bool ok) {
+  Next next;
+  {
+    std::lock_guard lock(mu_);
+    writing_ = false;
+    if (!ok) {
+      broken_ = true;
+      queue_.clear();
+    }
+    next = NextLocked();
+  }
+  Start(next);
+}
+
+StreamChannel::Next StreamChannel::NextLocked() {
+  if (!queue_.empty() && !broken_) {
+    in_flight_ = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    return Next::kWrite;
+  }
+  if (finishing_ && !finished_) {
+    finished_ = true;
+    return Next::kFinish;
+  }
+  return Next::kNothing;
+}
+
+void StreamChannel::Start(Next next) {
+  // Safe without mu_: while a write is in flight or Finish is not yet started, gRPC does not
+  // call OnDone, so stream_ is alive; in_flight_ is not touched until OnWriteDone.
+  if (next == Next::kWrite) stream_->StartWrite(&in_flight_);
+  if (next == Next::kFinish) stream_->Finish(status_);
+}
+
+class AgentServiceImpl final : public pb::AgentService::CallbackService {
+ public:
+  AgentServiceImpl(ControllerCore& core, Authenticator* auth) : core_(core), auth_(auth) {}
+
+  grpc::ServerBidiReactor<pb::AgentMessage, pb::ControllerMessage>* Connect(
+      grpc::CallbackServerContext* context) override {
+    return new AgentStream(context, core_, auth_);
+  }
+
+ private:
   ControllerCore& core_;
   Authenticator* auth_;
 };

@@ -25,9 +25,10 @@ struct AgentRpcOptions {
 
 /// A running gRPC server with AgentService.Connect.
 ///
-/// Each agent stream runs on its own gRPC thread: Register first (else INVALID_ARGUMENT),
-/// Registered back, then heartbeats, events, log chunks and attempt ends until the agent
-/// closes; assignments are written to the stream from whichever thread schedules.
+/// Each agent stream is a gRPC callback-API reactor, not a thread: Register first (else
+/// INVALID_ARGUMENT), Registered back, then heartbeats, events, log chunks and attempt ends
+/// until the agent closes. Messages are applied in order on gRPC's callback threads;
+/// assignments are queued from whichever thread schedules and written one at a time.
 class AgentRpcServer {
  public:
   using Options = AgentRpcOptions;

@@ -110,7 +110,7 @@ struct TimeLimits {
 
 /// Domain service of the controller.
 ///
-/// Threading: thread-safe; called from REST handler threads and gRPC stream threads. Blocking:
+/// Threading: thread-safe; called from REST handler threads and gRPC callback threads. Blocking:
 /// Submit fetches git and hashes directories; the rest does SQLite work. Scheduling runs after
 /// every change that can free or need a slot; assignments are sent outside internal locks.
 class ControllerCore {

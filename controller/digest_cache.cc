@@ -27,7 +27,7 @@ std::string Fingerprint(const fs::path& dir) {
     auto ns = [](const timespec& t) {
       return std::to_string(static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec);
     };
-    lines.push_back(fs::relative(it->path(), dir, ec).generic_string() + "\t" +
+    lines.push_back(it->path().lexically_relative(dir).generic_string() + "\t" +
                     std::to_string(st.st_size) + "\t" + ns(st.st_mtim) + "\t" + ns(st.st_ctim) +
                     "\t" + std::to_string(st.st_ino) + "\n");
   }

@@ -6,6 +6,9 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <iterator>
+
 #include <nlohmann/json.hpp>
 
 #include "gatehouse/agent/v1/agent.grpc.pb.h"
@@ -16,6 +19,12 @@ namespace {
 
 namespace pb = gatehouse::agent::v1;
 using nlohmann::json;
+
+/// Threads of this process now (/proc/self/task).
+long ThreadCount() {
+  return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                       std::filesystem::directory_iterator());
+}
 
 class AgentServiceTest : public ::testing::Test {
  protected:
@@ -227,6 +236,42 @@ TEST_F(AgentServiceTest, ShutdownEndsOpenStreams) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_FALSE(stream->Read(&in));
   EXPECT_EQ(store_->GetAgent("cpu-3")->state, "disconnected");
+}
+
+TEST_F(AgentServiceTest, OpenStreamsDoNotEachHoldAServerThread) {
+  // Verifies the service is a callback reactor: 64 registered, idle agents (client calls made
+  // from this one thread) add a bounded number of threads, not one per stream as a
+  // synchronous service does (which adds 64 here).
+  constexpr int kAgents = 64;
+  auto open = [&](const std::string& name, grpc::ClientContext& ctx) {
+    auto stream = stub_->Connect(&ctx);
+    pb::AgentMessage reg;
+    reg.mutable_register_()->set_agent_name(name);
+    EXPECT_TRUE(stream->Write(reg));
+    pb::ControllerMessage in;
+    EXPECT_TRUE(stream->Read(&in) && in.has_registered()) << name;
+    return stream;
+  };
+  grpc::ClientContext warm_ctx;  // gRPC starts its own threads lazily: count after one call
+  auto warm = open("warm", warm_ctx);
+  const long before = ThreadCount();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<pb::AgentMessage, pb::ControllerMessage>>> streams;
+  for (int i = 0; i < kAgents; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(open("idle-" + std::to_string(i), *contexts.back()));
+  }
+  const long during = ThreadCount();
+  EXPECT_LT(during - before, kAgents / 4) << before << " threads before, " << during << " with "
+                                          << kAgents << " streams open";
+  EXPECT_EQ(core_->ListAgents()->size(), static_cast<size_t>(kAgents + 1));
+  streams.push_back(std::move(warm));
+  for (auto& stream : streams) {
+    ASSERT_TRUE(stream->WritesDone());
+    pb::ControllerMessage in;
+    EXPECT_FALSE(stream->Read(&in));
+    EXPECT_TRUE(stream->Finish().ok());
+  }
 }
 
 }  // namespace
