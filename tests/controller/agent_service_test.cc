@@ -6,8 +6,11 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <iterator>
+#include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -272,6 +275,78 @@ TEST_F(AgentServiceTest, OpenStreamsDoNotEachHoldAServerThread) {
     EXPECT_FALSE(stream->Read(&in));
     EXPECT_TRUE(stream->Finish().ok());
   }
+}
+
+TEST_F(AgentServiceTest, AgentsDroppingWhileAssignmentsAreQueuedLoseNothing) {
+  // Verifies stream teardown racing assignments: agents register and drop (a cancel, or a
+  // close with messages still unread) while another thread submits cells, so assignments are
+  // queued on streams that are ending. Bounded: 12 rounds of 6 agents, at most 300 cells. Then
+  // every cell still has its one attempt, queued or leased (nothing lost, none twice), and a
+  // new agent registers.
+  std::atomic<bool> stop{false};
+  std::atomic<int> submitted{0};
+  std::thread submitter([&] {
+    for (int seed = 0; !stop && seed < 300; ++seed) {
+      json body = {{"repository", "/repos/adapt"},
+                   {"branch", "main"},
+                   {"model_family", "llama"},
+                   {"checkpoint", (dir_.path() / "ckpt").string()},
+                   {"training", {{"seed", seed}}}};
+      auto outcome = core_->Submit(body.dump(), "test");
+      EXPECT_TRUE(outcome.ok()) << outcome.status().ToString();
+      if (outcome.ok()) ++submitted;
+    }
+  });
+  for (int round = 0; round < 12; ++round) {
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<grpc::ClientReaderWriter<pb::AgentMessage, pb::ControllerMessage>>> streams;
+    for (int i = 0; i < 6; ++i) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      streams.push_back(stub_->Connect(contexts.back().get()));
+      pb::AgentMessage reg;
+      reg.mutable_register_()->set_agent_name("churn-" + std::to_string(round) + "-" + std::to_string(i));
+      ASSERT_TRUE(streams.back()->Write(reg));
+      pb::ControllerMessage in;
+      ASSERT_TRUE(streams.back()->Read(&in) && in.has_registered());
+    }
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (i % 2 == 0) {
+        contexts[i]->TryCancel();
+      } else {
+        streams[i]->WritesDone();
+      }
+      pb::ControllerMessage in;
+      while (streams[i]->Read(&in)) {
+      }
+      streams[i]->Finish();
+    }
+  }
+  stop = true;
+  submitter.join();
+
+  auto queued = store_->ListQueuedAttempts(/*with_specs=*/false);
+  auto active = store_->ListActiveAttempts();
+  ASSERT_TRUE(queued.ok() && active.ok());
+  std::set<std::string> cells;
+  for (const auto& q : *queued) EXPECT_TRUE(cells.insert(q.cell_id).second) << q.cell_id;
+  for (const auto& a : *active) {
+    EXPECT_TRUE(cells.insert(a.cell_id).second) << a.cell_id;
+    EXPECT_EQ(a.agent_id.rfind("churn-", 0), 0u) << a.agent_id;
+  }
+  EXPECT_EQ(cells.size(), static_cast<size_t>(submitted.load()));
+  EXPECT_GT(active->size(), 0u);  // some assignments did race the teardown
+
+  grpc::ClientContext ctx;
+  auto stream = stub_->Connect(&ctx);
+  pb::AgentMessage reg;
+  reg.mutable_register_()->set_agent_name("after-churn");
+  ASSERT_TRUE(stream->Write(reg));
+  pb::ControllerMessage in;
+  ASSERT_TRUE(stream->Read(&in) && in.has_registered());
+  ASSERT_TRUE(stream->WritesDone());
+  while (stream->Read(&in)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 }  // namespace
