@@ -80,8 +80,9 @@ class StreamChannel : public AgentChannel {
   /// finishing or a write failed: `msg` is dropped (true means queued, not yet delivered).
   bool Send(pb::ControllerMessage msg);
 
-  /// Ends the stream with `status` once the queued messages are written (at once when a
-  /// write failed). Idempotent: the first status wins.
+  /// Ends the stream with `status`: with OK once the queued messages are written; with an
+  /// error after the write in flight only (the queue is dropped); at once when a write
+  /// failed. Idempotent: the first status wins.
   void Finish(grpc::Status status);
 
   /// The write in flight completed. Starts the next, or the deferred Finish.
@@ -280,7 +281,7 @@ class AgentStream final : public grpc::ServerBidiReactor<pb::AgentMessage, pb::C
   std::string authorization_;  // with auth: checked again on every heartbeat
   std::string token_name_;     // with auth: the agent token's name, which bounds agent names
   std::string agent_id_;       // set by Register
-  bool attached_ = false;      // read side only (reactions of one stream do not overlap)
+  bool attached_ = false;      // read reactions only (they never overlap; OnWriteDone may)
   pb::AgentMessage read_;      // the read in flight
 };
 
@@ -303,6 +304,9 @@ void StreamChannel::Finish(grpc::Status status) {
     std::lock_guard lock(mu_);
     if (finishing_) return;
     finishing_ = true;
+    // Ending on an error: what is still queued is dropped (the agent reconnects and the
+    // controller reconciles), so a peer that stops reading cannot hold the call open.
+    if (!status.ok()) queue_.clear();
     status_ = std::move(status);
     if (writing_) return;  // OnWriteDone finishes
     next = NextLocked();
