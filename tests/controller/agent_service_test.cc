@@ -9,6 +9,8 @@
 #include <atomic>
 #include <filesystem>
 #include <iterator>
+#include <optional>
+#include <utility>
 #include <set>
 #include <thread>
 
@@ -44,14 +46,41 @@ class AgentServiceTest : public ::testing::Test {
         "127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials()));
   }
 
-  std::string Submit() {
+  using ClientStream = grpc::ClientReaderWriter<pb::AgentMessage, pb::ControllerMessage>;
+
+  /// Submits the fixture's cell (a distinct one per `seed`, as training.seed); its id.
+  std::string Submit(std::optional<int> seed = std::nullopt) {
     json body = {{"repository", "/repos/adapt"},
                  {"branch", "main"},
                  {"model_family", "llama"},
                  {"checkpoint", (dir_.path() / "ckpt").string()}};
+    if (seed) body["training"] = {{"seed", *seed}};
     auto outcome = core_->Submit(body.dump(), "test");
     EXPECT_TRUE(outcome.ok()) << outcome.status().ToString();
     return outcome.ok() ? outcome->cell.cell.id : "";
+  }
+
+  /// Opens a stream on `ctx` and registers as `name` (holding `held`); fails the test unless
+  /// Registered comes back.
+  std::unique_ptr<ClientStream> Register(grpc::ClientContext& ctx, const std::string& name,
+                                         const std::vector<int64_t>& held = {}) {
+    auto stream = stub_->Connect(&ctx);
+    pb::AgentMessage reg;
+    reg.mutable_register_()->set_agent_name(name);
+    for (int64_t id : held) reg.mutable_register_()->add_running_attempt_ids(id);
+    EXPECT_TRUE(stream->Write(reg)) << name;
+    pb::ControllerMessage in;
+    EXPECT_TRUE(stream->Read(&in) && in.has_registered()) << name;
+    return stream;
+  }
+
+  /// Half-closes `stream` and reads until the controller ends the call: the number of
+  /// messages still read, and the call's status.
+  static std::pair<int, grpc::Status> Close(ClientStream& stream) {
+    EXPECT_TRUE(stream.WritesDone());
+    int unread = 0;
+    for (pb::ControllerMessage in; stream.Read(&in);) ++unread;
+    return {unread, stream.Finish()};
   }
 
   static pb::AgentMessage Event(int64_t attempt, int64_t seq, const std::string& line) {
@@ -147,12 +176,8 @@ TEST_F(AgentServiceTest, AnErrorOutcomeEndsTheAttemptInErrorWithTheReason) {
   // Verifies a waiting attempt is assigned on register and an "error" end keeps the reason.
   const std::string cell_id = Submit();  // queued before any agent exists
   grpc::ClientContext ctx;
-  auto stream = stub_->Connect(&ctx);
-  pb::AgentMessage reg;
-  reg.mutable_register_()->set_agent_name("cpu-2");
-  ASSERT_TRUE(stream->Write(reg));
+  auto stream = Register(ctx, "cpu-2");
   pb::ControllerMessage in;
-  ASSERT_TRUE(stream->Read(&in) && in.has_registered());
   ASSERT_TRUE(stream->Read(&in) && in.has_assignment());
   pb::AgentMessage end;
   end.mutable_end()->set_attempt_id(in.assignment().attempt_id());
@@ -173,34 +198,24 @@ TEST_F(AgentServiceTest, RegisteringWithoutALeasedAttemptLosesIt) {
   // "cpu-4" survives a re-registration that lists it and is lost (and retried, and assigned
   // again on this stream) when a re-registration does not.
   const std::string cell_id = Submit();
-  auto connect = [&](std::vector<int64_t> held, grpc::ClientContext& ctx) {
-    auto stream = stub_->Connect(&ctx);
-    pb::AgentMessage reg;
-    reg.mutable_register_()->set_agent_name("cpu-4");
-    for (int64_t id : held) reg.mutable_register_()->add_running_attempt_ids(id);
-    EXPECT_TRUE(stream->Write(reg));
-    pb::ControllerMessage in;
-    EXPECT_TRUE(stream->Read(&in) && in.has_registered());
-    return stream;
-  };
   grpc::ClientContext ctx1;
-  auto first = connect({}, ctx1);
+  auto first = Register(ctx1, "cpu-4");
   pb::ControllerMessage in;
   ASSERT_TRUE(first->Read(&in) && in.has_assignment());
   const int64_t attempt = in.assignment().attempt_id();
-  ASSERT_TRUE(first->WritesDone());
-  EXPECT_FALSE(first->Read(&in));
-  EXPECT_TRUE(first->Finish().ok());
+  auto [first_unread, first_status] = Close(*first);
+  EXPECT_EQ(first_unread, 0);
+  EXPECT_TRUE(first_status.ok());
 
   grpc::ClientContext ctx2;
-  auto kept = connect({attempt}, ctx2);
+  auto kept = Register(ctx2, "cpu-4", {attempt});
   EXPECT_EQ(core_->GetCell(cell_id)->attempts.size(), 1u);
-  ASSERT_TRUE(kept->WritesDone());
-  EXPECT_FALSE(kept->Read(&in));
-  EXPECT_TRUE(kept->Finish().ok());
+  auto [kept_unread, kept_status] = Close(*kept);
+  EXPECT_EQ(kept_unread, 0);
+  EXPECT_TRUE(kept_status.ok());
 
   grpc::ClientContext ctx3;
-  auto restarted = connect({}, ctx3);
+  auto restarted = Register(ctx3, "cpu-4");
   ASSERT_TRUE(restarted->Read(&in) && in.has_assignment());
   EXPECT_NE(in.assignment().attempt_id(), attempt);
   const CellDetail d = *core_->GetCell(cell_id);
@@ -228,12 +243,8 @@ TEST_F(AgentServiceTest, AStreamMustStartWithRegister) {
 TEST_F(AgentServiceTest, ShutdownEndsOpenStreams) {
   // Verifies Shutdown returns promptly with an agent connected and marks it disconnected.
   grpc::ClientContext ctx;
-  auto stream = stub_->Connect(&ctx);
-  pb::AgentMessage reg;
-  reg.mutable_register_()->set_agent_name("cpu-3");
-  ASSERT_TRUE(stream->Write(reg));
+  auto stream = Register(ctx, "cpu-3");
   pb::ControllerMessage in;
-  ASSERT_TRUE(stream->Read(&in) && in.has_registered());
   const auto start = std::chrono::steady_clock::now();
   server_->Shutdown();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
@@ -246,23 +257,14 @@ TEST_F(AgentServiceTest, OpenStreamsDoNotEachHoldAServerThread) {
   // from this one thread) add a bounded number of threads, not one per stream as a
   // synchronous service does (which adds 64 here).
   constexpr int kAgents = 64;
-  auto open = [&](const std::string& name, grpc::ClientContext& ctx) {
-    auto stream = stub_->Connect(&ctx);
-    pb::AgentMessage reg;
-    reg.mutable_register_()->set_agent_name(name);
-    EXPECT_TRUE(stream->Write(reg));
-    pb::ControllerMessage in;
-    EXPECT_TRUE(stream->Read(&in) && in.has_registered()) << name;
-    return stream;
-  };
   grpc::ClientContext warm_ctx;  // gRPC starts its own threads lazily: count after one call
-  auto warm = open("warm", warm_ctx);
+  auto warm = Register(warm_ctx, "warm");
   const long before = ThreadCount();
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::ClientReaderWriter<pb::AgentMessage, pb::ControllerMessage>>> streams;
+  std::vector<std::unique_ptr<ClientStream>> streams;
   for (int i = 0; i < kAgents; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
-    streams.push_back(open("idle-" + std::to_string(i), *contexts.back()));
+    streams.push_back(Register(*contexts.back(), "idle-" + std::to_string(i)));
   }
   const long during = ThreadCount();
   EXPECT_LT(during - before, kAgents / 4) << before << " threads before, " << during << " with "
@@ -270,10 +272,9 @@ TEST_F(AgentServiceTest, OpenStreamsDoNotEachHoldAServerThread) {
   EXPECT_EQ(core_->ListAgents()->size(), static_cast<size_t>(kAgents + 1));
   streams.push_back(std::move(warm));
   for (auto& stream : streams) {
-    ASSERT_TRUE(stream->WritesDone());
-    pb::ControllerMessage in;
-    EXPECT_FALSE(stream->Read(&in));
-    EXPECT_TRUE(stream->Finish().ok());
+    auto [unread, status] = Close(*stream);
+    EXPECT_EQ(unread, 0);
+    EXPECT_TRUE(status.ok());
   }
 }
 
@@ -287,27 +288,16 @@ TEST_F(AgentServiceTest, AgentsDroppingWhileAssignmentsAreQueuedLoseNothing) {
   std::atomic<int> submitted{0};
   std::thread submitter([&] {
     for (int seed = 0; !stop && seed < 300; ++seed) {
-      json body = {{"repository", "/repos/adapt"},
-                   {"branch", "main"},
-                   {"model_family", "llama"},
-                   {"checkpoint", (dir_.path() / "ckpt").string()},
-                   {"training", {{"seed", seed}}}};
-      auto outcome = core_->Submit(body.dump(), "test");
-      EXPECT_TRUE(outcome.ok()) << outcome.status().ToString();
-      if (outcome.ok()) ++submitted;
+      if (!Submit(seed).empty()) ++submitted;
     }
   });
   for (int round = 0; round < 12; ++round) {
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-    std::vector<std::unique_ptr<grpc::ClientReaderWriter<pb::AgentMessage, pb::ControllerMessage>>> streams;
+    std::vector<std::unique_ptr<ClientStream>> streams;
     for (int i = 0; i < 6; ++i) {
       contexts.push_back(std::make_unique<grpc::ClientContext>());
-      streams.push_back(stub_->Connect(contexts.back().get()));
-      pb::AgentMessage reg;
-      reg.mutable_register_()->set_agent_name("churn-" + std::to_string(round) + "-" + std::to_string(i));
-      ASSERT_TRUE(streams.back()->Write(reg));
-      pb::ControllerMessage in;
-      ASSERT_TRUE(streams.back()->Read(&in) && in.has_registered());
+      streams.push_back(Register(*contexts.back(),
+                                 "churn-" + std::to_string(round) + "-" + std::to_string(i)));
     }
     for (size_t i = 0; i < streams.size(); ++i) {
       if (i % 2 == 0) {
@@ -337,16 +327,8 @@ TEST_F(AgentServiceTest, AgentsDroppingWhileAssignmentsAreQueuedLoseNothing) {
   EXPECT_GT(active->size(), 0u);  // some assignments did race the teardown
 
   grpc::ClientContext ctx;
-  auto stream = stub_->Connect(&ctx);
-  pb::AgentMessage reg;
-  reg.mutable_register_()->set_agent_name("after-churn");
-  ASSERT_TRUE(stream->Write(reg));
-  pb::ControllerMessage in;
-  ASSERT_TRUE(stream->Read(&in) && in.has_registered());
-  ASSERT_TRUE(stream->WritesDone());
-  while (stream->Read(&in)) {
-  }
-  EXPECT_TRUE(stream->Finish().ok());
+  auto stream = Register(ctx, "after-churn");  // the queued cells may be assigned to it
+  EXPECT_TRUE(Close(*stream).second.ok());
 }
 
 }  // namespace
