@@ -42,6 +42,9 @@ constexpr std::array kCommonIgnored = {
                   "model name recorded by transformers' GGUF loader (general.name); provenance "
                   "only"},
     CommonIgnored{"unk_token_id", "tokenizer metadata; not used by the forward pass"},
+    CommonIgnored{"auto_map",
+                  "class names for transformers' trust_remote_code loading; the family is "
+                  "chosen by model_type and its computation is the adapter's"},
 };
 
 }  // namespace
@@ -141,6 +144,18 @@ Status ConfigReader::ExpectModelType(const std::vector<std::string>& types,
 
 void ConfigReader::Ignore(std::string_view field, std::string_view reason) {
   ignored_.emplace_back(std::string(field), std::string(reason));
+}
+
+Status ConfigReader::IgnoreUnreadFlag(std::string_view field, std::string_view unread,
+                                      std::string_view if_true) {
+  Ignore(field, std::string("false: ") + std::string(unread));
+  auto it = config_.is_object() ? config_.find(std::string(field)) : config_.end();
+  if (it == config_.end() || it->is_null()) return Status::Ok();
+  if (!it->is_boolean()) return FieldError(field, *it, "expected true or false");
+  if (it->get<bool>()) {
+    return FieldError(field, *it, std::string(if_true) + " (" + std::string(unread) + ")");
+  }
+  return Status::Ok();
 }
 
 void ConfigReader::IgnoreCommonFields() {

@@ -53,6 +53,13 @@ class ConfigReader {
 
   /// Declares `field` as not changing the computation, with the reason (kept only if present).
   void Ignore(std::string_view field, std::string_view reason);
+  /// A boolean flag the family's upstream modelling code never reads (docs/config-fields.md
+  /// lists each with the upstream files searched). false (or absent / null) states what upstream
+  /// computes: ignored, with `unread` as the reason. true claims a computation upstream does
+  /// not do (it silently computes without it): INVALID_ARGUMENT naming the field, saying
+  /// `if_true`. Not a boolean: INVALID_ARGUMENT.
+  Status IgnoreUnreadFlag(std::string_view field, std::string_view unread,
+                          std::string_view if_true);
   /// Ignores the generic transformers PreTrainedConfig fields every family shares
   /// (architectures, transformers_version, dtype, use_cache, token ids, output flags, ...).
   void IgnoreCommonFields();

@@ -352,7 +352,11 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
     const auto& slot = where[0];
     const auto& token = where[1];
     auto state = expert_in.index_select(0, token);
-    auto hidden = Activate(act_, torch::linear(state, w1_[e])) * torch::linear(state, w3_[e]);
+    // One GEMM over gate and up together, as upstream's experts hold them fused (gate_up_proj
+    // [E, 2I, H]): the input's gradient is then one bf16 accumulation over 2I, not two
+    // rounded halves added (which moved bf16 gradient norms by ~0.7 %).
+    auto gate_up = torch::linear(state, torch::cat({w1_[e], w3_[e]}, 0)).chunk(2, -1);
+    auto hidden = Activate(act_, gate_up[0]) * gate_up[1];
     hidden = torch::linear(hidden, w2_[e]);
     hidden = hidden * top_p.index({token, slot}).unsqueeze(-1);
     out.index_add_(0, token, hidden.to(out.scalar_type()));

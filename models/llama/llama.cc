@@ -15,6 +15,16 @@ Result<DecoderSpec> ParseLlamaConfig(ConfigReader& reader) {
     return FieldError("pretraining_tp", nlohmann::json(*pretraining_tp),
                       "only 1 is supported (no pretraining tensor-parallel slicing)");
   }
+  // Written by SmolLM2's nanotron converter; docs/config-fields.md.
+  reader.Ignore("is_llama_config",
+                "a converter's marker: LlamaConfig does not define it and modeling_llama.py "
+                "never reads it (docs/config-fields.md)");
+  GH_RETURN_IF_ERROR(reader.IgnoreUnreadFlag(
+      "rope_interleaved",
+      "modeling_llama.py never reads it and always rotates halves (rotate_half); "
+      "docs/config-fields.md",
+      "declares interleaved RoPE, which upstream does not compute: convert the q/k projection "
+      "rows to the rotate-half layout"));
   // LlamaConfig.default_theta (RotaryEmbeddingConfigMixin) is 10000.
   GH_ASSIGN_OR_RETURN(RopeConfig rope, ParseRope(reader, 10000.0));
   spec.ropes = {rope};

@@ -28,8 +28,10 @@ Status CheckRopeType(const json& config) {
       if (t == "default") continue;
       if (t == "longrope" || t == "su" || t == "yarn") {
         return FieldError(field, *type,
-                          "Phi-3 LongRoPE (short_factor / long_factor rescaling beyond "
-                          "original_max_position_embeddings) is not implemented; only "
+                          "Phi-3 LongRoPE (every RoPE frequency rescaled by short_factor, or "
+                          "by long_factor once the sequence exceeds "
+                          "original_max_position_embeddings, and the attention scaled) is not "
+                          "implemented, so no length is computed as upstream does; only "
                           "\"default\" is supported");
       }
       return FieldError(field, *type,
@@ -59,6 +61,11 @@ Result<DecoderSpec> ParsePhi3Config(ConfigReader& reader) {
     for (auto& layer : spec.layers) layer.sliding_window = *window;
   }
 
+  GH_RETURN_IF_ERROR(reader.IgnoreUnreadFlag(
+      "attention_bias",
+      "Phi3Attention builds qkv_proj and o_proj without biases whatever the config says; "
+      "docs/config-fields.md",
+      "asks for attention biases, which Phi3Attention never builds"));
   reader.Ignore("original_max_position_embeddings",
                 "read only by LongRoPE (rope_type \"longrope\"), which this family rejects; "
                 "default RoPE does not use it");

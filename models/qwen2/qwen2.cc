@@ -57,6 +57,11 @@ Result<DecoderSpec> ParseQwen2Config(ConfigReader& reader) {
   spec.qkv_bias = true;
   spec.o_bias = false;
   GH_RETURN_IF_ERROR(ParseQwenSlidingWindow(reader, spec));
+  GH_RETURN_IF_ERROR(reader.IgnoreUnreadFlag(
+      "use_mrope",
+      "the qwen2 text model never reads it (multimodal RoPE is Qwen2-VL's); "
+      "docs/config-fields.md",
+      "asks for multimodal RoPE, which the qwen2 text model does not compute"));
   // Qwen2Config takes RotaryEmbeddingConfigMixin.default_theta = 10000.
   GH_ASSIGN_OR_RETURN(RopeConfig rope, ParseRope(reader, 10000.0));
   spec.ropes = {rope};

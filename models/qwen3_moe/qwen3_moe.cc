@@ -64,6 +64,10 @@ Result<DecoderSpec> ParseQwen3MoeConfig(ConfigReader& reader) {
     for (auto& layer : spec.layers) layer.sliding_window = *window;
   }
 
+  reader.Ignore("max_window_layers",
+                "Qwen3MoeConfig does not define it and modeling_qwen3_moe.py never reads it: "
+                "with use_sliding_window every layer slides (docs/config-fields.md)");
+
   // Sparse MoE blocks.
   GH_ASSIGN_OR_RETURN(spec.num_experts, ReadNumExperts(reader));
   GH_ASSIGN_OR_RETURN(auto top_k, reader.OptionalInt("num_experts_per_tok"));

@@ -159,7 +159,7 @@ git -C "$SEED_DIR/repo" -c user.name=gatehouse -c user.email=gatehouse@localhost
   commit -q -m seed
 echo '{"model_type":"llama"}' >"$SEED_DIR/ckpt/config.json"
 echo 'weights' >"$SEED_DIR/ckpt/model.safetensors"
-echo '{"format":"gatehouse-reference/1"}' >"$SEED_DIR/reference/reference.json"
+echo '{"format":"gatehouse-reference/2"}' >"$SEED_DIR/reference/reference.json"
 echo 'reference' >"$SEED_DIR/reference/reference.safetensors"
 SUBMIT_BODY="$("$PYTHON" -c 'import json, sys
 print(json.dumps({"repository": sys.argv[1] + "/repo", "branch": "main", "model_family": "llama",

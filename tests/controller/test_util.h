@@ -28,7 +28,7 @@ inline void WriteFile(const std::filesystem::path& p, const std::string& content
 inline void MakeCheckpoint(const std::filesystem::path& root) {
   WriteFile(root / "ckpt" / "config.json", R"({"model_type":"llama"})");
   WriteFile(root / "ckpt" / "model.safetensors", "weights");
-  WriteFile(root / "reference" / "reference.json", R"({"format":"gatehouse-reference/1"})");
+  WriteFile(root / "reference" / "reference.json", R"({"format":"gatehouse-reference/2"})");
   WriteFile(root / "reference" / "reference.safetensors", "reference");
 }
 

@@ -211,7 +211,7 @@ TEST_F(SecurityTest, HostileStringsInEverySubmitFieldAreDataNeverCommands) {
   WriteTextFile(root_ / "ckpt" / "checkpoint" / "config.json", R"({"model_type":"llama"})");
   WriteTextFile(root_ / "ckpt" / "checkpoint" / "model.safetensors", "weights");
   WriteTextFile(root_ / "ckpt" / "reference" / "reference.json",
-                R"({"format":"gatehouse-reference/1"})");
+                R"({"format":"gatehouse-reference/2"})");
   WriteTextFile(root_ / "ckpt" / "reference" / "reference.safetensors", "reference");
   const json base = {{"repository", (root_ / "adapter").string()}, {"branch", "main"},
                      {"model_family", "llama"},

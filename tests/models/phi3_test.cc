@@ -216,10 +216,32 @@ TEST(Phi3Config, UnsupportedValuesRejected) {
 // A field Phi-3 does not have (attention_bias is a Llama field) is unmapped.
 TEST(Phi3Config, UnknownFieldIsUnmapped) {
   json c = Saved();
-  c["attention_bias"] = true;
+  c["mlp_bias"] = true;
   auto parsed = Family().ParseConfig(c);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-  EXPECT_EQ(parsed->report.unmapped, std::vector<std::string>{"attention_bias"});
+  EXPECT_EQ(parsed->report.unmapped, std::vector<std::string>{"mlp_bias"});
+}
+
+// attention_bias is a field Phi3Attention never reads (docs/config-fields.md): false, as
+// Phi-3-mini ships it, is ignored with that reason; true claims biases upstream never builds
+// and is refused naming the field.
+TEST(Phi3Config, AttentionBiasIsAnUnreadFlag) {
+  json c = Saved();
+  c["attention_bias"] = false;
+  auto parsed = Family().ParseConfig(c);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_TRUE(parsed->report.unmapped.empty());
+  bool ignored = false;
+  for (const auto& [field, why] : parsed->report.ignored) {
+    if (field == "attention_bias") ignored = why.find("never builds") == std::string::npos &&
+                                             why.find("without biases") != std::string::npos;
+  }
+  EXPECT_TRUE(ignored);
+  c["attention_bias"] = true;
+  auto refused = Family().ParseConfig(c);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'attention_bias' = true"), std::string::npos)
+      << refused.status().ToString();
 }
 
 // --- name table ---------------------------------------------------------------------------

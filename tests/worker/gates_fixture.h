@@ -23,11 +23,10 @@ struct FixtureOptions {
   std::vector<int64_t> prompt_lengths = {5, 7, 4};
   int64_t max_new_tokens = 6;
   uint64_t seed = 1;
-  /// Also write prompts.{i}.logits_bf16 (the source model's forward, rounded to bf16), as
-  /// tools/refgen does for bf16 cells.
-  bool bf16_logits = false;
-  /// reference.json "device" (where the reference forwards ran); none when empty.
+  /// reference.json "device" (where the reference forwards ran); "cpu" when empty.
   std::string reference_device;
+  /// reference.json "num_threads"; this process's count when 0.
+  int64_t reference_threads = 0;
 };
 
 /// One seeded fake model and everything made from it. Layout under a temp dir:
@@ -43,9 +42,16 @@ class Fixture {
   void Write();
   /// Writes only the checkpoint.
   void WriteCheckpoint();
-  /// Writes the reference bundle computed from `source` (no cache; greedy ids by full
-  /// recomputation per step, as an uncached upstream generate would).
+  /// Writes the reference bundle (format gatehouse-reference/2) computed from `source` and from
+  /// a bf16 copy of it, standing in for upstream: greedy ids by full recomputation per step (as
+  /// an uncached generate would), decode logits through the KV cache along them, the
+  /// teacher-forced continuation, and a training trace of four steps of the training gate's
+  /// own procedure (UpstreamAdamW, lr 1e-3) on copies of the source; decode and training floors
+  /// 0.
   void WriteReference(CausalLM& source);
+
+  /// A fresh model of the fixture's family in `dtype` holding `source`'s weights.
+  std::shared_ptr<CausalLM> CopyOf(CausalLM& source, torch::Dtype dtype) const;
 
   /// The run spec (protocols.md §3) over this fixture's paths, all default phases.
   nlohmann::json SpecJson() const;
@@ -56,6 +62,7 @@ class Fixture {
   TempDir dir;
   std::filesystem::path checkpoint_dir, reference_dir, attempt_dir;
   FamilyRegistry registry;                  // holds FakeFamily(options.fake)
+  std::shared_ptr<const ModelArgs> args;    // the model's args, parsed from the first config
   std::shared_ptr<CausalLM> model;          // the seeded source model, fp32 CPU
   std::map<std::string, torch::Tensor> tensors;  // checkpoint tensors by HF name
   nlohmann::json config;

@@ -91,4 +91,17 @@ step "gates other families bf16" 220 "$OUT/families.md" \
   gemma2-tiny-untied:gemma2 gemma3-tiny-untied:gemma3 phi3-tiny-untied:phi3 \
   qwen3_moe-tiny-untied:qwen3_moe --json "$OUT/families.json"
 cat "$OUT/families.md"
+# Upstream's own spread on this GPU against the CPU bundles (docs/bars.md "one side on a GPU"):
+# prompt logits with max abs, decode-step logits, greedy ids; one fixture per family plus the
+# published configs' legacy forms.
+FLOOR_VARIANTS="llama-tiny-untied qwen2-tiny-sliding qwen3-tiny-untied mistral-tiny-untied
+  gemma-tiny-untied gemma2-tiny-untied gemma3-tiny-untied phi3-tiny-untied qwen3_moe-tiny-untied
+  llama-real-llama3.2-1b-hub gemma3-real-gemma-3-1b-it-hub"
+for dtype in bf16 fp32; do
+  # shellcheck disable=SC2086
+  step "upstream floor on cuda $dtype" 200 "$OUT/floor_$dtype.md" \
+    "$PY" "$ROOT/tools/gpu/upstream_floor.py" --testdata "$PACK/testdata" --device cuda \
+    --dtype "$dtype" --variant $FLOOR_VARIANTS --json "$OUT/floor_$dtype.json"
+  cat "$OUT/floor_$dtype.md"
+done
 echo; cat "$SUMMARY"

@@ -21,11 +21,14 @@ PHASES = ["config", "construct", "load", "inference", "decode", "training", "sav
           "parallel", "cuda_graph", "performance"]
 # Figures shown per phase (those the gate reported).
 SHOWN = {
-    "inference": ["kl_mean", "top1_agreement", "max_abs_diff"],
-    "decode": ["tokens_matched", "tokens_total", "ms_per_token"],
-    "training": ["loss_step_1", "loss_step_2", "step_ms_mean"],
-    "cuda_graph": ["tokens_matched", "tokens_total", "eager_ms_per_token_b1", "graph_ms_per_token_b1",
-                   "speedup_b1", "speedup_b4", "speedup_b16"],
+    "inference": ["kl_mean", "top1_agreement", "max_abs_diff", "bar_kl_mean", "bar_top1_agreement"],
+    "decode": ["tokens_matched", "tokens_total", "steps_max_abs_diff", "steps_kl_mean",
+               "steps_bar_kl_mean", "near_tie_divergences", "ms_per_token"],
+    "training": ["loss_step_1", "loss_rel_diff_step_1", "loss_rel_diff_step_2",
+                 "grad_norm_max_rel_diff", "bar_grad_norm_rel", "step_ms"],
+    "cuda_graph": ["tokens_matched", "tokens_total", "steps_max_abs_diff", "steps_kl_mean",
+                   "eager_ms_per_token_b1", "graph_ms_per_token_b1", "speedup_b1", "speedup_b4",
+                   "speedup_b16"],
     "performance": None,  # every figure
 }
 

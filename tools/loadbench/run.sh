@@ -48,7 +48,7 @@ COMMIT=$(git -C "$WORK/adapter" rev-parse HEAD)
 mkdir -p "$WORK/ckpt/checkpoint" "$WORK/ckpt/reference"
 echo '{"model_type":"llama"}' >"$WORK/ckpt/checkpoint/config.json"
 echo weights >"$WORK/ckpt/checkpoint/model.safetensors"
-echo '{"format":"gatehouse-reference/1"}' >"$WORK/ckpt/reference/reference.json"
+echo '{"format":"gatehouse-reference/2"}' >"$WORK/ckpt/reference/reference.json"
 echo reference >"$WORK/ckpt/reference/reference.safetensors"
 "$BIN/gatehouse-controller" --db "$WORK/a.db" tokens create --name bench --scopes read,submit >"$WORK/api.token" 2>/dev/null
 "$BIN/gatehouse-controller" --db "$WORK/a.db" tokens create --name sim --kind agent >"$WORK/agent.token" 2>/dev/null

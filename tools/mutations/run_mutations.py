@@ -4,16 +4,21 @@
 What
     tools/mutations/manifest.json lists mutations: each a small committed patch
     (tools/mutations/<name>.patch, paths relative to the adapter repository, i.e. models/)
-    that reproduces one bug class seen in real adaptations, and the fixture (a checkpoint
-    variant of tools/refgen/families) whose cell must catch it. This command
+    that reproduces one bug seen in real adaptations, its class (what kind of gate weakness it
+    probes: "classic", "bars" for numerics only a bar at upstream's floor catches, "decode" for
+    bugs of the KV-cached decode path alone, "training" for backward and optimizer bugs a
+    finite-gradient check misses, "hub_config" for config fields as the Hub ships them), the
+    fixture (a checkpoint variant of tools/refgen/families) whose cell must catch it, and the
+    cell's precision (default fp32). This command
 
       1. makes the fixtures (transformers' save_pretrained + reference logits);
       2. builds a real git repository from models/ (branch main) and, for every mutation, a
          branch mut/<name> = main + that patch, committed;
-      3. starts a real controller (SQLite in the work folder) and one local agent on
-         127.0.0.1, exactly as deploy/demo.sh does;
-      4. submits over REST one control cell per fixture on main (must PASS: otherwise a
-         "caught" mutation proves nothing) and one cell per mutation on its branch;
+      3. starts a real controller (SQLite in the work folder) and local agents (--agents,
+         default 2) on 127.0.0.1, as deploy/demo.sh does, with bearer tokens made by the
+         controller's own `tokens create` (an API token for this script, an agent token);
+      4. submits over REST one control cell per (fixture, precision) on main (must PASS:
+         otherwise a "caught" mutation proves nothing) and one cell per mutation on its branch;
       5. waits for every verdict and prints a table: mutation, fixture, the gate that failed,
          its key figure, the reason; then the mutation score (caught / total).
 
@@ -23,7 +28,7 @@ What
 
 CLI
     python tools/mutations/run_mutations.py [--build-dir build] [--work var/mutations]
-        [--only NAME ...] [--out docs/mutations.md] [--timeout-s 900]
+        [--only NAME ...] [--classes CLASS ...] [--out docs/mutations.md] [--timeout-s 900]
     python tools/mutations/run_mutations.py --check   # every patch still applies (a ctest)
     Exit status 1 unless every control passes and every mutation is caught.
 """
@@ -82,10 +87,12 @@ def make_repo(repo, mutations):
         git(repo, "checkout", "-q", "main")
 
 
-def http(method, url, body=None):
+def http(method, url, body=None, token=None):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -102,6 +109,18 @@ def key_figure(phase):
             return format(float(v), spec)
         except (TypeError, ValueError):
             return str(v)
+    if name == "inference" and "max_abs_diff" in figs:
+        return (f"max abs {num(figs['max_abs_diff'], '.3g')} (bar {num(figs.get('bar_max_abs_diff'), '.3g')}), "
+                f"KL {num(figs.get('kl_mean'), '.3g')} nats, top-1 {num(figs.get('top1_agreement'), '.1f')} %")
+    if name == "decode" and "steps_max_abs_diff" in figs:
+        return (f"{figs.get('tokens_matched')}/{figs.get('tokens_total')} greedy tokens, step logits "
+                f"max abs {num(figs['steps_max_abs_diff'], '.3g')} (bar {num(figs.get('steps_bar_max_abs_diff'), '.3g')})")
+    if name == "training" and "upstream_trainable_keys" in figs and "grad_norm_max_rel_diff" not in figs:
+        return f"trainable keys {figs.get('trainable_keys')} vs upstream's {figs['upstream_trainable_keys']}"
+    if name == "training" and "grad_norm_max_rel_diff" in figs:
+        return (f"grad norm rel diff {num(figs['grad_norm_max_rel_diff'], '.3g')} "
+                f"({figs.get('grad_norm_worst_key', '?')}), step-2 loss rel diff "
+                f"{num(figs.get('loss_rel_diff_step_2'), '.3g')}")
     if name == "inference" and "kl_mean" in figs:
         return f"KL {num(figs['kl_mean'], '.3g')} nats, top-1 {num(figs.get('top1_agreement'), '.1f')} %"
     if name == "decode" and "tokens_matched" in figs:
@@ -151,8 +170,15 @@ def main(argv=None):
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build")
     ap.add_argument("--work", type=Path, default=ROOT / "var" / "mutations")
     ap.add_argument("--only", nargs="+", metavar="NAME")
+    ap.add_argument("--classes", nargs="+", metavar="CLASS",
+                    help="only the mutations of these classes (manifest \"class\")")
     ap.add_argument("--out", type=Path, help="also write the Markdown table here")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per cell")
+    ap.add_argument("--agents", type=int, default=2,
+                    help="local agents, each building and running one cell at a time")
+    ap.add_argument("--checkpoints", type=Path,
+                    help="fixture folder to use (make_checkpoint.py --out-root; up-to-date "
+                         "variants are kept); default: <work>/checkpoints")
     ap.add_argument("--check", action="store_true",
                     help="only check that every patch still applies to models/ (no build, no run)")
     args = ap.parse_args(argv)
@@ -166,9 +192,12 @@ def main(argv=None):
         if unknown:
             ap.error(f"unknown mutation(s) {sorted(unknown)}")
         mutations = [m for m in mutations if m["name"] in args.only]
+    if args.classes:
+        mutations = [m for m in mutations if m.get("class", "classic") in args.classes]
     if args.check:
         return check_patches(mutations)
     fixtures = sorted({m["fixture"] for m in mutations})
+    controls = sorted({(m["fixture"], m.get("precision", "fp32")) for m in mutations})
     sys.path.insert(0, str(ROOT / "tools" / "refgen"))
     from families import all_variants  # noqa: E402
     variants = all_variants()
@@ -179,7 +208,7 @@ def main(argv=None):
             ap.error(f"{build / exe} missing: build gatehouse-controller gatehouse-agent gatehouse-worker")
 
     log(f"fixtures {fixtures}")
-    ckpts = work / "checkpoints"
+    ckpts = (args.checkpoints or work / "checkpoints").resolve()
     subprocess.run([python, str(ROOT / "tools/refgen/make_checkpoint.py"), "--out-root", str(ckpts),
                     "--only", *fixtures], check=True, stdout=subprocess.DEVNULL)
     repo = work / "adapter"
@@ -192,6 +221,16 @@ def main(argv=None):
     http_port, grpc_port = free_port(), free_port()
     import torch  # the venv's: its version is the runtime pin, its prefix the agent's
     torch_version = torch.__version__.split("+")[0]
+    # Tokens as an operator makes them (only their hashes are stored): one for this script,
+    # one for the agent, whose name the agent token must carry.
+    ctl = [str(build / "bin/gatehouse-controller"), "--db", str(work / "gatehouse.db")]
+    api_token = subprocess.run([*ctl, "tokens", "create", "--name", "mutations", "--scopes",
+                                "read,submit"], check=True, capture_output=True, text=True).stdout.strip()
+    agent_token = work / "agent.token"  # registers agents "mutation-agent" and "mutation-agent-*"
+    agent_token.write_text(subprocess.run([*ctl, "tokens", "create", "--name", "mutation-agent",
+                                           "--kind", "agent"], check=True, capture_output=True,
+                                          text=True).stdout.strip() + "\n")
+    agent_token.chmod(0o600)
     procs = []
     try:
         procs.append(subprocess.Popen(
@@ -200,12 +239,15 @@ def main(argv=None):
              "--mirror-dir", str(work / "mirrors"), "--web-dir", str(ROOT / "web"),
              "--torch-pin", torch_version],
             stdout=open(work / "logs/controller.out", "w"), stderr=open(work / "logs/controller.log", "w")))
-        procs.append(subprocess.Popen(
-            [str(build / "bin/gatehouse-agent"), "--controller", f"127.0.0.1:{grpc_port}",
-             "--name", "mutation-agent", "--work-dir", str(work / "agent"), "--sdk-dir", str(build / "sdk"),
-             "--cmake-prefix-path", torch.utils.cmake_prefix_path,
-             "--worker", str(build / "bin/gatehouse-worker"), "--torch-version", torch_version],
-            stdout=open(work / "logs/agent.out", "w"), stderr=open(work / "logs/agent.log", "w")))
+        for n in range(1, args.agents + 1):
+            procs.append(subprocess.Popen(
+                [str(build / "bin/gatehouse-agent"), "--controller", f"127.0.0.1:{grpc_port}",
+                 "--name", f"mutation-agent-{n}", "--work-dir", str(work / f"agent-{n}"),
+                 "--sdk-dir", str(build / "sdk"), "--cmake-prefix-path", torch.utils.cmake_prefix_path,
+                 "--worker", str(build / "bin/gatehouse-worker"), "--torch-version", torch_version,
+                 "--token-file", str(agent_token)],
+                stdout=open(work / f"logs/agent-{n}.out", "w"),
+                stderr=open(work / f"logs/agent-{n}.log", "w")))
         api = f"http://127.0.0.1:{http_port}/api/v1"
         for _ in range(100):
             try:
@@ -214,30 +256,31 @@ def main(argv=None):
             except OSError:
                 time.sleep(0.2)
 
-        def submit(branch, fixture):
+        def submit(branch, fixture, precision):
             body = {"repository": str(repo), "branch": branch,
                     "model_family": variants[fixture].family,
                     "checkpoint": str(ckpts / fixture / "checkpoint"),
-                    "reference": str(ckpts / fixture / "reference")}
-            code, resp = http("POST", f"{api}/cells", body)
+                    "reference": str(ckpts / fixture / "reference"), "precision": precision}
+            code, resp = http("POST", f"{api}/cells", body, api_token)
             if code not in (200, 201):
                 raise SystemExit(f"submit {branch} on {fixture}: HTTP {code} {resp}")
             return resp["id"]
 
-        cells = {("control", f): submit("main", f) for f in fixtures}
+        cells = {("control", f, p): submit("main", f, p) for f, p in controls}
         for m in mutations:
-            cells[("mutation", m["name"])] = submit(f"mut/{m['name']}", m["fixture"])
-        log(f"{len(cells)} cells submitted; the agent runs them one at a time")
+            cells[("mutation", m["name"])] = submit(f"mut/{m['name']}", m["fixture"],
+                                                    m.get("precision", "fp32"))
+        log(f"{len(cells)} cells submitted; {args.agents} agent(s) run them, one at a time each")
 
         results, deadline = {}, time.time() + args.timeout_s * len(cells)
         while len(results) < len(cells) and time.time() < deadline:
             for key, cid in cells.items():
                 if key in results:
                     continue
-                code, cell = http("GET", f"{api}/cells/{cid}")
+                code, cell = http("GET", f"{api}/cells/{cid}", token=api_token)
                 if code == 200 and cell["status"] in FINAL:
                     results[key] = cell
-                    log(f"{key[0]} {key[1]}: {cell['status']}")
+                    log(f"{key[0]} {' '.join(key[1:])}: {cell['status']}")
             time.sleep(2)
     finally:
         for p in reversed(procs):
@@ -250,16 +293,22 @@ def main(argv=None):
 
     rows, controls_ok, caught = [], True, 0
     control_rows = []
-    for f in fixtures:
-        cell = results.get(("control", f), {"status": "timeout"})
+    for f, p in controls:
+        cell = results.get(("control", f, p), {"status": "timeout"})
         ok = cell.get("status") == "passed"
         controls_ok &= ok
-        control_rows.append(f"| {f} | {variants[f].family} | {cell.get('status')} |")
+        control_rows.append(f"| {f} | {variants[f].family} | {p} | {cell.get('status')} |")
+    by_class = {}
     for m in mutations:
         cell = results.get(("mutation", m["name"]), {"status": "timeout", "phases": []})
         gate, figure, reason = verdict(cell)
         caught += gate is not None
-        rows.append(f"| {m['name']} | {m['bug']} | {m['fixture']} | {gate or 'SURVIVED'} | {figure} | "
+        cls = m.get("class", "classic")
+        tally = by_class.setdefault(cls, [0, 0])
+        tally[0] += gate is not None
+        tally[1] += 1
+        rows.append(f"| {m['name']} | {cls} | {m['bug']} | {m['fixture']} "
+                    f"{m.get('precision', 'fp32')} | {gate or 'SURVIVED'} | {figure} | "
                     f"{reason[:200].replace('|', '/')} |")
     score = 100.0 * caught / len(mutations) if mutations else 0.0
     text = "\n".join([
@@ -271,13 +320,15 @@ def main(argv=None):
         "",
         "Controls (main branch, unmutated adapter; each must pass):",
         "",
-        "| fixture | family | status |",
-        "|---|---|---|",
+        "| fixture | family | precision | status |",
+        "|---|---|---|---|",
         *control_rows,
         "",
-        "| mutation | bug class | fixture | caught by gate | key figure | reason |",
-        "|---|---|---|---|---|---|",
+        "| mutation | class | bug | fixture, precision | caught by gate | key figure | reason |",
+        "|---|---|---|---|---|---|---|",
         *rows,
+        "",
+        "By class: " + ", ".join(f"{c} {n}/{t}" for c, (n, t) in sorted(by_class.items())) + ".",
         "",
         f"Mutation score: {caught}/{len(mutations)} = {score:.0f} %.",
         "",

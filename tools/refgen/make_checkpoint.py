@@ -1,45 +1,62 @@
 #!/usr/bin/env python3
-"""Make tiny, real Hugging Face Llama checkpoints and a reference bundle beside each.
+"""Make tiny, real Hugging Face checkpoints and a reference bundle beside each.
 
 What
     For each variant NAME this writes
       OUT_ROOT/NAME/checkpoint/   config.json, generation_config.json and safetensors weights,
-                                  all written by transformers' own ``save_pretrained``;
-      OUT_ROOT/NAME/reference/    reference.safetensors + reference.json: upstream logits and
-                                  greedy tokens for a few fixed probe prompts;
+                                  all written by transformers' own ``save_pretrained``; for a
+                                  variant made from a published config.json in "hub" form,
+                                  config.json is that file as the Hub ships it (sizes scaled
+                                  down, every other field and the key order kept);
+      OUT_ROOT/NAME/reference/    reference.safetensors + reference.json (the bundle below);
       OUT_ROOT/NAME/.done         a stamp of the generator parameters (see "Idempotent").
 
-    Variants:
-      llama-tiny-tied     tie_word_embeddings=true  (no lm_head.weight in the file)
-      llama-tiny-untied   tie_word_embeddings=false
-      llama-tiny-sharded  untied, saved with a small max_shard_size: >= 2 shards plus
-                          model.safetensors.index.json
+    Variants come from tools/refgen/families/ (one module per family). The weights are chosen so
+    that adapter bugs show:
+      * rope_theta is 50000 in the hand-written configs, not the 10000 default;
+      * norm weights are drawn from U(0.5, 1.5) (Gemma: w from U(-0.5, 0.5) for x * (1 + w)), so
+        a skipped norm shows;
+      * weights have O(1) activations (std 1/sqrt(fan_in)), so logits are far from uniform;
+      * tied models get small embeddings (std TIED_EMBED_STD) and a final norm gain
+        (TIED_FINAL_NORM_GAIN): with N(0, 0.5) embeddings the input token's own embedding
+        dominates the residual stream and a tied model repeats one token forever, which hides
+        decode-path bugs; the small embeddings also make the first norm's input small enough
+        (mean square ~4e-4) that rms_norm_eps changes its output;
+      * one probe prompt is 300 tokens long, because RoPE and window bugs barely show at short
+        positions;
+      * every greedy continuation must hold at least MIN_DISTINCT_TOKENS distinct tokens, else
+        the variant is rejected (a repeated token lets a decode-only bug pass an id check).
 
-Why
-    The Gatehouse gates (docs/protocols.md, ../shared/DESIGN.md) compare an adaptation against
-    upstream. The fixtures must therefore come from upstream code, not from our own writer: the
-    checkpoint layout, config.json fields and tied-weight handling are whatever this
-    transformers version really does. The model is tiny (2 layers, hidden 64) so each variant
-    takes a few seconds on 2 CPU cores, but its weights are chosen so that adapter bugs show:
-      * rope_theta is 50000, not the 10000 default, so a theta fallback bug changes logits;
-      * norm weights are drawn from U(0.5, 1.5), not left at 1.0, so a skipped norm shows;
-      * weights have O(1) activations (std 1/sqrt(fan_in)), so logits are far from uniform and
-        KL divergence is a sensitive measure;
-      * one probe prompt is 300 tokens long, because RoPE bugs barely show at short positions.
-
-Reference bundle (reference/reference.safetensors), for each probe prompt i:
-      prompts.{i}.input_ids   I64 [T]
-      prompts.{i}.logits      F32 [T, vocab_size]   one full forward pass, eager attention
-      prompts.{i}.greedy_ids  I64 [32]              new tokens only, generate(do_sample=False)
-      prompts.{i}.logits_bf16 F32 [T, vocab_size]   the same forward of the checkpoint loaded
-                                                    with from_pretrained(dtype=bfloat16): the
-                                                    bf16 cells' reference
-      prompts.{i}.greedy_ids_bf16 I64 [32]          the same greedy with that bf16 model: the
-                                                    bf16 cells' decode reference
+Reference bundle (format gatehouse-reference/2; docs/protocols.md §6), for each prompt i:
+      prompts.{i}.input_ids                 I64 [T]
+      prompts.{i}.logits                    F32 [T, V]  one forward, fp32, eager attention
+      prompts.{i}.greedy_ids                I64 [N]     generate(do_sample=False), new tokens
+      prompts.{i}.decode_logits             F32 [N, V]  the logits generate chose each of those
+                                                        tokens from (KV-cached decode steps)
+      prompts.{i}.continuation_logits       F32 [N, V]  teacher-forced: one forward over the
+                                                        prompt + greedy_ids[:N-1], the rows that
+                                                        predict greedy_ids
+      and the same five with suffix _bf16 (logits_bf16, greedy_ids_bf16, ...): the checkpoint
+      loaded with from_pretrained(dtype=bfloat16), computed in bf16.
     reference/reference.json:
-      {"format": "gatehouse-reference/1", "num_prompts": N, "dtype": "float32",
-       "max_new_tokens": 32, "transformers": ver, "torch": ver, "model_type": "llama",
-       "seed": S, "device": "cpu"}
+      {"format": "gatehouse-reference/2", "num_prompts": N, "max_new_tokens": 32,
+       "transformers": ver, "torch": ver, "model_type": ..., "seed": S, "device": "cpu",
+       "cpu_capability": "AVX512", "num_threads": n,
+       "continuation_distinct_tokens": {"fp32": [..], "bf16": [..]},
+       "decode_floor": {"fp32": {"max_abs_diff", "kl_mean", "steps", "method"}, "bf16": ...},
+       "training": {"steps", "lr", "seed", "optimizer", "batch", "fp32": TRACE, "bf16": TRACE}}
+      TRACE = {"losses": [loss per step], "grad_norms": {checkpoint key: L2 norm of its
+      gradient at step 1}, "grad_sums": {checkpoint key: sum of that gradient's elements (a
+      sign-sensitive figure the norm is blind to)}, "trainable": [checkpoint keys upstream
+      trains],
+      "first_changed_step": {checkpoint key: the first step after which its weight differs
+      from the checkpoint's, or null}, "floor": FLOOR}: upstream's AdamW steps on the probe
+      prompts (step s trains on prompt (s-1) mod P: inputs ids[:-1], labels
+      ids[1:], mean cross-entropy), gradients named as save_pretrained names the weights.
+      FLOOR = {"implementations": [...], "grad_norm_rel": x, "loss_rel": [per step]}: upstream's
+      own spread, the same trace made with its other implementations of the same math (MoE
+      experts: eager and batched_mm beside grouped_mm; none for dense models).
+      decode_floor: upstream's own spread between its dynamic and static KV caches.
 
 Idempotent
     A variant is skipped when OUT_ROOT/NAME/.done holds exactly this generator's parameters
@@ -56,22 +73,39 @@ import copy
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 # Bump when the output of this script changes for the same parameters.
-GENERATOR_VERSION = 7
+GENERATOR_VERSION = 9
+REFERENCE_FORMAT = "gatehouse-reference/2"
 SEED = 20240611
 MAX_NEW_TOKENS = 32
 # Probe prompt lengths; the last one probes RoPE at long positions.
 PROMPT_LENGTHS = [7, 33, 300]
+# Tied models: embeddings N(0, TIED_EMBED_STD) and the final norm's weight times
+# TIED_FINAL_NORM_GAIN (see "What" above).
+TIED_EMBED_STD = 0.02
+TIED_FINAL_NORM_GAIN = 8.0
+# A greedy continuation with fewer distinct tokens is degenerate: the variant is rejected.
+MIN_DISTINCT_TOKENS = 3
+# The training trace: upstream's AdamW (torch defaults: betas (0.9, 0.999), eps 1e-8,
+# weight_decay 0.01) for TRAIN_STEPS steps at TRAIN_LR; the cell defaults (run_spec.h) are
+# 2 steps, lr 1e-3, seed 1234, so a default cell compares every step it runs.
+TRAIN_STEPS = 4
+TRAIN_LR = 1e-3
+TRAIN_SEED = 1234
+
+HERE = Path(__file__).resolve().parent
+HUB_CONFIG_DIR = HERE / "hub_configs"
 
 # Variants come from one module per family in tools/refgen/families/ (a dict VARIANTS of
 # name -> families.Variant); adding a family adds a module there.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(HERE))
 from families import all_variants  # noqa: E402
 
 VARIANTS = all_variants()
@@ -79,38 +113,80 @@ VARIANTS = all_variants()
 
 def generator_params(name):
     """Everything that determines a variant's files; stored in the .done stamp."""
-    return {
+    variant = VARIANTS[name]
+    params = {
         "generator_version": GENERATOR_VERSION,
         "name": name,
-        "variant": VARIANTS[name].stamp(),
+        "variant": variant.stamp(),
         "seed": SEED,
         "prompt_lengths": PROMPT_LENGTHS,
         "max_new_tokens": MAX_NEW_TOKENS,
+        "tied_init": [TIED_EMBED_STD, TIED_FINAL_NORM_GAIN],
+        "training": [TRAIN_STEPS, TRAIN_LR, TRAIN_SEED],
         "transformers": transformers.__version__,
         "torch": torch.__version__,
     }
+    if variant.hub_config is not None:
+        params["hub_config_text"] = (HUB_CONFIG_DIR / variant.hub_config).read_text()
+    return params
+
+
+def hub_config_json(variant):
+    """The published config.json of a hub variant with its scaled fields replaced in place
+    (same key order). A scaled field the file lacks is an error: scaling keeps the file's
+    fields, it never adds one."""
+    raw = json.loads((HUB_CONFIG_DIR / variant.hub_config).read_text())
+    for key, value in variant.config.items():
+        if key not in raw:
+            raise RuntimeError(f"{variant.hub_config}: scaled field {key!r} is not in the file")
+        raw[key] = value
+    return raw
+
+
+def variant_config(variant):
+    """The transformers config of a variant, eager attention. A hub variant's config is read by
+    AutoConfig.from_pretrained from its scaled config.json, as upstream reads a Hub download."""
+    if variant.hub_config is None:
+        # A copy: transformers fills nested dicts (rope_scaling) in place.
+        return variant.config_class(**copy.deepcopy(variant.config), attn_implementation="eager")
+    with tempfile.TemporaryDirectory(prefix="hubcfg-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(hub_config_json(variant), indent=2))
+        config = transformers.AutoConfig.from_pretrained(tmp, attn_implementation="eager")
+    if not isinstance(config, variant.config_class):
+        raise RuntimeError(f"{variant.hub_config} reads as {type(config).__name__}, "
+                           f"not {variant.config_class.__name__}")
+    return config
 
 
 def build_model(variant):
     """A fp32 *ForCausalLM of the variant's family with seeded weights chosen so that adapter
     bugs show."""
-    torch.manual_seed(SEED)
+    torch.manual_seed(SEED if variant.seed is None else variant.seed)
     # Eager attention: the reference semantics (softmax in fp32 over explicit scores).
-    config = variant.config_class(**variant.config, attn_implementation="eager")
+    config = variant_config(variant)
     model = variant.model_class(config).to(torch.float32)
     assert model.config._attn_implementation == "eager"
+    tied = bool(model.config.tie_word_embeddings)
+    embed_std = variant.embed_std if variant.embed_std is not None else (
+        TIED_EMBED_STD if tied else 0.5)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 # Away from the identity: a missing norm must change logits. Norms computing
                 # x * (1 + w) (Gemma) get w around 0, the others w around 1.
                 param.uniform_(-0.5, 0.5) if variant.norm_offset_one else param.uniform_(0.5, 1.5)
+                if tied and name == "model.norm.weight":
+                    # Spreads the tied logits again (the small embeddings shrink them).
+                    if variant.norm_offset_one:
+                        param.copy_((1.0 + param) * TIED_FINAL_NORM_GAIN - 1.0)
+                    else:
+                        param.mul_(TIED_FINAL_NORM_GAIN)
             elif param.dim() == 2 and "embed_tokens" in name:
-                param.normal_(0.0, 0.5)
+                param.normal_(0.0, embed_std)
             elif param.dim() == 2:
                 param.normal_(0.0, param.shape[1] ** -0.5)  # unit-scale activations
             else:
-                param.normal_(0.0, 0.1)  # biases, when a config enables them
+                param.normal_(0.0, 0.1)  # biases, stacked experts
     model.eval()
     return model
 
@@ -122,51 +198,206 @@ def probe_prompts(vocab_size, lengths):
     return [torch.randint(3, vocab_size, (n,), generator=gen, dtype=torch.int64) for n in lengths]
 
 
+def greedy_config(model, cache_implementation=None):
+    """Plain greedy, as the decode gate computes it: argmax at every step for exactly
+    MAX_NEW_TOKENS tokens. No eos stop and no eos suppression (min_new_tokens would mask eos when
+    it is the true argmax, and a fixture would then disagree with plain greedy)."""
+    gen_config = copy.deepcopy(model.generation_config)
+    gen_config.update(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=[],
+                      pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+                      cache_implementation=cache_implementation)
+    return gen_config
+
+
+def logit_spread(a, b):
+    """(max abs diff, mean per-token KL(a || b) in nats) of two [N, V] logit tensors, as the
+    gates compute them (softmax in float64, KL summed over the vocabulary)."""
+    log_p = torch.log_softmax(a.double(), -1)
+    log_q = torch.log_softmax(b.double(), -1)
+    p = log_p.exp()
+    kl = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p)).sum(-1)
+    return (a - b).abs().max().item(), kl.mean().item()
+
+
 @torch.no_grad()
-def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_extra=None):
-    """Writes reference.safetensors and reference.json for `model` (saved in checkpoint_dir)
-    into out_dir.
+def decode_floor(model, ids, new_ids, decode_logits):
+    """Upstream's own spread between its two KV caches: generate with a static (preallocated,
+    masked) cache against the dynamic one's decode logits, over the steps whose tokens agree.
+    Returns (max abs diff, KL summed over those steps, steps)."""
+    batch = ids.unsqueeze(0)
+    out = model.generate(input_ids=batch, attention_mask=torch.ones_like(batch),
+                         generation_config=greedy_config(model, "static"))
+    static_ids = out.sequences[0, ids.numel():]
+    static_logits = torch.stack([step[0] for step in out.logits]).to(torch.float32)
+    agree = static_ids == new_ids
+    # Step k's logits share the prefix when every token before k agreed.
+    n = int(agree.long().cumprod(0).sum().item()) + 1
+    n = min(n, new_ids.numel())
+    max_abs, kl = logit_spread(decode_logits[:n], static_logits[:n])
+    return max_abs, kl * n, n
+
+
+@torch.no_grad()
+def reference_run(model, ids):
+    """Upstream on one prompt ids [T]: (prompt logits [T, V], greedy ids [N], the decode steps'
+    logits [N, V], the teacher-forced continuation logits [N, V]), logits as float32."""
+    batch = ids.unsqueeze(0)
+    mask = torch.ones_like(batch)
+    logits = model(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32)
+    out = model.generate(input_ids=batch, attention_mask=mask, generation_config=greedy_config(model))
+    new_ids = out.sequences[0, ids.numel():].to(torch.int64)
+    if new_ids.numel() != MAX_NEW_TOKENS:
+        raise RuntimeError(f"generate made {new_ids.numel()} tokens, not {MAX_NEW_TOKENS}")
+    decode_logits = torch.stack([step[0] for step in out.logits]).to(torch.float32)
+    seq = out.sequences[0, :-1].unsqueeze(0)
+    forced = model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0]
+    continuation = forced[ids.numel() - 1:].to(torch.float32)
+    return logits, new_ids, decode_logits, continuation
+
+
+def saved_tensors(model, data=None):
+    """The model's tensors named as save_pretrained names its weights (upstream's own save
+    path, which splits fused tensors back into checkpoint keys and leaves out tied aliases).
+    data(param) -> tensor, when given, is saved in place of each parameter's values (the
+    parameters' data is swapped for the save and restored)."""
+    params = list(model.parameters())
+    saved = [p.data for p in params]
+    try:
+        if data is not None:
+            for p in params:
+                p.data = data(p)
+        with tempfile.TemporaryDirectory(prefix="saved-") as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tensors = {}
+            for f in sorted(Path(tmp).glob("*.safetensors")):
+                tensors.update(load_file(str(f)))
+    finally:
+        for p, d in zip(params, saved):
+            p.data = d
+    return tensors
+
+
+def training_trace(checkpoint_dir, model_class, prompts, dtype, **load_kwargs):
+    """Upstream's training steps on the probe prompts (see the module docstring, TRACE).
+    load_kwargs go to from_pretrained (e.g. another experts_implementation)."""
+    model = model_class.from_pretrained(str(checkpoint_dir), dtype=dtype,
+                                        attn_implementation="eager", **load_kwargs)
+    model.train()
+    torch.manual_seed(TRAIN_SEED)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR)
+    usable = [p for p in prompts if p.numel() >= 2]
+    params = list(model.parameters())
+    # Per element, the first step after which it differs from the checkpoint (0: not yet);
+    # named by checkpoint key at the end through one save (a fused tensor's experts may first
+    # change at different steps).
+    initial = [p.detach().clone() for p in params]
+    first = [torch.zeros(p.shape, dtype=torch.float32) for p in params]
+    losses, grad_norms, grad_sums = [], {}, {}
+    for step in range(1, TRAIN_STEPS + 1):
+        ids = usable[(step - 1) % len(usable)]
+        optimizer.zero_grad()
+        logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
+        loss.backward()
+        losses.append(loss.item())
+        if step == 1:
+            missing = [n for n, p in model.named_parameters() if p.grad is None]
+            if missing:
+                raise RuntimeError(f"upstream left parameters without a gradient: {missing[:5]}")
+            grads = saved_tensors(model, data=lambda p: p.grad)
+            grad_norms = {k: t.to(torch.float64).norm().item() for k, t in sorted(grads.items())}
+            grad_sums = {k: t.to(torch.float64).sum().item() for k, t in sorted(grads.items())}
+        optimizer.step()
+        with torch.no_grad():
+            for p, p0, f in zip(params, initial, first):
+                f.masked_fill_((f == 0) & (p != p0), float(step))
+    index = {id(p): f for p, f in zip(params, first)}
+    steps_by_key = saved_tensors(model, data=lambda p: index[id(p)].to(p.dtype))
+    first_changed = {}
+    for key, f in sorted(steps_by_key.items()):
+        changed = f[f > 0]
+        first_changed[key] = int(changed.min().item()) if changed.numel() else None
+    return {"losses": losses, "grad_norms": grad_norms, "grad_sums": grad_sums,
+            "trainable": sorted(grad_norms),
+            "first_changed_step": dict(sorted(first_changed.items()))}
+
+
+# Upstream's other implementations of the same math, whose spread against the default is the
+# training floor (FLOOR in the module docstring): MoE experts as a plain loop and as batched
+# matmuls beside the default grouped_mm. Dense models have no alternative: floor 0.
+EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm")
+
+
+def training_floor(checkpoint_dir, model_class, prompts, dtype, trace):
+    """Upstream's own spread in training: the trace made again with each other implementation,
+    against `trace` (max relative step-1 gradient-norm difference over the keys, and max
+    relative loss difference per step)."""
+    config = transformers.AutoConfig.from_pretrained(str(checkpoint_dir))
+    if not getattr(config, "num_experts", None):
+        return {"implementations": [], "grad_norm_rel": 0.0, "loss_rel": [0.0] * TRAIN_STEPS}
+    grad_rel, loss_rel = 0.0, [0.0] * TRAIN_STEPS
+    for impl in EXPERTS_IMPLEMENTATIONS:
+        alt = training_trace(checkpoint_dir, model_class, prompts, dtype, experts_implementation=impl)
+        for key, norm in trace["grad_norms"].items():
+            grad_rel = max(grad_rel, abs(alt["grad_norms"][key] - norm) / abs(norm) if norm else 0.0)
+        for i, (a, b) in enumerate(zip(alt["losses"], trace["losses"])):
+            loss_rel[i] = max(loss_rel[i], abs(a - b) / abs(b))
+    return {"implementations": [f"experts_implementation={i}" for i in EXPERTS_IMPLEMENTATIONS],
+            "grad_norm_rel": grad_rel, "loss_rel": loss_rel}
+
+
+def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_extra=None,
+                   min_distinct=MIN_DISTINCT_TOKENS):
+    """Writes reference.safetensors and reference.json (the bundle of the module docstring) for
+    `model` (fp32, saved in checkpoint_dir) into out_dir.
 
     prompts: token id tensors [T] (int64). describe(i, new_ids) -> dict, when given, is stored
     as reference.json "prompts"[i] (e.g. the prompt text and upstream's decoded continuation,
-    which the decode gate shows). meta_extra: more reference.json fields."""
+    which the decode gate shows). meta_extra: more reference.json fields. A greedy continuation
+    with fewer than min_distinct distinct tokens raises (None: no check)."""
     tensors = {}
     described = []
+    distinct = {"fp32": [], "bf16": []}
     # The bf16 reference: the checkpoint loaded as upstream loads it in bf16 (weights in bf16,
     # RoPE inv_freq buffers kept in fp32; a plain .to(bfloat16) would round those too), computed
     # in bf16. A bf16 cell is compared with this: bf16 rounding alone moves the top-1 of
     # near-tied logits.
     model_bf16 = type(model).from_pretrained(str(checkpoint_dir), dtype=torch.bfloat16,
                                              attn_implementation="eager").eval()
+    floor = {"fp32": [0.0, 0.0, 0], "bf16": [0.0, 0.0, 0]}  # max abs, KL sum, steps
     for i, ids in enumerate(prompts):
-        batch = ids.unsqueeze(0)
-        mask = torch.ones_like(batch)
-        logits = model(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32)
-        # Plain greedy, as the decode gate computes it: argmax at every step for exactly
-        # MAX_NEW_TOKENS tokens. No eos stop and no eos suppression (min_new_tokens would mask
-        # eos when it is the true argmax, and a fixture would then disagree with plain greedy).
-        gen_config = copy.deepcopy(model.generation_config)
-        gen_config.update(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=[],
-                          pad_token_id=0)
-        out = model.generate(input_ids=batch, attention_mask=mask, generation_config=gen_config)
-        new_ids = out[0, ids.numel():]
-        if new_ids.numel() != MAX_NEW_TOKENS:
-            raise RuntimeError(f"prompt {i}: generate made {new_ids.numel()} tokens, not {MAX_NEW_TOKENS}")
         tensors[f"prompts.{i}.input_ids"] = ids.contiguous()
-        tensors[f"prompts.{i}.logits"] = logits.contiguous()
-        tensors[f"prompts.{i}.logits_bf16"] = (
-            model_bf16(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32).contiguous())
-        tensors[f"prompts.{i}.greedy_ids"] = new_ids.to(torch.int64).contiguous()
-        # The bf16 decode reference: the same plain greedy with the bf16 model.
-        out_bf16 = model_bf16.generate(input_ids=batch, attention_mask=mask,
-                                       generation_config=gen_config)
-        tensors[f"prompts.{i}.greedy_ids_bf16"] = out_bf16[0, ids.numel():].to(torch.int64).contiguous()
-        if describe is not None:
-            described.append(describe(i, new_ids))
+        for precision, m, suffix in (("fp32", model, ""), ("bf16", model_bf16, "_bf16")):
+            logits, new_ids, decode_logits, continuation = reference_run(m, ids)
+            max_abs, kl_sum, steps = decode_floor(m, ids, new_ids, decode_logits)
+            acc = floor[precision]
+            acc[0], acc[1], acc[2] = max(acc[0], max_abs), acc[1] + kl_sum, acc[2] + steps
+            tensors[f"prompts.{i}.logits{suffix}"] = logits.contiguous()
+            tensors[f"prompts.{i}.greedy_ids{suffix}"] = new_ids.contiguous()
+            tensors[f"prompts.{i}.decode_logits{suffix}"] = decode_logits.contiguous()
+            tensors[f"prompts.{i}.continuation_logits{suffix}"] = continuation.contiguous()
+            distinct[precision].append(len(set(new_ids.tolist())))
+            if precision == "fp32" and describe is not None:
+                described.append(describe(i, new_ids))
+    if min_distinct is not None:
+        bad = [f"{prec} prompt {i}: {n} distinct token(s)" for prec, counts in distinct.items()
+               for i, n in enumerate(counts) if n < min_distinct]
+        if bad:
+            raise RuntimeError("degenerate greedy continuation (a decode bug could hide behind a "
+                               f"repeated token; change the variant's seed or init): {bad}")
+    training = {"steps": TRAIN_STEPS, "lr": TRAIN_LR, "seed": TRAIN_SEED,
+                "optimizer": "torch.optim.AdamW(betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)",
+                "batch": "step s: prompt (s-1) mod P; inputs ids[:-1], labels ids[1:], mean "
+                         "cross-entropy over fp32 logits",
+                }
+    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        trace = training_trace(checkpoint_dir, type(model), prompts, dtype)
+        trace["floor"] = training_floor(checkpoint_dir, type(model), prompts, dtype, trace)
+        training[precision] = trace
     out_dir.mkdir(parents=True)
     save_file(tensors, str(out_dir / "reference.safetensors"))
     meta = {
-        "format": "gatehouse-reference/1",
+        "format": REFERENCE_FORMAT,
         "num_prompts": len(prompts),
         "dtype": "float32",
         "max_new_tokens": MAX_NEW_TOKENS,
@@ -174,9 +405,19 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         "torch": torch.__version__,
         "model_type": model.config.model_type,
         "seed": SEED,
-        # Where the forwards ran: bf16 near-ties move with the kernels, and the inference gate
-        # reads a bf16 bundle from another device kind with its cross-device top-1 bar.
+        # Where the forwards ran: bf16 near-ties move with the kernels, and the gates choose
+        # their bars by the pair (bundle device, run device); on the CPU also by the kernel
+        # family torch dispatched to.
         "device": next(model.parameters()).device.type,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "num_threads": torch.get_num_threads(),
+        "continuation_distinct_tokens": distinct,
+        "decode_floor": {
+            precision: {"max_abs_diff": acc[0], "kl_mean": acc[1] / max(acc[2], 1), "steps": acc[2],
+                        "method": "generate with cache_implementation='static' against the "
+                                  "dynamic cache's decode_logits, over steps whose tokens agree"}
+            for precision, acc in floor.items()},
+        "training": training,
     }
     if describe is not None:
         meta["prompts"] = described
@@ -206,12 +447,22 @@ def make_variant(out_root, name):
     if variant.max_shard_size is not None:
         save_kwargs["max_shard_size"] = variant.max_shard_size
     model.save_pretrained(str(tmp / "checkpoint"), **save_kwargs)
+    if variant.hub_config is not None and variant.hub_form:
+        # The config.json a Hub download holds, not save_pretrained's rewrite of it.
+        (tmp / "checkpoint" / "config.json").write_text(
+            json.dumps(hub_config_json(variant), indent=2) + "\n")
     if variant.max_shard_size is not None:
         shards = sorted((tmp / "checkpoint").glob("model-*.safetensors"))
         if len(shards) < 2 or not (tmp / "checkpoint" / "model.safetensors.index.json").is_file():
             raise RuntimeError(f"{name}: expected >= 2 shards and an index, got {[s.name for s in shards]}")
     prompts = probe_prompts(model.config.vocab_size, variant.prompt_lengths or PROMPT_LENGTHS)
-    make_reference(model, tmp / "checkpoint", tmp / "reference", prompts)
+    # Upstream as a user runs it: from_pretrained of the directory as written.
+    upstream = variant.model_class.from_pretrained(str(tmp / "checkpoint"), dtype=torch.float32,
+                                                   attn_implementation="eager").eval()
+    try:
+        make_reference(upstream, tmp / "checkpoint", tmp / "reference", prompts)
+    except RuntimeError as e:
+        raise RuntimeError(f"variant {name}: {e}") from e
     (tmp / ".done").write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
 
     shutil.rmtree(final, ignore_errors=True)

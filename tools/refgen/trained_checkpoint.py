@@ -75,7 +75,7 @@ LICENCE = "Apache-2.0 (wheel LICENSE file; SmolLM2 itself is Apache-2.0)"
 
 NAME = "smollm2-135m-instruct"
 # Bump when the output of this script changes for the same inputs.
-GENERATOR_VERSION = 2  # 2: greedy_ids_bf16 in the reference
+GENERATOR_VERSION = 4  # 4: reference format 2 (decode logits, training trace, gradient sums)
 
 # Probe prompts: (kind, text); "chat" goes through the tokenizer's chat template. The third is
 # a longer plain text (written for this fixture) so that positions past 200 are probed too.

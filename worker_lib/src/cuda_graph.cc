@@ -148,18 +148,35 @@ Result<std::unique_ptr<CudaGraphDecoder>> CudaGraphDecoder::Create(CausalLM& mod
 
 Result<torch::Tensor> CudaGraphDecoder::Generate(const torch::Tensor& prompts,
                                                  int64_t max_new_tokens, double* ms_per_token) {
+  return Decode(prompts, max_new_tokens, torch::Tensor(), ms_per_token);
+}
+
+Result<torch::Tensor> CudaGraphDecoder::ForcedLogits(const torch::Tensor& prompts,
+                                                     const torch::Tensor& forced) {
+  if (forced.dim() != 2 || forced.size(0) != batch_ || forced.size(1) < 1 ||
+      forced.scalar_type() != torch::kLong) {
+    return Status::InvalidArgument("forced must be int64 [" + std::to_string(batch_) +
+                                   ", N >= 1], got " +
+                                   std::string(c10::toString(forced.scalar_type())) + " with " +
+                                   std::to_string(forced.dim()) + " dims");
+  }
+  return Decode(prompts, forced.size(1), forced, nullptr);
+}
+
+Result<torch::Tensor> CudaGraphDecoder::Decode(const torch::Tensor& prompts, int64_t n,
+                                               const torch::Tensor& forced, double* ms_per_token) {
   if (prompts.dim() != 2 || prompts.size(0) != batch_ || prompts.scalar_type() != torch::kLong) {
     return Status::InvalidArgument("prompts must be int64 [" + std::to_string(batch_) +
                                    ", T], got " + std::string(c10::toString(prompts.scalar_type())) +
                                    " with " + std::to_string(prompts.dim()) + " dims");
   }
   const int64_t t = prompts.size(1);
-  if (t < 1 || max_new_tokens < 1 || t + max_new_tokens > cache_->max_len()) {
+  if (t < 1 || n < 1 || t + n > cache_->max_len()) {
     return Status::InvalidArgument("prompt of " + std::to_string(t) + " tokens + " +
-                                   std::to_string(max_new_tokens) +
-                                   " new ones does not fit the cache of " +
+                                   std::to_string(n) + " new ones does not fit the cache of " +
                                    std::to_string(cache_->max_len()));
   }
+  const bool teacher_forced = forced.defined();
   try {
     torch::NoGradGuard no_grad;
     const torch::Device device = tokens_.device();
@@ -169,22 +186,24 @@ Result<torch::Tensor> CudaGraphDecoder::Generate(const torch::Tensor& prompts,
     cache_->Reset();
     const torch::Tensor positions = torch::arange(t, long_opts).unsqueeze(0).expand({batch_, t});
     torch::Tensor logits = model_->Forward(prompts.to(device), positions.contiguous(), cache_.get());
-    torch::Tensor next = logits.select(1, t - 1).argmax(-1);  // [B]
-    std::vector<torch::Tensor> ids{next};
+    const torch::Tensor feed = teacher_forced ? forced.to(device) : torch::Tensor();
+    std::vector<torch::Tensor> out;  // ids [B] per step, or logits [B, V] on the CPU
+    torch::Tensor last = logits.select(1, t - 1);
+    torch::Tensor next = last.argmax(-1);  // [B]
+    out.push_back(teacher_forced ? last.to(torch::kFloat).cpu() : next);
     torch::cuda::synchronize(device.index());
     const double t0 = NowMs();
-    for (int64_t step = 1; step < max_new_tokens; ++step) {
-      tokens_.copy_(next.view({batch_, 1}));
+    for (int64_t step = 1; step < n; ++step) {
+      tokens_.copy_(teacher_forced ? feed.slice(1, step - 1, step) : next.view({batch_, 1}));
       positions_.fill_(t + step - 1);
       graph_->graph.replay();
-      next = logits_.select(1, 0).argmax(-1);
-      ids.push_back(next);
+      last = logits_.select(1, 0);
+      next = last.argmax(-1);
+      out.push_back(teacher_forced ? last.to(torch::kFloat).cpu() : next);
     }
     torch::cuda::synchronize(device.index());
-    if (ms_per_token != nullptr) {
-      *ms_per_token = max_new_tokens > 1 ? (NowMs() - t0) / double(max_new_tokens - 1) : 0.0;
-    }
-    return torch::stack(ids, 1).cpu();
+    if (ms_per_token != nullptr) *ms_per_token = n > 1 ? (NowMs() - t0) / double(n - 1) : 0.0;
+    return teacher_forced ? torch::stack(out, 1) : torch::stack(out, 1).cpu();
   } catch (const c10::Error& e) {
     return Status::Internal(std::string("CUDA-graph decode: ") + e.what_without_backtrace());
   }

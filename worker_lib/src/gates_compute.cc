@@ -1,13 +1,20 @@
-// The numerical gates: inference (logits vs reference), decode (greedy with KV cache),
-// training (gradients and optimizer steps). DESIGN.md "Phases";
-// thresholds and reductions from GATES-NOTES.md "Comparing logits".
+// The numerical gates: inference (logits vs reference), decode (KV-cached decode: step logits
+// and greedy ids), training (gradients, losses and optimizer steps against upstream's trace).
+// DESIGN.md "Phases"; the bars are bars.h's (docs/bars.md); reductions from GATES-NOTES.md
+// "Comparing logits".
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
+#include <set>
+#include <unordered_map>
 
+#include "gatehouse/worker/adamw.h"
+#include "gatehouse/worker/bars.h"
 #include "gatehouse/worker/detokenizer.h"
 #include "gatehouse/worker/gates.h"
 #include "gates_internal.h"
@@ -23,29 +30,25 @@ using internal::ShapeString;
 
 namespace {
 
-// A bf16 bundle made on one device kind and read by a run on another (reference.json "device";
-// "cpu" when absent: tools/refgen runs its forwards on the CPU). bf16 near-ties move with the
-// kernels: transformers itself, bf16 on an H200 against its own CPU bf16 bundle, scored top-1
-// 98.24-100% and KL <= 3.8e-5 nats on the nine tiny fixtures (tools/gpu/upstream_floor.py,
-// 2026-11-30), and the worker scored the same figures to four digits there. For such a pair the
-// top-1 bar is 97%; the KL bar stays.
-constexpr double kCrossDeviceBf16Top1AtLeast = 97.0;
-
-// Decode, for the same pair: one moved near-tie changes the rest of a greedy continuation
-// (qwen3-tiny bf16 on the H200 matched 81/96 tokens of its CPU bf16 bundle, diverging at one
-// position). A prompt may diverge once where our log-probabilities of our token and the
-// reference's token differ by at most this much; later tokens of that prompt are not compared
-// (vLLM's model tests treat greedy divergence the same way: check_logprobs_close).
-constexpr double kCrossDeviceTieGapNats = 0.1;
-
-/// Where the bundle's forwards ran: reference.json "device", "cpu" when absent (tools/refgen
-/// runs on the CPU).
-std::string ReferenceDevice(const ReferenceBundle& ref) {
-  const auto it = ref.meta.find("device");
-  return it != ref.meta.end() && it->is_string() ? it->get<std::string>() : std::string("cpu");
-}
+// Where the bars allow our logits to differ from upstream's, one moved near-tie changes the rest
+// of a greedy continuation (qwen3-tiny bf16 on an H200 matched 81/96 tokens of its CPU bf16
+// bundle, diverging at one position). A prompt may diverge once where our log-probabilities of
+// our token and the reference's token differ by at most twice the decode-step max-abs bar (a
+// flip the allowed logit difference can cause), or by kNearTieGapNats where there is no max-abs
+// bar; later tokens of that prompt are not compared (vLLM's model tests treat greedy divergence
+// the same way: check_logprobs_close). The step logits are compared along upstream's tokens
+// whatever the ids do.
+constexpr double kNearTieGapNats = 0.1;
 
 std::string DeviceKind(const torch::Device& device) { return device.is_cuda() ? "cuda" : "cpu"; }
+
+ComparisonSite SiteOf(const GateContext& ctx, const ReferenceBundle& ref) {
+  ComparisonSite site{ctx.spec.precision, ref.device, DeviceKind(ctx.device), ref.cpu_capability,
+                      CpuCapability()};
+  site.reference_threads = ref.num_threads;
+  site.run_threads = ctx.device.is_cuda() ? 0 : torch::get_num_threads();
+  return site;
+}
 
 std::string IdsString(const torch::Tensor& ids) {
   const torch::Tensor c = ids.to(torch::kLong).cpu().contiguous();
@@ -53,6 +56,46 @@ std::string IdsString(const torch::Tensor& ids) {
   std::string s = "[";
   for (int64_t i = 0; i < c.numel(); ++i) s += (i ? ", " : "") + std::to_string(p[i]);
   return s + "]";
+}
+
+int64_t DistinctTokens(const torch::Tensor& ids) {
+  return std::get<0>(at::_unique(ids.to(torch::kLong).cpu())).numel();
+}
+
+/// The bars as figures ("<prefix>bar_max_abs_diff", ...).
+void BarFigures(GateOutcome& out, const std::string& prefix, const LogitBars& bars) {
+  out.Real(prefix + "bar_max_abs_diff", bars.max_abs_diff, "logits");
+  out.Real(prefix + "bar_kl_mean", bars.kl_mean, "nats");
+  out.Real(prefix + "bar_top1_agreement", bars.top1_percent, "percent");
+}
+
+/// The comparison's figures ("<prefix>kl_mean", ...).
+void ComparisonFigures(GateOutcome& out, const std::string& prefix, const LogitComparison& cmp) {
+  out.Real(prefix + "max_abs_diff", cmp.max_abs_diff(), "logits");
+  out.Real(prefix + "kl_mean", cmp.kl_mean(), "nats");
+  out.Real(prefix + "kl_max", cmp.kl_max(), "nats");
+  out.Real(prefix + "top1_agreement", cmp.top1_agreement_percent(), "percent");
+  out.Real(prefix + "mean_abs_diff", cmp.mean_abs_diff(), "logits");
+}
+
+/// What of `cmp` misses `bars`, each naming the figure, its value and the bar; empty when all
+/// pass (NaN never passes).
+std::vector<std::string> Misses(const LogitComparison& cmp, const LogitBars& bars,
+                                const std::string& what) {
+  std::vector<std::string> out;
+  if (!(cmp.max_abs_diff() <= bars.max_abs_diff)) {
+    out.push_back(what + "max_abs_diff " + Num(cmp.max_abs_diff()) + " logits exceeds the bar " +
+                  Num(bars.max_abs_diff));
+  }
+  if (!(cmp.kl_mean() <= bars.kl_mean)) {
+    out.push_back(what + "kl_mean " + Num(cmp.kl_mean()) + " nats exceeds the bar " +
+                  Num(bars.kl_mean));
+  }
+  if (!(cmp.top1_agreement_percent() >= bars.top1_percent)) {
+    out.push_back(what + "top1_agreement " + Num(cmp.top1_agreement_percent()) +
+                  "% is below the bar " + Num(bars.top1_percent) + "%");
+  }
+  return out;
 }
 
 }  // namespace
@@ -113,11 +156,6 @@ double LogitComparison::mean_abs_diff() const {
                    : std::numeric_limits<double>::quiet_NaN();
 }
 
-InferenceThresholds ThresholdsFor(std::string_view precision) {
-  if (precision == "bf16") return {1e-3, 99.0};
-  return {1e-6, 100.0};
-}
-
 // --- inference -----------------------------------------------------------------------------
 
 GateOutcome InferenceGate(GateContext& ctx) {
@@ -125,12 +163,13 @@ GateOutcome InferenceGate(GateContext& ctx) {
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
   CausalLM& model = *ctx.model;
   const ReferenceBundle& ref = *ctx.reference;
+  const internal::ReferenceThreads threads(ctx, ref);
   model.eval();
   torch::NoGradGuard no_grad;
-  // The verdict compares like with like: in bf16 against upstream's own bf16 run when the
-  // bundle has one (bf16 rounding alone moves a random model's top-1 on near-ties), else
-  // against the fp32 reference. The fp32 comparison is always reported.
-  const bool bf16_reference = ctx.spec.precision == "bf16" && ref.has_bf16();
+  // The verdict compares like with like: a bf16 cell against upstream's own bf16 run (bf16
+  // rounding alone moves a random model's top-1 on near-ties). The fp32 comparison of a bf16
+  // cell is reported beside it.
+  const bool bf16 = ctx.spec.precision == "bf16";
   LogitComparison cmp, vs_fp32;
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const ReferencePrompt& p = ref.prompts[i];
@@ -145,45 +184,29 @@ GateOutcome InferenceGate(GateContext& ctx) {
                           ", " + std::to_string(ref.vocab_size) + "] (reference vocabulary)");
     }
     const torch::Tensor ours = logits[0].to(torch::kFloat);
-    cmp.Add(bf16_reference ? p.logits_bf16 : p.logits, ours);
-    if (bf16_reference) vs_fp32.Add(p.logits, ours);
+    cmp.Add(p.For(ctx.spec.precision).logits, ours);
+    if (bf16) vs_fp32.Add(p.fp32.logits, ours);
   }
-  InferenceThresholds thr = ThresholdsFor(ctx.spec.precision);
-  const std::string ref_device = ReferenceDevice(ref);
-  const std::string run_device = DeviceKind(ctx.device);
-  const bool cross_device = bf16_reference && ref_device != run_device;
-  if (cross_device) thr.top1_at_least = std::min(thr.top1_at_least, kCrossDeviceBf16Top1AtLeast);
-  out.Text("reference", bf16_reference ? "transformers bf16 forward (same precision)"
-                                       : "transformers fp32 forward");
-  out.Text("reference_device", ref_device);
-  out.Real("kl_mean", cmp.kl_mean(), "nats");
-  out.Real("kl_max", cmp.kl_max(), "nats");
-  out.Real("top1_agreement", cmp.top1_agreement_percent(), "percent");
-  out.Real("max_abs_diff", cmp.max_abs_diff(), "logits");
-  out.Real("mean_abs_diff", cmp.mean_abs_diff(), "logits");
-  if (bf16_reference) {
+  const ComparisonSite site = SiteOf(ctx, ref);
+  const LogitBars bars = LogitBarsFor(site);
+  out.Text("reference", bf16 ? "transformers bf16 forward (same precision)"
+                             : "transformers fp32 forward");
+  out.Text("site", site.Describe());
+  ComparisonFigures(out, "", cmp);
+  if (bf16) {
     out.Real("kl_mean_vs_fp32", vs_fp32.kl_mean(), "nats");
     out.Real("top1_agreement_vs_fp32", vs_fp32.top1_agreement_percent(), "percent");
     out.Real("max_abs_diff_vs_fp32", vs_fp32.max_abs_diff(), "logits");
   }
   out.Count("tokens_compared", cmp.tokens());
   out.Count("prompts", static_cast<int64_t>(ref.prompts.size()));
-  const std::string precision_label =
-      ctx.spec.precision +
-      (cross_device ? " (reference made on " + ref_device + ", run on " + run_device + ")" : "");
-  out.Text("thresholds", precision_label + ": kl_mean < " + Num(thr.kl_mean_below) +
-                             " nats, top1_agreement >= " + Num(thr.top1_at_least) + "%");
-
-  std::vector<std::string> failed;
-  if (!(cmp.kl_mean() < thr.kl_mean_below)) {
-    failed.push_back("kl_mean " + Num(cmp.kl_mean()) + " nats is not below the " +
-                     ctx.spec.precision + " threshold " + Num(thr.kl_mean_below));
+  BarFigures(out, "", bars);
+  out.Text("bars", bars.basis);
+  const std::vector<std::string> missed = Misses(cmp, bars, "");
+  if (!missed.empty()) {
+    return out.Fail(FailureClass::kAdapterContract,
+                    JoinFew(missed) + " (" + site.Describe() + "; " + bars.basis + ")");
   }
-  if (!(cmp.top1_agreement_percent() >= thr.top1_at_least)) {
-    failed.push_back("top1_agreement " + Num(cmp.top1_agreement_percent()) + "% is below the " +
-                     precision_label + " threshold " + Num(thr.top1_at_least) + "%");
-  }
-  if (!failed.empty()) return out.Fail(FailureClass::kAdapterContract, JoinFew(failed));
   return out;
 }
 
@@ -216,36 +239,50 @@ torch::Tensor GreedyDecode(CausalLM& model, const torch::Tensor& prompt, int64_t
   return torch::tensor(ids, torch::kLong);
 }
 
+torch::Tensor ForcedDecodeLogits(CausalLM& model, const torch::Tensor& prompt,
+                                 const torch::Tensor& forced, torch::Device device) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  const int64_t t = prompt.size(0), n = forced.size(0);
+  std::unique_ptr<KVCache> cache = model.NewKVCache(1, t + n);
+  const torch::Tensor tokens = forced.to(torch::kLong).to(device);
+  std::vector<torch::Tensor> rows;
+  rows.reserve(static_cast<size_t>(n));
+  torch::Tensor logits =
+      model.Forward(prompt.unsqueeze(0).to(device), Positions(0, t, device), cache.get());
+  rows.push_back(logits.select(0, 0).select(0, -1).to(torch::kFloat).cpu());
+  for (int64_t step = 1; step < n; ++step) {
+    logits = model.Forward(tokens.slice(0, step - 1, step).view({1, 1}),
+                           Positions(t + step - 1, 1, device), cache.get());
+    rows.push_back(logits.select(0, 0).select(0, -1).to(torch::kFloat).cpu());
+  }
+  return torch::stack(rows);
+}
+
 GateOutcome DecodeGate(GateContext& ctx) {
   GateOutcome out;
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
   const ReferenceBundle& ref = *ctx.reference;
+  const internal::ReferenceThreads threads(ctx, ref);
   const int64_t n = ctx.spec.decode.max_new_tokens;
-  // Like with like, as the inference gate: a bf16 cell decodes against upstream's own bf16
-  // greedy run when the bundle has one (bf16 rounding moves near-tied argmaxes, and one moved
-  // token changes the rest of the continuation), else against the fp32 run.
-  const bool bf16_greedy = ctx.spec.precision == "bf16" && ref.has_bf16_greedy();
-  auto greedy_of = [bf16_greedy](const ReferencePrompt& p) -> const torch::Tensor& {
-    return bf16_greedy ? p.greedy_ids_bf16 : p.greedy_ids;
-  };
-  out.Text("reference", bf16_greedy ? "transformers bf16 greedy (same precision)"
-                                    : "transformers fp32 greedy");
-  const std::string ref_device = ReferenceDevice(ref);
-  const bool cross_device = bf16_greedy && ref_device != DeviceKind(ctx.device);
-  if (cross_device) {
-    out.Text("comparison", "bf16, reference made on " + ref_device + ", run on " +
-                               DeviceKind(ctx.device) + ": a prompt may diverge once at a " +
-                               "near-tie (log-prob gap <= " + Num(kCrossDeviceTieGapNats) +
-                               " nats); its later tokens are not compared");
-  }
+  const std::string& precision = ctx.spec.precision;
+  // Like with like, as the inference gate: a bf16 cell decodes against upstream's bf16 run.
+  out.Text("reference", precision == "bf16" ? "transformers bf16 decode (same precision)"
+                                            : "transformers fp32 decode");
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
-    const int64_t have = greedy_of(ref.prompts[i]).size(0);
+    const int64_t have = ref.prompts[i].For(precision).greedy_ids.size(0);
     if (have < n) {
       return out.Unknown("reference prompt " + std::to_string(i) + " has " +
                          std::to_string(have) + " greedy ids; the cell decodes " +
                          std::to_string(n));
     }
   }
+  const ComparisonSite site = SiteOf(ctx, ref);
+  const DecodeFloor& floor = ref.DecodeFloorFor(precision);
+  const LogitBars bars = DecodeStepBars(LogitBarsFor(site, LogitKind::kDecodeSteps),
+                                        floor.max_abs_diff, floor.kl_mean);
+  out.Text("site", site.Describe());
+  out.Real("upstream_cache_floor_max_abs_diff", floor.max_abs_diff, "logits");
   // Text: ours through the checkpoint's tokenizer.json when there is one we can read, and the
   // prompt and upstream continuation when refgen stored them (reference.json "prompts"[i]).
   Result<Detokenizer> detok =
@@ -263,6 +300,47 @@ GateOutcome DecodeGate(GateContext& ctx) {
     if (it == (*prompts)[i].end() || !it->is_string()) return std::nullopt;
     return it->get<std::string>();
   };
+
+  // 1. Step logits along upstream's tokens (a decode-path bug shows here even when the argmax
+  //    holds, e.g. on a continuation that repeats a token).
+  LogitComparison vs_decode, vs_continuation, upstream_self;
+  int64_t distinct_min = std::numeric_limits<int64_t>::max();
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    const ReferencePrompt& p = ref.prompts[i];
+    const ReferenceRun& run = p.For(precision);
+    const torch::Tensor forced = run.greedy_ids.slice(0, 0, n);
+    const torch::Tensor steps = ForcedDecodeLogits(*ctx.model, p.input_ids, forced, ctx.device);
+    if (steps.dim() != 2 || steps.size(1) != ref.vocab_size) {
+      return out.Fail(FailureClass::kAdapterContract,
+                      "prompt " + std::to_string(i) + ": decode steps returned logits " +
+                          ShapeString(steps.sizes()) + ", expected [" + std::to_string(n) + ", " +
+                          std::to_string(ref.vocab_size) + "]");
+    }
+    vs_decode.Add(run.decode_logits.slice(0, 0, n), steps);
+    vs_continuation.Add(run.continuation_logits.slice(0, 0, n), steps);
+    upstream_self.Add(run.continuation_logits.slice(0, 0, n), run.decode_logits.slice(0, 0, n));
+    const int64_t distinct = DistinctTokens(forced);
+    distinct_min = std::min(distinct_min, distinct);
+    out.Count("reference_distinct_tokens_prompt_" + std::to_string(i), distinct);
+  }
+  // Upstream's own cached decode differs from its teacher-forced forward (other matmul shapes):
+  // ours is held to the site's bars plus that spread against the teacher-forced logits.
+  LogitBars continuation_bars = bars;
+  continuation_bars.max_abs_diff += upstream_self.max_abs_diff();
+  continuation_bars.kl_mean += upstream_self.kl_mean();
+  continuation_bars.top1_percent =
+      std::min(bars.top1_percent, upstream_self.top1_agreement_percent());
+  ComparisonFigures(out, "steps_", vs_decode);
+  BarFigures(out, "steps_", bars);
+  ComparisonFigures(out, "continuation_", vs_continuation);
+  BarFigures(out, "continuation_", continuation_bars);
+  out.Real("upstream_cached_vs_forced_max_abs_diff", upstream_self.max_abs_diff(), "logits");
+  out.Count("steps_compared", vs_decode.tokens());
+  out.Count("reference_distinct_tokens_min", distinct_min);
+  out.Text("bars", bars.basis);
+
+  // 2. Free greedy decode: ids and text.
+  const double tie_gap = std::isinf(bars.max_abs_diff) ? kNearTieGapNats : 2 * bars.max_abs_diff;
   int64_t matched = 0, total = 0, texts_compared = 0, texts_equal = 0, tie_divergences = 0;
   double ms_sum = 0;
   std::string first_mismatch;
@@ -273,7 +351,7 @@ GateOutcome DecodeGate(GateContext& ctx) {
     double ms = 0;
     const torch::Tensor ours = GreedyDecode(*ctx.model, p.input_ids, n, ctx.device, &ms);
     ms_sum += ms;
-    const torch::Tensor want = greedy_of(p).slice(0, 0, n);
+    const torch::Tensor want = p.For(precision).greedy_ids.slice(0, 0, n);
     const torch::Tensor eq = ours == want;
     matched += eq.sum().item<int64_t>();
     total += n;
@@ -283,7 +361,7 @@ GateOutcome DecodeGate(GateContext& ctx) {
                                 ": ours " + std::to_string(ours[j].item<int64_t>()) + " vs ref " +
                                 std::to_string(want[j].item<int64_t>());
       bool tie = false;
-      if (cross_device) {
+      if (tie_gap > 0) {
         // Our log-probabilities at the diverging step, the prompt and our tokens before it fed
         // whole (no cache).
         torch::NoGradGuard no_grad;
@@ -293,7 +371,7 @@ GateOutcome DecodeGate(GateContext& ctx) {
         const torch::Tensor logp = torch::log_softmax(logits[0][-1].to(torch::kDouble), -1).cpu();
         const double gap = std::abs(logp[ours[j].item<int64_t>()].item<double>() -
                                     logp[want[j].item<int64_t>()].item<double>());
-        tie = gap <= kCrossDeviceTieGapNats;
+        tie = gap <= tie_gap;
         ties.push_back(where + ", log-prob gap " + Num(gap) + " nats" +
                        (tie ? " (near-tie)" : " (not a near-tie)"));
         tie_divergences += tie;
@@ -308,14 +386,14 @@ GateOutcome DecodeGate(GateContext& ctx) {
     }
     if (auto text = prompt_meta(i, "text")) out.Text("input_text" + suffix, *text);
     // greedy_text is the fp32 continuation's text.
-    const auto ref_text = bf16_greedy ? std::nullopt : prompt_meta(i, "greedy_text");
+    const auto ref_text = precision == "bf16" ? std::nullopt : prompt_meta(i, "greedy_text");
     if (ref_text) out.Text("reference_text" + suffix, *ref_text);
     if (detok.ok()) {
       const torch::Tensor c = ours.contiguous();
       const std::string text =
           detok->Decode(std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + n));
       out.Text("generated_text" + suffix, text);
-      if (ref_text && n == ref.prompts[i].greedy_ids.size(0)) {
+      if (ref_text && n == p.fp32.greedy_ids.size(0)) {
         ++texts_compared;
         texts_equal += text == *ref_text;
       }
@@ -330,49 +408,149 @@ GateOutcome DecodeGate(GateContext& ctx) {
   out.Count("tokens_total", total);
   out.Text("first_mismatch", first_mismatch.empty() ? "none" : first_mismatch);
   out.Real("ms_per_token", ms_sum / static_cast<double>(ref.prompts.size()), "ms");
-  if (cross_device) {
+  if (tie_gap > 0) {
+    out.Real("near_tie_gap_bar", tie_gap, "nats");
     out.Count("near_tie_divergences", tie_divergences);
     out.Text("divergences", ties.empty() ? "none" : JoinFew(ties));
   }
-  if (cross_device && !mismatch_counts) return out;
-  if (matched != total) {
+
+  std::vector<std::string> failed;
+  if (matched != total && mismatch_counts) {
+    failed.push_back("greedy decode matched " + std::to_string(matched) + "/" +
+                     std::to_string(total) + " reference tokens; first mismatch at " +
+                     first_mismatch + (ties.empty() ? "" : "; divergences: " + JoinFew(ties)));
+  }
+  for (auto& m : Misses(vs_decode, bars, "decode-step logits vs upstream's decode: ")) {
+    failed.push_back(std::move(m));
+  }
+  for (auto& m : Misses(vs_continuation, continuation_bars,
+                        "decode-step logits vs upstream's teacher-forced continuation: ")) {
+    failed.push_back(std::move(m));
+  }
+  if (!failed.empty()) {
     return out.Fail(FailureClass::kAdapterContract,
-                    "greedy decode matched " + std::to_string(matched) + "/" +
-                        std::to_string(total) + " reference tokens; first mismatch at " +
-                        first_mismatch + (cross_device ? "; divergences: " + JoinFew(ties) : ""));
+                    JoinFew(failed) + " (" + site.Describe() + "; " + bars.basis + ")");
   }
   return out;
 }
 
 // --- training ------------------------------------------------------------------------------
 
+namespace {
+
+/// |ours - upstream| / |upstream| (absolute difference when upstream is 0).
+double RelDiff(double ours, double upstream) {
+  const double d = std::abs(ours - upstream);
+  return upstream != 0 ? d / std::abs(upstream) : d;
+}
+
+/// A cheap fingerprint of a tensor's values (sum and sum of squares in float64, and the
+/// element at the middle): equal before and after the steps means the parameter did not change.
+std::array<double, 3> Fingerprint(const torch::Tensor& t) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor d = t.detach().to(torch::kDouble);
+  const torch::Tensor flat = d.reshape({-1});
+  return {d.sum().item<double>(), d.pow(2).sum().item<double>(),
+          flat.numel() ? flat[flat.numel() / 2].item<double>() : 0.0};
+}
+
+}  // namespace
+
 GateOutcome TrainingGate(GateContext& ctx) {
   GateOutcome out;
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
+  if (!ctx.adapter) return out.Unknown("no state-dict adapter from phase load");
   std::vector<const ReferencePrompt*> usable;
   for (const auto& p : ctx.reference->prompts) {
     if (p.input_ids.size(0) >= 2) usable.push_back(&p);
   }
   if (usable.empty()) return out.Unknown("no reference prompt has 2 or more tokens to train on");
+  const internal::ReferenceThreads threads(ctx, *ctx.reference);
+  const TrainingReference& reference = ctx.reference->training;
+  const TrainingTrace& trace = reference.For(ctx.spec.precision);
+  const ComparisonSite site = SiteOf(ctx, *ctx.reference);
+  double floor_loss_rel = 0;
+  for (double l : trace.floor_loss_rel) floor_loss_rel = std::max(floor_loss_rel, l);
+  const TrainingBars bars = TrainingBarsFor(site, trace.floor_grad_norm_rel, floor_loss_rel);
+  out.Real("upstream_floor_grad_norm_rel", trace.floor_grad_norm_rel, "ratio");
+  out.Real("upstream_floor_loss_rel", floor_loss_rel, "ratio");
+  out.Text("site", site.Describe());
+  out.Text("bars", bars.basis);
+  out.Text("reference_optimizer", reference.optimizer);
 
   CausalLM& model = *ctx.model;
   torch::manual_seed(static_cast<uint64_t>(ctx.spec.training.seed));
-  std::vector<ParamGroup> trainable;
-  std::vector<torch::Tensor> params;
-  for (auto& g : UniqueParameters(model)) {
-    if (!g.tensor.requires_grad()) continue;
-    params.push_back(g.tensor);
-    trainable.push_back(std::move(g));
+  const std::vector<ParamGroup> groups = UniqueParameters(model);
+  // The trainable set by checkpoint key, through the adapter's inverse mapping (the names
+  // upstream's trace uses).
+  const HfTensors hf = ToHfTensors(groups, *ctx.adapter);
+  if (!hf.ok()) {
+    return out.Fail(FailureClass::kAdapterContract, "parameters without a checkpoint key: " + hf.Problems());
   }
+  std::unordered_map<std::string, size_t> group_of;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (const auto& n : groups[i].names) group_of.emplace(n, i);
+  }
+  // HF key -> (group, slice along dim 0 or -1).
+  std::map<std::string, std::pair<size_t, int64_t>> key_slot;
+  for (const auto& [key, internal_name] : hf.hf_to_internal) {
+    const auto bracket = internal_name.find('[');
+    const std::string param = internal_name.substr(0, bracket);
+    const int64_t slice =
+        bracket == std::string::npos ? -1 : std::stoll(internal_name.substr(bracket + 1));
+    key_slot.emplace(key, std::pair{group_of.at(param), slice});
+  }
+  std::set<std::string> ours_trainable;
+  for (const auto& [key, slot] : key_slot) {
+    if (groups[slot.first].tensor.requires_grad()) ours_trainable.insert(key);
+  }
+  const std::set<std::string> upstream_trainable(trace.trainable.begin(), trace.trainable.end());
+  std::vector<std::string> set_problems;
+  for (const auto& key : upstream_trainable) {
+    if (ours_trainable.count(key)) continue;
+    set_problems.push_back(key + (key_slot.count(key) ? " (frozen by the adapter)"
+                                                      : " (no parameter of the adapter)"));
+  }
+  for (const auto& key : ours_trainable) {
+    if (!upstream_trainable.count(key)) set_problems.push_back(key + " (upstream does not train it)");
+  }
+  out.Count("trainable_keys", static_cast<int64_t>(ours_trainable.size()));
+  out.Count("upstream_trainable_keys", static_cast<int64_t>(upstream_trainable.size()));
+  if (!set_problems.empty()) {
+    return out.Fail(FailureClass::kAdapterContract,
+                    std::to_string(set_problems.size()) +
+                        " parameter(s) differ from the set upstream trains: " +
+                        JoinFew(set_problems, 10));
+  }
+
+  std::vector<const ParamGroup*> trainable;
+  std::vector<torch::Tensor> params;
+  for (const auto& g : groups) {
+    if (!g.tensor.requires_grad()) continue;
+    trainable.push_back(&g);
+    params.push_back(g.tensor);
+  }
+  // Per checkpoint key, the weight before the steps (a fingerprint; see the end of the gate).
+  auto key_tensor = [&](const std::pair<size_t, int64_t>& slot) {
+    const torch::Tensor& t = groups[slot.first].tensor;
+    return slot.second >= 0 ? t.select(0, slot.second) : t;
+  };
+  std::map<std::string, std::array<double, 3>> before;
+  for (const auto& [key, slot] : key_slot) before[key] = Fingerprint(key_tensor(slot));
   out.Count("trainable_tensors", static_cast<int64_t>(trainable.size()));
   if (trainable.empty()) return out.Fail(FailureClass::kAdapterContract, "no trainable parameter");
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(ctx.spec.training.lr));
+  // Upstream's AdamW, op for op (adamw.h): the trace's later losses depend on its rounding.
+  UpstreamAdamW::Options adamw;
+  adamw.lr = ctx.spec.training.lr;
+  UpstreamAdamW optimizer(params, adamw);
   model.train();
   struct EvalOnExit {
     CausalLM& m;
     ~EvalOnExit() { m.eval(); }
   } eval_on_exit{model};
 
+  const bool same_lr = ctx.spec.training.lr == reference.lr;
+  std::vector<std::string> failed;
   double step_ms_sum = 0;
   for (int64_t step = 1; step <= ctx.spec.training.steps; ++step) {
     const ReferencePrompt& p = *usable[static_cast<size_t>(step - 1) % usable.size()];
@@ -382,7 +560,7 @@ GateOutcome TrainingGate(GateContext& ctx) {
     const torch::Tensor labels = ids.slice(0, 1, t);                    // [T-1]
     SyncDevice(ctx.device);
     const double t0 = NowMsSteady();
-    optimizer.zero_grad();
+    optimizer.ZeroGrad();
     const torch::Tensor logits =
         model.Forward(inputs, Positions(0, t - 1, ctx.device), nullptr).to(torch::kFloat);
     const torch::Tensor loss =
@@ -396,17 +574,17 @@ GateOutcome TrainingGate(GateContext& ctx) {
     double norm_sq = 0;
     {
       torch::NoGradGuard no_grad;
-      for (const auto& g : trainable) {
-        const torch::Tensor grad = g.tensor.grad();
+      for (const ParamGroup* g : trainable) {
+        const torch::Tensor grad = g->tensor.grad();
         if (!grad.defined()) {
-          bad.push_back(g.names[0] + " (no gradient)");
+          bad.push_back(g->names[0] + " (no gradient)");
           continue;
         }
         const torch::Tensor gd = grad.to(torch::kDouble);
         if (!torch::isfinite(gd).all().item<bool>()) {
-          bad.push_back(g.names[0] + " (non-finite gradient)");
+          bad.push_back(g->names[0] + " (non-finite gradient)");
         } else if (!(gd != 0).any().item<bool>()) {
-          bad.push_back(g.names[0] + " (all-zero gradient)");
+          bad.push_back(g->names[0] + " (all-zero gradient)");
         }
         norm_sq += gd.pow(2).sum().item<double>();
       }
@@ -423,11 +601,106 @@ GateOutcome TrainingGate(GateContext& ctx) {
                           " trainable parameters lack a finite nonzero gradient: " +
                           JoinFew(bad, 10));
     }
-    optimizer.step();
+    // Against upstream: the loss of step 1 always (a forward); later steps when the trace holds
+    // them and the cell's lr is the trace's (they depend on the optimizer's updates).
+    if (step <= reference.steps && (step == 1 || same_lr)) {
+      const double want = trace.losses[static_cast<size_t>(step - 1)];
+      const double rel = RelDiff(loss_value, want);
+      const double bar = step == 1 ? bars.first_loss_rel : bars.loss_rel;
+      out.Real("upstream_loss_step_" + k, want, "nats");
+      out.Real("loss_rel_diff_step_" + k, rel, "ratio");
+      if (!(rel <= bar)) {
+        failed.push_back("step " + k + " loss " + Num(loss_value) + " vs upstream " + Num(want) +
+                         " (relative difference " + Num(rel) + " > bar " + Num(bar) + ")");
+      }
+    }
+    if (step == 1) {
+      // Per checkpoint key: the L2 norm of its gradient, and the sum of its elements (the sign
+      // of a gradient is invisible to its norm), against upstream's. The sum's bar is the
+      // norm's, scaled by the largest the sum can be: sqrt(numel) x the norm.
+      torch::NoGradGuard no_grad;
+      double worst = 0, worst_sum = 0;
+      std::string worst_key;
+      std::vector<std::string> off, off_sum;
+      for (const auto& [key, slot] : key_slot) {
+        auto want = trace.grad_norms.find(key);
+        if (want == trace.grad_norms.end()) continue;  // not trainable: the set check says so
+        const torch::Tensor grad = groups[slot.first].tensor.grad();
+        const torch::Tensor g = (slot.second >= 0 ? grad.select(0, slot.second) : grad)
+                                    .to(torch::kDouble);
+        const double norm = g.norm().item<double>();
+        const double rel = RelDiff(norm, want->second);
+        if (rel > worst || worst_key.empty()) {
+          worst = rel;
+          worst_key = key;
+        }
+        if (!(rel <= bars.grad_norm_rel)) {
+          off.push_back(key + " " + Num(norm) + " vs " + Num(want->second));
+        }
+        auto want_sum = trace.grad_sums.find(key);
+        if (want_sum == trace.grad_sums.end()) continue;
+        const double sum = g.sum().item<double>();
+        const double scale = std::sqrt(static_cast<double>(g.numel())) * want->second;
+        const double sum_rel = scale > 0 ? std::abs(sum - want_sum->second) / scale
+                                         : std::abs(sum - want_sum->second);
+        worst_sum = std::max(worst_sum, sum_rel);
+        if (!(sum_rel <= bars.grad_norm_rel)) {
+          off_sum.push_back(key + " " + Num(sum) + " vs " + Num(want_sum->second));
+        }
+      }
+      out.Real("grad_norm_max_rel_diff", worst, "ratio");
+      out.Text("grad_norm_worst_key", worst_key);
+      out.Real("grad_sum_max_rel_diff", worst_sum, "ratio");
+      out.Real("bar_grad_norm_rel", bars.grad_norm_rel, "ratio");
+      if (!off.empty()) {
+        failed.push_back(std::to_string(off.size()) +
+                         " step-1 gradient norm(s) differ from upstream's beyond the bar " +
+                         Num(bars.grad_norm_rel) + ": " + JoinFew(off, 6));
+      }
+      if (!off_sum.empty()) {
+        failed.push_back(std::to_string(off_sum.size()) +
+                         " step-1 gradient sum(s) differ from upstream's beyond the bar " +
+                         Num(bars.grad_norm_rel) + " x sqrt(numel) x norm: " + JoinFew(off_sum, 6));
+      }
+    }
+    optimizer.Step();
     SyncDevice(ctx.device);
     step_ms_sum += NowMsSteady() - t0;
   }
+  out.Real("bar_loss_rel", bars.loss_rel, "ratio");
+  out.Real("bar_first_loss_rel", bars.first_loss_rel, "ratio");
+  if (!same_lr) {
+    out.Text("losses_compared", "step 1 only: the cell's lr " + Num(ctx.spec.training.lr) +
+                                    " is not the trace's " + Num(reference.lr));
+  } else if (ctx.spec.training.steps > reference.steps) {
+    out.Text("losses_compared", "steps 1.." + std::to_string(reference.steps) +
+                                    ": upstream's trace holds no more");
+  }
+  // Every weight upstream's steps changed by this step count must have changed here too (in
+  // bf16 an update below half an ulp rounds away, upstream's too: those are not required).
+  std::vector<std::string> unchanged;
+  int64_t required = 0;
+  for (const auto& [key, slot] : key_slot) {
+    auto first = trace.first_changed_step.find(key);
+    if (first == trace.first_changed_step.end() || first->second < 1 ||
+        first->second > ctx.spec.training.steps) {
+      continue;
+    }
+    ++required;
+    if (Fingerprint(key_tensor(slot)) == before[key]) unchanged.push_back(key);
+  }
+  out.Count("weights_required_to_change", required);
+  out.Count("weights_unchanged", static_cast<int64_t>(unchanged.size()));
+  if (!unchanged.empty()) {
+    failed.push_back(std::to_string(unchanged.size()) +
+                     " weight(s) upstream's steps changed are unchanged after ours: " +
+                     JoinFew(unchanged, 10));
+  }
   out.Real("step_ms", step_ms_sum / static_cast<double>(ctx.spec.training.steps), "ms");
+  if (!failed.empty()) {
+    return out.Fail(FailureClass::kAdapterContract,
+                    JoinFew(failed) + " (" + site.Describe() + "; " + bars.basis + ")");
+  }
   return out;
 }
 

@@ -1,7 +1,9 @@
 // The cuda_graph gate (gates.h CudaGraphGate; GATES-NOTES.md "CUDA graphs": vLLM compares
-// eager and graph decode for exact token equality).
+// eager and graph decode for exact token equality). The graph's step logits, fed upstream's
+// tokens, are also held to the decode gate's bars against upstream's decode logits.
 #include <vector>
 
+#include "gatehouse/worker/bars.h"
 #include "gatehouse/worker/cuda_graph.h"
 #include "gatehouse/worker/gates.h"
 #include "gates_internal.h"
@@ -95,6 +97,40 @@ GateOutcome CudaGraphGate(GateContext& ctx) {
   out.Count("tokens_total", total);
   out.Count("prompts", static_cast<int64_t>(ref.prompts.size()));
 
+  // Step logits through the graph along upstream's tokens, against upstream's decode logits.
+  LogitComparison vs_decode;
+  for (const ReferencePrompt& p : ref.prompts) {
+    const ReferenceRun& run = p.For(ctx.spec.precision);
+    Result<torch::Tensor> steps =
+        (*one)->ForcedLogits(p.input_ids.unsqueeze(0), run.greedy_ids.slice(0, 0, n).unsqueeze(0));
+    if (!steps.ok()) return out.Fail(FailureClass::kNativeRuntime, steps.status().message());
+    vs_decode.Add(run.decode_logits.slice(0, 0, n), steps->select(0, 0));
+  }
+  const ComparisonSite site{ctx.spec.precision, ref.device, "cuda", ref.cpu_capability,
+                            CpuCapability()};
+  const DecodeFloor& floor = ref.DecodeFloorFor(ctx.spec.precision);
+  const LogitBars bars = DecodeStepBars(LogitBarsFor(site, LogitKind::kDecodeSteps),
+                                        floor.max_abs_diff, floor.kl_mean);
+  out.Text("site", site.Describe());
+  out.Real("steps_max_abs_diff", vs_decode.max_abs_diff(), "logits");
+  out.Real("steps_kl_mean", vs_decode.kl_mean(), "nats");
+  out.Real("steps_top1_agreement", vs_decode.top1_agreement_percent(), "percent");
+  out.Real("steps_bar_max_abs_diff", bars.max_abs_diff, "logits");
+  out.Real("steps_bar_kl_mean", bars.kl_mean, "nats");
+  out.Real("steps_bar_top1_agreement", bars.top1_percent, "percent");
+  out.Text("bars", bars.basis);
+  std::vector<std::string> steps_missed;
+  if (!(vs_decode.max_abs_diff() <= bars.max_abs_diff)) {
+    steps_missed.push_back("max_abs_diff " + Num(vs_decode.max_abs_diff()) + " > " + Num(bars.max_abs_diff));
+  }
+  if (!(vs_decode.kl_mean() <= bars.kl_mean)) {
+    steps_missed.push_back("kl_mean " + Num(vs_decode.kl_mean()) + " > " + Num(bars.kl_mean));
+  }
+  if (!(vs_decode.top1_agreement_percent() >= bars.top1_percent)) {
+    steps_missed.push_back("top1_agreement " + Num(vs_decode.top1_agreement_percent()) + "% < " +
+                           Num(bars.top1_percent) + "%");
+  }
+
   // Speed per batch size: eager steps vs replays, the first prompt in every row.
   const torch::Tensor first = ref.prompts.front().input_ids;
   for (int64_t b : kSpeedBatchSizes) {
@@ -110,6 +146,12 @@ GateOutcome CudaGraphGate(GateContext& ctx) {
     out.Real("eager_ms_per_token" + k, eager_ms, "ms");
     out.Real("graph_ms_per_token" + k, graph_ms, "ms");
     out.Real("speedup" + k, graph_ms > 0 ? eager_ms / graph_ms : 0.0, "ratio");
+  }
+  if (!steps_missed.empty()) {
+    return out.Fail(FailureClass::kAdapterContract,
+                    "graph decode-step logits vs upstream's decode logits: " +
+                        internal::JoinFew(steps_missed) + " (" + site.Describe() + "; " +
+                        bars.basis + ")");
   }
   if (matched != total) {
     return out.Fail(FailureClass::kNativeRuntime,

@@ -62,4 +62,28 @@ inline bool RequireLoadedModel(const GateContext& ctx, GateOutcome& out) {
 /// Reads the reference bundle on first use; on failure sets `out` UNKNOWN with the reason.
 bool RequireReference(GateContext& ctx, GateOutcome& out);
 
+/// Runs the enclosing gate, on the CPU, with the bundle's intra-op thread count (reference.json
+/// "num_threads"): LibTorch splits reductions by thread, so upstream's bits are reproduced only
+/// at upstream's count. Restores the previous count when it goes out of scope. No-op on CUDA or
+/// when the bundle does not say.
+class ReferenceThreads {
+ public:
+  ReferenceThreads(const GateContext& ctx, const ReferenceBundle& ref)
+      : before_(torch::get_num_threads()) {
+    if (!ctx.device.is_cuda() && ref.num_threads > 0 && ref.num_threads != before_) {
+      torch::set_num_threads(static_cast<int>(ref.num_threads));
+      changed_ = true;
+    }
+  }
+  ~ReferenceThreads() {
+    if (changed_) torch::set_num_threads(before_);
+  }
+  ReferenceThreads(const ReferenceThreads&) = delete;
+  ReferenceThreads& operator=(const ReferenceThreads&) = delete;
+
+ private:
+  int before_;
+  bool changed_ = false;
+};
+
 }  // namespace gatehouse::worker::internal

@@ -11,7 +11,7 @@ compute x * (1 + w)."""
 
 from transformers import GemmaConfig, GemmaForCausalLM
 
-from . import Variant
+from . import Variant, hub_pair
 
 BASE = dict(
     vocab_size=256,
@@ -45,3 +45,14 @@ VARIANTS = {
     # q/k/v/o biases (GemmaAttention honours attention_bias).
     "gemma-tiny-attn-bias": _v(tie_word_embeddings=False, attention_bias=True),
 }
+
+
+# Published config.json files (tools/refgen/hub_configs/SOURCES.md), sizes scaled down and
+# every other field kept, as the Hub ships them (-hub) and as save_pretrained rewrites them
+# (-saved).
+# gemma-2b-it: the legacy hidden_act "gelu", multi-query attention, rope_scaling null,
+# _name_or_path.
+VARIANTS.update(hub_pair(
+    "gemma", GemmaConfig, GemmaForCausalLM, "gemma-real-gemma-2b-it", "gemma-2b-it.json",
+    dict(hidden_size=16, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+         num_key_value_heads=1, head_dim=32, vocab_size=256)))

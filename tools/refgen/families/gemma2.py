@@ -9,7 +9,7 @@ sqrt(hidden_size) embedding scale makes hidden-64 tied models copy their input t
 
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
-from . import Variant
+from . import Variant, hub_pair
 
 BASE = dict(
     vocab_size=256,
@@ -54,3 +54,14 @@ VARIANTS = {
     # 8 query heads over 4 KV heads, soft-capping, tied: a TP=4 fixture.
     "gemma2-tiny-kv4": _v(tie_word_embeddings=True, num_attention_heads=8, num_key_value_heads=4),
 }
+
+
+# Published config.json files (tools/refgen/hub_configs/SOURCES.md), sizes scaled down and
+# every other field kept, as the Hub ships them (-hub) and as save_pretrained rewrites them
+# (-saved).
+# gemma-2-2b: both hidden_act and hidden_activation, cache_implementation, soft-capping
+# 50 / 30, query_pre_attn_scalar 256; four layers: sliding, full, sliding, full.
+VARIANTS.update(hub_pair(
+    "gemma2", Gemma2Config, Gemma2ForCausalLM, "gemma2-real-gemma-2-2b", "gemma-2-2b.json",
+    dict(hidden_size=16, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+         num_key_value_heads=2, head_dim=32, vocab_size=256, sliding_window=16)))

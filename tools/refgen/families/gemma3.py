@@ -9,7 +9,7 @@ not either. hidden_size is 16 for the reason given in gemma.py."""
 
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from . import Variant
+from . import Variant, hub_pair
 
 BASE = dict(
     vocab_size=256,
@@ -58,3 +58,15 @@ VARIANTS = {
         layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
         full_rope={"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}),
 }
+
+
+# Published config.json files (tools/refgen/hub_configs/SOURCES.md), sizes scaled down and
+# every other field kept, as the Hub ships them (-hub) and as save_pretrained rewrites them
+# (-saved).
+# gemma-3-1b-it: the legacy sliding_window_pattern 6 and rope_local_base_freq (no
+# layer_types, no rope_parameters); seven layers: five local, one global, one local.
+VARIANTS.update(hub_pair(
+    "gemma3", Gemma3TextConfig, Gemma3ForCausalLM,
+    "gemma3-real-gemma-3-1b-it", "gemma-3-1b-it.json",
+    dict(hidden_size=16, intermediate_size=64, num_hidden_layers=7, num_attention_heads=4,
+         num_key_value_heads=1, head_dim=32, vocab_size=256, sliding_window=16)))

@@ -3,7 +3,7 @@ tied and untied, one sharded, one with a 16-token sliding window (< the 300-toke
 
 from transformers import Phi3Config, Phi3ForCausalLM
 
-from . import Variant
+from . import Variant, hub_pair
 
 BASE = dict(
     vocab_size=256,
@@ -46,3 +46,17 @@ VARIANTS = {
     # 8 query heads over 4 KV heads in the fused qkv_proj: a TP=4 fixture.
     "phi3-tiny-kv4": _v(tie_word_embeddings=False, num_attention_heads=8, num_key_value_heads=4),
 }
+
+
+# Published config.json files (tools/refgen/hub_configs/SOURCES.md), sizes scaled down and
+# every other field kept, as the Hub ships them (-hub) and as save_pretrained rewrites them
+# (-saved).
+# Phi-3-mini-4k-instruct: attention_bias (Phi3 never reads it), embd_pdrop, resid_pdrop,
+# auto_map, original_max_position_embeddings; pad/eos 32000 scaled to 2 (the padding row
+# must exist, and the probe prompts leave ids 0..2 out).
+VARIANTS.update(hub_pair(
+    "phi3", Phi3Config, Phi3ForCausalLM,
+    "phi3-real-phi-3-mini-4k-instruct", "phi-3-mini-4k-instruct.json",
+    dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+         num_key_value_heads=4, vocab_size=256, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+         sliding_window=16)))

@@ -10,7 +10,7 @@ layer_types into config.json.
 
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from . import TINY_BASE, Variant
+from . import TINY_BASE, Variant, hub_pair
 
 BASE = dict(TINY_BASE)
 
@@ -33,3 +33,19 @@ VARIANTS = {
                                  use_sliding_window=False, sliding_window=16,
                                  max_window_layers=1),
 }
+
+
+# Published config.json files (tools/refgen/hub_configs/SOURCES.md), sizes scaled down and
+# every other field kept, as the Hub ships them (-hub) and as save_pretrained rewrites them
+# (-saved).
+# Qwen2.5-0.5B-Instruct: use_sliding_window false beside a sliding_window and max_window_layers.
+VARIANTS.update(hub_pair(
+    "qwen2", Qwen2Config, Qwen2ForCausalLM,
+    "qwen2-real-qwen2.5-0.5b-instruct", "qwen2.5-0.5b-instruct.json",
+    dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+         num_key_value_heads=2, vocab_size=256, bos_token_id=1, eos_token_id=2)))
+# Qwen2.5-0.5B (base): also use_mrope, which the Qwen2 text model never reads.
+VARIANTS.update(hub_pair(
+    "qwen2", Qwen2Config, Qwen2ForCausalLM, "qwen2-real-qwen2.5-0.5b", "qwen2.5-0.5b.json",
+    dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+         num_key_value_heads=2, vocab_size=256, bos_token_id=1, eos_token_id=1)))

@@ -12,7 +12,7 @@ hidden^-0.5, so routing is far from uniform. Upstream's default experts implemen
 
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from . import Variant
+from . import Variant, hub_pair
 
 BASE = dict(
     vocab_size=256,
@@ -57,3 +57,16 @@ VARIANTS = {
     "qwen3_moe-tiny-kv4": _v(tie_word_embeddings=False, num_attention_heads=8,
                              num_key_value_heads=4),
 }
+
+
+# Published config.json files (tools/refgen/hub_configs/SOURCES.md), sizes scaled down and
+# every other field kept, as the Hub ships them (-hub) and as save_pretrained rewrites them
+# (-saved).
+# Qwen3-30B-A3B: every layer sparse (decoder_sparse_step 1, mlp_only_layers []),
+# norm_topk_prob, router_aux_loss_coef, output_router_logits, max_window_layers.
+VARIANTS.update(hub_pair(
+    "qwen3_moe", Qwen3MoeConfig, Qwen3MoeForCausalLM,
+    "qwen3_moe-real-qwen3-30b-a3b", "qwen3-30b-a3b.json",
+    dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+         num_key_value_heads=2, vocab_size=256, head_dim=32, moe_intermediate_size=32,
+         num_experts=8, num_experts_per_tok=2, bos_token_id=1, eos_token_id=2)))

@@ -66,11 +66,23 @@ class CudaGraphDecoder {
   Result<torch::Tensor> Generate(const torch::Tensor& prompts, int64_t max_new_tokens,
                                  double* ms_per_token = nullptr);
 
+  /// Teacher-forced decode through the graph (the decode gate's ForcedDecodeLogits, replayed):
+  /// eager prefill of `prompts` [batch, T], then forced[:, 0..N-2] fed one replay per step.
+  /// Returns the logits that predict forced[:, k] as [batch, N, V] float32 on the CPU.
+  /// Errors: as Generate, and INVALID_ARGUMENT unless forced is int64 [batch, N], N >= 1.
+  Result<torch::Tensor> ForcedLogits(const torch::Tensor& prompts, const torch::Tensor& forced);
+
   int64_t batch() const { return batch_; }
 
  private:
   CudaGraphDecoder() = default;
   struct Graph;  // holds the at::cuda::CUDAGraph (CUDA headers stay out of this header)
+
+  /// Generate (forced undefined: each step feeds the argmax) and ForcedLogits (each step feeds
+  /// forced[:, k - 1]): eager prefill, then n - 1 replays. Returns ids [B, n] or logits
+  /// [B, n, V] float32, on the CPU.
+  Result<torch::Tensor> Decode(const torch::Tensor& prompts, int64_t n,
+                               const torch::Tensor& forced, double* ms_per_token);
 
   CausalLM* model_ = nullptr;
   int64_t batch_ = 0;

@@ -211,14 +211,6 @@ class LogitComparison {
   int64_t elements_ = 0;
 };
 
-/// Inference thresholds by precision (GATES-NOTES.md: torchtitan conversion KL < 1e-6;
-/// bf16 bar 1e-3).
-struct InferenceThresholds {
-  double kl_mean_below;       // nats, strict
-  double top1_at_least;       // percent
-};
-InferenceThresholds ThresholdsFor(std::string_view precision);
-
 /// Everything the gates share. Filled by the worker (spec, registry, plugin_errors, runtime)
 /// and then by the gates in order. Not thread-safe.
 struct GateContext {
@@ -256,8 +248,31 @@ GateOutcome IdentityGate(GateContext& ctx);
 GateOutcome ConfigGate(GateContext& ctx);
 GateOutcome ConstructGate(GateContext& ctx);
 GateOutcome LoadGate(GateContext& ctx);
+/// The inference gate: our logits on every reference prompt against upstream's run in the
+/// cell's precision (the bundle's bf16 run for a bf16 cell), judged by the bars of the site
+/// (bars.h LogitBarsFor: max abs diff, KL, top-1); the bars and their basis are figures.
 GateOutcome InferenceGate(GateContext& ctx);
+/// The decode gate, two parts on every reference prompt:
+///  - logits: our KV-cached decode, fed upstream's greedy tokens (ForcedDecodeLogits), must
+///    give upstream's decode-step logits (bundle decode_logits) within the site's bars, and
+///    upstream's teacher-forced continuation logits within those bars widened by upstream's
+///    own cached-vs-forced spread (measured on the bundle itself);
+///  - ids: our free greedy decode must equal upstream's ids; where the bars allow a logit
+///    difference a prompt may diverge once at a near-tie (log-prob gap <= twice the step
+///    max-abs bar, or 0.1 nats without one), after which it is not compared.
+/// Figures: both comparisons, ids, text (tokenizer.json), the continuations' distinct tokens.
 GateOutcome DecodeGate(GateContext& ctx);
+/// The training gate: the cell's AdamW steps on the reference prompts (step s trains on prompt
+/// (s - 1) mod P, next-token cross-entropy), against upstream's trace (bundle "training"):
+///  - the trainable set, by checkpoint key through the adapter's inverse mapping, equals
+///    upstream's (a key upstream trains that the adapter freezes or lacks, or one it trains
+///    that upstream does not, FAILs naming it);
+///  - every trainable parameter gets a finite, nonzero gradient, and its L2 norm and the sum of
+///    its elements (sign-sensitive) at step 1 equal upstream's within TrainingBarsFor;
+///  - the loss of step 1, and of every later step the trace holds when the cell's lr is the
+///    trace's, equals upstream's within the bars;
+///  - every weight upstream's steps changed (by the cell's step count) changed here too (in
+///    bf16 an update below half an ulp rounds away, upstream's too).
 GateOutcome TrainingGate(GateContext& ctx);
 GateOutcome SaveGate(GateContext& ctx);
 /// Tensor-parallel parity (GATES-NOTES.md "Tensor parallelism": TP=1 on the same checkpoint is
@@ -265,7 +280,7 @@ GateOutcome SaveGate(GateContext& ctx);
 /// loads it from the checkpoint through the family's plan (Parallelize, LoadStateDict with a
 /// ShardedLoad) and checks each local shape against the plan; rank 0 also builds the TP=1
 /// control from the same checkpoint. Then, on the reference prompts: logits of TP=N vs TP=1
-/// (fp32: KL < 1e-6 nats/token and top-1 100 %; bf16: ThresholdsFor("bf16"), top-1 over the
+/// (fp32: KL < 1e-6 nats/token and top-1 100 %; bf16: KL < 1e-3 and top-1 >= 99 % over the
 /// decided tokens: those whose upstream fp32 top-1 margin exceeds twice upstream's own bf16
 /// rounding of the token's logits, from the reference bundle); one training
 /// step's loss (relative difference) and every gradient after gathering the shards (max abs
@@ -295,6 +310,13 @@ GateOutcome PerformanceGate(GateContext& ctx);
 /// after the prefill (ms).
 torch::Tensor GreedyDecode(CausalLM& model, const torch::Tensor& prompt, int64_t max_new_tokens,
                            torch::Device device, double* ms_per_token = nullptr);
+
+/// Decode with the model's KV cache along given tokens (teacher forcing): prefill `prompt` ([T]
+/// int64), then feed forced[0], ..., forced[N-2] one per step. Returns the logits that predict
+/// forced[k] as row k: [N, V] float32 on the CPU, N = forced.size(0) (row 0 is the prefill's
+/// last position).
+torch::Tensor ForcedDecodeLogits(CausalLM& model, const torch::Tensor& prompt,
+                                 const torch::Tensor& forced, torch::Device device);
 
 using GateFn = std::function<GateOutcome(GateContext&)>;
 struct GateDef {

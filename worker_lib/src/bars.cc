@@ -1,0 +1,143 @@
+// The bars table (docs/bars.md is the same table with its measurements and their sources).
+#include "gatehouse/worker/bars.h"
+
+#include <ATen/Version.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace gatehouse::worker {
+namespace {
+
+/// Upstream's own spread between two sites, measured with transformers itself
+/// (tools/gpu/upstream_floor.py); the worst figure over the fixtures it ran on.
+struct Floor {
+  double max_abs_diff;  // logits; infinity: not measured
+  double kl_mean;       // nats
+  double top1_percent;
+};
+
+// transformers with ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2,
+// ONEDNN_MAX_CPU_ISA=AVX2 against its AVX512 bundles, all 69 tools/refgen fixtures, 2026-12-01
+// (docs/bars.md "Another CPU kernel family").
+constexpr Floor kCpuKernelsFp32Prompt{1.17e-5, 3.5e-13, 100};
+constexpr Floor kCpuKernelsFp32Steps{1.33e-5, 4.7e-13, 100};
+constexpr Floor kCpuKernelsBf16Prompt{0.18, 2.2e-5, 99.11};
+constexpr Floor kCpuKernelsBf16Steps{1.02, 3.6e-4, 97.91};
+constexpr double kCpuKernelsFp32GradRel = 3.2e-6, kCpuKernelsFp32LossRel = 1.3e-6;
+constexpr double kCpuKernelsBf16GradRel = 6.8e-3, kCpuKernelsBf16LossRel = 3.4e-3;
+
+// transformers on an H200 against its CPU bundles, the nine tiny fixtures, 2026-11-30
+// (docs/gpu-check.md): prompt logits only; max abs and decode steps not measured there.
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr Floor kCudaFp32Prompt{kInf, 4e-13, 100};
+constexpr Floor kCudaBf16Prompt{kInf, 3.8e-5, 98.24};
+
+bool SameCpuKernels(const ComparisonSite& s) {
+  return s.reference_device == "cpu" && s.run_device == "cpu" && !s.reference_cpu.empty() &&
+         s.reference_cpu == s.run_cpu && s.reference_threads > 0 &&
+         s.reference_threads == s.run_threads;
+}
+
+LogitBars FromFloor(const Floor& f, std::string basis) {
+  LogitBars b;
+  b.max_abs_diff = kFloorMargin * f.max_abs_diff;
+  b.kl_mean = kFloorMargin * kFloorMargin * f.kl_mean;
+  b.top1_percent = 100.0 - kTop1DisagreementMargin * (100.0 - f.top1_percent);
+  b.basis = std::move(basis);
+  return b;
+}
+
+}  // namespace
+
+std::string CpuCapability() { return at::get_cpu_capability(); }
+
+std::string ComparisonSite::Describe() const {
+  auto where = [](const std::string& device, const std::string& cpu, int64_t threads) {
+    if (device != "cpu") return device;
+    return device + "/" + (cpu.empty() ? std::string("unknown") : cpu) +
+           (threads > 0 ? "x" + std::to_string(threads) : std::string());
+  };
+  return where(run_device, run_cpu, run_threads) + " " + precision + " vs upstream " +
+         where(reference_device, reference_cpu, reference_threads);
+}
+
+LogitBars LogitBarsFor(const ComparisonSite& s, LogitKind kind) {
+  const bool bf16 = s.precision == "bf16";
+  const bool steps = kind == LogitKind::kDecodeSteps;
+  if (SameCpuKernels(s)) {
+    // Every fixture of every family, both precisions: our prompt logits equal transformers' to
+    // the last bit on the same CPU kernels (tests/models/families_test.cc asserts it). Decode
+    // steps: DecodeStepBars widens this by upstream's own KV-cache spread.
+    LogitBars b;
+    b.exact = true;
+    b.max_abs_diff = 0;
+    b.kl_mean = 0;
+    b.top1_percent = 100;
+    b.basis = "bit-exact: same device kind, dtype and CPU kernels as upstream's run";
+    return b;
+  }
+  if (s.reference_device == "cpu" && s.run_device == "cpu") {
+    const Floor& f = bf16 ? (steps ? kCpuKernelsBf16Steps : kCpuKernelsBf16Prompt)
+                          : (steps ? kCpuKernelsFp32Steps : kCpuKernelsFp32Prompt);
+    return FromFloor(f, "another CPU kernel family or thread count than upstream's run (or an "
+                        "unknown one): margins over upstream's own spread between CPU kernel "
+                        "families (docs/bars.md)");
+  }
+  LogitBars b = FromFloor(bf16 ? kCudaBf16Prompt : kCudaFp32Prompt,
+                          "across device kinds: margins over upstream's own spread between CPU "
+                          "and CUDA (H200, docs/bars.md); no max-abs bar until that floor is "
+                          "measured");
+  if (steps) b.basis += "; decode steps held to the prompt logits' bars (not measured apart)";
+  return b;
+}
+
+LogitBars DecodeStepBars(const LogitBars& site_bars, double floor_max_abs_diff,
+                         double floor_kl_mean) {
+  LogitBars b = site_bars;
+  if (site_bars.exact) {
+    b.max_abs_diff = kFloorMargin * floor_max_abs_diff;
+    b.kl_mean = kFloorMargin * kFloorMargin * floor_kl_mean;
+    b.exact = floor_max_abs_diff == 0;
+    b.basis = b.exact ? site_bars.basis + "; upstream's dynamic and static KV caches agree exactly"
+                      : "same kernels as upstream; margins over upstream's own spread between "
+                        "its dynamic and static KV caches";
+    return b;
+  }
+  b.max_abs_diff += floor_max_abs_diff;
+  b.kl_mean += floor_kl_mean;
+  b.basis += "; plus upstream's own spread between its KV caches";
+  return b;
+}
+
+TrainingBars TrainingBarsFor(const ComparisonSite& s, double floor_grad_norm_rel,
+                             double floor_loss_rel) {
+  TrainingBars b;
+  const bool bf16 = s.precision == "bf16";
+  if (SameCpuKernels(s)) {
+    // Forward exact, our backward the same ops, AdamW upstream's op for op (adamw.h): losses
+    // and gradient norms equal upstream's; where upstream's own implementations of the same
+    // math disagree (MoE experts), margins over their spread.
+    b.first_loss_rel = 0;
+    b.loss_rel = kFloorMargin * floor_loss_rel;
+    b.grad_norm_rel = kFloorMargin * floor_grad_norm_rel;
+    b.basis = floor_grad_norm_rel == 0 && floor_loss_rel == 0
+                  ? "bit-exact: same device kind, dtype and CPU kernels as upstream's run"
+                  : "same kernels as upstream; margins over upstream's own spread between its "
+                    "implementations of the same math";
+    return b;
+  }
+  const double grad = bf16 ? kCpuKernelsBf16GradRel : kCpuKernelsFp32GradRel;
+  const double loss = bf16 ? kCpuKernelsBf16LossRel : kCpuKernelsFp32LossRel;
+  b.first_loss_rel = kFloorMargin * loss;
+  b.loss_rel = kFloorMargin * std::max(loss, floor_loss_rel);
+  b.grad_norm_rel = kFloorMargin * std::max(grad, floor_grad_norm_rel);
+  b.basis = s.reference_device == "cpu" && s.run_device == "cpu"
+                ? "another CPU kernel family: margins over upstream's own training spread "
+                  "between CPU kernel families (docs/bars.md)"
+                : "across device kinds: upstream's training spread there is not measured; the "
+                  "CPU kernel-family margins (docs/bars.md)";
+  return b;
+}
+
+}  // namespace gatehouse::worker
