@@ -1,4 +1,5 @@
-// One attempt from assignment to end: checkout, recipe, build, worker (DESIGN.md "Run").
+// One attempt from assignment to end: checkout, recipe, build, worker (docs/architecture.md
+// "Run of one attempt").
 #pragma once
 
 #include <chrono>

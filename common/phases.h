@@ -55,8 +55,8 @@ inline bool StopsLaterPhases(GateStatus s) {
   return s == GateStatus::kFail || s == GateStatus::kBlocked || s == GateStatus::kUnknown;
 }
 
-/// Who is to blame for a FAIL (DESIGN.md): the adapter's contract, the native runtime, a
-/// connector, a resource limit, or not known.
+/// Who is to blame for a FAIL (docs/architecture.md "Phases, statuses and blame"): the
+/// adapter's contract, the native runtime, a connector, a resource limit, or not known.
 enum class FailureClass { kAdapterContract, kNativeRuntime, kConnector, kResource, kUnknown };
 
 inline std::string_view FailureClassName(FailureClass c) {

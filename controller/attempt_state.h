@@ -1,5 +1,5 @@
-// Attempt lifecycle: one enum and one transition table (STYLE.md: "Attempt states are one enum
-// with a single transition table, persisted in one place"). Pure logic, no I/O.
+// Attempt lifecycle: one enum and one transition table, so every state change is checked in
+// one place and the store persists only what the table allows. Pure logic, no I/O.
 #pragma once
 
 #include <optional>

@@ -1,4 +1,5 @@
-// The Markdown evidence report of a cell (DESIGN.md "Evidence").
+// The Markdown evidence report of a cell (the evidence of docs/architecture.md "Phases,
+// statuses and blame", rendered).
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-// Hugging Face checkpoint directories (GATES-NOTES.md "Sharded checkpoints").
+// Hugging Face checkpoint directories (docs/gate-facts.md "Sharded checkpoints and tied weights").
 #include "gatehouse/worker/checkpoint.h"
 
 #include <sys/stat.h>

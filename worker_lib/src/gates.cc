@@ -1,5 +1,6 @@
 // The runner and the structural gates: identity, config, construct, load, save, parallel,
-// cuda_graph (DESIGN.md "Phases"). The numerical gates are in gates_compute.cc.
+// cuda_graph (docs/architecture.md "Phases, statuses and blame"). The numerical gates are in
+// gates_compute.cc.
 #include "gatehouse/worker/gates.h"
 
 #include <caffe2/core/common.h>
@@ -118,7 +119,7 @@ GateOutcome IdentityGate(GateContext& ctx) {
   }
   if (!fails.empty()) return out.Fail(FailureClass::kUnknown, JoinFew(fails));
 
-  // The environment does not match the pin: BLOCKED, never silently accepted (DESIGN.md).
+  // The environment does not match the pin: BLOCKED, never silently accepted.
   std::vector<std::string> blocks;
   if (spec.runtime.torch != ctx.runtime.torch_version) {
     blocks.push_back("runtime pin torch " + spec.runtime.torch + " but the worker runs torch " +
@@ -252,7 +253,7 @@ GateOutcome ConfigGate(GateContext& ctx) {
                         JoinFew(unmapped_list, 20));
   }
 
-  // TP divisibility (GATES-NOTES.md "Tensor parallelism"): checked at config time.
+  // TP divisibility (docs/gate-facts.md "Tensor parallelism"): checked at config time.
   const int64_t tp = ctx.spec.topology.tp;
   const int64_t kv_heads = parsed->args->num_key_value_heads();
   const std::optional<int64_t> heads = AttentionHeads(config, args_json);

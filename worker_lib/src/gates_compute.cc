@@ -1,7 +1,7 @@
 // The numerical gates: inference (logits vs reference), decode (KV-cached decode: step logits
 // and greedy ids), training (gradients, losses and optimizer steps against upstream's trace).
-// DESIGN.md "Phases"; the bars are bars.h's (docs/bars.md); reductions from GATES-NOTES.md
-// "Comparing logits".
+// docs/architecture.md "Phases, statuses and blame"; the bars are bars.h's (docs/bars.md);
+// reductions from docs/gate-facts.md "Comparing logits".
 #include <algorithm>
 #include <array>
 #include <chrono>

@@ -1,4 +1,4 @@
-// The cuda_graph gate (gates.h CudaGraphGate; GATES-NOTES.md "CUDA graphs": vLLM compares
+// The cuda_graph gate (gates.h CudaGraphGate; docs/gate-facts.md "CUDA graphs": vLLM compares
 // eager and graph decode for exact token equality). The graph's step logits, fed upstream's
 // tokens, are also held to the decode gate's bars against upstream's decode logits.
 #include <vector>

@@ -1,5 +1,5 @@
 // The parallel gate: tensor-parallel parity against the TP=1 control (gates.h ParallelGate;
-// GATES-NOTES.md "Tensor parallelism").
+// docs/gate-facts.md "Tensor parallelism").
 #include <algorithm>
 #include <filesystem>
 #include <limits>

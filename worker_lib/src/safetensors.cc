@@ -1,5 +1,5 @@
 // safetensors reader and writer (format: huggingface/safetensors README "Format" and
-// src/tensor.rs `Metadata::validate`; facts in ../shared/GATES-NOTES.md).
+// src/tensor.rs `Metadata::validate`; facts in docs/gate-facts.md).
 #include "gatehouse/worker/safetensors.h"
 
 #include <fcntl.h>

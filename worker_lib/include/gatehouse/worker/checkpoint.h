@@ -1,5 +1,6 @@
 // A Hugging Face checkpoint directory: config.json plus either model.safetensors or a sharded
-// set named by model.safetensors.index.json (GATES-NOTES.md "Sharded checkpoints").
+// set named by model.safetensors.index.json (docs/gate-facts.md "Sharded checkpoints and tied
+// weights").
 #pragma once
 
 #include <torch/torch.h>

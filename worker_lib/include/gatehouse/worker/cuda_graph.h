@@ -3,7 +3,7 @@
 // One decode step of a model (CausalLM::DecodeStep: static shapes, no host reads) is captured
 // once per batch size with LibTorch's CUDA graph API (at::cuda::CUDAGraph) over static input
 // buffers (token ids and positions) and a static KV cache, then replayed once per token with
-// the buffers updated in place. GATES-NOTES.md "CUDA graphs": a buffer reallocated after
+// the buffers updated in place. docs/gate-facts.md "CUDA graphs": a buffer reallocated after
 // capture leaves the graph reading a stale pointer, and outputs go wrong from the second token
 // on; here every buffer the graph touches is allocated before capture and never replaced.
 //

@@ -1,4 +1,5 @@
-// The gates (../shared/DESIGN.md "Phases") and the runner that executes them in order.
+// The gates (docs/architecture.md "Phases, statuses and blame") and the runner that executes
+// them in order.
 //
 // Each gate is a function GateContext& -> GateOutcome. It reads the run spec, uses and extends
 // the state earlier gates left in the context (checkpoint, family, args, model, adapter,
@@ -10,7 +11,7 @@
 // Decisions recorded here:
 //  - identity: a checkout at another SHA or a dirty tree is FAIL, classification unknown (the
 //    evidence cannot be attributed to the frozen commit; not the adapter's contract); a torch
-//    pin mismatch or device cuda without CUDA is BLOCKED (DESIGN.md: never silently accepted).
+//    pin mismatch or device cuda without CUDA is BLOCKED (never silently accepted).
 //    So is a checkpoint or reference whose content digest on this node differs from the
 //    frozen one (or that is missing): the evidence would belong to other inputs.
 //  - Gates do not write events themselves: they return figures and artifacts in GateOutcome
@@ -184,7 +185,7 @@ HfTensors ToHfTensors(const std::vector<ParamGroup>& groups, const StateDictAdap
 
 /// Logit comparison against the reference, accumulated over prompts.
 ///
-/// Per token t (source: GATES-NOTES.md "Comparing logits"; torch.nn.functional.kl_div with
+/// Per token t (source: docs/gate-facts.md "Comparing logits"; torch.nn.functional.kl_div with
 /// reduction "batchmean" over tokens): KL_t(ref || ours) = sum_v p_ref(v) (log p_ref(v) -
 /// log p_ours(v)), with p = softmax over the vocabulary, computed in float64. kl_mean is the
 /// mean of KL_t over ALL tokens of all prompts (never also divided by the vocabulary size).
@@ -275,7 +276,7 @@ GateOutcome DecodeGate(GateContext& ctx);
 ///    bf16 an update below half an ulp rounds away, upstream's too).
 GateOutcome TrainingGate(GateContext& ctx);
 GateOutcome SaveGate(GateContext& ctx);
-/// Tensor-parallel parity (GATES-NOTES.md "Tensor parallelism": TP=1 on the same checkpoint is
+/// Tensor-parallel parity (docs/gate-facts.md "Tensor parallelism": TP=1 on the same checkpoint is
 /// the control). Every rank builds its shard of the model (ModelFamily::ConstructParallel),
 /// loads it from the checkpoint through the family's plan (Parallelize, LoadStateDict with a
 /// ShardedLoad) and checks each local shape against the plan; rank 0 also builds the TP=1

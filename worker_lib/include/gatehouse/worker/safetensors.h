@@ -1,5 +1,5 @@
 // Our safetensors reader and writer (format: huggingface/safetensors README "Format"; facts in
-// ../shared/GATES-NOTES.md). The reader memory-maps the file and validates the header before any
+// docs/gate-facts.md). The reader memory-maps the file and validates the header before any
 // tensor is touched. This header is torch-free (so the parser can be fuzzed on its own); the
 // LibTorch bridge is safetensors_torch.h.
 #pragma once
