@@ -1,7 +1,6 @@
 // The attempt lifecycle, in order: spec, checkout, recipe, build, worker, end.
 #include "agent/attempt_runner.h"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/recipe.h"
@@ -10,8 +9,6 @@
 namespace gatehouse::agent {
 namespace {
 
-using nlohmann::json;
-
 AttemptEndReport Error(int64_t attempt_id, std::string reason) {
   AttemptEndReport end;
   end.attempt_id = attempt_id;
@@ -19,15 +16,6 @@ AttemptEndReport Error(int64_t attempt_id, std::string reason) {
   end.outcome = std::string(kOutcomeError);
   end.reason = std::move(reason);
   return end;
-}
-
-Result<std::string> SpecString(const json& spec, const char* field) {
-  const auto it = spec.find(field);
-  if (it == spec.end() || !it->is_string() || it->get_ref<const std::string&>().empty()) {
-    return Status::InvalidArgument(std::string("spec field '") + field +
-                                   "' must be a non-empty string");
-  }
-  return it->get<std::string>();
 }
 
 }  // namespace
@@ -79,24 +67,16 @@ bool AttemptRunner::Recheck() {
 AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, AttemptSink& sink,
                                          CancelToken cancel, std::vector<int>& used_ports) {
   const int64_t id = assignment.attempt_id;
-  const json spec = json::parse(assignment.spec_json, nullptr, /*allow_exceptions=*/false);
-  if (spec.is_discarded() || !spec.is_object()) {
-    return Error(id, "invalid spec: spec_json is not a JSON object");
-  }
-  auto repository = SpecString(spec, "repository");
-  if (!repository.ok()) return Error(id, "invalid spec: " + repository.status().message());
-  auto commit = SpecString(spec, "commit");
-  if (!commit.ok()) return Error(id, "invalid spec: " + commit.status().message());
-  if (auto env = WorkerEnvironment(spec); !env.ok()) {
-    return Error(id, "invalid spec: " + env.status().message());
-  }
+  Result<CellSpec> parsed = ParseCellSpecJson(assignment.spec_json);
+  if (!parsed.ok()) return Error(id, "invalid spec: " + parsed.status().message());
+  CellSpec spec = std::move(parsed).value();
 
-  auto checkout = git_.Checkout(*repository, *commit);
+  auto checkout = git_.Checkout(spec.repository, spec.commit);
   if (!checkout.ok()) return Error(id, "checkout failed: " + checkout.status().message());
-  spdlog::info("attempt {}: checked out {} at {}", id, *repository, checkout->head);
+  spdlog::info("attempt {}: checked out {} at {}", id, spec.repository, checkout->head);
   if (cancel.requested()) return Error(id, "cancelled: after checkout");
 
-  auto recipe = LoadRecipe(checkout->path, *commit);
+  auto recipe = LoadRecipe(checkout->path, spec.commit);
   if (!recipe.ok()) return Error(id, recipe.status().message());
 
   BuildConfig build_config;
@@ -105,7 +85,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   build_config.cmake_prefix_path = config_.cmake_prefix_path;
   build_config.cmake = config_.cmake;
   build_config.log_flush_timeout = config_.log_flush_timeout;
-  BuildRequest request{checkout->path, RepoKey(*repository), std::move(recipe).value()};
+  BuildRequest request{checkout->path, RepoKey(spec.repository), std::move(recipe).value()};
   LogStream build_log(sink, id, kBuildStream);
   auto built = RunBuild(
       build_config, request, [&](std::string_view bytes) { build_log.Write(bytes); }, cancel);
@@ -118,7 +98,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   WorkerLaunch launch;
   launch.attempt_id = id;
   launch.attempt_dir = config_.work_dir / "attempts" / std::to_string(id);
-  launch.spec = spec;
+  launch.spec = std::move(spec);
   launch.checkout = *checkout;
   launch.plugins = built->plugins;
   launch.worker = config_.worker;

@@ -1,8 +1,6 @@
 // Worker launch and output relay (docs/protocols.md §3, §4).
 #include "agent/worker_launcher.h"
 
-#include <cctype>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -54,7 +52,7 @@ Status WriteFile(const std::filesystem::path& path, const std::string& text) {
 }  // namespace
 
 json MakeRunSpec(const WorkerLaunch& launch) {
-  json run = launch.spec;
+  json run = CellSpecToJson(launch.spec);
   run["attempt"] = {
       {"id", launch.attempt_id},
       {"dir", launch.attempt_dir.string()},
@@ -65,38 +63,6 @@ json MakeRunSpec(const WorkerLaunch& launch) {
       {"agent", launch.agent_name},
   };
   return run;
-}
-
-Result<int> WorldSize(const json& spec) {
-  const auto topology = spec.find("topology");
-  if (topology == spec.end() || topology->is_null()) return 1;
-  if (!topology->is_object()) {
-    return Status::InvalidArgument("spec field 'topology' must be an object, got " +
-                                   topology->dump());
-  }
-  constexpr int64_t kTooMany = int64_t{kMaxWorldSize} + 1;  // products saturate here
-  int64_t world = 1;
-  for (const char* field : {"tp", "dp", "pp"}) {
-    const auto it = topology->find(field);
-    if (it == topology->end()) continue;
-    int64_t factor = 0;  // stays 0 for a value that is not an integer
-    if (it->is_number_unsigned()) {  // never read a huge one as a negative int64
-      factor = static_cast<int64_t>(std::min(it->get<uint64_t>(), uint64_t{kTooMany}));
-    } else if (it->is_number_integer()) {
-      factor = it->get<int64_t>();
-    }
-    if (factor < 1) {
-      return Status::InvalidArgument(std::string("spec field 'topology.") + field +
-                                     "' must be an integer >= 1, got " + it->dump());
-    }
-    world = std::min(world * std::min(factor, kTooMany), kTooMany);
-  }
-  if (world > kMaxWorldSize) {
-    return Status::InvalidArgument("spec field 'topology': tp x dp x pp of " + topology->dump() +
-                                   " exceeds the agent's maximum of " +
-                                   std::to_string(kMaxWorldSize) + " ranks");
-  }
-  return static_cast<int>(world);
 }
 
 Result<int> FindFreePort() {
@@ -125,27 +91,10 @@ std::string RankLogStream(std::string_view stream, int rank) {
   return name;
 }
 
-Result<std::vector<std::pair<std::string, std::string>>> WorkerEnvironment(const json& spec,
-                                                                           int rank,
-                                                                           int world_size,
-                                                                           int master_port) {
-  std::vector<std::pair<std::string, std::string>> env;
-  const auto it = spec.find("env");
-  if (it != spec.end() && !it->is_null()) {
-    if (!it->is_object()) {
-      return Status::InvalidArgument("spec field 'env' must be an object, got " + it->dump());
-    }
-    for (const auto& [key, value] : it->items()) {
-      if (key.empty() || key.find('=') != std::string::npos || key.find('\0') != std::string::npos) {
-        return Status::InvalidArgument("spec field 'env': invalid variable name " + json(key).dump());
-      }
-      if (!value.is_string()) {
-        return Status::InvalidArgument("spec field 'env." + key + "' must be a string, got " +
-                                       value.dump());
-      }
-      env.emplace_back(key, value.get<std::string>());
-    }
-  }
+std::vector<std::pair<std::string, std::string>> WorkerEnvironment(const CellSpec& spec,
+                                                                   int rank, int world_size,
+                                                                   int master_port) {
+  std::vector<std::pair<std::string, std::string>> env(spec.env.begin(), spec.env.end());
   // Later entries replace earlier ones (ProcessSpec::env), so the rank variables win.
   env.emplace_back("RANK", std::to_string(rank));
   env.emplace_back("WORLD_SIZE", std::to_string(world_size));
@@ -465,25 +414,16 @@ class WorkerGroup {
 
 }  // namespace
 
-Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, int world_size,
+Result<std::optional<std::string>> VisibleDevices(const CellSpec& spec,
                                                   const std::vector<int>& gpu_indices,
                                                   const std::vector<std::string>& gpu_models) {
   if (gpu_indices.empty()) return std::optional<std::string>();
-  const nlohmann::json* device = nullptr;
-  std::string pin;  // runtime.gpu_model
-  if (auto rt = spec.find("runtime"); rt != spec.end() && rt->is_object()) {
-    if (auto d = rt->find("device"); d != rt->end()) device = &*d;
-    if (auto m = rt->find("gpu_model"); m != rt->end() && m->is_string()) pin = m->get<std::string>();
-  }
-  if (device == nullptr || *device != "cuda") return std::optional<std::string>("");
+  if (spec.runtime.device != "cuda") return std::optional<std::string>("");
+  const std::string& pin = spec.runtime.gpu_model;
+  const int world_size = spec.topology.world_size();
   std::vector<int> usable;
-  const auto lower = [](std::string s) {
-    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  };
   for (size_t i = 0; i < gpu_indices.size(); ++i) {
-    if (pin.empty() ||
-        (i < gpu_models.size() && lower(gpu_models[i]).find(lower(pin)) != std::string::npos)) {
+    if (pin.empty() || (i < gpu_models.size() && GpuModelMatches(gpu_models[i], pin))) {
       usable.push_back(gpu_indices[i]);
     }
   }
@@ -502,9 +442,7 @@ Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, in
 AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel,
                            std::vector<int>* used_ports) {
   const int64_t id = launch.attempt_id;
-  auto world = WorldSize(launch.spec);
-  if (!world.ok()) return ErrorEnd(id, 0, "invalid spec: " + world.status().message());
-  const int world_size = *world;
+  const int world_size = launch.spec.topology.world_size();
   int master_port = 0;
   if (world_size > 1) {
     auto port = FindFreePort();
@@ -514,13 +452,11 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     master_port = *port;
     if (used_ports != nullptr) used_ports->push_back(master_port);
   }
-  auto visible = VisibleDevices(launch.spec, world_size, launch.gpu_indices, launch.gpu_models);
+  auto visible = VisibleDevices(launch.spec, launch.gpu_indices, launch.gpu_models);
   if (!visible.ok()) return ErrorEnd(id, 0, visible.status().message());
   std::vector<ProcessSpec> specs(static_cast<size_t>(world_size));
   for (int rank = 0; rank < world_size; ++rank) {
-    auto env = WorkerEnvironment(launch.spec, rank, world_size, master_port);
-    if (!env.ok()) return ErrorEnd(id, 0, "invalid spec: " + env.status().message());
-    specs[static_cast<size_t>(rank)].env = std::move(env).value();
+    specs[static_cast<size_t>(rank)].env = WorkerEnvironment(launch.spec, rank, world_size, master_port);
     specs[static_cast<size_t>(rank)].log_flush_timeout = launch.log_flush_timeout;
     if (*visible) {
       // nvidia-smi numbers GPUs in PCI bus order; CUDA's default order differs on mixed nodes.

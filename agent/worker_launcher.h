@@ -15,6 +15,7 @@
 #include "agent/attempt_sink.h"
 #include "agent/checkout.h"
 #include "agent/process.h"
+#include "common/cell_spec.h"
 #include "common/status.h"
 
 namespace gatehouse::agent {
@@ -23,7 +24,7 @@ namespace gatehouse::agent {
 struct WorkerLaunch {
   int64_t attempt_id = 0;
   std::filesystem::path attempt_dir;  // absolute; created when missing; the worker's cwd
-  nlohmann::json spec;                // the frozen cell spec (a JSON object)
+  CellSpec spec;                       // the frozen cell spec
   CheckoutResult checkout;
   std::vector<std::filesystem::path> plugins;  // absolute
   std::filesystem::path worker;       // the gatehouse-worker executable
@@ -36,30 +37,22 @@ struct WorkerLaunch {
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.
 nlohmann::json MakeRunSpec(const WorkerLaunch& launch);
 
-/// The most ranks one attempt may launch (topology tp x dp x pp).
-inline constexpr int kMaxWorldSize = 64;
-
-/// The number of worker processes the spec asks for: topology.tp x topology.dp x topology.pp,
-/// each 1 when absent ("ep" does not add ranks). Errors: INVALID_ARGUMENT naming the field and
-/// its value when "topology" is not an object or a factor is not an integer >= 1, or naming the
-/// product when it exceeds kMaxWorldSize.
-Result<int> WorldSize(const nlohmann::json& spec);
-
 /// A TCP port on 127.0.0.1 that was free a moment ago: binds a socket to port 0, reads the port
 /// the kernel chose and closes the socket (torchrun's way; another process may take it before
 /// the worker binds it). Errors: UNAVAILABLE naming the failing call and the OS error.
 Result<int> FindFreePort();
 
 /// CUDA_VISIBLE_DEVICES for every rank of an attempt on an agent with GPUs `gpu_indices`
-/// (one attempt at a time per agent): a cuda cell sees the first `world_size` of them, one per
+/// (one attempt at a time per agent): a cuda cell sees the first world_size() of them, one per
 /// rank, which each rank uses as device LOCAL_RANK; a cell pinning runtime.gpu_model sees the
-/// first `world_size` whose model (`gpu_models`, parallel to gpu_indices) contains the pin,
+/// first world_size() whose model (`gpu_models`, parallel to gpu_indices) contains the pin,
 /// case-insensitively, as the scheduler matches it (a node may mix GPU models); a CPU cell sees
 /// none (""), so it cannot touch a GPU by accident. CUDA_DEVICE_ORDER=PCI_BUS_ID is set with it
 /// (nvidia-smi's order). nullopt when the agent has no GPUs (nothing is set). The value wins
-/// over a CUDA_VISIBLE_DEVICES in the spec's env. Errors: FAILED_PRECONDITION when a cuda cell
+/// over a CUDA_VISIBLE_DEVICES in the spec's env. Models match with GpuModelMatches
+/// (common/cell_spec.h), as the scheduler's. Errors: FAILED_PRECONDITION when a cuda cell
 /// needs more GPUs (of the pinned model) than the agent has, naming both counts.
-Result<std::optional<std::string>> VisibleDevices(const nlohmann::json& spec, int world_size,
+Result<std::optional<std::string>> VisibleDevices(const CellSpec& spec,
                                                   const std::vector<int>& gpu_indices,
                                                   const std::vector<std::string>& gpu_models = {});
 
@@ -71,9 +64,10 @@ std::string RankLogStream(std::string_view stream, int rank);
 /// order), then the rank variables, which win over the spec's. For world_size 1: RANK=0,
 /// WORLD_SIZE=1, LOCAL_RANK=0. For more (torchrun's conventions, one node): RANK, WORLD_SIZE,
 /// LOCAL_RANK=RANK, LOCAL_WORLD_SIZE=WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=master_port.
-/// Errors: INVALID_ARGUMENT when "env" is not an object of strings.
-Result<std::vector<std::pair<std::string, std::string>>> WorkerEnvironment(
-    const nlohmann::json& spec, int rank = 0, int world_size = 1, int master_port = 0);
+std::vector<std::pair<std::string, std::string>> WorkerEnvironment(const CellSpec& spec,
+                                                                   int rank = 0,
+                                                                   int world_size = 1,
+                                                                   int master_port = 0);
 
 /// Splits the worker's standard output into lines. A line that is a JSON object with an "event"
 /// member goes to the sink verbatim as an AttemptEvent; any other line (and a line over 4 MiB)
@@ -113,7 +107,8 @@ class WorkerStdoutRelay {
   std::string run_end_status_;
 };
 
-/// Writes `<attempt_dir>/run.json` and runs WorldSize(spec) worker processes ("ranks"), each
+/// Writes `<attempt_dir>/run.json` and runs spec.topology.world_size() worker processes
+/// ("ranks"), each
 /// `<worker> --run-spec <attempt_dir>/run.json --plugin <p>...` with cwd = attempt_dir and
 /// env = the agent's environment + WorkerEnvironment(spec, rank, world size, one free port),
 /// each on its own thread through RunProcess. Every rank's standard output goes through a
@@ -132,8 +127,8 @@ class WorkerStdoutRelay {
 ///    [(cancelled)]" or "cannot start worker: ...". More: "rank R of N exited with code C
 ///    [(signal S)] before|after run_end[; ranks a, b stopped]", "cannot start rank R of N: ...",
 ///    or "ranks a, b of N stopped before run_end (cancelled)"; exit_code is the failed rank's.
-/// Errors before any launch (bad spec, attempt dir, run.json, no free port) are "error" ends
-/// too ("invalid spec: ..." for a bad "env" or "topology"). `seq` is events + 1.
+/// Errors before any launch (too few GPUs, attempt dir, run.json, no free port) are "error" ends
+/// too. `seq` is events + 1.
 /// `used_ports`, when given, receives the ports the ranks were told to use (MASTER_PORT), for
 /// the cleanup check.
 AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel = {},

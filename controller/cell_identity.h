@@ -1,5 +1,5 @@
-// Cell identity: validating the submit body (docs/protocols.md §1) and freezing it into the
-// canonical spec whose SHA-256 is the cell id (§2). Domain logic: no transport, SQLite or
+// Cell identity: freezing a submit body (docs/protocols.md §1, read by common/cell_spec.h) into
+// the canonical spec whose SHA-256 is the cell id (§2). Domain logic: no transport, SQLite or
 // libgit2 header; the commit comes through CommitResolver and digests through DigestCache.
 #pragma once
 
@@ -9,67 +9,15 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "common/cell_spec.h"
 #include "common/status.h"
 #include "controller/commit_resolver.h"
 #include "controller/digest_cache.h"
 
 namespace gatehouse::controller {
 
-/// Controller-wide settings that identity depends on.
-struct IdentityConfig {
-  std::vector<std::string> families = {"llama"};  // --families
-  std::string torch_pin = "2.11.0";               // --torch-pin: default runtime.torch
-};
-
-/// The submit body after validation, with every default filled (docs/protocols.md §1).
-struct SubmitRequest {
-  std::string repository;
-  std::string branch;  // empty when only commit was given
-  std::string commit;  // empty when only branch was given; lower-case 40 hex otherwise
-  std::string model_family;
-  std::string checkpoint;  // absolute, lexically normal, no trailing '/'
-  std::string reference;   // ditto; default <checkpoint>/../reference
-  std::string precision = "fp32";
-  std::string mode = "eager";
-  std::string device = "cpu";
-  struct Topology {
-    int64_t tp = 1, dp = 1, pp = 1, ep = 1;
-  } topology;
-  struct Training {
-    int64_t steps = 2;
-    double lr = 0.001;
-    int64_t seed = 1234;
-  } training;
-  int64_t max_new_tokens = 32;
-  std::map<std::string, std::string> env;
-  std::vector<std::string> phases;  // known names in kPhases order, no duplicates
-  std::string torch;                // runtime.torch
-  std::string cuda;                 // runtime.cuda ("13.0"); empty: not pinned, not in the spec
-  std::string gpu_model;            // runtime.gpu_model ("H200"); empty: any, not in the spec
-  int priority = 0;                 // scheduling only (-100..100); never in the spec
-};
-
-/// Parses and validates a submit body. Checks types and values only (no filesystem or git).
-/// Errors: INVALID_ARGUMENT naming the field and the offending value, e.g.
-/// "unknown field 'foo'", "field 'topology.tp': expected a positive integer, got \"2\"";
-/// arrays/objects nested deeper than 64 levels are rejected. Messages are valid UTF-8.
-Result<SubmitRequest> ParseSubmitBody(std::string_view body, const IdentityConfig& config);
-
-/// The frozen spec of docs/protocols.md §2 for a validated request and its resolved inputs.
-nlohmann::json BuildFrozenSpec(const SubmitRequest& request, const std::string& commit,
-                               const std::string& checkpoint_digest,
-                               const std::string& reference_digest);
-
-/// The canonical serialisation (keys sorted, no whitespace) of a spec.
-std::string CanonicalJson(const nlohmann::json& spec);
-
-/// The cell id: lower-case hex SHA-256 of CanonicalJson(spec).
-std::string CellIdOf(const nlohmann::json& spec);
-
-/// A submit body that reproduces the cell of `spec` (names the commit, not the branch).
-nlohmann::json ReproduceBody(const nlohmann::json& spec);
+/// The cell id: lower-case hex SHA-256 of CanonicalSpecJson(spec).
+std::string CellIdOf(const CellSpec& spec);
 
 /// A frozen cell: the id, its canonical spec and the labels kept beside it.
 struct FrozenCell {
@@ -89,16 +37,16 @@ struct FrozenCell {
 /// hashing may take seconds; do not call on an event loop.
 class CellFreezer {
  public:
-  CellFreezer(IdentityConfig config, CommitResolver& resolver, DigestCache& digests);
+  CellFreezer(SubmitContext config, CommitResolver& resolver, DigestCache& digests);
 
-  /// Errors: INVALID_ARGUMENT from ParseSubmitBody; NOT_FOUND naming the checkpoint or
+  /// Errors: INVALID_ARGUMENT from ParseSubmitBody (common/cell_spec.h); NOT_FOUND naming the checkpoint or
   /// reference path, the repository, branch or commit.
   Result<FrozenCell> Freeze(std::string_view body);
 
-  const IdentityConfig& config() const { return config_; }
+  const SubmitContext& config() const { return config_; }
 
  private:
-  IdentityConfig config_;
+  SubmitContext config_;
   CommitResolver& resolver_;
   DigestCache& digests_;
 };

@@ -26,20 +26,22 @@ ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig l
                                MonotonicClock lease_clock)
     : store_(store),
       freezer_(freezer),
-      lease_(lease),
       clock_(std::move(clock)),
       limits_(limits),
       policy_(policy),
       lease_clock_(lease_clock ? std::move(lease_clock) : MonotonicFrom(clock_)),
-      started_(lease_clock_()) {}
+      agents_(lease, lease_clock_),
+      scheduling_([this] { RunSchedulingPasses(); }, kMinPassInterval),
+      maintenance_(
+          [this] {
+            ExpireLeases();
+            EnforceTimeLimits();
+          },
+          std::chrono::seconds(1)) {}
 
 bool ControllerCore::SendCancelTo(const std::string& agent_id, int64_t attempt_id,
                                   const std::string& reason) {
-  std::shared_ptr<AgentChannel> channel;
-  {
-    std::lock_guard lock(agents_mu_);
-    if (auto it = agents_.find(agent_id); it != agents_.end()) channel = it->second.channel;
-  }
+  std::shared_ptr<AgentChannel> channel = agents_.Channel(agent_id);
   return channel && channel->SendCancel(attempt_id, reason);
 }
 
@@ -197,20 +199,17 @@ Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
   std::map<std::string, int> running;
   for (const ActiveAttempt& a : active) ++running[a.agent_id];
   std::vector<AgentStatus> out;
-  const auto now = lease_clock_();
   const auto wall_now = clock_();
-  std::lock_guard lock(agents_mu_);
   for (AgentRecord& r : records) {
     AgentStatus st;
-    if (auto it = agents_.find(r.id); it != agents_.end()) {
-      st.attached = true;
-      st.slots = it->second.slots;
-      st.drain_reason = it->second.drain_reason;
-    }
-    st.silent = SilentLocked(r.id, now);
-    if (auto seen = last_seen_.find(r.id); seen != last_seen_.end()) {
+    const AgentLiveness live = agents_.Liveness(r.id);
+    st.attached = live.attached;
+    st.slots = live.slots;
+    st.drain_reason = live.drain_reason;
+    st.silent = live.silent;
+    if (live.heard_ago) {
       st.last_seen_at = FormatTimestamp(
-          wall_now - std::chrono::duration_cast<std::chrono::system_clock::duration>(now - seen->second));
+          wall_now - std::chrono::duration_cast<std::chrono::system_clock::duration>(*live.heard_ago));
     }
     st.running = running[r.id];
     st.record = std::move(r);
@@ -244,10 +243,7 @@ Result<std::string> ControllerCore::ReadLog(const std::string& id, const std::st
 
 Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
   if (hello.name.empty()) return Status::InvalidArgument("register: field 'agent_name' is empty");
-  {
-    std::lock_guard lock(agents_mu_);
-    GH_RETURN_IF_ERROR(NameTakenLocked(hello));
-  }
+  GH_RETURN_IF_ERROR(agents_.CheckName(hello));
   AgentRecord record;
   record.id = hello.name;
   record.name = hello.name;
@@ -256,24 +252,6 @@ Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
   // Heard from once attached (AttachAgent): a sign of life here would make a silent instance
   // holding the name look alive to the attach-time check.
   return record.id;
-}
-
-Status ControllerCore::NameTakenLocked(const AgentHello& hello) const {
-  auto it = agents_.find(hello.name);
-  const auto now = lease_clock_();
-  // An attached instance that said who it is keeps its name against anyone else, including
-  // a Register that names no instance.
-  if (it != agents_.end() && !it->second.instance_id.empty() &&
-      it->second.instance_id != hello.instance_id && !SilentLocked(hello.name, now)) {
-    const double heard_s = std::chrono::duration<double>(now - LastHeardLocked(hello.name)).count();
-    char ago[32];
-    std::snprintf(ago, sizeof ago, "%.1f", heard_s);
-    return Status::AlreadyExists("agent '" + hello.name +
-                                 "' is already connected (another instance, heard from " + ago +
-                                 " s ago); a second agent with this name is refused until the "
-                                 "first disconnects or goes silent");
-  }
-  return Status::Ok();
 }
 
 Status ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello& hello,
@@ -285,16 +263,9 @@ Status ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello
     // committed its leases before the reconcile below reads them (and loses what the agent
     // does not hold), and no pass uses the old channel after the swap.
     std::lock_guard schedule_lock(schedule_mu_);
-    {
-      std::lock_guard lock(agents_mu_);
-      // Again here, atomically with the attach: two instances may both have passed
-      // RegisterAgent before either attached.
-      GH_RETURN_IF_ERROR(NameTakenLocked(hello));
-      last_seen_[agent_id] = lease_clock_();
-      agents_[agent_id] = Attached{slots,           std::max(hello.gpus, 0), hello.torch_version,
-                                   hello.cuda_version, channel,  hello.drain_reason,
-                                   hello.lane,         hello.gpu_models, hello.instance_id};
-    }
+    // The name again, atomically with the attach: two instances may both have passed
+    // RegisterAgent before either attached.
+    GH_RETURN_IF_ERROR(agents_.Attach(agent_id, hello, channel));
     cancels = ReconcileLocked(agent_id, hello.held_attempts);
   }
   spdlog::info("agent '{}' connected ({} slot(s), {} GPU(s), torch '{}')", agent_id, slots,
@@ -305,12 +276,7 @@ Status ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello
 }
 
 void ControllerCore::DetachAgent(const std::string& agent_id, const AgentChannel* channel) {
-  {
-    std::lock_guard lock(agents_mu_);
-    auto it = agents_.find(agent_id);
-    if (it == agents_.end() || it->second.channel.get() != channel) return;  // replaced
-    agents_.erase(it);
-  }
+  if (!agents_.Detach(agent_id, channel)) return;  // a newer stream replaced it
   // Its leases stay: it may reconnect and go on; ExpireLeases ends them if it stays away.
   Status s = store_.SetAgentState(agent_id, "disconnected");
   if (!s.ok()) spdlog::warn("agent '{}': {}", agent_id, s.ToString());
@@ -319,33 +285,8 @@ void ControllerCore::DetachAgent(const std::string& agent_id, const AgentChannel
 
 Status ControllerCore::Heartbeat(const std::string& agent_id, const std::string& drain_reason) {
   Touch(agent_id);
-  bool resumed = false;
-  {
-    std::lock_guard lock(agents_mu_);
-    if (auto it = agents_.find(agent_id); it != agents_.end() &&
-                                          it->second.drain_reason != drain_reason) {
-      if (drain_reason.empty()) {
-        spdlog::info("agent '{}' no longer drains", agent_id);
-        resumed = true;
-      } else {
-        spdlog::warn("agent '{}' drains: {}", agent_id, drain_reason);
-      }
-      it->second.drain_reason = drain_reason;
-    }
-  }
-  // Leases run on the in-memory time (Touch); the stored last_heartbeat_at is for people, so
-  // it is written at most every kHeartbeatWriteInterval per agent, not on every heartbeat.
-  const auto now = lease_clock_();
-  bool write = false;
-  {
-    std::lock_guard lock(agents_mu_);
-    auto [it, inserted] = heartbeat_written_.try_emplace(agent_id, now);
-    if (inserted || now - it->second >= kHeartbeatWriteInterval) {
-      it->second = now;
-      write = true;
-    }
-  }
-  if (write) GH_RETURN_IF_ERROR(store_.TouchAgent(agent_id));
+  const bool resumed = agents_.SetDrainReason(agent_id, drain_reason);
+  if (agents_.HeartbeatWriteDue(agent_id)) GH_RETURN_IF_ERROR(store_.TouchAgent(agent_id));
   if (resumed) Schedule();
   return Status::Ok();
 }
@@ -383,7 +324,8 @@ std::vector<std::pair<int64_t, std::string>> ControllerCore::ReconcileLocked(
 }
 
 bool ControllerCore::Lose(const ActiveAttempt& a, const std::string& reason) {
-  Result<std::optional<int64_t>> retry = store_.LoseAttempt(a.attempt_id, reason, lease_.retry_limit);
+  Result<std::optional<int64_t>> retry =
+      store_.LoseAttempt(a.attempt_id, reason, agents_.lease().retry_limit);
   if (!retry.ok()) {
     spdlog::error("attempt {}: {}", a.attempt_id, retry.status().ToString());
     return false;
@@ -394,64 +336,29 @@ bool ControllerCore::Lose(const ActiveAttempt& a, const std::string& reason) {
 }
 
 void ControllerCore::Touch(const std::string& agent_id) {
-  const auto now = lease_clock_();
-  bool resumed = false;
-  {
-    std::lock_guard lock(agents_mu_);
-    // An attached agent that was silent takes work again: schedule, or a retry queued while it
-    // was silent would wait for an unrelated event.
-    resumed = agents_.count(agent_id) && SilentLocked(agent_id, now);
-    last_seen_[agent_id] = now;
-  }
-  if (resumed) Schedule();
-}
-
-std::chrono::steady_clock::time_point ControllerCore::LastHeardLocked(
-    const std::string& agent_id) const {
-  auto it = last_seen_.find(agent_id);
-  return it != last_seen_.end() ? it->second : NotYetHeard();
-}
-
-std::chrono::steady_clock::time_point ControllerCore::NotYetHeard() const {
-  const auto extra = std::max(lease_.restart_grace - lease_.lease_timeout(),
-                              std::chrono::milliseconds(0));
-  return started_ + extra;
-}
-
-bool ControllerCore::SilentLocked(const std::string& agent_id,
-                                  std::chrono::steady_clock::time_point now) const {
-  return now - LastHeardLocked(agent_id) > lease_.lease_timeout();
+  // An attached agent that was silent takes work again: schedule, or a retry queued while it
+  // was silent would wait for an unrelated event.
+  if (agents_.Touch(agent_id)) Schedule();
 }
 
 int ControllerCore::ExpireLeases() {
-  const auto now = lease_clock_();
   auto active = store_.ListActiveAttempts();
   if (!active.ok()) {
     spdlog::error("lease expiry: {}", active.status().ToString());
     return 0;
   }
-  std::map<std::string, double> silent_s;  // agent -> seconds since last heard
-  {
-    std::lock_guard lock(agents_mu_);
-    for (const ActiveAttempt& a : *active) {
-      if (!SilentLocked(a.agent_id, now)) continue;
-      silent_s[a.agent_id] = std::chrono::duration<double>(now - LastHeardLocked(a.agent_id)).count();
-    }
-  }
+  const LeaseConfig& lease = agents_.lease();
   int lost = 0;
   for (const ActiveAttempt& a : *active) {
-    auto silent = silent_s.find(a.agent_id);
-    if (silent == silent_s.end()) continue;
-    {
-      // Heard from since the snapshot (e.g. it re-registered holding this attempt): keep it.
-      std::lock_guard lock(agents_mu_);
-      if (!SilentLocked(a.agent_id, lease_clock_())) continue;
-    }
+    // Read now, not from a snapshot: an agent heard from meanwhile (e.g. it re-registered
+    // holding this attempt) keeps it.
+    const auto silent = agents_.SilentFor(a.agent_id);
+    if (!silent) continue;
     char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.1f", silent->second);
+    std::snprintf(seconds, sizeof seconds, "%.1f", std::chrono::duration<double>(*silent).count());
     if (Lose(a, "agent '" + a.agent_id + "' unreachable: not heard from for " + seconds +
-                    " s (heartbeat every " + std::to_string(lease_.heartbeat_interval.count()) +
-                    " ms, " + std::to_string(lease_.missed_heartbeats) + " missed)")) {
+                    " s (heartbeat every " + std::to_string(lease.heartbeat_interval.count()) +
+                    " ms, " + std::to_string(lease.missed_heartbeats) + " missed)")) {
       ++lost;
     }
   }
@@ -547,54 +454,19 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
   return Status::Ok();
 }
 
-ControllerCore::~ControllerCore() { StopSchedulerThread(); }
+ControllerCore::~ControllerCore() { StopBackgroundWork(); }
 
-void ControllerCore::StartSchedulerThread() {
-  std::lock_guard lock(scheduler_mu_);
-  if (scheduler_thread_.joinable()) return;
-  scheduler_stopping_ = false;
-  scheduler_thread_ = std::thread([this] {
-    std::unique_lock lock(scheduler_mu_);
-    while (true) {
-      scheduler_cv_.wait(lock, [this] { return scheduler_requested_ || scheduler_stopping_; });
-      if (scheduler_stopping_) return;
-      scheduler_requested_ = false;
-      lock.unlock();
-      const auto started = std::chrono::steady_clock::now();
-      RunSchedulingPasses();
-      lock.lock();
-      // Requests made within kMinPassInterval of a pass's start wait for its end: one pass
-      // then places the whole batch (a pass reads every agent, so a pass per submit would
-      // cost O(agents) per cell), at the price of at most that much latency.
-      scheduler_cv_.wait_until(lock, started + kMinPassInterval,
-                               [this] { return scheduler_stopping_; });
-    }
-  });
+void ControllerCore::StartBackgroundWork() {
+  scheduling_.Start();
+  maintenance_.Start();
 }
 
-void ControllerCore::StopSchedulerThread() {
-  std::thread thread;
-  {
-    std::lock_guard lock(scheduler_mu_);
-    if (!scheduler_thread_.joinable()) return;
-    scheduler_stopping_ = true;
-    thread = std::move(scheduler_thread_);
-  }
-  scheduler_cv_.notify_all();
-  thread.join();
+void ControllerCore::StopBackgroundWork() {
+  maintenance_.Stop();
+  scheduling_.Stop();
 }
 
-void ControllerCore::Schedule() {
-  {
-    std::lock_guard lock(scheduler_mu_);
-    if (scheduler_thread_.joinable()) {
-      scheduler_requested_ = true;
-      scheduler_cv_.notify_one();
-      return;
-    }
-  }
-  RunSchedulingPasses();
-}
+void ControllerCore::Schedule() { scheduling_.Request(); }
 
 void ControllerCore::RunSchedulingPasses() {
   // Passes coalesce: a caller that finds one in progress leaves a note and returns; the pass
@@ -632,24 +504,7 @@ ControllerCore::PlaceQueuedLocked() {
     return sends;
   }
   if (queue->empty()) return sends;  // most passes (after every end): nothing waits
-  std::vector<AgentView> view;  // sorted by agent id (agents_ is a std::map)
-  {
-    std::lock_guard lock(agents_mu_);
-    const auto now = lease_clock_();
-    const auto not_yet_heard = NotYetHeard();
-    view.reserve(agents_.size());
-    // agents_ and last_seen_ are both ordered by agent id: walk them together.
-    auto seen = last_seen_.begin();
-    for (const auto& [id, attached] : agents_) {
-      while (seen != last_seen_.end() && seen->first < id) ++seen;
-      const auto heard = seen != last_seen_.end() && seen->first == id ? seen->second : not_yet_heard;
-      // Unreachable (as SilentLocked): no new work until heard from.
-      if (now - heard > lease_.lease_timeout()) continue;
-      view.push_back({id, attached.slots, 0, attached.gpus, 0, attached.torch_version,
-                      attached.cuda_version, attached.drain_reason, attached.lane,
-                      attached.gpu_models});
-    }
-  }
+  std::vector<AgentView> view = agents_.SchedulableViews();  // sorted by agent id
   auto active = store_.ListActiveAttempts();
   if (!active.ok()) {
     spdlog::error("schedule: {}", active.status().ToString());
@@ -719,13 +574,7 @@ ControllerCore::PlaceQueuedLocked() {
   // schedule_mu_ (held here); an agent that detached meanwhile keeps its lease, as a failed
   // send does (reconcile or lease expiry ends it).
   std::vector<std::shared_ptr<AgentChannel>> channels;
-  {
-    std::lock_guard lock(agents_mu_);
-    for (const Placement& p : placements) {
-      auto it = agents_.find(p.agent_id);
-      channels.push_back(it == agents_.end() ? nullptr : it->second.channel);
-    }
-  }
+  for (const Placement& p : placements) channels.push_back(agents_.Channel(p.agent_id));
   for (size_t i = 0; i < placements.size(); ++i) {
     const Placement& p = placements[i];
     auto cell = store_.GetCell(p.cell_id);

@@ -1,6 +1,9 @@
 // The controller's domain service: submitting and reading cells, and the agent side of an
-// attempt's life (registration, events, logs, end). Transports (REST, gRPC) translate to and
-// from these calls; this layer includes no transport, SQLite or libgit2 header.
+// attempt's life (registration, events, logs, end), over the store, the agent registry
+// (agent_registry.h: who is attached and alive) and two background loops (loops.h: the
+// scheduling passes, and lease expiry with time limits every second). Transports (REST, gRPC)
+// translate to and from these calls; this layer includes no transport, SQLite or libgit2
+// header.
 #pragma once
 
 #include <atomic>
@@ -18,49 +21,15 @@
 #include <vector>
 
 #include "common/status.h"
+#include "controller/agent_registry.h"
 #include "controller/cell_identity.h"
 #include "controller/clock.h"
+#include "controller/loops.h"
 #include "controller/records.h"
 #include "controller/scheduler.h"
 #include "controller/store/store.h"
 
 namespace gatehouse::controller {
-
-/// Work pushed to an agent (the domain form of agent.proto's Assignment).
-struct AssignmentMessage {
-  int64_t attempt_id = 0;
-  std::string cell_id;
-  std::string spec_json;  // canonical frozen spec
-  std::string branch;     // label only
-};
-
-/// The controller's outbound half of one connected agent's stream. Implemented by the gRPC
-/// transport. Implementations must be thread-safe.
-class AgentChannel {
- public:
-  virtual ~AgentChannel() = default;
-  /// Returns false when the stream is closed or broken.
-  virtual bool SendAssignment(const AssignmentMessage& assignment) = 0;
-  /// Asks the agent to stop attempt `attempt_id` (agent.proto Cancel). Same return.
-  virtual bool SendCancel(int64_t attempt_id, const std::string& reason) = 0;
-};
-
-/// What an agent says about itself when it registers.
-struct AgentHello {
-  std::string name;
-  std::string capabilities_json;  // Capabilities as JSON, stored as is
-  int slots = 1;                  // attempts it runs at once
-  int gpus = 0;                   // GPUs it discovered (scheduling: one per CUDA rank)
-  std::string torch_version;      // its worker's torch (scheduling: the cell's runtime pin)
-  std::string cuda_version;       // CUDA its worker's LibTorch is built with ("13.0"; pin)
-  /// Register.running_attempt_ids: the attempts the agent still holds (AttachAgent reconciles).
-  std::vector<int64_t> held_attempts;
-  /// Register.drain_reason: non-empty while the agent drains (takes no new work).
-  std::string drain_reason;
-  std::string lane;                     // Capabilities.labels["lane"]: cpu | gpu | npu
-  std::vector<std::string> gpu_models;  // Capabilities.gpus[].model
-  std::string instance_id;              // Register.instance_id; empty: not sent
-};
 
 /// An agent as the API shows it: what it registered with and its live state here.
 struct AgentStatus {
@@ -77,26 +46,6 @@ struct AgentStatus {
 struct SubmitOutcome {
   CellDetail cell;
   bool created = false;  // false: the same inputs were submitted before
-};
-
-/// The attempt heartbeat interval agents are told at registration.
-inline constexpr int kHeartbeatIntervalMs = 5000;
-
-/// Leases and retries (controller flags --heartbeat-ms, --missed-heartbeats, --retry-limit).
-struct LeaseConfig {
-  /// How often agents heartbeat (told at registration).
-  std::chrono::milliseconds heartbeat_interval{kHeartbeatIntervalMs};
-  /// An agent not heard from (any message) for this many intervals is unreachable: its leases
-  /// expire and its attempts become lost.
-  int missed_heartbeats = 3;
-  /// Lost attempts of one cell retried automatically (a new attempt each); 0: never.
-  int retry_limit = 2;
-  /// After a controller (re)start, how long an agent holding a lease has to reconnect before
-  /// its attempts are lost (at least one lease timeout applies); covers the agents' reconnect
-  /// backoff (at most 5 s by default).
-  std::chrono::milliseconds restart_grace{15000};
-  /// heartbeat_interval x missed_heartbeats.
-  std::chrono::milliseconds lease_timeout() const { return heartbeat_interval * missed_heartbeats; }
 };
 
 /// Time limits (controller flags --queued-timeout-s, --attempt-timeout-s, --phase-timeout-s);
@@ -122,7 +71,7 @@ class ControllerCore {
                  Clock clock = SystemClock(), TimeLimits limits = {},
                  SchedulingPolicy policy = {}, MonotonicClock lease_clock = {});
 
-  const LeaseConfig& lease_config() const { return lease_; }
+  const LeaseConfig& lease_config() const { return agents_.lease(); }
 
   // ---- REST side ----
 
@@ -191,16 +140,15 @@ class ControllerCore {
   /// and, within the cell's retry limit, gets a new queued attempt (Store::LoseAttempt); then
   /// schedules. An agent the controller has not heard from since it started counts from its
   /// start plus `restart_grace`, so leases survive a controller restart while their agents
-  /// reconnect. Silent agents
-  /// take no new work until they are heard from again. Returns the attempts lost. Call it
-  /// periodically (controller/main.cc: every second).
+  /// reconnect. Silent agents take no new work until they are heard from again. Returns the
+  /// attempts lost. StartBackgroundWork runs it every second.
   int ExpireLeases();
 
   /// Ends what is over a time limit (TimeLimits): a queued attempt becomes timed_out at once;
   /// a leased or running one gets a stop request (recorded as timed_out, reason naming the
   /// limit, and the phase for a phase limit) sent to its agent like a cancel, and ends
   /// timed_out when the agent reports the end (or at lease expiry). Returns the attempts
-  /// stopped. Call it periodically (controller/main.cc: every second).
+  /// stopped. StartBackgroundWork runs it every second.
   int EnforceTimeLimits();
 
   /// Stores an event idempotently by (attempt_id, seq) and applies it (phase_start makes the
@@ -226,46 +174,25 @@ class ControllerCore {
   /// runs the pass on the caller's thread (passes coalesce either way).
   void Schedule();
 
-  /// Starts the scheduler thread: from now on Schedule() only asks it for a pass, so the
-  /// REST and agent threads never run one, and requests made while a pass runs are served by
-  /// one more pass, started at most every kMinPassInterval (5 ms), so a burst of submits is
-  /// placed a batch per pass, not a pass each. The controller process starts it; unit tests
-  /// schedule on the caller's thread. Idempotent.
-  void StartSchedulerThread();
-  /// Stops and joins the scheduler thread (after its current pass); called by the destructor.
-  void StopSchedulerThread();
+  /// Starts the background threads: the scheduler thread (from now on Schedule() only asks it
+  /// for a pass, so the REST and agent threads never run one; requests made while a pass runs
+  /// are served by one more pass, started at most every kMinPassInterval (5 ms), so a burst of
+  /// submits is placed a batch per pass) and the maintenance thread (ExpireLeases and
+  /// EnforceTimeLimits every second). The controller process starts them; unit tests schedule
+  /// on the caller's thread and call ExpireLeases themselves. Idempotent.
+  void StartBackgroundWork();
+  /// Stops and joins both threads (after their current run); called by the destructor.
+  void StopBackgroundWork();
   ~ControllerCore();
 
  private:
-  struct Attached {
-    int slots = 1;
-    int gpus = 0;
-    std::string torch_version;
-    std::string cuda_version;
-    std::shared_ptr<AgentChannel> channel;
-    std::string drain_reason;
-    std::string lane;
-    std::vector<std::string> gpu_models;
-    std::string instance_id;
-  };
-
-  /// ALREADY_EXISTS when another live instance holds hello.name (agents_mu_ held).
-  Status NameTakenLocked(const AgentHello& hello) const;
-  /// Notes a sign of life from `agent_id` (agents_mu_ not held).
-  void Touch(const std::string& agent_id);
-  /// When `agent_id` was last heard from; for an agent not heard from since the controller
-  /// started, the start plus what restart_grace adds beyond a lease (agents_mu_ held).
-  std::chrono::steady_clock::time_point LastHeardLocked(const std::string& agent_id) const;
-  /// LastHeardLocked of an agent not heard from since the controller started.
-  std::chrono::steady_clock::time_point NotYetHeard() const;
   /// Store::LoseAttempt with the retry limit, logged; false (logged) on a store error.
   bool Lose(const ActiveAttempt& a, const std::string& reason);
   /// AttachAgent's reconcile (schedule_mu_ held); returns the Cancels to send.
   std::vector<std::pair<int64_t, std::string>> ReconcileLocked(const std::string& agent_id,
                                                                const std::vector<int64_t>& held);
-  /// True when `agent_id` was last heard from more than the lease timeout before `now`
-  /// (agents_mu_ held).
-  bool SilentLocked(const std::string& agent_id, std::chrono::steady_clock::time_point now) const;
+  /// A sign of life from `agent_id`; schedules when it takes work again.
+  void Touch(const std::string& agent_id);
 
   Result<CellDetail> LoadDetail(const CellRecord& cell);
   /// One scheduling pass (schedule_mu_ held): places queued attempts, persists the leases and
@@ -277,29 +204,16 @@ class ControllerCore {
 
   Store& store_;
   CellFreezer& freezer_;
-  const LeaseConfig lease_;
   const Clock clock_;
   const TimeLimits limits_;
   const SchedulingPolicy policy_;
   /// Leases, heartbeats and silence run on this clock (never on clock_, which stamps rows).
   const MonotonicClock lease_clock_;
-  const std::chrono::steady_clock::time_point started_;
+  AgentRegistry agents_;
 
-  std::mutex agents_mu_;  // guards agents_ and last_seen_
-  std::map<std::string, Attached> agents_;
-  std::map<std::string, std::chrono::steady_clock::time_point> last_seen_;  // lease_clock_
-  /// When each agent's last_heartbeat_at was last stored (agents_mu_).
-  std::map<std::string, std::chrono::steady_clock::time_point> heartbeat_written_;
-  static constexpr std::chrono::seconds kHeartbeatWriteInterval{30};
   /// Schedule()'s passes, on whichever thread runs them.
   void RunSchedulingPasses();
-
-  std::mutex scheduler_mu_;  // guards the three below
-  std::condition_variable scheduler_cv_;
-  bool scheduler_requested_ = false;
-  bool scheduler_stopping_ = false;
-  std::thread scheduler_thread_;
-  /// The scheduler thread starts passes at most this often (batching; see StartSchedulerThread).
+  /// The scheduler thread starts passes at most this often (batching; see StartBackgroundWork).
   static constexpr std::chrono::milliseconds kMinPassInterval{5};
   std::mutex schedule_mu_;  // one scheduling pass at a time; guards demands_
   std::atomic<bool> schedule_pending_{false};  // a pass was asked for (Schedule coalesces)
@@ -310,6 +224,10 @@ class ControllerCore {
   /// written only in a scheduling pass.
   std::mutex waiting_mu_;
   std::map<int64_t, std::string> waiting_reasons_;
+
+  // Declared last: destroyed (threads joined) before the members their tasks use.
+  CoalescingLoop scheduling_;
+  PeriodicLoop maintenance_;
 };
 
 }  // namespace gatehouse::controller

@@ -2,10 +2,7 @@
 // Prints one "gatehouse-controller: <kind> listening on <host>:<port>" line per listener to
 // stdout (tests parse them); logs go to stderr. SIGTERM/SIGINT shut it down cleanly.
 #include <chrono>
-#include <condition_variable>
 #include <csignal>
-#include <mutex>
-#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -252,7 +249,7 @@ int Run(int argc, char** argv) {
     spdlog::error("{}", http_addr.status().message());
     return 2;
   }
-  IdentityConfig identity;
+  SubmitContext identity;
   identity.families = SplitCommas(families);
   identity.torch_pin = torch_pin;
   if (identity.families.empty()) {
@@ -280,7 +277,9 @@ int Run(int argc, char** argv) {
   DigestCache digests;
   CellFreezer freezer(identity, mirror, digests);
   ControllerCore core(**store, freezer, lease, SystemClock(), limits, policy, SteadyClock());
-  core.StartSchedulerThread();
+  // Attempts left queued by an earlier run are placed as agents connect; leases of agents that
+  // stay away expire and time limits are enforced (both every second).
+  core.StartBackgroundWork();
   auto grpc_addr = ParseHostPort("grpc", grpc);
   const std::string grpc_host = grpc_addr.ok() ? grpc_addr->host : grpc;
   AuthConfig auth_config;
@@ -342,30 +341,10 @@ int Run(int argc, char** argv) {
                anonymous_read ? " (anonymous read)" : "", tls_cert.empty() ? "off" : "on",
                tls_client_ca.empty() ? "" : " (agents: mutual)");
 
-  // Attempts left queued by an earlier run are placed as agents connect; leases of agents that
-  // stay away expire and time limits are enforced (both checked every second).
-  std::mutex reaper_mu;
-  std::condition_variable reaper_cv;
-  bool stopping = false;
-  std::thread reaper([&] {
-    std::unique_lock lock(reaper_mu);
-    while (!reaper_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stopping; })) {
-      lock.unlock();
-      core.ExpireLeases();
-      core.EnforceTimeLimits();
-      lock.lock();
-    }
-  });
   int signal = 0;
   sigwait(&signals, &signal);
   spdlog::info("signal {}: shutting down", signal);
-  {
-    std::lock_guard lock(reaper_mu);
-    stopping = true;
-  }
-  reaper_cv.notify_all();
-  reaper.join();
-  core.StopSchedulerThread();
+  core.StopBackgroundWork();
   (*http_server)->Stop();
   (*rpc_server)->Shutdown();
   spdlog::info("stopped");

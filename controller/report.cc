@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/phases.h"
-#include "controller/cell_identity.h"
+#include "common/cell_spec.h"
 
 namespace gatehouse::controller {
 namespace {
@@ -31,13 +31,6 @@ std::string Cell(std::string s) {
     }
   }
   return out.empty() ? "-" : out;
-}
-
-std::string At(const json& spec, const char* pointer) {
-  json::json_pointer p(pointer);
-  if (!spec.contains(p)) return "";
-  const json& v = spec.at(p);
-  return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
 std::string FigureText(const FigureRecord& f) {
@@ -82,8 +75,7 @@ std::vector<std::string> DecodedTextLines(const std::vector<PhaseRecord>& phases
 }  // namespace
 
 std::string RenderReport(const CellDetail& d) {
-  json spec = json::parse(d.cell.spec_json, nullptr, false);
-  if (spec.is_discarded()) spec = json::object();
+  const Result<CellSpec> spec = ParseCellSpecJson(d.cell.spec_json);
   std::string out;
   auto line = [&out](std::string_view s) {
     out += s;
@@ -100,18 +92,21 @@ std::string RenderReport(const CellDetail& d) {
   line(fmt::format("| commit | `{}` |", d.cell.commit_sha));
   line(fmt::format("| branch | {} |", Cell(d.cell.branch)));
   line(fmt::format("| model family | {} |", Cell(d.cell.model_family)));
-  line(fmt::format("| checkpoint | {} (`{}`) |", Cell(At(spec, "/checkpoint/path")),
-                   At(spec, "/checkpoint/digest")));
-  line(fmt::format("| reference | {} (`{}`) |", Cell(At(spec, "/reference/path")),
-                   At(spec, "/reference/digest")));
-  line(fmt::format("| runtime pin | torch {}, device {} |", Cell(At(spec, "/runtime/torch")),
-                   Cell(At(spec, "/runtime/device"))));
-  line(fmt::format("| topology | tp={} dp={} pp={} ep={} |", At(spec, "/topology/tp"),
-                   At(spec, "/topology/dp"), At(spec, "/topology/pp"), At(spec, "/topology/ep")));
-  line(fmt::format("| precision | {} |", Cell(At(spec, "/precision"))));
-  line(fmt::format("| mode | {} |", Cell(At(spec, "/mode"))));
-  line(fmt::format("| training | steps={} lr={} seed={} |", At(spec, "/training/steps"),
-                   At(spec, "/training/lr"), At(spec, "/training/seed")));
+  if (spec.ok()) {
+    const CellSpec& c = *spec;
+    line(fmt::format("| checkpoint | {} (`{}`) |", Cell(c.checkpoint.path), c.checkpoint.digest));
+    line(fmt::format("| reference | {} (`{}`) |", Cell(c.reference.path), c.reference.digest));
+    line(fmt::format("| runtime pin | torch {}, device {} |", Cell(c.runtime.torch),
+                     Cell(c.runtime.device)));
+    line(fmt::format("| topology | tp={} dp={} pp={} ep={} |", c.topology.tp, c.topology.dp,
+                     c.topology.pp, c.topology.ep));
+    line(fmt::format("| precision | {} |", Cell(c.precision)));
+    line(fmt::format("| mode | {} |", Cell(c.mode)));
+    line(fmt::format("| training | steps={} lr={} seed={} |", c.training.steps,
+                     json(c.training.lr).dump(), c.training.seed));
+  } else {
+    line(fmt::format("| spec | unreadable: {} |", Cell(spec.status().message())));
+  }
   line(fmt::format("| submitted | {} by {} |", d.cell.created_at, Cell(d.cell.submitter)));
   line("");
 
@@ -120,12 +115,7 @@ std::string RenderReport(const CellDetail& d) {
   line("");
   line("| phase | status | key figures | reason |");
   line("|---|---|---|---|");
-  std::vector<std::string> requested;
-  if (spec.contains("phases") && spec["phases"].is_array()) {
-    for (const auto& p : spec["phases"]) {
-      if (p.is_string()) requested.push_back(p.get<std::string>());
-    }
-  }
+  const std::vector<std::string> requested = spec.ok() ? spec->phases : std::vector<std::string>{};
   // Reported phases and requested-but-unreported ones, together in phase order.
   auto phase_row = [&](const PhaseRecord& p) {
     std::string figures;
@@ -189,10 +179,14 @@ std::string RenderReport(const CellDetail& d) {
 
   line("## Reproduce");
   line("");
+  if (!spec.ok()) {
+    line("The stored spec does not parse, so no body reproduces it.");
+    return out;
+  }
   line("Submit this body to `POST /api/v1/cells`; the same inputs give the same cell id.");
   line("");
   line("```json");
-  line(ReproduceBody(spec).dump(2));
+  line(ReproduceBody(*spec).dump(2));
   line("```");
   return out;
 }

@@ -1,36 +1,27 @@
 #include "controller/scheduler.h"
 
 #include <algorithm>
-#include <cctype>
 #include <deque>
 #include <functional>
 #include <optional>
 #include <queue>
 #include <tuple>
 
-#include <nlohmann/json.hpp>
-
 namespace gatehouse::controller {
 namespace {
-
-bool ContainsIgnoreCase(std::string_view haystack, std::string_view needle) {
-  auto lower = [](unsigned char c) { return static_cast<char>(std::tolower(c)); };
-  auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(),
-                        [&](char a, char b) { return lower(a) == lower(b); });
-  return it != haystack.end();
-}
 
 /// GPUs of `agent` that a demand for `model` may use (all of them when no model is pinned).
 int MatchingGpus(const AgentView& agent, const std::string& model) {
   if (model.empty()) return agent.gpus;
   int n = 0;
-  for (const std::string& m : agent.gpu_models) n += ContainsIgnoreCase(m, model) ? 1 : 0;
+  for (const std::string& m : agent.gpu_models) n += GpuModelMatches(m, model) ? 1 : 0;
   return n;
 }
 
 /// Why `agent` (with `free_slots` and `free_gpus` left this round) cannot take `d`; empty when
 /// it can.
 std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, const Demand& d) {
+  if (!d.invalid.empty()) return "the cell's spec is invalid (" + d.invalid + ")";
   if (!agent.drain_reason.empty()) return "draining (" + agent.drain_reason + ")";
   if (free_slots <= 0) return "no free slot";
   if (!d.torch.empty() && !agent.torch_version.empty() && agent.torch_version != d.torch) {
@@ -84,26 +75,21 @@ std::string WhyNot(const std::vector<AgentView>& agents, const std::vector<int>&
 
 }  // namespace
 
-Demand DemandOfSpec(std::string_view spec_json) {
+Demand DemandOf(const CellSpec& spec) {
   Demand d;
-  const nlohmann::json spec = nlohmann::json::parse(spec_json, nullptr, /*allow_exceptions=*/false);
-  if (!spec.is_object()) return d;
-  if (auto rt = spec.find("runtime"); rt != spec.end() && rt->is_object()) {
-    d.gpu = rt->value("device", "") == "cuda";
-    if (auto t = rt->find("torch"); t != rt->end() && t->is_string()) d.torch = t->get<std::string>();
-    if (auto c = rt->find("cuda"); c != rt->end() && c->is_string()) d.cuda = c->get<std::string>();
-    if (auto g = rt->find("gpu_model"); g != rt->end() && g->is_string()) {
-      d.gpu_model = g->get<std::string>();
-    }
-  }
-  if (auto topo = spec.find("topology"); topo != spec.end() && topo->is_object()) {
-    int64_t n = 1;
-    for (const char* k : {"tp", "dp", "pp"}) {
-      auto v = topo->find(k);
-      if (v != topo->end() && v->is_number_integer() && v->get<int64_t>() > 0) n *= v->get<int64_t>();
-    }
-    d.world_size = static_cast<int>(std::min<int64_t>(n, 1 << 20));
-  }
+  d.gpu = spec.runtime.device == "cuda";
+  d.world_size = spec.topology.world_size();
+  d.torch = spec.runtime.torch;
+  d.cuda = spec.runtime.cuda;
+  d.gpu_model = spec.runtime.gpu_model;
+  return d;
+}
+
+Demand DemandOfSpec(std::string_view spec_json) {
+  Result<CellSpec> spec = ParseCellSpecJson(spec_json);
+  if (spec.ok()) return DemandOf(*spec);
+  Demand d;
+  d.invalid = spec.status().message();
   return d;
 }
 

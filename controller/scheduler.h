@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/cell_spec.h"
 #include "controller/records.h"
 
 namespace gatehouse::controller {
@@ -19,10 +20,16 @@ struct Demand {
   std::string torch;    // runtime.torch, the pinned torch version ("2.11.0")
   std::string cuda;     // runtime.cuda, the pinned CUDA version ("13.0"); empty: not pinned
   std::string gpu_model;  // runtime.gpu_model ("H200"); empty: any GPU
+  /// Non-empty: the cell's stored spec does not parse (ParseCellSpec's error); no agent takes
+  /// it, and its waiting reason says why.
+  std::string invalid;
 };
 
-/// The demand of a frozen spec (docs/protocols.md §2). Missing or malformed members give the
-/// defaults (a CPU attempt of one rank, no pin): the spec was validated when it was frozen.
+/// The demand of a cell spec.
+Demand DemandOf(const CellSpec& spec);
+
+/// The demand of a stored frozen spec (docs/protocols.md §2), read with ParseCellSpecJson; a
+/// spec that does not parse gives a demand that fits no agent, with `invalid` set.
 Demand DemandOfSpec(std::string_view spec_json);
 
 /// An agent as the scheduler sees it.

@@ -8,6 +8,7 @@
 
 #include "agent_test_util.h"
 #include "fake_attempt_sink.h"
+#include "tests/common/sample_spec.h"
 
 namespace gatehouse::agent {
 namespace {
@@ -53,9 +54,10 @@ class AttemptRunnerTest : public ::testing::Test {
   }
 
   AttemptAssignment Assignment(int64_t id, const std::string& commit) {
-    json spec = {{"spec_version", 1}, {"repository", repo_.string()}, {"commit", commit},
-                 {"env", json::object()}};
-    return {id, "cell-" + std::to_string(id), spec.dump()};
+    CellSpec spec = gatehouse::testing::SampleSpec();
+    spec.repository = repo_.string();
+    spec.commit = commit;
+    return {id, "cell-" + std::to_string(id), CanonicalSpecJson(spec)};
   }
 
   TempDir tmp_;
@@ -123,14 +125,28 @@ TEST_F(AttemptRunnerTest, BuildFailureEndsInError) {
   EXPECT_TRUE(sink_.events.empty());
 }
 
-// Verifies that a spec without a repository or commit is refused as an invalid spec.
+// Verifies that a spec the agent cannot read (a member missing, not JSON, a bad topology, an
+// env value that is not a string) ends in error naming the field, before any checkout or rank.
 TEST_F(AttemptRunnerTest, InvalidSpecEndsInError) {
   AttemptRunner runner(config_);
   runner.Run({15, "cell", R"({"spec_version":1})"}, sink_);
   runner.Run({16, "cell", "not json"}, sink_);
-  ASSERT_EQ(sink_.ends.size(), 2u);
-  EXPECT_EQ(sink_.ends[0].reason, "invalid spec: spec field 'repository' must be a non-empty string");
-  EXPECT_EQ(sink_.ends[1].reason, "invalid spec: spec_json is not a JSON object");
+  json spec = json::parse(Assignment(17, good_).spec_json);
+  spec["topology"]["tp"] = 0;
+  runner.Run({17, "cell", spec.dump()}, sink_);
+  spec = json::parse(Assignment(18, good_).spec_json);
+  spec["env"] = {{"N", 3}};
+  runner.Run({18, "cell", spec.dump()}, sink_);
+  ASSERT_EQ(sink_.ends.size(), 4u);
+  EXPECT_EQ(sink_.ends[0].reason, "invalid spec: missing field 'repository'");
+  EXPECT_EQ(sink_.ends[1].reason.rfind("invalid spec: spec is not valid JSON: ", 0), 0u)
+      << sink_.ends[1].reason;
+  EXPECT_EQ(sink_.ends[2].reason,
+            "invalid spec: field 'topology.tp': expected an integer from 1 to 64, got 0");
+  EXPECT_EQ(sink_.ends[3].reason.rfind("invalid spec: field 'env.N': expected a string", 0), 0u)
+      << sink_.ends[3].reason;
+  EXPECT_FALSE(std::filesystem::exists(config_.work_dir / "attempts" / "17"));
+  EXPECT_TRUE(sink_.events.empty());
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ TEST(RecipeTest, AppliesDefaults) {
 
 // Verifies that the example recipe of the in-tree models/ folder is valid.
 TEST(RecipeTest, AcceptsTheModelsFolderRecipe) {
-  auto recipe = LoadRecipe(GATEHOUSE_SOURCE_DIR "/models", "HEAD");
+  auto recipe = LoadRecipe(std::filesystem::path(GATEHOUSE_SOURCE_DIR) / "models", "HEAD");
   ASSERT_TRUE(recipe.ok()) << recipe.status().ToString();
   EXPECT_EQ(recipe->target, "gatehouse_models");
 }

@@ -94,7 +94,7 @@ class AgentServiceTest : public ::testing::Test {
   testing::TempDir dir_;
   testing::FakeCommitResolver resolver_;
   DigestCache digests_;
-  CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
+  CellFreezer freezer_{SubmitContext{}, resolver_, digests_};
   std::unique_ptr<Store> store_;
   std::unique_ptr<ControllerCore> core_;
   std::unique_ptr<AgentRpcServer> server_;

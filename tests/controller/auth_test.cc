@@ -57,7 +57,7 @@ class AuthTest : public ::testing::Test {
   std::unique_ptr<Authenticator> auth_;
   testing::FakeCommitResolver resolver_;
   DigestCache digests_;
-  CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
+  CellFreezer freezer_{SubmitContext{}, resolver_, digests_};
   std::unique_ptr<ControllerCore> core_;
   std::unique_ptr<AgentRpcServer> server_;
   std::unique_ptr<pb::AgentService::Stub> stub_;

@@ -7,13 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/sample_spec.h"
+
 namespace gatehouse::controller {
 namespace {
 
 CellDetail DetailWithDecodeFigures(std::vector<FigureRecord> figures) {
   CellDetail d;
   d.cell.id = "abc";
-  d.cell.spec_json = R"({"phases": ["decode"]})";
+  CellSpec spec = gatehouse::testing::SampleSpec();
+  spec.phases = {"decode"};
+  d.cell.spec_json = CanonicalSpecJson(spec);
   PhaseRecord decode;
   decode.phase = "decode";
   decode.status = "PASS";
@@ -51,6 +55,36 @@ TEST(ReportTest, NoDecodedTextSectionWithoutGeneratedText) {
       {"detokenizer", R"("no text shown: no tokenizer file /x/tokenizer.json")", "text"},
   }));
   EXPECT_EQ(report.find("## Decoded text"), std::string::npos) << report;
+}
+
+// Verifies a stored spec that no longer reads (frozen before a limit existed) still gives a
+// report: the inputs row says why, and no reproduce body is offered.
+TEST(ReportTest, AnUnreadableStoredSpecIsNamedNotHidden) {
+  CellDetail d = DetailWithDecodeFigures({});
+  nlohmann::json spec = nlohmann::json::parse(d.cell.spec_json);
+  spec["decode"]["max_new_tokens"] = 100000000;
+  d.cell.spec_json = spec.dump();
+  const std::string report = RenderReport(d);
+  EXPECT_NE(report.find("| spec | unreadable: field 'decode.max_new_tokens': expected an integer "
+                        "from 1 to 4096, got 100000000 |"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("The stored spec does not parse, so no body reproduces it."),
+            std::string::npos);
+  EXPECT_EQ(report.find("```json"), std::string::npos);
+}
+
+// Verifies the inputs table and the reproduce body come from the typed spec.
+TEST(ReportTest, InputsAndReproduceBodyComeFromTheSpec) {
+  CellDetail d = DetailWithDecodeFigures({});
+  CellSpec spec = ParseCellSpecJson(d.cell.spec_json).value();
+  spec.topology.tp = 2;
+  spec.training.lr = 3e-4;
+  d.cell.spec_json = CanonicalSpecJson(spec);
+  const std::string report = RenderReport(d);
+  EXPECT_NE(report.find("| topology | tp=2 dp=1 pp=1 ep=1 |"), std::string::npos) << report;
+  EXPECT_NE(report.find("| training | steps=2 lr=0.0003 seed=1234 |"), std::string::npos) << report;
+  EXPECT_NE(report.find(ReproduceBody(spec).dump(2)), std::string::npos) << report;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <future>
 #include <iterator>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -142,7 +143,7 @@ class RestTest : public ::testing::Test {
   TempDir dir_;
   testing::FakeCommitResolver resolver_;
   DigestCache digests_;
-  CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
+  CellFreezer freezer_{SubmitContext{}, resolver_, digests_};
   std::unique_ptr<Store> store_;
   std::unique_ptr<ControllerCore> core_;
   AuthConfig auth_config_{.required = false};  // RestAuthTest turns tokens on
@@ -249,6 +250,43 @@ TEST_F(RestTest, UnknownCellIs404WithItsId) {
   EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/feedbeef/log").status, 404);
   EXPECT_EQ(Http(port_, "GET", "/api/v1/nothing").status, 404);
   EXPECT_EQ(Http(port_, "DELETE", "/api/v1/cells/feedbeef").status, 405);
+}
+
+// Verifies the route table is the one source of scopes and of the 405's Allow header: each
+// route's scope, the strongest scope of a known path for a method it lacks, the method list of
+// the path in Allow, HEAD on a GET route, and open routes needing no token.
+TEST_F(RestTest, RouteTableGivesScopesAndAllow) {
+  std::set<std::pair<std::string_view, std::string_view>> seen;
+  for (const Route& route : RestApi::Routes()) {
+    EXPECT_TRUE(seen.insert({route.method, route.pattern}).second) << route.pattern;
+    EXPECT_FALSE(route.name.empty()) << route.pattern;
+    EXPECT_NE(route.handler, nullptr) << route.name;
+    if (route.pattern.rfind("/api/v1/", 0) == 0 && route.name != "openapi") {
+      EXPECT_TRUE(route.scope.has_value()) << route.name << " holds data but asks no token";
+    }
+  }
+  EXPECT_EQ(RequiredScope("GET", "/api/v1/cells"), Scope::kRead);
+  EXPECT_EQ(RequiredScope("HEAD", "/api/v1/cells/abc"), Scope::kRead);
+  EXPECT_EQ(RequiredScope("POST", "/api/v1/cells"), Scope::kSubmit);
+  EXPECT_EQ(RequiredScope("POST", "/api/v1/cells/abc/cancel"), Scope::kSubmit);
+  EXPECT_EQ(RequiredScope("GET", "/api/v1/cells/abc/cancel"), Scope::kSubmit);
+  EXPECT_EQ(RequiredScope("PUT", "/api/v1/agents"), Scope::kSubmit);
+  EXPECT_EQ(RequiredScope("GET", "/api/v1/tokens"), Scope::kAdmin);
+  EXPECT_EQ(RequiredScope("GET", "/api/v1/tokens/3"), Scope::kAdmin);
+  EXPECT_EQ(RequiredScope("GET", "/api/v1/nothing"), Scope::kRead);
+  EXPECT_EQ(RequiredScope("DELETE", "/api/v1/nothing"), Scope::kSubmit);
+  EXPECT_EQ(RequiredScope("GET", "/healthz"), std::nullopt);
+  EXPECT_EQ(RequiredScope("GET", "/api/v1/openapi.json"), std::nullopt);
+  EXPECT_EQ(RequiredScope("GET", "/index.html"), std::nullopt);
+
+  Reply r = Http(port_, "DELETE", "/api/v1/cells");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_NE(r.head.find("Allow: GET, POST\r\n"), std::string::npos) << r.head;
+  r = Http(port_, "PUT", "/api/v1/tokens/3");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_NE(r.head.find("Allow: DELETE\r\n"), std::string::npos) << r.head;
+  EXPECT_EQ(Http(port_, "HEAD", "/api/v1/cells").status, 200);
+  EXPECT_EQ(Http(port_, "POST", "/healthz").status, 405);
 }
 
 TEST_F(RestTest, OversizeAndMalformedRequestsDoNotStopTheServer) {

@@ -7,15 +7,18 @@
 #include <nlohmann/json.hpp>
 
 #include "controller/attempt_state.h"
+#include "tests/common/sample_spec.h"
 
 namespace gatehouse::controller {
 namespace {
 
 using ::testing::HasSubstr;
+using ::gatehouse::testing::SampleSpec;
+using ::gatehouse::testing::SampleSpecJson;
 
 std::vector<QueuedAttempt> Queue(std::initializer_list<int64_t> ids) {
   std::vector<QueuedAttempt> q;
-  for (int64_t id : ids) q.push_back({id, "cell-" + std::to_string(id)});
+  for (int64_t id : ids) q.push_back({id, "cell-" + std::to_string(id), SampleSpecJson()});
   return q;
 }
 
@@ -51,7 +54,7 @@ TEST(SchedulerTest, NoPlacementWithoutFreeSlotsOrAgents) {
 /// A queued CPU attempt of `submitter` on `repository` with `priority`.
 QueuedAttempt Of(int64_t id, const std::string& submitter, int priority = 0,
                  const std::string& repository = "repo") {
-  return {id, "cell-" + std::to_string(id), "{}", priority, submitter, repository};
+  return {id, "cell-" + std::to_string(id), SampleSpecJson(), priority, submitter, repository};
 }
 
 TEST(SchedulerTest, HigherPriorityGoesFirst) {
@@ -103,7 +106,10 @@ TEST(SchedulerTest, PerRepositoryLimitHoldsBackOnlyThatRepository) {
 
 TEST(SchedulerTest, AGpuModelPinNeedsThatModel) {
   QueuedAttempt h200 = Of(1, "ci");
-  h200.spec_json = R"({"runtime":{"device":"cuda","gpu_model":"h200"},"topology":{"tp":1}})";
+  CellSpec spec = SampleSpec();
+  spec.runtime.device = "cuda";
+  spec.runtime.gpu_model = "h200";
+  h200.spec_json = CanonicalSpecJson(spec);
   AgentView a100{"a100-node", 4, 0, 2, 0};
   a100.gpu_models = {"NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"};
   AgentView h{"h200-node", 4, 0, 1, 0};
@@ -111,7 +117,9 @@ TEST(SchedulerTest, AGpuModelPinNeedsThatModel) {
   auto placements = Schedule({h200}, {a100, h});
   ASSERT_EQ(placements.size(), 1u);
   EXPECT_EQ(placements[0].agent_id, "h200-node");
-  h200.spec_json = R"({"runtime":{"device":"cuda","gpu_model":"H200"},"topology":{"tp":2}})";
+  spec.runtime.gpu_model = "H200";
+  spec.topology.tp = 2;
+  h200.spec_json = CanonicalSpecJson(spec);
   std::vector<Waiting> waiting;
   EXPECT_TRUE(Schedule({h200}, {a100, h}, &waiting).empty());
   ASSERT_EQ(waiting.size(), 1u);
@@ -142,7 +150,6 @@ TEST(SchedulerTest, AWaitingReasonGroupsAgentsThatMisfitAlike) {
   agents.push_back({"old", 1, 0, 0, 0, "2.9.0"});
   std::vector<Waiting> waiting;
   QueuedAttempt attempt = Of(1, "ci");
-  attempt.spec_json = R"({"runtime":{"torch":"2.11.0","device":"cpu"}})";
   EXPECT_TRUE(Schedule({attempt}, agents, &waiting).empty());
   ASSERT_EQ(waiting.size(), 1u);
   EXPECT_EQ(waiting[0].reason,
@@ -166,9 +173,11 @@ TEST(SchedulerTest, ADrainingAgentTakesNothingAndQueuedCellsSayWhy) {
 
 /// A queued attempt whose cell runs on `device` with topology tp and torch pin `torch`.
 QueuedAttempt Cell(int64_t id, const std::string& device, int tp, const std::string& torch = "2.11.0") {
-  const nlohmann::json spec = {{"runtime", {{"torch", torch}, {"device", device}}},
-                               {"topology", {{"tp", tp}, {"dp", 1}, {"pp", 1}, {"ep", 1}}}};
-  return {id, "cell-" + std::to_string(id), spec.dump()};
+  CellSpec spec = SampleSpec();
+  spec.runtime.torch = torch;
+  spec.runtime.device = device;
+  spec.topology.tp = tp;
+  return {id, "cell-" + std::to_string(id), CanonicalSpecJson(spec)};
 }
 
 AgentView Gpu(const std::string& id, int gpus, int gpus_in_use = 0, int slots = 4,
@@ -188,6 +197,21 @@ TEST(SchedulerTest, DemandComesFromTheSpec) {
   const Demand bad = DemandOfSpec("not json");
   EXPECT_FALSE(bad.gpu);
   EXPECT_EQ(bad.world_size, 1);
+  EXPECT_THAT(bad.invalid, HasSubstr("spec is not valid JSON"));
+}
+
+TEST(SchedulerTest, ACellWhoseStoredSpecDoesNotParseWaitsSayingWhy) {
+  // A spec stored before a limit existed (training.steps past kMaxTrainingSteps) is not
+  // handed to an agent that would refuse it; its waiting reason names the field.
+  nlohmann::json spec = nlohmann::json::parse(SampleSpecJson());
+  spec["training"]["steps"] = 1000000000;
+  const QueuedAttempt attempt{1, "cell-1", spec.dump()};
+  std::vector<Waiting> waiting;
+  EXPECT_TRUE(Schedule({attempt}, {{"a", 4, 0}}, &waiting).empty());
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_THAT(waiting[0].reason, HasSubstr("a: the cell's spec is invalid (field "
+                                           "'training.steps': expected an integer from 2 to "
+                                           "1000, got 1000000000)"));
 }
 
 TEST(SchedulerTest, CudaAttemptNeedsOneFreeGpuPerRank) {
@@ -228,8 +252,9 @@ TEST(SchedulerTest, RuntimePinMustMatch) {
 TEST(SchedulerTest, CudaPinMustMatchTheAgentsCuda) {
   // Verifies a cell pinning runtime.cuda goes only to an agent reporting that CUDA version,
   // and that an agent reporting none is named as such; an unpinned cell takes any agent.
-  nlohmann::json spec = {{"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}, {"cuda", "13.0"}}}};
-  const QueuedAttempt pinned{1, "cell-1", spec.dump()};
+  CellSpec spec = SampleSpec();
+  spec.runtime.cuda = "13.0";
+  const QueuedAttempt pinned{1, "cell-1", CanonicalSpecJson(spec)};
   EXPECT_EQ(DemandOfSpec(pinned.spec_json).cuda, "13.0");
   AgentView cu12{"cu12", 1, 0, 0, 0, "2.11.0", "12.8"};
   AgentView none{"none", 1, 0, 0, 0, "2.11.0", ""};

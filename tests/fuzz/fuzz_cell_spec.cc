@@ -1,32 +1,34 @@
-// libFuzzer target for the submit-body parser and the cell identity built from it
-// (controller/cell_identity.cc, docs/protocols.md §1 and §2). The input is a POST
-// /api/v1/cells body.
+// libFuzzer target for the cell spec (common/cell_spec.cc, docs/protocols.md §1 and §2): the
+// input is read both as a POST /api/v1/cells body (the controller's path) and as a frozen spec
+// (the agent's and the worker's path).
 //
 // Checked for every input:
-//  - ParseSubmitBody returns a Status, never throws or crashes; an error is INVALID_ARGUMENT
-//    with a non-empty message that the REST layer can put into its JSON error body
-//    (nlohmann's strict dump: valid UTF-8).
-//  - For an accepted body: the documented normal forms (commit 40 lower-case hex, absolute
-//    normal paths without a trailing '/', phases known, unique and in kPhases order, topology
-//    within the 64-rank cap); BuildFrozenSpec with fixed fake digests and commit; CanonicalJson
-//    is stable (parsed with nlohmann and serialised again: the same string); CellIdOf is the
-//    SHA-256 of it; and ReproduceBody(spec) parses again into a request whose spec has the same
-//    canonical JSON (the "reproduce" body in reports really reproduces the cell).
+//  - ParseSubmitBody and ParseCellSpecJson return a Status, never throw or crash; an error is
+//    INVALID_ARGUMENT with a non-empty message that the REST layer can put into its JSON error
+//    body (nlohmann's strict dump: valid UTF-8).
+//  - For an accepted body: the documented normal forms and limits (commit 40 lower-case hex,
+//    absolute normal paths without a trailing '/', phases known, unique and in kPhases order,
+//    every knob within CellSpecLimits); the frozen spec, with a fixed fake commit and digests,
+//    reads back through ParseCellSpec as the same spec; its canonical JSON is stable (parsed
+//    and serialised again: the same string); and ReproduceBody(spec) parses again into the
+//    same spec (the "reproduce" body in reports really reproduces the cell).
+//  - For an accepted frozen spec: the same limits, and its canonical JSON reads back equal.
 // Any violation aborts, which libFuzzer reports as a crash with the input saved.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
+#include "common/cell_spec.h"
 #include "common/phases.h"
-#include "common/sha256.h"
-#include "controller/cell_identity.h"
 
-namespace ctl = gatehouse::controller;
+using gatehouse::CellSpec;
+using gatehouse::CellSpecLimits;
 using nlohmann::json;
 
 namespace {
@@ -42,20 +44,18 @@ namespace {
   } while (0)
 
 constexpr std::string_view kFakeCommit = "0123456789abcdef0123456789abcdef01234567";
-const std::string kCheckpointDigest =
-    "sha256:" + std::string(64, 'c');
-const std::string kReferenceDigest =
-    "sha256:" + std::string(64, 'e');
+const std::string kCheckpointDigest = "sha256:" + std::string(64, 'c');
+const std::string kReferenceDigest = "sha256:" + std::string(64, 'e');
 
-const ctl::IdentityConfig& Config() {
-  static const ctl::IdentityConfig config = [] {
-    ctl::IdentityConfig c;
+const gatehouse::SubmitContext& Context() {
+  static const gatehouse::SubmitContext context = [] {
+    gatehouse::SubmitContext c;
     c.families = {"llama", "qwen2",  "qwen3",  "qwen3_moe", "mistral",
                   "gemma", "gemma2", "gemma3", "phi3"};
     c.torch_pin = "2.11.0";
     return c;
   }();
-  return config;
+  return context;
 }
 
 bool IsLowerHex40(const std::string& s) {
@@ -79,75 +79,97 @@ bool DumpsAsJson(const std::string& message) {
   }
 }
 
-void CheckRequest(const ctl::SubmitRequest& r) {
-  FUZZ_CHECK(!r.repository.empty(), "empty repository");
-  FUZZ_CHECK(!r.branch.empty() || !r.commit.empty(), "neither branch nor commit");
-  FUZZ_CHECK(r.commit.empty() || IsLowerHex40(r.commit), "commit not lower-case hex: " + r.commit);
-  FUZZ_CHECK(std::find(Config().families.begin(), Config().families.end(), r.model_family) !=
-                 Config().families.end(),
-             "unknown family accepted: " + r.model_family);
-  FUZZ_CHECK(IsNormalAbsolute(r.checkpoint), "checkpoint not normal: " + r.checkpoint);
-  FUZZ_CHECK(IsNormalAbsolute(r.reference), "reference not normal: " + r.reference);
-  FUZZ_CHECK(r.topology.tp >= 1 && r.topology.dp >= 1 && r.topology.pp >= 1 && r.topology.ep >= 1,
-             "non-positive topology");
-  FUZZ_CHECK(r.topology.tp <= 64 && r.topology.dp <= 64 && r.topology.pp <= 64 &&
-                 r.topology.tp * r.topology.dp * r.topology.pp <= 64,
-             "topology over the 64-rank cap");
-  FUZZ_CHECK(r.training.steps >= 2 && r.training.lr > 0 && r.training.seed >= 0,
-             "training out of range");
-  FUZZ_CHECK(r.max_new_tokens >= 1, "max_new_tokens < 1");
-  FUZZ_CHECK(!r.phases.empty(), "no phases");
-  for (size_t i = 0; i < r.phases.size(); ++i) {
-    auto index = gatehouse::PhaseIndex(r.phases[i]);
-    FUZZ_CHECK(index.has_value(), "unknown phase " + r.phases[i]);
-    FUZZ_CHECK(i == 0 || *gatehouse::PhaseIndex(r.phases[i - 1]) < *index,
+void CheckError(const gatehouse::Status& s) {
+  FUZZ_CHECK(s.code() == gatehouse::StatusCode::kInvalidArgument, s.message());
+  FUZZ_CHECK(!s.message().empty(), "empty error message");
+  FUZZ_CHECK(DumpsAsJson(s.message()),
+             "error message is not valid UTF-8, the REST error body cannot hold it");
+}
+
+// The normal forms and limits every accepted spec keeps (commit may be empty in a body).
+void CheckSpec(const CellSpec& s) {
+  using L = CellSpecLimits;
+  FUZZ_CHECK(!s.repository.empty(), "empty repository");
+  FUZZ_CHECK(s.commit.empty() || IsLowerHex40(s.commit), "commit not lower-case hex: " + s.commit);
+  FUZZ_CHECK(IsNormalAbsolute(s.checkpoint.path), "checkpoint not normal: " + s.checkpoint.path);
+  FUZZ_CHECK(IsNormalAbsolute(s.reference.path), "reference not normal: " + s.reference.path);
+  const auto& t = s.topology;
+  FUZZ_CHECK(t.tp >= 1 && t.dp >= 1 && t.pp >= 1 && t.ep >= 1, "non-positive topology");
+  FUZZ_CHECK(t.tp <= L::kMaxWorldSize && t.dp <= L::kMaxWorldSize && t.pp <= L::kMaxWorldSize &&
+                 t.ep <= L::kMaxWorldSize && t.world_size() <= L::kMaxWorldSize,
+             "topology over the rank cap");
+  FUZZ_CHECK(s.training.steps >= 2 && s.training.steps <= L::kMaxTrainingSteps,
+             "training.steps out of range");
+  FUZZ_CHECK(s.training.lr > 0 && s.training.lr <= L::kMaxLearningRate, "training.lr out of range");
+  FUZZ_CHECK(s.training.seed >= 0, "negative seed");
+  FUZZ_CHECK(s.decode.max_new_tokens >= 1 && s.decode.max_new_tokens <= L::kMaxNewTokens,
+             "max_new_tokens out of range");
+  FUZZ_CHECK(s.env.size() <= L::kMaxEnvEntries, "too many env entries");
+  for (const auto& [k, v] : s.env) {
+    FUZZ_CHECK(v.size() <= L::kMaxEnvValueBytes && v.find('\0') == std::string::npos,
+               "env value out of range: " + k);
+  }
+  FUZZ_CHECK(!s.phases.empty(), "no phases");
+  for (size_t i = 0; i < s.phases.size(); ++i) {
+    auto index = gatehouse::PhaseIndex(s.phases[i]);
+    FUZZ_CHECK(index.has_value(), "unknown phase " + s.phases[i]);
+    FUZZ_CHECK(i == 0 || *gatehouse::PhaseIndex(s.phases[i - 1]) < *index,
                "phases not in canonical order");
   }
-  FUZZ_CHECK(!r.torch.empty(), "empty runtime.torch");
+  FUZZ_CHECK(!s.runtime.torch.empty(), "empty runtime.torch");
+  FUZZ_CHECK(s.runtime.gpu_model.empty() || s.runtime.device == "cuda", "gpu_model without cuda");
+}
+
+// The canonical JSON of `spec` reads back as `spec` and is stable.
+void CheckCanonical(const CellSpec& spec) {
+  const std::string canonical = gatehouse::CanonicalSpecJson(spec);
+  auto back = gatehouse::ParseCellSpecJson(canonical);
+  FUZZ_CHECK(back.ok(), "the canonical JSON does not parse: " + back.status().message() +
+                            " spec: " + canonical);
+  FUZZ_CHECK(*back == spec, "the canonical JSON reads back as another spec: " + canonical);
+  FUZZ_CHECK(json::parse(canonical).dump() == canonical,
+             "canonical JSON changes when parsed and serialised again: " + canonical);
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string_view body(reinterpret_cast<const char*>(data), size);
-  auto parsed = ctl::ParseSubmitBody(body, Config());
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+
+  // The agent's and the worker's path: the input as a frozen spec.
+  if (auto frozen = gatehouse::ParseCellSpecJson(text); frozen.ok()) {
+    CheckSpec(*frozen);
+    FUZZ_CHECK(!frozen->commit.empty(), "a frozen spec without a commit");
+    CheckCanonical(*frozen);
+  } else {
+    CheckError(frozen.status());
+  }
+
+  // The controller's path: the input as a submit body.
+  auto parsed = gatehouse::ParseSubmitBody(text, Context());
   if (!parsed.ok()) {
-    const gatehouse::Status& s = parsed.status();
-    FUZZ_CHECK(s.code() == gatehouse::StatusCode::kInvalidArgument, s.message());
-    FUZZ_CHECK(!s.message().empty(), "empty error message");
-    FUZZ_CHECK(DumpsAsJson(s.message()),
-               "error message is not valid UTF-8, the REST error body cannot hold it");
+    CheckError(parsed.status());
     return 0;
   }
-  const ctl::SubmitRequest& r = *parsed;
-  CheckRequest(r);
+  CellSpec spec = parsed->spec;
+  CheckSpec(spec);
+  FUZZ_CHECK(!parsed->branch.empty() || !spec.commit.empty(), "neither branch nor commit");
+  FUZZ_CHECK(std::find(Context().families.begin(), Context().families.end(),
+                       spec.model_family) != Context().families.end(),
+             "unknown family accepted: " + spec.model_family);
+  if (spec.commit.empty()) spec.commit = kFakeCommit;
+  spec.checkpoint.digest = kCheckpointDigest;
+  spec.reference.digest = kReferenceDigest;
+  CheckCanonical(spec);
 
-  const std::string commit = r.commit.empty() ? std::string(kFakeCommit) : r.commit;
-  const json spec = ctl::BuildFrozenSpec(r, commit, kCheckpointDigest, kReferenceDigest);
-  const std::string canonical = ctl::CanonicalJson(spec);
-  FUZZ_CHECK(ctl::CanonicalJson(spec) == canonical, "CanonicalJson not deterministic");
-  json reparsed;
-  try {
-    reparsed = json::parse(canonical);
-  } catch (const json::exception& e) {
-    Fail(std::string("canonical JSON does not parse: ") + e.what());
-  }
-  FUZZ_CHECK(ctl::CanonicalJson(reparsed) == canonical,
-             "canonical JSON changes when parsed and serialised again: " + canonical);
-  const std::string id = ctl::CellIdOf(spec);
-  FUZZ_CHECK(id == gatehouse::Sha256Hex(canonical) && id.size() == 64, "cell id: " + id);
-  FUZZ_CHECK(ctl::CellIdOf(reparsed) == id, "cell id changes after a JSON round trip");
-
-  // The reproduce body (reports) freezes into the same cell.
-  const std::string reproduce = ctl::ReproduceBody(spec).dump();
-  auto again = ctl::ParseSubmitBody(reproduce, Config());
+  // The reproduce body (reports) reads back into the same spec.
+  const std::string reproduce = gatehouse::ReproduceBody(spec).dump();
+  auto again = gatehouse::ParseSubmitBody(reproduce, Context());
   FUZZ_CHECK(again.ok(), "ReproduceBody does not parse: " + again.status().message() +
                              " body: " + reproduce);
-  CheckRequest(*again);
-  const std::string canonical_again = ctl::CanonicalJson(
-      ctl::BuildFrozenSpec(*again, again->commit, kCheckpointDigest, kReferenceDigest));
-  FUZZ_CHECK(canonical_again == canonical,
-             "ReproduceBody freezes into another spec:\n  " + canonical + "\n  " +
-                 canonical_again);
+  CellSpec again_spec = again->spec;
+  again_spec.checkpoint.digest = kCheckpointDigest;
+  again_spec.reference.digest = kReferenceDigest;
+  FUZZ_CHECK(again_spec == spec, "ReproduceBody reads back as another spec: " + reproduce);
   return 0;
 }

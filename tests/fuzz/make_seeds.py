@@ -160,10 +160,43 @@ def cell_seeds():
         "bad_long_unicode_value": body(precision="\u00e9" * 60),
         "bad_invalid_utf8": b'{"repository": "\xff\xfe"}',
         # 65 levels: over the nesting limit (200k levels overflowed the stack when the error
-        # message dumped the value; tests/controller/identity_test.cc has that regression).
+        # message dumped the value; tests/controller/cell_identity_test.cc has that regression).
         "bad_nested_too_deep": body()[:-1] + b', "topology": ' + b"[" * 64
         + b"]" * 64 + b"}",
+        "bad_steps_huge": body(training={"steps": 1000000000}),
+        "bad_decode_huge": body(decode={"max_new_tokens": 100000000}),
+        "bad_lr_huge": body(training={"lr": 10}),
+        "bad_env_nul": body(env={"A": "x\u0000y"}),
+        # Frozen specs (docs/protocols.md §2), as the agent and the worker read them.
+        "frozen_full": frozen(),
+        "frozen_pinned": frozen(runtime={"torch": "2.11.0", "device": "cuda", "cuda": "13.0",
+                                         "gpu_model": "H200"}),
+        "bad_frozen_missing_launch": frozen(launch=None),
+        "bad_frozen_gpu_model_on_cpu": frozen(runtime={"torch": "2.11.0", "device": "cpu",
+                                                       "gpu_model": "H200"}),
     }
+
+
+def frozen(**members) -> bytes:
+    """A frozen spec (every member), with `members` replaced (None removes one)."""
+    spec = {
+        "spec_version": 1, "repository": "/srv/git/adapter",
+        "commit": "0123456789abcdef0123456789abcdef01234567", "model_family": "llama",
+        "checkpoint": {"path": "/data/ckpt/checkpoint", "digest": "sha256:" + "c" * 64},
+        "reference": {"path": "/data/ckpt/reference", "digest": "sha256:" + "e" * 64},
+        "runtime": {"torch": "2.11.0", "device": "cpu"},
+        "launch": {"runner": "gatehouse-worker", "processes_per_rank": 1},
+        "topology": {"tp": 1, "dp": 1, "pp": 1, "ep": 1}, "precision": "fp32", "mode": "eager",
+        "decode": {"max_new_tokens": 32, "sampling": "greedy"},
+        "training": {"steps": 2, "lr": 0.001, "seed": 1234}, "env": {},
+        "phases": ["identity", "config", "load", "inference"],
+    }
+    for key, value in members.items():
+        if value is None:
+            spec.pop(key)
+        else:
+            spec[key] = value
+    return json.dumps(spec).encode()
 
 
 def write(directory: pathlib.Path, seeds: dict):

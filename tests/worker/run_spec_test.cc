@@ -35,10 +35,16 @@ std::string ErrorOf(const nlohmann::json& j) {
   return r.ok() ? "" : r.status().message();
 }
 
-// Verifies a complete spec parses into every member.
+// Verifies a complete spec parses into every member, and that the cell spec part is what
+// ParseCellSpec reads from the same JSON without the attempt member.
 TEST(RunSpecTest, ParsesCompleteSpec) {
   Result<RunSpec> r = ParseRunSpec(ValidSpec());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
+  nlohmann::json cell = ValidSpec();
+  cell.erase("attempt");
+  Result<CellSpec> c = ParseCellSpec(cell);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(static_cast<const CellSpec&>(*r), *c);
   EXPECT_EQ(r->model_family, "llama");
   EXPECT_EQ(r->checkpoint.path, "/data/ckpt");
   EXPECT_EQ(r->reference.digest, "sha256:bb");
@@ -56,48 +62,58 @@ TEST(RunSpecTest, ParsesCompleteSpec) {
 TEST(RunSpecTest, MissingMemberNamed) {
   auto j = ValidSpec();
   j["training"].erase("steps");
-  EXPECT_THAT(ErrorOf(j), HasSubstr("missing member 'training.steps'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("missing field 'training.steps'"));
   j = ValidSpec();
   j.erase("attempt");
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'attempt'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("missing field 'attempt'"));
+  j = ValidSpec();
+  j["attempt"]["checkout"].erase("clean");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("missing field 'attempt.checkout.clean'"));
 }
 
 // Verifies an unknown member, top-level or nested, is named by its path.
 TEST(RunSpecTest, UnknownMemberNamed) {
   auto j = ValidSpec();
   j["topology"]["zz"] = 1;
-  EXPECT_THAT(ErrorOf(j), HasSubstr("unknown member 'topology.zz'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("unknown field 'topology.zz'"));
   j = ValidSpec();
   j["colour"] = "red";
-  EXPECT_THAT(ErrorOf(j), HasSubstr("unknown member 'colour'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("unknown field 'colour'"));
 }
 
 // Verifies out-of-range and ill-typed values are rejected naming the member.
 TEST(RunSpecTest, RejectsBadValues) {
   auto j = ValidSpec();
   j["training"]["steps"] = 1;
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'training.steps' is 1; must be >= 2"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'training.steps': expected an integer from 2 to 1000, got 1"));
   j = ValidSpec();
   j["precision"] = "fp8";
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'precision' is 'fp8'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'precision': expected one of 'fp32' 'bf16', got \"fp8\""));
   j = ValidSpec();
   j["commit"] = "main";
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'commit'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'commit': expected a 40-hex commit SHA"));
+  j = ValidSpec();
+  j["decode"]["max_new_tokens"] = 100000000;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'decode.max_new_tokens': expected an integer from 1 "
+                                    "to 4096, got 100000000"));
+  j = ValidSpec();
+  j["attempt"]["zz"] = 1;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("unknown field 'attempt.zz'"));
   j = ValidSpec();
   j["topology"]["tp"] = "2";
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'topology.tp' must be an integer"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'topology.tp': expected an integer from 1 to 64, got \"2\""));
   j = ValidSpec();
   j["attempt"]["dir"] = "relative/dir";
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'attempt.dir' must be absolute"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'attempt.dir': expected an absolute path"));
 }
 
 // Verifies phases must be known names without repeats.
 TEST(RunSpecTest, RejectsBadPhases) {
   auto j = ValidSpec();
   j["phases"] = {"identity", "warmup"};
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'phases[1]' is 'warmup'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'phases': unknown phase \"warmup\""));
   j["phases"] = {"identity", "identity"};
-  EXPECT_THAT(ErrorOf(j), HasSubstr("repeats phase 'identity'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'phases': duplicate phase \"identity\""));
   j["phases"] = nlohmann::json::array();
   EXPECT_THAT(ErrorOf(j), HasSubstr("non-empty array"));
 }

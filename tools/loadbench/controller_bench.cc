@@ -38,6 +38,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/cell_spec.h"
 #include "common/file_util.h"
 #include "common/sha256.h"
 #include "controller/clock.h"
@@ -142,16 +143,20 @@ int Seed(const std::string& db_path, int cells) {
                      -1, &attempt, nullptr);
   std::string last_id;
   for (int i = 0; i < cells; ++i) {
-    const json spec = {{"repository", "/repos/adapter-" + std::to_string(i % 50)},
-                       {"commit", gatehouse::Sha256Hex(std::to_string(i)).substr(0, 40)},
-                       {"model_family", "llama"},
-                       {"training", {{"seed", i}}},
-                       {"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}}}};
-    const std::string spec_json = spec.dump();
+    gatehouse::CellSpec spec;  // a complete frozen spec, as a submit would store
+    spec.repository = "/repos/adapter-" + std::to_string(i % 50);
+    spec.commit = gatehouse::Sha256Hex(std::to_string(i)).substr(0, 40);
+    spec.model_family = "llama";
+    spec.checkpoint = {"/data/llama-tiny/checkpoint", "sha256:" + std::string(64, '1')};
+    spec.reference = {"/data/llama-tiny/reference", "sha256:" + std::string(64, '2')};
+    spec.runtime.torch = "2.11.0";
+    spec.training.seed = i;
+    spec.phases = {"identity", "config", "load", "inference"};
+    const std::string spec_json = gatehouse::CanonicalSpecJson(spec);
     last_id = gatehouse::Sha256Hex(spec_json);
     const std::string ts = gatehouse::controller::FormatTimestamp(
         std::chrono::system_clock::now() - std::chrono::seconds(cells - i));
-    const std::string repo = spec["repository"], commit = spec["commit"];
+    const std::string repo = spec.repository, commit = spec.commit;
     sqlite3_bind_text(cell, 1, last_id.c_str(), -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(cell, 2, spec_json.c_str(), -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(cell, 3, repo.c_str(), -1, SQLITE_TRANSIENT);

@@ -1,8 +1,9 @@
 // The model-family plugin contract: what an adaptation implements, and what the gates call.
 //
-// A family is a folder under models/ (args, model, state_dict_adapter, registration) built as
-// a shared-library plugin against the worker SDK. The worker loads the plugin with dlopen and
-// calls gatehouse_plugin_register(), which adds the plugin's families to the registry.
+// Families live in a shared-library plugin built against the worker SDK (in this repository:
+// models/, a config parser per family over one shared decoder; models/README.md). The worker
+// loads the plugin with dlopen and calls gatehouse_plugin_register(), which adds the plugin's
+// families to the registry.
 #pragma once
 
 #include <torch/torch.h>

@@ -23,7 +23,7 @@ using namespace std::chrono_literals;
 
 using testing::RecordingChannel;
 
-class LifecycleTest : public ::testing::Test {
+class ControllerCoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     testing::MakeCheckpoint(dir_.path());
@@ -74,12 +74,12 @@ class LifecycleTest : public ::testing::Test {
   TempDir dir_;
   testing::FakeCommitResolver resolver_;
   DigestCache digests_;
-  CellFreezer freezer_{IdentityConfig{}, resolver_, digests_};
+  CellFreezer freezer_{SubmitContext{}, resolver_, digests_};
   std::unique_ptr<Store> store_;
   std::unique_ptr<ControllerCore> core_;
 };
 
-TEST_F(LifecycleTest, SilentAgentsAttemptIsLostAndRetriedElsewhere) {
+TEST_F(ControllerCoreTest, SilentAgentsAttemptIsLostAndRetriedElsewhere) {
   // Verifies an agent silent for more than 3 heartbeat intervals loses its running attempt
   // (lost, not failed, reason naming the agent), the cell gets attempt 2 (retry_of = 1) which
   // goes to the agent that still heartbeats, and the silent agent gets no new work.
@@ -111,7 +111,7 @@ TEST_F(LifecycleTest, SilentAgentsAttemptIsLostAndRetriedElsewhere) {
   EXPECT_EQ(core_->ExpireLeases(), 0) << "a lost attempt is lost once";
 }
 
-TEST_F(LifecycleTest, LateMessagesOfALostAttemptAreStaleNotApplied) {
+TEST_F(ControllerCoreTest, LateMessagesOfALostAttemptAreStaleNotApplied) {
   // Verifies that after the lease expired, the old agent's events are stored (resends stay
   // idempotent) but change nothing, and its AttemptEnd does not turn lost into passed.
   auto gone = Connect("gone");
@@ -130,7 +130,7 @@ TEST_F(LifecycleTest, LateMessagesOfALostAttemptAreStaleNotApplied) {
   EXPECT_TRUE(phases->empty()) << "a stale phase_start was applied";
 }
 
-TEST_F(LifecycleTest, RetriesStopAtTheLimit) {
+TEST_F(ControllerCoreTest, RetriesStopAtTheLimit) {
   // Verifies a cell whose attempts keep getting lost is retried twice (attempts 2 and 3), and
   // the third loss leaves the cell lost with no attempt 4.
   const std::string id = Submit();
@@ -146,7 +146,7 @@ TEST_F(LifecycleTest, RetriesStopAtTheLimit) {
   EXPECT_EQ(d.status, AttemptState::kLost);
 }
 
-TEST_F(LifecycleTest, ReconnectWithinTheLeaseKeepsTheAttempt) {
+TEST_F(ControllerCoreTest, ReconnectWithinTheLeaseKeepsTheAttempt) {
   // Verifies a stream that drops and comes back within the lease keeps the attempt: the agent
   // goes on with its events and ends it; nothing is lost or retried.
   auto first_stream = Connect("flaky");
@@ -165,7 +165,7 @@ TEST_F(LifecycleTest, ReconnectWithinTheLeaseKeepsTheAttempt) {
   EXPECT_TRUE(second_stream->AssignedIds().empty());
 }
 
-TEST_F(LifecycleTest, AgentThatRegistersWithoutItsAttemptLosesIt) {
+TEST_F(ControllerCoreTest, AgentThatRegistersWithoutItsAttemptLosesIt) {
   // Verifies an agent that restarts (registers again not listing its attempt) loses that
   // attempt at once, and the retry goes to it; an agent that lists it keeps it. An agent
   // that still holds an attempt that was lost while it was away is told to cancel it.
@@ -188,7 +188,7 @@ TEST_F(LifecycleTest, AgentThatRegistersWithoutItsAttemptLosesIt) {
   EXPECT_EQ(stale->cancels[0].second, "attempt already ended (lost) on the controller");
 }
 
-TEST_F(LifecycleTest, AgentThatComesBackFromSilenceGetsTheRetry) {
+TEST_F(ControllerCoreTest, AgentThatComesBackFromSilenceGetsTheRetry) {
   // Verifies a single agent that was silent past its lease (its attempt lost, the retry
   // queued while no agent could take it) gets the retry as soon as it is heard from again.
   auto agent = Connect("solo");
@@ -202,7 +202,7 @@ TEST_F(LifecycleTest, AgentThatComesBackFromSilenceGetsTheRetry) {
   EXPECT_EQ(agent->AssignedIds(), (std::vector<int64_t>{d.attempts[0].id, d.attempts[1].id}));
 }
 
-TEST_F(LifecycleTest, CancelMissedWhileAwayIsSentOnReconnect) {
+TEST_F(ControllerCoreTest, CancelMissedWhileAwayIsSentOnReconnect) {
   // Verifies a cancel requested while the agent's stream was down reaches the agent when it
   // registers again holding the attempt.
   auto agent = Connect("a");
@@ -215,7 +215,7 @@ TEST_F(LifecycleTest, CancelMissedWhileAwayIsSentOnReconnect) {
   EXPECT_EQ(back->cancels[0], std::make_pair(attempt, std::string("cancelled: stop")));
 }
 
-TEST_F(LifecycleTest, LeasesSurviveAControllerRestartWhileAgentsReconnect) {
+TEST_F(ControllerCoreTest, LeasesSurviveAControllerRestartWhileAgentsReconnect) {
   // Verifies a new ControllerCore over the same store (a restart) keeps a running attempt
   // while its agent may still reconnect (restart_grace, here 20 s), and expires it when the
   // agent stays away longer.
@@ -232,7 +232,7 @@ TEST_F(LifecycleTest, LeasesSurviveAControllerRestartWhileAgentsReconnect) {
   EXPECT_EQ(Cell(id).attempts.at(0).state, AttemptState::kLost);
 }
 
-TEST_F(LifecycleTest, CancelQueuedRunningAndEnded) {
+TEST_F(ControllerCoreTest, CancelQueuedRunningAndEnded) {
   // Verifies cancel: a queued attempt ends cancelled at once; a running one is sent a Cancel
   // and ends cancelled when the agent reports the end (with the agent's reason); a second
   // cancel sends nothing more; an ended cell cannot be cancelled (FAILED_PRECONDITION).
@@ -273,7 +273,7 @@ TEST_F(LifecycleTest, CancelQueuedRunningAndEnded) {
   EXPECT_EQ(core_->CancelCell("nope", "").status().code(), StatusCode::kNotFound);
 }
 
-TEST_F(LifecycleTest, CancelledAttemptWhoseAgentIsLostIsNotRetried) {
+TEST_F(ControllerCoreTest, CancelledAttemptWhoseAgentIsLostIsNotRetried) {
   // Verifies a cancel recorded for an agent that then goes silent ends the attempt cancelled
   // at lease expiry, without a retry.
   auto agent = Connect("a");
@@ -287,7 +287,7 @@ TEST_F(LifecycleTest, CancelledAttemptWhoseAgentIsLostIsNotRetried) {
   EXPECT_THAT(d.attempts[0].reason, HasSubstr("cancelled: stop; agent 'a' unreachable"));
 }
 
-TEST_F(LifecycleTest, QueuedCellSaysWhyItWaits) {
+TEST_F(ControllerCoreTest, QueuedCellSaysWhyItWaits) {
   // Verifies a cell no agent can run carries the scheduler's reason, and a cell with no agent
   // at all says so.
   const std::string id = Submit();
@@ -314,7 +314,7 @@ namespace gatehouse::controller {
 namespace {
 
 // Time limits (TimeLimits, --queued-timeout-s / --attempt-timeout-s / --phase-timeout-s).
-class TimeLimitTest : public LifecycleTest {
+class TimeLimitTest : public ControllerCoreTest {
  protected:
   void UseLimits(std::chrono::seconds queued, std::chrono::seconds attempt,
                  std::chrono::seconds phase) {
@@ -430,7 +430,7 @@ TEST_F(TimeLimitTest, ACancelAfterATimeoutKeepsTheTimeout) {
 namespace gatehouse::controller {
 namespace {
 
-TEST_F(LifecycleTest, ADrainingAgentGetsWorkOnlyOnceItsCleanupIsClean) {
+TEST_F(ControllerCoreTest, ADrainingAgentGetsWorkOnlyOnceItsCleanupIsClean) {
   auto agent = Connect("a");
   ASSERT_TRUE(core_->Heartbeat("a", "cleanup after attempt 3: port 29500 still in use").ok());
   const std::string id = Submit();
@@ -441,7 +441,7 @@ TEST_F(LifecycleTest, ADrainingAgentGetsWorkOnlyOnceItsCleanupIsClean) {
   EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
 }
 
-TEST_F(LifecycleTest, AnAgentThatRegistersDrainingGetsNoWork) {
+TEST_F(ControllerCoreTest, AnAgentThatRegistersDrainingGetsNoWork) {
   auto channel = std::make_shared<RecordingChannel>();
   AgentHello hello{"a", "{}", 1};
   hello.drain_reason = "cleanup after attempt 9: GPU 0: 4096 MiB used, baseline 0 MiB";
@@ -463,7 +463,7 @@ namespace {
 // Verifies leases run on the monotonic clock, not the wall clock: a wall-clock step of an hour
 // (NTP, an operator) expires nothing, while 16 s on the lease clock (3 missed 5 s heartbeats)
 // loses the attempt.
-TEST_F(LifecycleTest, LeasesRunOnTheMonotonicClockNotTheWallClock) {
+TEST_F(ControllerCoreTest, LeasesRunOnTheMonotonicClockNotTheWallClock) {
   std::atomic<int64_t> mono_ms{5'000};
   LeaseConfig lease = core_->lease_config();
   core_ = std::make_unique<ControllerCore>(
@@ -482,7 +482,7 @@ TEST_F(LifecycleTest, LeasesRunOnTheMonotonicClockNotTheWallClock) {
   EXPECT_EQ(Cell(id).attempts.at(0).state, AttemptState::kLost);
 }
 
-TEST_F(LifecycleTest, TwoInstancesThatBothRegisteredCannotBothAttach) {
+TEST_F(ControllerCoreTest, TwoInstancesThatBothRegisteredCannotBothAttach) {
   AgentHello one{"b", "{}", 1};
   one.instance_id = "one";
   AgentHello two{"b", "{}", 1};
@@ -500,7 +500,7 @@ TEST_F(LifecycleTest, TwoInstancesThatBothRegisteredCannotBothAttach) {
   EXPECT_TRUE(second->AssignedIds().empty());
 }
 
-TEST_F(LifecycleTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLeases) {
+TEST_F(ControllerCoreTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLeases) {
   // Instance "one" of agent "a" holds an attempt; instance "two" registering as "a" is refused
   // while "one" is heard from, so the attempt stays leased to "one". The same instance
   // reconnecting is fine, and once "one" is silent a new instance may take the name.
@@ -533,13 +533,14 @@ TEST_F(LifecycleTest, ASecondAgentWithTheSameNameCannotTakeOverTheFirstOnesLease
   EXPECT_EQ(d.attempts.at(0).state, AttemptState::kLost) << "the new instance does not hold it";
 }
 
-// Verifies the scheduler thread: once started, the passes Submit asks for run on it and place a
-// burst of 8 submits on one agent with 8 slots; starting or stopping it twice is harmless, and
-// once stopped Schedule() places on the caller's thread again (before Submit returns).
-TEST_F(LifecycleTest, TheSchedulerThreadPlacesWhatSubmitsQueue) {
+// Verifies the background work: once started, the passes Submit asks for run on the scheduler
+// thread and place a burst of 8 submits on one agent with 8 slots; starting or stopping it
+// twice is harmless, and once stopped Schedule() places on the caller's thread again (before
+// Submit returns).
+TEST_F(ControllerCoreTest, TheSchedulerThreadPlacesWhatSubmitsQueue) {
   auto agent = Connect("threaded", {}, /*slots=*/8);
-  core_->StartSchedulerThread();
-  core_->StartSchedulerThread();  // idempotent
+  core_->StartBackgroundWork();
+  core_->StartBackgroundWork();  // idempotent
   std::vector<std::string> ids;
   for (int i = 0; i < 8; ++i) {
     const std::string body = json{{"repository", "/repos/adapt"},
@@ -563,8 +564,8 @@ TEST_F(LifecycleTest, TheSchedulerThreadPlacesWhatSubmitsQueue) {
       EXPECT_NE(sender, std::this_thread::get_id()) << "a pass ran on the submitting thread";
     }
   }
-  core_->StopSchedulerThread();
-  core_->StopSchedulerThread();
+  core_->StopBackgroundWork();
+  core_->StopBackgroundWork();
   auto late = Connect("late");
   const std::string id = Submit();  // no thread: placed before Submit returns
   EXPECT_EQ(late->AssignedIds().size(), 1u);

@@ -18,6 +18,9 @@ using nlohmann::json;
 using testing::FakeCommitResolver;
 using testing::TempDir;
 
+/// A frozen spec as JSON, read back as the typed spec.
+CellSpec Spec(const json& frozen) { return ParseCellSpec(frozen).value(); }
+
 class IdentityTest : public ::testing::Test {
  protected:
   IdentityTest() : freezer_(Config(), resolver_, digests_) {
@@ -25,8 +28,8 @@ class IdentityTest : public ::testing::Test {
     testing::MakeCheckpoint(dir_.path() / "second");
   }
 
-  static IdentityConfig Config() {
-    IdentityConfig c;
+  static SubmitContext Config() {
+    SubmitContext c;
     c.families = {"llama", "mistral"};
     c.torch_pin = "2.11.0";
     return c;
@@ -73,7 +76,7 @@ TEST_F(IdentityTest, SameInputsGiveSameIdWhateverTheFieldOrder) {
   EXPECT_EQ(a->id, b->id);
   EXPECT_EQ(a->spec_json, b->spec_json);
   EXPECT_EQ(a->id.size(), 64u);
-  EXPECT_EQ(a->id, CellIdOf(json::parse(a->spec_json)));
+  EXPECT_EQ(a->id, CellIdOf(ParseCellSpecJson(a->spec_json).value()));
 }
 
 TEST_F(IdentityTest, EveryFieldChangeGivesANewId) {
@@ -124,8 +127,8 @@ TEST_F(IdentityTest, CudaPinIsFrozenOnlyWhenGivenAndReproduced) {
   body["runtime"] = {{"cuda", "13.0"}};
   const json pinned = Freeze(body);
   EXPECT_EQ(pinned.at("runtime").at("cuda"), "13.0");
-  EXPECT_EQ(ReproduceBody(pinned).at("runtime").at("cuda"), "13.0");
-  EXPECT_EQ(IdOf(ReproduceBody(pinned)), CellIdOf(pinned));
+  EXPECT_EQ(ReproduceBody(Spec(pinned)).at("runtime").at("cuda"), "13.0");
+  EXPECT_EQ(IdOf(ReproduceBody(Spec(pinned))), CellIdOf(Spec(pinned)));
 }
 
 TEST_F(IdentityTest, GpuModelPinIsFrozenOnlyWhenGivenAndNeedsCuda) {
@@ -136,8 +139,8 @@ TEST_F(IdentityTest, GpuModelPinIsFrozenOnlyWhenGivenAndNeedsCuda) {
   body["runtime"] = {{"gpu_model", "H200"}};
   const json pinned = Freeze(body);
   EXPECT_EQ(pinned.at("runtime").at("gpu_model"), "H200");
-  EXPECT_NE(CellIdOf(pinned), CellIdOf(plain));
-  EXPECT_EQ(IdOf(ReproduceBody(pinned)), CellIdOf(pinned));
+  EXPECT_NE(CellIdOf(Spec(pinned)), CellIdOf(Spec(plain)));
+  EXPECT_EQ(IdOf(ReproduceBody(Spec(pinned))), CellIdOf(Spec(pinned)));
   json cpu = BaseBody();
   cpu["runtime"] = {{"gpu_model", "H200"}};
   EXPECT_THAT(ErrorOf(cpu).message(), ::testing::HasSubstr("needs \"device\": \"cuda\""));
@@ -247,6 +250,8 @@ TEST_F(IdentityTest, BadValuesNameFieldAndValue) {
       {{{"topology", {{"dp", 1.5}}}}, "topology.dp", "1.5"},
       {{{"topology", {{"tp", 8}, {"dp", 16}}}}, "topology", "\"tp\":8"},
       {{{"training", {{"steps", 1}}}}, "training.steps", "1"},
+      {{{"training", {{"steps", 1000000000}}}}, "training.steps", "1000000000"},
+      {{{"decode", {{"max_new_tokens", 100000000}}}}, "decode.max_new_tokens", "100000000"},
       {{{"training", {{"lr", -1}}}}, "training.lr", "-1"},
       {{{"precision", "fp8"}}, "precision", "\"fp8\""},
       {{{"mode", 3}}, "mode", "3"},
@@ -290,10 +295,10 @@ TEST(ParseSubmitBodyTest, TopologyFactorsAtTheInt32LimitAreRejectedWithoutOverfl
   json body = {{"repository", "/repos/adapt"}, {"branch", "main"}, {"model_family", "llama"},
                {"checkpoint", "/ckpt"},
                {"topology", {{"tp", 2147483647}, {"dp", 2147483647}, {"pp", 2147483647}}}};
-  auto r = ParseSubmitBody(body.dump(), IdentityConfig{});
+  auto r = ParseSubmitBody(body.dump(), SubmitContext{});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("'topology'"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("'topology.tp'"), std::string::npos) << r.status().message();
 }
 
 TEST(ParseSubmitBodyTest, DeeplyNestedBodyIsRejectedNotAStackOverflow) {
@@ -304,14 +309,14 @@ TEST(ParseSubmitBodyTest, DeeplyNestedBodyIsRejectedNotAStackOverflow) {
   for (const std::string& body :
        {deep, R"({"repository":"/r","branch":"b","model_family":"llama","checkpoint":"/c",)"
               R"("topology":)" + deep + "}"}) {
-    auto r = ParseSubmitBody(body, IdentityConfig{});
+    auto r = ParseSubmitBody(body, SubmitContext{});
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find("deeper than 64"), std::string::npos)
         << r.status().message();
   }
   // 64 levels still parse (and are then rejected for what they are).
-  auto r = ParseSubmitBody(std::string(64, '[') + std::string(64, ']'), IdentityConfig{});
+  auto r = ParseSubmitBody(std::string(64, '[') + std::string(64, ']'), SubmitContext{});
   EXPECT_NE(r.status().message().find("expected a JSON object"), std::string::npos)
       << r.status().message();
 }
@@ -322,7 +327,7 @@ TEST(ParseSubmitBodyTest, ErrorMessagesAreValidUtf8ForTheRestErrorBody) {
   // value cut in the middle of a multi-byte character.
   // What controller/rest_api.cc ErrorResponse does with the message.
   auto error_body = [](const Status& s) { return json{{"error", s.message()}}.dump(); };
-  auto invalid = ParseSubmitBody("{\"repository\": \"\xff\xfe\"}", IdentityConfig{});
+  auto invalid = ParseSubmitBody("{\"repository\": \"\xff\xfe\"}", SubmitContext{});
   ASSERT_FALSE(invalid.ok());
   EXPECT_NE(invalid.status().message().find("\\xFF"), std::string::npos)
       << invalid.status().message();
@@ -333,7 +338,7 @@ TEST(ParseSubmitBodyTest, ErrorMessagesAreValidUtf8ForTheRestErrorBody) {
     for (std::string value : {"", "x", "xx"}) {
       for (int i = 0; i < 60; ++i) value += character;
       body["precision"] = value;
-      auto r = ParseSubmitBody(body.dump(), IdentityConfig{});
+      auto r = ParseSubmitBody(body.dump(), SubmitContext{});
       ASSERT_FALSE(r.ok());
       EXPECT_NE(r.status().message().find("'precision'"), std::string::npos);
       EXPECT_NO_THROW(error_body(r.status())) << value;
@@ -397,7 +402,7 @@ TEST_F(IdentityTest, TheReportsReproduceBodyGivesTheSameCell) {
   body["env"] = {{"OMP_NUM_THREADS", "1"}};
   auto cell = freezer_.Freeze(body.dump());
   ASSERT_TRUE(cell.ok());
-  json again = ReproduceBody(json::parse(cell->spec_json));
+  json again = ReproduceBody(ParseCellSpecJson(cell->spec_json).value());
   EXPECT_EQ(again.count("branch"), 0u);
   EXPECT_EQ(IdOf(again), cell->id);
 }

@@ -1,0 +1,628 @@
+// The cell spec (docs/protocols.md §1, §2): one reader per field, shared by the submit body and
+// the frozen spec. The two forms differ only in which members are required and where a few
+// live (the body's "device" is the spec's runtime.device; the body's checkpoint is a path, the
+// spec's a path with its digest).
+#include "common/cell_spec.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+
+#include "common/phases.h"
+
+namespace gatehouse {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Limits = CellSpecLimits;
+
+constexpr size_t kMaxShownValue = 80;
+// Deepest nesting of arrays/objects accepted in a body (a valid one needs 2). Deeper input is
+// refused while parsing: nlohmann's dump(), which error messages use, recurses once per level,
+// and a 200 KB body of '[' overflowed the stack (found by tests/fuzz/fuzz_cell_spec).
+constexpr int kMaxJsonDepth = 64;
+
+// The value as JSON text, shortened for error messages. The cut backs off to the start of a
+// UTF-8 sequence, so the message stays valid UTF-8 (the REST error body is JSON).
+std::string Shown(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > kMaxShownValue) {
+    size_t cut = kMaxShownValue;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+    s = s.substr(0, cut) + "...";
+  }
+  return s;
+}
+
+// `s` with every byte that is not part of a well-formed UTF-8 sequence written as \xHH.
+// nlohmann's parse errors quote the raw input ("last read: '...'"); an error message must be
+// valid UTF-8 to fit the REST error body (nlohmann's strict dump throws otherwise).
+std::string ValidUtf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto lead = static_cast<unsigned char>(s[i]);
+    const size_t len = lead < 0x80                ? 1
+                       : (lead & 0xE0) == 0xC0 ? 2
+                       : (lead & 0xF0) == 0xE0 ? 3
+                       : (lead & 0xF8) == 0xF0 ? 4
+                                               : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    uint32_t cp = len > 1 ? lead & (0x7Fu >> len) : lead;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      ok = (c & 0xC0) == 0x80;
+      cp = (cp << 6) | (c & 0x3Fu);
+    }
+    if (ok && len > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
+      constexpr uint32_t kMinOfLength[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= kMinOfLength[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      constexpr char kHex[] = "0123456789ABCDEF";
+      out += "\\x";
+      out += kHex[lead >> 4];
+      out += kHex[lead & 0xF];
+      ++i;
+    }
+  }
+  return out;
+}
+
+// Thrown by the parse callback when the body nests deeper than kMaxJsonDepth; it stops the
+// parse at once.
+struct TooDeep {};
+
+// Which form is read: the submit body (members optional, defaults fill) or the frozen spec
+// (every member required but the optional pins).
+enum class Form { kBody, kFrozen };
+
+Status FieldError(std::string_view field, std::string_view expected, const json& value) {
+  return Status::InvalidArgument("field '" + std::string(field) + "': expected " +
+                                 std::string(expected) + ", got " + Shown(value));
+}
+
+std::string Bytes(size_t n) { return std::to_string(n) + " bytes"; }
+
+// The members of one JSON object, for one form: unknown members are refused up front, and in
+// the frozen form a required member that is absent is an error naming it.
+class Members {
+ public:
+  // Errors: INVALID_ARGUMENT when `obj` is not an object or holds a member not in `known`.
+  static Result<Members> Of(const json& obj, std::string prefix, Form form,
+                            std::initializer_list<std::string_view> known) {
+    if (!obj.is_object()) {
+      return FieldError(prefix.empty() ? "spec" : prefix.substr(0, prefix.size() - 1),
+                        "an object", obj);
+    }
+    for (const auto& [key, _] : obj.items()) {
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        return Status::InvalidArgument("unknown field '" + prefix + key + "'");
+      }
+    }
+    return Members(obj, std::move(prefix), form);
+  }
+
+  // The member, or nullptr when it is absent and may be (any member of a body; an optional
+  // one of a frozen spec). Errors: INVALID_ARGUMENT "missing field" otherwise.
+  Result<const json*> Get(std::string_view key, bool optional_when_frozen = false) const {
+    const auto it = obj_.find(std::string(key));
+    if (it != obj_.end()) return &*it;
+    if (form_ == Form::kFrozen && !optional_when_frozen) {
+      return Status::InvalidArgument("missing field '" + Name(key) + "'");
+    }
+    return static_cast<const json*>(nullptr);
+  }
+
+  std::string Name(std::string_view key) const { return prefix_ + std::string(key); }
+  Form form() const { return form_; }
+
+ private:
+  Members(const json& obj, std::string prefix, Form form)
+      : obj_(obj), prefix_(std::move(prefix)), form_(form) {}
+  const json& obj_;
+  std::string prefix_;
+  Form form_;
+};
+
+// A non-empty string of at most `max_bytes`.
+Result<std::string> ReadString(const json& v, std::string_view field, size_t max_bytes) {
+  if (!v.is_string() || v.get_ref<const std::string&>().empty() ||
+      v.get_ref<const std::string&>().size() > max_bytes) {
+    return FieldError(field, "a non-empty string of at most " + Bytes(max_bytes), v);
+  }
+  return v.get<std::string>();
+}
+
+Result<std::string> ReadEnum(const json& v, std::string_view field,
+                             std::initializer_list<std::string_view> allowed) {
+  std::string expected = "one of";
+  for (auto a : allowed) expected += std::string(" '") + std::string(a) + "'";
+  if (!v.is_string()) return FieldError(field, expected, v);
+  const auto& s = v.get_ref<const std::string&>();
+  if (std::find(allowed.begin(), allowed.end(), s) == allowed.end()) {
+    return FieldError(field, expected, v);
+  }
+  return s;
+}
+
+// An integer in [min, max]; floats such as 2.0 are refused. `expected` defaults to
+// "an integer from <min> to <max>".
+Result<int64_t> ReadInt(const json& v, std::string_view field, int64_t min, int64_t max,
+                        std::string expected = "") {
+  if (expected.empty()) {
+    expected = "an integer from " + std::to_string(min) + " to " + std::to_string(max);
+  }
+  if (!v.is_number_integer()) return FieldError(field, expected, v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)) {
+    return FieldError(field, expected, v);
+  }
+  const int64_t i = v.get<int64_t>();
+  if (i < min || i > max) return FieldError(field, expected, v);
+  return i;
+}
+
+// Absolute, lexically normal, without a trailing separator, at most kMaxPathBytes.
+Result<std::string> ReadAbsolutePath(const json& v, std::string_view field) {
+  GH_ASSIGN_OR_RETURN(std::string s, ReadString(v, field, Limits::kMaxPathBytes));
+  const fs::path p(s);
+  if (!p.is_absolute()) return FieldError(field, "an absolute path", v);
+  std::string norm = p.lexically_normal().string();
+  while (norm.size() > 1 && norm.back() == '/') norm.pop_back();
+  return norm;
+}
+
+bool IsHex40(std::string_view s) {
+  return s.size() == 40 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+         });
+}
+
+// A 40-hex commit SHA, lower-cased.
+Result<std::string> ReadCommit(const json& v, std::string_view field) {
+  if (!v.is_string() || !IsHex40(v.get_ref<const std::string&>())) {
+    return FieldError(field, "a 40-hex commit SHA", v);
+  }
+  std::string s = v.get<std::string>();
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// A URL (scheme://...) or an absolute path (normalised like the checkpoint path).
+Result<std::string> ReadRepository(const json& v, std::string_view field) {
+  GH_ASSIGN_OR_RETURN(std::string repository, ReadString(v, field, Limits::kMaxPathBytes));
+  if (repository.front() == '/') return ReadAbsolutePath(v, field);
+  if (repository.find("://") == std::string::npos) {
+    // A relative path would be resolved against whichever process reads it (controller,
+    // agent): not one repository.
+    return Status::InvalidArgument("field '" + std::string(field) + "' = " + Shown(v) +
+                                   ": expected a URL (scheme://...) or an absolute path");
+  }
+  return repository;
+}
+
+// A version pin or a GPU model name: 1 to kMaxNameBytes of [A-Za-z0-9 ._+-] (spaces only when
+// `spaces`).
+bool IsName(const std::string& s, bool spaces) {
+  return !s.empty() && s.size() <= Limits::kMaxNameBytes &&
+         std::all_of(s.begin(), s.end(), [&](unsigned char ch) {
+           return std::isalnum(ch) || ch == '-' || ch == '_' || ch == '.' || ch == '+' ||
+                  (spaces && ch == ' ');
+         });
+}
+
+// "13.0": the CUDA version form torch.version.cuda reports (digits '.' digits).
+bool IsMajorMinor(const std::string& s) {
+  const size_t dot = s.find('.');
+  if (dot == 0 || dot == std::string::npos || dot + 1 == s.size() || s.size() > 16) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i != dot && (s[i] < '0' || s[i] > '9')) return false;
+  }
+  return true;
+}
+
+Status ReadTopology(const json& v, Form form, CellSpec::Topology& out) {
+  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "topology.", form, {"tp", "dp", "pp", "ep"}));
+  std::pair<const char*, int64_t*> members[] = {
+      {"tp", &out.tp}, {"dp", &out.dp}, {"pp", &out.pp}, {"ep", &out.ep}};
+  for (auto& [name, dst] : members) {
+    GH_ASSIGN_OR_RETURN(const json* f, m.Get(name));
+    if (f) {
+      GH_ASSIGN_OR_RETURN(*dst, ReadInt(*f, m.Name(name), 1, Limits::kMaxWorldSize));
+    }
+  }
+  // One worker process per rank (tp x dp x pp). Each factor is at most kMaxWorldSize, so the
+  // product cannot overflow.
+  if (out.tp * out.dp * out.pp > Limits::kMaxWorldSize) {
+    return FieldError("topology",
+                      "tp x dp x pp of at most " + std::to_string(Limits::kMaxWorldSize) +
+                          " ranks",
+                      v);
+  }
+  return Status::Ok();
+}
+
+Status ReadTraining(const json& v, Form form, CellSpec::Training& out) {
+  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "training.", form, {"steps", "lr", "seed"}));
+  GH_ASSIGN_OR_RETURN(const json* steps, m.Get("steps"));
+  if (steps) {
+    GH_ASSIGN_OR_RETURN(out.steps,
+                        ReadInt(*steps, "training.steps", 2, Limits::kMaxTrainingSteps));
+  }
+  GH_ASSIGN_OR_RETURN(const json* lr, m.Get("lr"));
+  if (lr) {
+    if (!lr->is_number() || !(lr->get<double>() > 0) ||
+        !(lr->get<double>() <= Limits::kMaxLearningRate)) {
+      return FieldError("training.lr", "a number above 0 and at most 1", *lr);
+    }
+    out.lr = lr->get<double>();
+  }
+  GH_ASSIGN_OR_RETURN(const json* seed, m.Get("seed"));
+  if (seed) {
+    GH_ASSIGN_OR_RETURN(out.seed, ReadInt(*seed, "training.seed", 0,
+                                          std::numeric_limits<int64_t>::max(),
+                                          "a non-negative 64-bit integer"));
+  }
+  return Status::Ok();
+}
+
+Status ReadDecode(const json& v, Form form, CellSpec::Decode& out) {
+  // The body names no sampling: greedy is the only one.
+  GH_ASSIGN_OR_RETURN(Members m, form == Form::kBody
+                                     ? Members::Of(v, "decode.", form, {"max_new_tokens"})
+                                     : Members::Of(v, "decode.", form,
+                                                   {"max_new_tokens", "sampling"}));
+  GH_ASSIGN_OR_RETURN(const json* n, m.Get("max_new_tokens"));
+  if (n) {
+    GH_ASSIGN_OR_RETURN(out.max_new_tokens,
+                        ReadInt(*n, "decode.max_new_tokens", 1, Limits::kMaxNewTokens));
+  }
+  if (form == Form::kFrozen) {
+    GH_ASSIGN_OR_RETURN(const json* s, m.Get("sampling"));
+    GH_ASSIGN_OR_RETURN(out.sampling, ReadEnum(*s, "decode.sampling", {"greedy"}));
+  }
+  return Status::Ok();
+}
+
+Status ReadEnv(const json& v, std::map<std::string, std::string>& out) {
+  if (!v.is_object()) return FieldError("env", "an object of strings", v);
+  if (v.size() > Limits::kMaxEnvEntries) {
+    return Status::InvalidArgument("field 'env': " + std::to_string(v.size()) +
+                                   " variables; at most " +
+                                   std::to_string(Limits::kMaxEnvEntries));
+  }
+  for (const auto& [key, value] : v.items()) {
+    if (key.empty() || key.size() > Limits::kMaxEnvNameBytes ||
+        key.find('=') != std::string::npos || key.find('\0') != std::string::npos) {
+      return Status::InvalidArgument("field 'env': invalid variable name " + Shown(json(key)) +
+                                     " (1 to " + Bytes(Limits::kMaxEnvNameBytes) +
+                                     ", no '=' or NUL)");
+    }
+    if (!value.is_string() || value.get_ref<const std::string&>().size() >
+                                  Limits::kMaxEnvValueBytes ||
+        value.get_ref<const std::string&>().find('\0') != std::string::npos) {
+      return FieldError("env." + key,
+                        "a string of at most " + Bytes(Limits::kMaxEnvValueBytes) + " without NUL",
+                        value);
+    }
+    out[key] = value.get<std::string>();
+  }
+  return Status::Ok();
+}
+
+Status ReadPhases(const json& v, std::vector<std::string>& out) {
+  if (!v.is_array() || v.empty()) {
+    return FieldError("phases", "a non-empty array of phase names", v);
+  }
+  std::set<size_t> indices;
+  for (const json& p : v) {
+    if (!p.is_string()) return FieldError("phases", "phase names (strings)", p);
+    const auto index = PhaseIndex(p.get_ref<const std::string&>());
+    if (!index) {
+      std::string known;
+      for (auto k : kPhases) known += (known.empty() ? "" : ", ") + std::string(k);
+      return Status::InvalidArgument("field 'phases': unknown phase " + Shown(p) +
+                                     " (known: " + known + ")");
+    }
+    if (!indices.insert(*index).second) {
+      return Status::InvalidArgument("field 'phases': duplicate phase " + Shown(p));
+    }
+  }
+  out.clear();
+  for (size_t i : indices) out.emplace_back(kPhases[i]);  // canonical order
+  return Status::Ok();
+}
+
+// runtime.{torch, cuda, gpu_model} in both forms; runtime.device in the frozen form only (the
+// body names it at the top level).
+Status ReadRuntime(const json& v, Form form, CellSpec::Runtime& out) {
+  GH_ASSIGN_OR_RETURN(Members m, form == Form::kBody
+                                     ? Members::Of(v, "runtime.", form,
+                                                   {"torch", "cuda", "gpu_model"})
+                                     : Members::Of(v, "runtime.", form,
+                                                   {"torch", "device", "cuda", "gpu_model"}));
+  GH_ASSIGN_OR_RETURN(const json* torch, m.Get("torch"));
+  if (torch) {
+    if (!torch->is_string() || !IsName(torch->get<std::string>(), /*spaces=*/false)) {
+      return FieldError("runtime.torch",
+                        "a torch version of 1 to 128 characters [A-Za-z0-9._+-] such as "
+                        "\"2.11.0\"",
+                        *torch);
+    }
+    out.torch = torch->get<std::string>();
+  }
+  if (form == Form::kFrozen) {
+    GH_ASSIGN_OR_RETURN(const json* device, m.Get("device"));
+    GH_ASSIGN_OR_RETURN(out.device, ReadEnum(*device, "runtime.device", {"cpu", "cuda"}));
+  }
+  GH_ASSIGN_OR_RETURN(const json* cuda, m.Get("cuda", /*optional_when_frozen=*/true));
+  if (cuda) {
+    if (!cuda->is_string() || !IsMajorMinor(cuda->get<std::string>())) {
+      return FieldError("runtime.cuda", "a CUDA version \"major.minor\" such as \"13.0\"", *cuda);
+    }
+    out.cuda = cuda->get<std::string>();
+  }
+  GH_ASSIGN_OR_RETURN(const json* gpu, m.Get("gpu_model", /*optional_when_frozen=*/true));
+  if (gpu) {
+    if (!gpu->is_string() || !IsName(gpu->get<std::string>(), /*spaces=*/true)) {
+      return FieldError("runtime.gpu_model",
+                        "a GPU model name of 1 to 128 characters [A-Za-z0-9 ._+-] such as "
+                        "\"H200\"",
+                        *gpu);
+    }
+    out.gpu_model = gpu->get<std::string>();
+  }
+  return Status::Ok();
+}
+
+Result<DigestedPath> ReadDigestedPath(const json& v, std::string_view field) {
+  const std::string prefix = std::string(field) + ".";
+  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, prefix, Form::kFrozen, {"path", "digest"}));
+  DigestedPath out;
+  GH_ASSIGN_OR_RETURN(const json* path, m.Get("path"));
+  GH_ASSIGN_OR_RETURN(out.path, ReadAbsolutePath(*path, m.Name("path")));
+  GH_ASSIGN_OR_RETURN(const json* digest, m.Get("digest"));
+  GH_ASSIGN_OR_RETURN(out.digest, ReadString(*digest, m.Name("digest"), Limits::kMaxNameBytes));
+  return out;
+}
+
+Result<std::string> ReadFamily(const json& v) {
+  return ReadString(v, "model_family", Limits::kMaxNameBytes);
+}
+
+// Checks across fields, the same in both forms.
+Status CheckCoherent(const CellSpec& s) {
+  if (!s.runtime.gpu_model.empty() && s.runtime.device != "cuda") {
+    return Status::InvalidArgument("field 'runtime.gpu_model' (\"" + s.runtime.gpu_model +
+                                   "\") needs \"device\": \"cuda\"");
+  }
+  return Status::Ok();
+}
+
+// Parses JSON text with the nesting limit; errors name `what` ("body", "spec").
+Result<json> ParseJson(std::string_view text, std::string_view what) {
+  try {
+    return json::parse(text, [](int depth, json::parse_event_t event, json&) {
+      if ((event == json::parse_event_t::object_start ||
+           event == json::parse_event_t::array_start) &&
+          depth >= kMaxJsonDepth) {
+        throw TooDeep{};
+      }
+      return true;
+    });
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string(what) + " is not valid JSON: " +
+                                   ValidUtf8(e.what()));
+  } catch (const TooDeep&) {
+    return Status::InvalidArgument(std::string(what) + ": JSON arrays/objects nested deeper than " +
+                                   std::to_string(kMaxJsonDepth) + " levels");
+  }
+}
+
+}  // namespace
+
+bool CellSpec::Requested(std::string_view phase) const {
+  return std::find(phases.begin(), phases.end(), phase) != phases.end();
+}
+
+Result<CellSpec> ParseCellSpec(const json& in) {
+  constexpr Form kForm = Form::kFrozen;
+  GH_ASSIGN_OR_RETURN(Members m,
+                      Members::Of(in, "", kForm,
+                                  {"spec_version", "repository", "commit", "model_family",
+                                   "checkpoint", "reference", "runtime", "launch", "topology",
+                                   "precision", "mode", "decode", "training", "env", "phases"}));
+  CellSpec s;
+  GH_ASSIGN_OR_RETURN(const json* version, m.Get("spec_version"));
+  GH_ASSIGN_OR_RETURN(s.spec_version, ReadInt(*version, "spec_version", kCellSpecVersion,
+                                              kCellSpecVersion,
+                                              "version " + std::to_string(kCellSpecVersion)));
+  GH_ASSIGN_OR_RETURN(const json* repository, m.Get("repository"));
+  GH_ASSIGN_OR_RETURN(s.repository, ReadRepository(*repository, "repository"));
+  GH_ASSIGN_OR_RETURN(const json* commit, m.Get("commit"));
+  GH_ASSIGN_OR_RETURN(s.commit, ReadCommit(*commit, "commit"));
+  GH_ASSIGN_OR_RETURN(const json* family, m.Get("model_family"));
+  GH_ASSIGN_OR_RETURN(s.model_family, ReadFamily(*family));
+  GH_ASSIGN_OR_RETURN(const json* checkpoint, m.Get("checkpoint"));
+  GH_ASSIGN_OR_RETURN(s.checkpoint, ReadDigestedPath(*checkpoint, "checkpoint"));
+  GH_ASSIGN_OR_RETURN(const json* reference, m.Get("reference"));
+  GH_ASSIGN_OR_RETURN(s.reference, ReadDigestedPath(*reference, "reference"));
+  GH_ASSIGN_OR_RETURN(const json* runtime, m.Get("runtime"));
+  GH_RETURN_IF_ERROR(ReadRuntime(*runtime, kForm, s.runtime));
+  {
+    GH_ASSIGN_OR_RETURN(const json* launch, m.Get("launch"));
+    GH_ASSIGN_OR_RETURN(Members l,
+                        Members::Of(*launch, "launch.", kForm, {"runner", "processes_per_rank"}));
+    GH_ASSIGN_OR_RETURN(const json* runner, l.Get("runner"));
+    GH_ASSIGN_OR_RETURN(s.launch.runner, ReadEnum(*runner, "launch.runner", {"gatehouse-worker"}));
+    GH_ASSIGN_OR_RETURN(const json* ppr, l.Get("processes_per_rank"));
+    GH_ASSIGN_OR_RETURN(s.launch.processes_per_rank,
+                        ReadInt(*ppr, "launch.processes_per_rank", 1, 1,
+                                "1 (one worker process per rank)"));
+  }
+  GH_ASSIGN_OR_RETURN(const json* topology, m.Get("topology"));
+  GH_RETURN_IF_ERROR(ReadTopology(*topology, kForm, s.topology));
+  GH_ASSIGN_OR_RETURN(const json* precision, m.Get("precision"));
+  GH_ASSIGN_OR_RETURN(s.precision, ReadEnum(*precision, "precision", {"fp32", "bf16"}));
+  GH_ASSIGN_OR_RETURN(const json* mode, m.Get("mode"));
+  GH_ASSIGN_OR_RETURN(s.mode, ReadEnum(*mode, "mode", {"eager", "cuda_graph"}));
+  GH_ASSIGN_OR_RETURN(const json* decode, m.Get("decode"));
+  GH_RETURN_IF_ERROR(ReadDecode(*decode, kForm, s.decode));
+  GH_ASSIGN_OR_RETURN(const json* training, m.Get("training"));
+  GH_RETURN_IF_ERROR(ReadTraining(*training, kForm, s.training));
+  GH_ASSIGN_OR_RETURN(const json* env, m.Get("env"));
+  GH_RETURN_IF_ERROR(ReadEnv(*env, s.env));
+  GH_ASSIGN_OR_RETURN(const json* phases, m.Get("phases"));
+  GH_RETURN_IF_ERROR(ReadPhases(*phases, s.phases));
+  GH_RETURN_IF_ERROR(CheckCoherent(s));
+  return s;
+}
+
+Result<CellSpec> ParseCellSpecJson(std::string_view spec_json) {
+  GH_ASSIGN_OR_RETURN(const json spec, ParseJson(spec_json, "spec"));
+  return ParseCellSpec(spec);
+}
+
+json CellSpecToJson(const CellSpec& s) {
+  json spec = json::object();
+  spec["spec_version"] = s.spec_version;
+  spec["repository"] = s.repository;
+  spec["commit"] = s.commit;
+  spec["model_family"] = s.model_family;
+  spec["checkpoint"] = {{"path", s.checkpoint.path}, {"digest", s.checkpoint.digest}};
+  spec["reference"] = {{"path", s.reference.path}, {"digest", s.reference.digest}};
+  spec["runtime"] = {{"torch", s.runtime.torch}, {"device", s.runtime.device}};
+  // Only when pinned: a cell without a CUDA pin keeps the id it had before the field existed.
+  if (!s.runtime.cuda.empty()) spec["runtime"]["cuda"] = s.runtime.cuda;
+  if (!s.runtime.gpu_model.empty()) spec["runtime"]["gpu_model"] = s.runtime.gpu_model;
+  spec["launch"] = {{"runner", s.launch.runner},
+                    {"processes_per_rank", s.launch.processes_per_rank}};
+  spec["topology"] = {
+      {"tp", s.topology.tp}, {"dp", s.topology.dp}, {"pp", s.topology.pp}, {"ep", s.topology.ep}};
+  spec["precision"] = s.precision;
+  spec["mode"] = s.mode;
+  spec["decode"] = {{"max_new_tokens", s.decode.max_new_tokens}, {"sampling", s.decode.sampling}};
+  spec["training"] = {
+      {"steps", s.training.steps}, {"lr", s.training.lr}, {"seed", s.training.seed}};
+  spec["env"] = json::object();
+  for (const auto& [k, v] : s.env) spec["env"][k] = v;
+  spec["phases"] = s.phases;
+  return spec;
+}
+
+std::string CanonicalSpecJson(const CellSpec& spec) { return CellSpecToJson(spec).dump(); }
+
+Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext& context) {
+  constexpr Form kForm = Form::kBody;
+  GH_ASSIGN_OR_RETURN(const json in, ParseJson(body, "body"));
+  if (!in.is_object()) {
+    return Status::InvalidArgument("body: expected a JSON object, got " + Shown(in));
+  }
+  GH_RETURN_IF_ERROR(Members::Of(in, "", kForm,
+                                 {"repository", "branch", "commit", "model_family", "checkpoint",
+                                  "reference", "precision", "mode", "device", "topology",
+                                  "training", "decode", "env", "phases", "runtime", "priority"})
+                         .status());
+  for (const char* required : {"repository", "model_family", "checkpoint"}) {
+    if (!in.contains(required)) {
+      return Status::InvalidArgument(std::string("missing required field '") + required + "'");
+    }
+  }
+  if (!in.contains("branch") && !in.contains("commit")) {
+    return Status::InvalidArgument("one of the fields 'branch' or 'commit' is required");
+  }
+
+  SubmitRequest r;
+  CellSpec& s = r.spec;
+  GH_ASSIGN_OR_RETURN(s.repository, ReadRepository(in.at("repository"), "repository"));
+  if (in.contains("branch")) {
+    GH_ASSIGN_OR_RETURN(r.branch, ReadString(in.at("branch"), "branch", Limits::kMaxBranchBytes));
+  }
+  if (in.contains("commit")) {
+    GH_ASSIGN_OR_RETURN(s.commit, ReadCommit(in.at("commit"), "commit"));
+  }
+
+  GH_ASSIGN_OR_RETURN(s.model_family, ReadFamily(in.at("model_family")));
+  if (std::find(context.families.begin(), context.families.end(), s.model_family) ==
+      context.families.end()) {
+    std::string known;
+    for (const auto& f : context.families) known += (known.empty() ? "" : ", ") + f;
+    return Status::InvalidArgument("field 'model_family': unknown family " +
+                                   Shown(in.at("model_family")) + " (known: " + known + ")");
+  }
+
+  GH_ASSIGN_OR_RETURN(s.checkpoint.path, ReadAbsolutePath(in.at("checkpoint"), "checkpoint"));
+  if (in.contains("reference")) {
+    GH_ASSIGN_OR_RETURN(s.reference.path, ReadAbsolutePath(in.at("reference"), "reference"));
+  } else {
+    s.reference.path =
+        (fs::path(s.checkpoint.path).parent_path() / "reference").lexically_normal().string();
+  }
+
+  if (in.contains("precision")) {
+    GH_ASSIGN_OR_RETURN(s.precision, ReadEnum(in.at("precision"), "precision", {"fp32", "bf16"}));
+  }
+  if (in.contains("mode")) {
+    GH_ASSIGN_OR_RETURN(s.mode, ReadEnum(in.at("mode"), "mode", {"eager", "cuda_graph"}));
+  }
+  if (in.contains("device")) {
+    GH_ASSIGN_OR_RETURN(s.runtime.device, ReadEnum(in.at("device"), "device", {"cpu", "cuda"}));
+  }
+  if (in.contains("topology")) GH_RETURN_IF_ERROR(ReadTopology(in.at("topology"), kForm, s.topology));
+  if (in.contains("training")) GH_RETURN_IF_ERROR(ReadTraining(in.at("training"), kForm, s.training));
+  if (in.contains("decode")) GH_RETURN_IF_ERROR(ReadDecode(in.at("decode"), kForm, s.decode));
+  if (in.contains("env")) GH_RETURN_IF_ERROR(ReadEnv(in.at("env"), s.env));
+  if (in.contains("phases")) {
+    GH_RETURN_IF_ERROR(ReadPhases(in.at("phases"), s.phases));
+  } else {
+    s.phases.assign(kDefaultPhases.begin(), kDefaultPhases.end());
+  }
+  s.runtime.torch = context.torch_pin;
+  if (in.contains("runtime")) GH_RETURN_IF_ERROR(ReadRuntime(in.at("runtime"), kForm, s.runtime));
+  GH_RETURN_IF_ERROR(CheckCoherent(s));
+  if (in.contains("priority")) {
+    GH_ASSIGN_OR_RETURN(const int64_t priority,
+                        ReadInt(in.at("priority"), "priority", Limits::kMinPriority,
+                                Limits::kMaxPriority));
+    r.priority = static_cast<int>(priority);
+  }
+  return r;
+}
+
+json ReproduceBody(const CellSpec& s) {
+  json body = {{"repository", s.repository},
+               {"commit", s.commit},
+               {"model_family", s.model_family},
+               {"checkpoint", s.checkpoint.path},
+               {"reference", s.reference.path},
+               {"precision", s.precision},
+               {"mode", s.mode},
+               {"device", s.runtime.device},
+               {"decode", {{"max_new_tokens", s.decode.max_new_tokens}}},
+               {"runtime", {{"torch", s.runtime.torch}}},
+               {"phases", s.phases}};
+  const json spec = CellSpecToJson(s);
+  body["topology"] = spec["topology"];
+  body["training"] = spec["training"];
+  body["env"] = spec["env"];
+  if (!s.runtime.cuda.empty()) body["runtime"]["cuda"] = s.runtime.cuda;
+  if (!s.runtime.gpu_model.empty()) body["runtime"]["gpu_model"] = s.runtime.gpu_model;
+  return body;
+}
+
+bool GpuModelMatches(std::string_view gpu_model, std::string_view pin) {
+  if (pin.empty()) return true;
+  auto lower = [](unsigned char c) { return static_cast<char>(std::tolower(c)); };
+  return std::search(gpu_model.begin(), gpu_model.end(), pin.begin(), pin.end(),
+                     [&](char a, char b) { return lower(a) == lower(b); }) != gpu_model.end();
+}
+
+}  // namespace gatehouse

@@ -1,0 +1,45 @@
+// Typed readers of REST request bodies and query strings (docs/protocols.md §1). Each names the
+// field and the value it refuses (INVALID_ARGUMENT, a 400). The submit body has its own reader,
+// common/cell_spec.h ParseSubmitBody.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/url/url_view.hpp>
+
+#include "common/status.h"
+#include "controller/auth.h"
+
+namespace gatehouse::controller {
+
+/// POST /api/v1/cells/{id}/cancel: an optional body {"reason": "<at most 1000 bytes>"}; an
+/// empty body is no reason. The reason is stored and shown, never executed.
+Result<std::string> ParseCancelReason(std::string_view body);
+
+/// POST /api/v1/tokens: {"name": "...", "kind": "api"|"agent", "scopes": ["read", ...]}.
+struct TokenRequest {
+  std::string name;
+  TokenKind kind = TokenKind::kApi;
+  std::vector<Scope> scopes;
+};
+Result<TokenRequest> ParseTokenRequest(std::string_view body);
+
+/// GET /api/v1/cells?limit=L&offset=O: L in 1..500 (default 50; 0 reads as 1), O >= 0.
+struct ListQuery {
+  int limit = 50;
+  int offset = 0;
+};
+Result<ListQuery> ParseListQuery(const boost::urls::url_view& url);
+
+/// GET /api/v1/cells/{id}/log?stream=S&attempt=N: S defaults to "worker"; N (>= 0) absent is
+/// the latest attempt.
+struct LogQuery {
+  std::string stream = "worker";
+  std::optional<int> attempt;
+};
+Result<LogQuery> ParseLogQuery(const boost::urls::url_view& url);
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,151 @@
+#include "controller/rest_render.h"
+
+namespace gatehouse::controller {
+namespace {
+
+using nlohmann::json;
+
+json NullIfEmpty(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
+
+json AttemptJson(const AttemptRecord& a) {
+  return {{"id", a.id},
+          {"number", a.number},
+          {"state", AttemptStateName(a.state)},
+          {"agent", NullIfEmpty(a.agent_id)},
+          {"reason", a.reason},
+          {"cancel_reason", NullIfEmpty(a.cancel_reason)},
+          {"retry_of", a.retry_of > 0 ? json(a.retry_of) : json(nullptr)},
+          {"created_at", a.created_at},
+          {"started_at", NullIfEmpty(a.started_at)},
+          {"ended_at", NullIfEmpty(a.ended_at)}};
+}
+
+json PhaseJson(const PhaseRecord& p) {
+  json figures = json::array();
+  for (const FigureRecord& f : p.figures) {
+    json value = json::parse(f.value_json, nullptr, false);
+    if (value.is_discarded()) value = f.value_json;
+    figures.push_back({{"name", f.name}, {"value", value}, {"unit", f.unit}});
+  }
+  return {{"phase", p.phase},
+          {"status", p.status},
+          {"reason", p.reason},
+          {"classification", p.classification},
+          {"duration_ms", p.duration_ms ? json(*p.duration_ms) : json(nullptr)},
+          {"figures", figures}};
+}
+
+}  // namespace
+
+json CellJson(const CellDetail& d) {
+  json spec = json::parse(d.cell.spec_json, nullptr, false);
+  json attempts = json::array();
+  for (const auto& a : d.attempts) attempts.push_back(AttemptJson(a));
+  json phases = json::array();
+  for (const auto& p : d.phases) phases.push_back(PhaseJson(p));
+  return {{"id", d.cell.id},
+          {"status", AttemptStateName(d.status)},
+          {"spec", spec.is_discarded() ? json(d.cell.spec_json) : spec},
+          {"labels",
+           {{"branch", d.cell.branch}, {"submitter", d.cell.submitter}, {"priority", d.cell.priority}}},
+          {"created_at", d.cell.created_at},
+          {"attempts", attempts},
+          {"phases", phases},
+          {"waiting_reason", NullIfEmpty(d.waiting_reason)}};
+}
+
+json TokenJson(const TokenRecord& t) {
+  json scopes = json::array();
+  for (Scope s : ScopesOf(t)) scopes.push_back(ScopeName(s));
+  return {{"id", t.id},
+          {"name", t.name},
+          {"kind", t.kind},
+          {"scopes", scopes},
+          {"created_at", t.created_at},
+          {"last_used_at", NullIfEmpty(t.last_used_at)},
+          {"revoked_at", NullIfEmpty(t.revoked_at)}};
+}
+
+json AgentJson(const AgentStatus& a) {
+  json capabilities = json::parse(a.record.capabilities_json, nullptr, false);
+  if (!capabilities.is_object()) capabilities = json::object();
+  return {{"id", a.record.id},
+          {"name", a.record.name},
+          {"state", a.record.state},
+          {"attached", a.attached},
+          {"silent", a.silent},
+          {"drain_reason", NullIfEmpty(a.drain_reason)},
+          {"slots", a.slots},
+          {"running", a.running},
+          {"capabilities", capabilities},
+          {"registered_at", a.record.registered_at},
+          {"last_heartbeat_at", NullIfEmpty(a.record.last_heartbeat_at)},
+          {"last_seen_at", NullIfEmpty(a.last_seen_at)}};
+}
+
+json CellSummaryJson(const CellSummary& s) {
+  return {{"id", s.cell.id},
+          {"status", AttemptStateName(s.status)},
+          {"model_family", s.cell.model_family},
+          {"repository", s.cell.repository},
+          {"branch", s.cell.branch},
+          {"commit", s.cell.commit_sha},
+          {"created_at", s.cell.created_at}};
+}
+
+HttpResponse JsonResponse(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  // Invalid UTF-8 in a stored string or an error message becomes U+FFFD instead of an
+  // exception (which would turn any response into a 500).
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  r.headers["Cache-Control"] = "no-store";
+  return r;
+}
+
+HttpResponse TextResponse(int status, std::string content_type, std::string body) {
+  HttpResponse r;
+  r.status = status;
+  r.content_type = std::move(content_type);
+  r.body = std::move(body);
+  r.headers["Cache-Control"] = "no-store";
+  return r;
+}
+
+int HttpStatusOf(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+      return 400;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kAlreadyExists:
+    case StatusCode::kFailedPrecondition:
+      return 409;
+    case StatusCode::kUnavailable:
+      return 503;
+    case StatusCode::kUnauthenticated:
+      return 401;
+    case StatusCode::kPermissionDenied:
+      return 403;
+    case StatusCode::kResourceExhausted:
+      return 413;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
+    case StatusCode::kDataLoss:
+    case StatusCode::kInternal:
+      return 500;
+  }
+  return 500;
+}
+
+HttpResponse ErrorResponse(int http_status, const std::string& message) {
+  return JsonResponse(http_status, json{{"error", message}});
+}
+
+HttpResponse ErrorResponse(const Status& status) {
+  return ErrorResponse(HttpStatusOf(status), status.message());
+}
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,38 @@
+// Rendering of REST answers (docs/protocols.md §1): the JSON objects of cells, attempts, phases,
+// agents and tokens, and the response envelopes. No routing here (controller/rest_api.cc).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "controller/auth.h"
+#include "controller/controller_core.h"
+#include "controller/http_types.h"
+
+namespace gatehouse::controller {
+
+/// The cell object of GET /api/v1/cells/{id} (spec, labels, attempts, phases, waiting_reason).
+nlohmann::json CellJson(const CellDetail& cell);
+/// One row of GET /api/v1/cells.
+nlohmann::json CellSummaryJson(const CellSummary& summary);
+/// One agent of GET /api/v1/agents (capabilities as the agent reported them).
+nlohmann::json AgentJson(const AgentStatus& agent);
+/// One token of GET /api/v1/tokens: never its secret.
+nlohmann::json TokenJson(const TokenRecord& token);
+
+/// `body` as JSON with `status`; invalid UTF-8 in a stored string becomes U+FFFD rather than
+/// an exception (which would turn any answer into a 500). Cache-Control: no-store.
+HttpResponse JsonResponse(int status, const nlohmann::json& body);
+/// A text body of `content_type` with `status`. Cache-Control: no-store.
+HttpResponse TextResponse(int status, std::string content_type, std::string body);
+
+/// HTTP status for a Status code (INVALID_ARGUMENT 400, NOT_FOUND 404, ...).
+int HttpStatusOf(const Status& status);
+/// {"error": message} with the HTTP code `http_status`.
+HttpResponse ErrorResponse(int http_status, const std::string& message);
+/// {"error": status.message()} with HttpStatusOf(status).
+HttpResponse ErrorResponse(const Status& status);
+
+}  // namespace gatehouse::controller

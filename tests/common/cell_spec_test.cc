@@ -1,0 +1,170 @@
+// The cell spec (common/cell_spec.h): the frozen form's strict parse, the limits every knob
+// has in both forms, the canonical JSON and GPU-model matching.
+#include "common/cell_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/common/sample_spec.h"
+
+namespace gatehouse {
+namespace {
+
+using nlohmann::json;
+using ::gatehouse::testing::SampleSpec;
+using ::testing::HasSubstr;
+
+std::string FrozenError(const json& spec) {
+  Result<CellSpec> r = ParseCellSpec(spec);
+  return r.ok() ? "" : r.status().message();
+}
+
+// A minimal valid submit body; `extra` members are merged in.
+std::string Body(const json& extra = json::object()) {
+  json body = {{"repository", "/repos/adapter"},
+               {"branch", "main"},
+               {"model_family", "llama"},
+               {"checkpoint", "/data/llama-tiny/checkpoint"}};
+  body.update(extra);
+  return body.dump();
+}
+
+std::string BodyError(const json& extra) {
+  Result<SubmitRequest> r = ParseSubmitBody(Body(extra), SubmitContext{});
+  return r.ok() ? "" : r.status().message();
+}
+
+// Verifies a spec survives its canonical JSON unchanged, pins included only when set.
+TEST(CellSpecTest, CanonicalJsonRoundTrips) {
+  CellSpec spec = SampleSpec();
+  EXPECT_EQ(ParseCellSpec(CellSpecToJson(spec)).value(), spec);
+  EXPECT_FALSE(CellSpecToJson(spec)["runtime"].contains("cuda"));
+  EXPECT_FALSE(CellSpecToJson(spec)["runtime"].contains("gpu_model"));
+  spec.runtime.device = "cuda";
+  spec.runtime.cuda = "13.0";
+  spec.runtime.gpu_model = "H200";
+  spec.topology = {2, 2, 1, 4};
+  spec.env = {{"NCCL_DEBUG", "INFO"}};
+  spec.training.lr = 3e-4;
+  const std::string canonical = CanonicalSpecJson(spec);
+  const CellSpec again = ParseCellSpecJson(canonical).value();
+  EXPECT_EQ(again, spec);
+  EXPECT_EQ(CanonicalSpecJson(again), canonical);
+  EXPECT_EQ(again.topology.world_size(), 4);  // ep adds no rank
+}
+
+// Verifies the frozen form names what is missing or unknown at any depth.
+TEST(CellSpecTest, FrozenFormIsStrict) {
+  json spec = CellSpecToJson(SampleSpec());
+  spec["training"].erase("seed");
+  EXPECT_EQ(FrozenError(spec), "missing field 'training.seed'");
+  spec = CellSpecToJson(SampleSpec());
+  spec.erase("launch");
+  EXPECT_EQ(FrozenError(spec), "missing field 'launch'");
+  spec = CellSpecToJson(SampleSpec());
+  spec["topology"]["zz"] = 1;
+  EXPECT_EQ(FrozenError(spec), "unknown field 'topology.zz'");
+  spec = CellSpecToJson(SampleSpec());
+  spec["checkpoint"] = "/data/ckpt";
+  EXPECT_EQ(FrozenError(spec), "field 'checkpoint': expected an object, got \"/data/ckpt\"");
+  spec = CellSpecToJson(SampleSpec());
+  spec["spec_version"] = 2;
+  EXPECT_EQ(FrozenError(spec), "field 'spec_version': expected version 1, got 2");
+  EXPECT_THAT(ParseCellSpecJson("[1]").status().message(),
+              HasSubstr("field 'spec': expected an object"));
+}
+
+// Verifies each topology factor and their product are bounded, in both forms, without
+// overflow for huge factors (what the agent's rank count relies on).
+TEST(CellSpecTest, TopologyIsBounded) {
+  const std::pair<json, std::string> cases[] = {
+      {{{"tp", 0}}, "field 'topology.tp': expected an integer from 1 to 64, got 0"},
+      {{{"dp", "2"}}, "field 'topology.dp': expected an integer from 1 to 64, got \"2\""},
+      {{{"pp", 1.5}}, "field 'topology.pp': expected an integer from 1 to 64, got 1.5"},
+      {{{"tp", -3}}, "field 'topology.tp': expected an integer from 1 to 64, got -3"},
+      {{{"tp", true}}, "field 'topology.tp': expected an integer from 1 to 64, got true"},
+      {{{"ep", 65}}, "field 'topology.ep': expected an integer from 1 to 64, got 65"},
+      {{{"tp", 18446744073709551615ull}},
+       "field 'topology.tp': expected an integer from 1 to 64, got 18446744073709551615"},
+  };
+  for (const auto& [topology, message] : cases) {
+    EXPECT_EQ(BodyError({{"topology", topology}}), message);
+    json spec = CellSpecToJson(SampleSpec());
+    spec["topology"].update(topology);
+    EXPECT_EQ(FrozenError(spec), message);
+  }
+  // The product: each form shows the topology it read.
+  EXPECT_EQ(BodyError({{"topology", {{"tp", 8}, {"dp", 16}}}}),
+            "field 'topology': expected tp x dp x pp of at most 64 ranks, got {\"dp\":16,\"tp\":8}");
+  json spec = CellSpecToJson(SampleSpec());
+  spec["topology"].update({{"tp", 8}, {"dp", 16}});
+  EXPECT_EQ(FrozenError(spec),
+            "field 'topology': expected tp x dp x pp of at most 64 ranks, got "
+            "{\"dp\":16,\"ep\":1,\"pp\":1,\"tp\":8}");
+  EXPECT_EQ(BodyError({{"topology", 2}}), "field 'topology': expected an object, got 2");
+  EXPECT_EQ(BodyError({{"topology", {{"tp", 4}, {"dp", 2}, {"pp", 2}, {"ep", 8}}}}), "");
+  EXPECT_EQ(BodyError({{"topology", {{"tp", 64}}}}), "");
+}
+
+// Verifies the knobs a new user could set to run for days are refused with a 400-style error
+// naming the field and the value (they were accepted before the limits existed).
+TEST(CellSpecTest, EveryKnobIsBounded) {
+  EXPECT_EQ(BodyError({{"training", {{"steps", 1000000000}}}}),
+            "field 'training.steps': expected an integer from 2 to 1000, got 1000000000");
+  EXPECT_EQ(BodyError({{"decode", {{"max_new_tokens", 100000000}}}}),
+            "field 'decode.max_new_tokens': expected an integer from 1 to 4096, got 100000000");
+  EXPECT_EQ(BodyError({{"training", {{"lr", 5}}}}),
+            "field 'training.lr': expected a number above 0 and at most 1, got 5");
+  EXPECT_EQ(BodyError({{"training", {{"seed", -1}}}}),
+            "field 'training.seed': expected a non-negative 64-bit integer, got -1");
+  EXPECT_EQ(BodyError({{"priority", 101}}),
+            "field 'priority': expected an integer from -100 to 100, got 101");
+  json many = json::object();
+  for (int i = 0; i < 65; ++i) many["V" + std::to_string(i)] = "x";
+  EXPECT_EQ(BodyError({{"env", many}}), "field 'env': 65 variables; at most 64");
+  EXPECT_THAT(BodyError({{"env", {{"BIG", std::string(4097, 'x')}}}}),
+              HasSubstr("field 'env.BIG': expected a string of at most 4096 bytes without NUL"));
+  EXPECT_THAT(BodyError({{"env", {{"NUL", std::string("a\0b", 3)}}}}),
+              HasSubstr("field 'env.NUL': expected a string of at most 4096 bytes without NUL"));
+  EXPECT_THAT(BodyError({{"branch", std::string(1025, 'b')}}),
+              HasSubstr("field 'branch': expected a non-empty string of at most 1024 bytes"));
+  EXPECT_THAT(BodyError({{"checkpoint", "/" + std::string(4096, 'c')}}),
+              HasSubstr("field 'checkpoint': expected a non-empty string of at most 4096 bytes"));
+  EXPECT_THAT(BodyError({{"runtime", {{"torch", "2.11.0; rm -rf /"}}}}),
+              HasSubstr("field 'runtime.torch': expected a torch version"));
+  // The bounds themselves are accepted.
+  EXPECT_EQ(BodyError({{"training", {{"steps", 1000}, {"lr", 1}}},
+                       {"decode", {{"max_new_tokens", 4096}}}}),
+            "");
+}
+
+// Verifies the body's defaults: the spec a minimal body gives.
+TEST(CellSpecTest, BodyDefaults) {
+  SubmitContext context;
+  context.torch_pin = "2.11.0";
+  const SubmitRequest r = ParseSubmitBody(Body(), context).value();
+  EXPECT_EQ(r.branch, "main");
+  EXPECT_EQ(r.priority, 0);
+  EXPECT_EQ(r.spec.commit, "");
+  EXPECT_EQ(r.spec.reference.path, "/data/llama-tiny/reference");
+  EXPECT_EQ(r.spec.runtime.torch, "2.11.0");
+  EXPECT_EQ(r.spec.runtime.device, "cpu");
+  EXPECT_EQ(r.spec.precision, "fp32");
+  EXPECT_EQ(r.spec.mode, "eager");
+  EXPECT_EQ(r.spec.training, CellSpec::Training{});
+  EXPECT_EQ(r.spec.decode, CellSpec::Decode{});
+  EXPECT_EQ(r.spec.topology.world_size(), 1);
+  EXPECT_EQ(r.spec.phases, SampleSpec().phases);
+}
+
+// Verifies GPU-model pins match case-insensitive substrings of nvidia-smi's names.
+TEST(CellSpecTest, GpuModelMatching) {
+  EXPECT_TRUE(GpuModelMatches("NVIDIA H200", "h200"));
+  EXPECT_TRUE(GpuModelMatches("NVIDIA H200", "H200"));
+  EXPECT_TRUE(GpuModelMatches("NVIDIA H200", ""));
+  EXPECT_FALSE(GpuModelMatches("NVIDIA A100-SXM4-80GB", "H200"));
+  EXPECT_FALSE(GpuModelMatches("", "H200"));
+}
+
+}  // namespace
+}  // namespace gatehouse
