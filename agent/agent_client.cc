@@ -131,46 +131,32 @@ bool AgentClient::Write(const pb::AgentMessage& message) {
 }
 
 void AgentClient::Send(int64_t attempt_id, const pb::AgentMessage& message) {
-  std::lock_guard lock(outbox_mu_);
-  std::string bytes = message.SerializeAsString();
-  if (message.has_log() && outbox_bytes_ + bytes.size() > kMaxOutboxBytes) {
+  bool written = false;
+  const bool kept = outbox_.Send(attempt_id, message.SerializeAsString(), message.has_log(),
+                                 [&](const std::string&) { return written = Write(message); });
+  if (!kept) {
     spdlog::warn("attempt {}: resend buffer full ({} MiB): log chunk {}@{} is not kept for resending",
                  attempt_id, kMaxOutboxBytes >> 20, message.log().stream(), message.log().offset());
-  } else {
-    outbox_bytes_ += bytes.size();
-    outbox_.emplace_back(attempt_id, std::move(bytes));
-  }
-  if (!Write(message)) {
+  } else if (!written) {
     spdlog::debug("controller stream down: attempt {} message kept for resending", attempt_id);
   }
 }
 
 void AgentClient::AttachAndReplay(Stream* stream) {
-  // Holding outbox_mu_ from the attach to the end of the replay keeps new messages behind the
-  // old ones.
-  std::lock_guard lock(outbox_mu_);
-  {
-    std::lock_guard write_lock(write_mu_);
-    stream_ = stream;
-  }
-  size_t sent = 0;
-  for (const auto& [attempt_id, bytes] : outbox_) {
-    pb::AgentMessage message;
-    message.ParseFromString(bytes);
-    if (!Write(message)) break;  // the stream broke again: the next registration replays
-    ++sent;
-  }
+  const size_t sent = outbox_.Replay(
+      [&] {
+        std::lock_guard write_lock(write_mu_);
+        stream_ = stream;
+      },
+      [&](const std::string& bytes) {
+        pb::AgentMessage message;
+        message.ParseFromString(bytes);
+        return Write(message);
+      });
   if (sent > 0) spdlog::info("resent {} unacknowledged message(s) after registering", sent);
 }
 
-void AgentClient::Acknowledge(int64_t attempt_id) {
-  std::lock_guard lock(outbox_mu_);
-  std::erase_if(outbox_, [&](const auto& entry) {
-    if (entry.first != attempt_id) return false;
-    outbox_bytes_ -= entry.second.size();
-    return true;
-  });
-}
+void AgentClient::Acknowledge(int64_t attempt_id) { outbox_.Acknowledge(attempt_id); }
 
 std::vector<int64_t> AgentClient::HeldAttempts() const {
   std::vector<int64_t> held;
@@ -179,10 +165,7 @@ std::vector<int64_t> AgentClient::HeldAttempts() const {
     if (running_attempt_ != 0) held.push_back(running_attempt_);
     for (const QueuedAttempt& q : queue_) held.push_back(q.assignment.attempt_id);
   }
-  {
-    std::lock_guard lock(outbox_mu_);
-    for (const auto& entry : outbox_) held.push_back(entry.first);
-  }
+  for (const int64_t id : outbox_.Attempts()) held.push_back(id);
   std::sort(held.begin(), held.end());
   held.erase(std::unique(held.begin(), held.end()), held.end());
   return held;

@@ -19,6 +19,7 @@
 #include "agent/attempt_runner.h"
 #include "agent/attempt_sink.h"
 #include "agent/capabilities.h"
+#include "agent/outbox.h"
 #include "common/status.h"
 
 namespace grpc {
@@ -149,16 +150,13 @@ class AgentClient {
   std::mutex write_mu_;
   Stream* stream_ = nullptr;  // attached after Registered, detached before Finish()
 
-  /// Messages (serialised AgentMessage) of attempts whose end the controller has not
-  /// acknowledged (EndAck), in the order they were produced. outbox_mu_ is held across an
-  /// append and its write, and across a replay, so the controller sees them in order; it is
-  /// taken before write_mu_ and never while mu_ is held.
-  mutable std::mutex outbox_mu_;
-  std::deque<std::pair<int64_t, std::string>> outbox_;
-  size_t outbox_bytes_ = 0;
   /// Log chunks past this many outbox bytes are written once but not kept for resending (a
   /// warning names them); events and ends are always kept.
   static constexpr size_t kMaxOutboxBytes = size_t{256} << 20;
+  /// Messages (serialised AgentMessage) of attempts whose end the controller has not
+  /// acknowledged (EndAck). Its lock is held across a keep and its write and across a replay,
+  /// so it is taken before write_mu_ and never while mu_ is held.
+  Outbox outbox_{kMaxOutboxBytes};
 
   std::thread runner_thread_;
 };

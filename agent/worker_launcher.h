@@ -14,6 +14,7 @@
 
 #include "agent/attempt_sink.h"
 #include "agent/checkout.h"
+#include "agent/output_relay.h"
 #include "agent/process.h"
 #include "common/cell_spec.h"
 #include "common/status.h"
@@ -68,44 +69,6 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvironment(const CellSpe
                                                                    int rank = 0,
                                                                    int world_size = 1,
                                                                    int master_port = 0);
-
-/// Splits the worker's standard output into lines. A line that is a JSON object with an "event"
-/// member goes to the sink verbatim as an AttemptEvent; any other line (and a line over 4 MiB)
-/// goes, with its newline, to log stream `text_stream` ("worker-stdout" by default), whose
-/// offsets count only those bytes. Free text is never interpreted. Not thread-safe.
-class WorkerStdoutRelay {
- public:
-  /// Events are numbered 1, 2, 3, ... by this relay alone.
-  WorkerStdoutRelay(AttemptSink& sink, int64_t attempt_id);
-  /// Events take their number from `*next_seq` (then increment it), a counter the relays of all
-  /// ranks of one attempt share; the caller serialises the relays that share it.
-  WorkerStdoutRelay(AttemptSink& sink, int64_t attempt_id, int64_t* next_seq,
-                    std::string_view text_stream);
-  WorkerStdoutRelay(const WorkerStdoutRelay&) = delete;  // may point at its own counter
-  WorkerStdoutRelay& operator=(const WorkerStdoutRelay&) = delete;
-  void Feed(std::string_view bytes);
-  /// Relays a final line that had no newline.
-  void Finish();
-  /// Events this relay sent.
-  int64_t events_sent() const { return events_sent_; }
-  bool saw_run_end() const { return saw_run_end_; }
-  /// The "status" member of the run_end event (empty when none or not a string).
-  const std::string& run_end_status() const { return run_end_status_; }
-
- private:
-  void Line(std::string_view line);
-
-  AttemptSink& sink_;
-  int64_t attempt_id_;
-  LogStream text_;
-  std::string partial_;
-  bool overlong_ = false;  // in a line already sent to the log in pieces
-  int64_t own_seq_ = 1;
-  int64_t* next_seq_ = &own_seq_;
-  int64_t events_sent_ = 0;
-  bool saw_run_end_ = false;
-  std::string run_end_status_;
-};
 
 /// Writes `<attempt_dir>/run.json` and runs spec.topology.world_size() worker processes
 /// ("ranks"), each

@@ -1,4 +1,5 @@
-// Helpers shared by gates.cc and gates_compute.cc (not SDK API).
+// Helpers shared by the gate sources (gates_*.cc, state_dict_io.cc, logit_comparison.cc).
+// Not SDK API.
 #pragma once
 
 #include <chrono>

@@ -1,0 +1,51 @@
+// The worker's standard output, split into events and text (docs/protocols.md §4): what the
+// agent relays of one rank. Rank supervision is worker_launcher.h's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "agent/attempt_sink.h"
+
+namespace gatehouse::agent {
+
+/// Splits the worker's standard output into lines. A line that is a JSON object with an "event"
+/// member goes to the sink verbatim as an AttemptEvent; any other line (and a line over 4 MiB)
+/// goes, with its newline, to log stream `text_stream` ("worker-stdout" by default), whose
+/// offsets count only those bytes. Free text is never interpreted. Not thread-safe.
+class WorkerStdoutRelay {
+ public:
+  /// Events are numbered 1, 2, 3, ... by this relay alone.
+  WorkerStdoutRelay(AttemptSink& sink, int64_t attempt_id);
+  /// Events take their number from `*next_seq` (then increment it), a counter the relays of all
+  /// ranks of one attempt share; the caller serialises the relays that share it.
+  WorkerStdoutRelay(AttemptSink& sink, int64_t attempt_id, int64_t* next_seq,
+                    std::string_view text_stream);
+  WorkerStdoutRelay(const WorkerStdoutRelay&) = delete;  // may point at its own counter
+  WorkerStdoutRelay& operator=(const WorkerStdoutRelay&) = delete;
+  void Feed(std::string_view bytes);
+  /// Relays a final line that had no newline.
+  void Finish();
+  /// Events this relay sent.
+  int64_t events_sent() const { return events_sent_; }
+  bool saw_run_end() const { return saw_run_end_; }
+  /// The "status" member of the run_end event (empty when none or not a string).
+  const std::string& run_end_status() const { return run_end_status_; }
+
+ private:
+  void Line(std::string_view line);
+
+  AttemptSink& sink_;
+  int64_t attempt_id_;
+  LogStream text_;
+  std::string partial_;
+  bool overlong_ = false;  // in a line already sent to the log in pieces
+  int64_t own_seq_ = 1;
+  int64_t* next_seq_ = &own_seq_;
+  int64_t events_sent_ = 0;
+  bool saw_run_end_ = false;
+  std::string run_end_status_;
+};
+
+}  // namespace gatehouse::agent

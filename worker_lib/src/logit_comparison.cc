@@ -1,0 +1,54 @@
+// LogitComparison (gates.h): the per-position reductions the inference, decode, parallel and
+// cuda_graph gates compare logits with: max and mean absolute difference, KL(upstream || ours)
+// in float64 on log-softmax, top-1 agreement. docs/gate-facts.md "Comparing logits".
+#include "gatehouse/worker/gates.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gates_internal.h"
+
+namespace gatehouse::worker {
+
+using internal::ShapeString;
+
+void LogitComparison::Add(const torch::Tensor& ref, const torch::Tensor& ours) {
+  TORCH_CHECK(ref.dim() == 2 && ref.sizes() == ours.sizes(), "LogitComparison: reference ",
+              ShapeString(ref.sizes()), " vs ours ", ShapeString(ours.sizes()),
+              "; both must be [T, V]");
+  torch::NoGradGuard no_grad;
+  const torch::Tensor r = ref.detach().to(torch::kCPU, torch::kDouble);
+  const torch::Tensor o = ours.detach().to(torch::kCPU, torch::kDouble);
+  const torch::Tensor log_p = torch::log_softmax(r, -1);
+  const torch::Tensor log_q = torch::log_softmax(o, -1);
+  const torch::Tensor p = log_p.exp();
+  // 0 * log(0 / q) = 0: reference entries of probability 0 (masked logits) contribute nothing.
+  const torch::Tensor terms = torch::where(p > 0, p * (log_p - log_q), torch::zeros_like(p));
+  const torch::Tensor kl = terms.sum(-1);  // [T] nats
+  kl_sum_ += kl.sum().item<double>();
+  const double kl_max = kl.max().item<double>();
+  if (std::isnan(kl_max) || kl_max > kl_max_) kl_max_ = kl_max;
+  tokens_ += r.size(0);
+  top1_equal_ += (r.argmax(-1) == o.argmax(-1)).sum().item<int64_t>();
+  const torch::Tensor diff = (r - o).abs();
+  const double max_abs = diff.max().item<double>();
+  if (std::isnan(max_abs) || max_abs > max_abs_) max_abs_ = max_abs;
+  abs_sum_ += diff.sum().item<double>();
+  elements_ += diff.numel();
+}
+
+double LogitComparison::kl_mean() const {
+  return tokens_ ? kl_sum_ / static_cast<double>(tokens_) : std::numeric_limits<double>::quiet_NaN();
+}
+
+double LogitComparison::top1_agreement_percent() const {
+  return tokens_ ? 100.0 * static_cast<double>(top1_equal_) / static_cast<double>(tokens_)
+                 : std::numeric_limits<double>::quiet_NaN();
+}
+
+double LogitComparison::mean_abs_diff() const {
+  return elements_ ? abs_sum_ / static_cast<double>(elements_)
+                   : std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace gatehouse::worker

@@ -1,0 +1,231 @@
+// State-dict I/O for the gates: loading a checkpoint through a family's adapter with key
+// coverage both ways (LoadStateDict), the model's unique parameters (tied weights once), and
+// the model's tensors under checkpoint names for saving (ToHfTensors). docs/gate-facts.md
+// "Sharded checkpoints and tied weights".
+#include "gatehouse/worker/gates.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "gatehouse/worker/safetensors_torch.h"
+#include "gates_internal.h"
+
+namespace gatehouse::worker {
+
+using internal::JoinFew;
+using internal::Num;
+using internal::ShapeString;
+
+std::vector<ParamGroup> UniqueParameters(const torch::nn::Module& module) {
+  std::vector<ParamGroup> groups;
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    auto [it, inserted] = index.emplace(impl, groups.size());
+    if (inserted) groups.push_back({{item.key()}, item.value()});
+    else groups[it->second].names.push_back(item.key());
+  }
+  return groups;
+}
+
+Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
+                                 CausalLM& model, const ShardedLoad* shard) {
+  LoadReport rep;
+  const auto groups = UniqueParameters(model);
+  std::unordered_map<std::string, size_t> group_of;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (const auto& n : groups[i].names) group_of.emplace(n, i);
+  }
+  rep.params_total = static_cast<int64_t>(groups.size());
+  // Writes per parameter: whole-tensor loads, and per slice along dim 0 for a stacked one
+  // (sized to dim 0 on the first slice load).
+  std::vector<int> whole_loads(groups.size(), 0);
+  std::vector<std::vector<int>> slice_loads(groups.size());
+  std::vector<bool> reported(groups.size(), false);  // already named in a failure list
+  auto target_of = [](const TensorSlot& slot) {
+    return slot.slice < 0 ? slot.internal
+                          : slot.internal + "[" + std::to_string(slot.slice) + "]";
+  };
+
+  const std::vector<std::string> keys = checkpoint.Keys();
+  const std::set<std::string> key_set(keys.begin(), keys.end());
+  rep.keys_total = static_cast<int64_t>(keys.size());
+  torch::NoGradGuard no_grad;
+  for (const std::string& key : keys) {
+    if (adapter.IsTiedAlias(key)) {
+      rep.tied_alias = key;
+      continue;
+    }
+    Result<TensorSlot> slot = adapter.Resolve(key);
+    if (!slot.ok()) {
+      rep.unexpected.push_back(key);
+      continue;
+    }
+    const std::string target = target_of(*slot);
+    auto git = group_of.find(slot->internal);
+    if (git == group_of.end()) {
+      rep.unknown_params.push_back(key + " (-> " + target + ", which the model lacks)");
+      continue;
+    }
+    const size_t g = git->second;
+    const torch::Tensor& param = groups[g].tensor;
+    torch::Tensor dest = param;
+    std::string of_stack;  // " (slice of [E, ...])" for a stacked parameter
+    if (slot->slice >= 0) {
+      if (param.dim() == 0 || slot->slice >= param.size(0)) {
+        rep.shape_mismatches.push_back(key + " (-> " + target + "): model " +
+                                       ShapeString(param.sizes()) + " has no slice " +
+                                       std::to_string(slot->slice) + " along dim 0");
+        reported[g] = true;
+        continue;
+      }
+      dest = param.select(0, slot->slice);
+      of_stack = " (slice of " + ShapeString(param.sizes()) + ")";
+    }
+    const safetensors::TensorInfo* info = checkpoint.Info(key);
+    const std::vector<int64_t> model_shape(dest.sizes().begin(), dest.sizes().end());
+    // Under TP the checkpoint tensor is compared, and loaded, as this rank's shard of it.
+    const ShardRule* rule = nullptr;
+    const int64_t leading = slot->slice >= 0 ? 1 : 0;
+    std::optional<std::vector<int64_t>> expected;
+    if (info != nullptr) expected = info->shape;
+    if (shard != nullptr && info != nullptr) {
+      rule = shard->plan->Find(slot->internal);
+      Result<std::vector<int64_t>> local =
+          rule ? shard->plan->LocalShape(*rule, info->shape, leading)
+               : Result<std::vector<int64_t>>(Status::NotFound("no TP plan rule covers " +
+                                                               slot->internal));
+      if (!local.ok()) {
+        rep.shape_mismatches.push_back(key + " (-> " + target + "): " + local.status().message());
+        reported[g] = true;
+        continue;
+      }
+      expected = *local;
+    }
+    if (!expected || *expected != model_shape) {
+      rep.shape_mismatches.push_back(
+          key + " (-> " + target + "): checkpoint " +
+          (info ? ShapeString(info->shape) : std::string("?")) +
+          (rule ? " (local shard " + ShapeString(*expected) + ")" : std::string()) +
+          " vs model " + ShapeString(dest.sizes()) + of_stack);
+      reported[g] = true;
+      continue;
+    }
+    GH_ASSIGN_OR_RETURN(torch::Tensor t, checkpoint.Load(key));
+    if (rule != nullptr) {
+      GH_ASSIGN_OR_RETURN(t, shard->plan->Shard(*rule, t, shard->rank, leading));
+    }
+    t = t.to(param.scalar_type());
+    const int64_t nans = t.isnan().sum().item<int64_t>();
+    const int64_t infs = t.isinf().sum().item<int64_t>();
+    if (nans || infs) {
+      rep.nonfinite.push_back(key + " (-> " + target + "): " + std::to_string(nans) +
+                              " NaN, " + std::to_string(infs) + " Inf");
+      reported[g] = true;
+      continue;
+    }
+    dest.copy_(t);
+    int* count = &whole_loads[g];
+    if (slot->slice >= 0) {
+      if (slice_loads[g].empty()) slice_loads[g].assign(static_cast<size_t>(param.size(0)), 0);
+      count = &slice_loads[g][static_cast<size_t>(slot->slice)];
+    }
+    if (++*count == 2) rep.loaded_twice.push_back(target);
+    ++rep.keys_used;
+    rep.bytes_loaded += info->end - info->begin;
+  }
+
+  // Coverage the other way: every expected HF name present (a missing expert is named by its
+  // own key), every parameter loaded (a stacked one in every slice).
+  for (const std::string& hf : adapter.ExpectedHfNames()) {
+    if (key_set.count(hf)) continue;
+    Result<TensorSlot> slot = adapter.Resolve(hf);
+    std::string label = hf;
+    if (slot.ok()) {
+      label += " (-> " + target_of(*slot) + ")";
+      auto it = group_of.find(slot->internal);
+      if (it != group_of.end()) reported[it->second] = true;
+    }
+    rep.missing.push_back(label);
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<std::string> unloaded;  // slices of a partly loaded stacked parameter
+    for (size_t s = 0; s < slice_loads[g].size(); ++s) {
+      if (slice_loads[g][s] == 0) unloaded.push_back(std::to_string(s));
+    }
+    const bool any_slice = unloaded.size() < slice_loads[g].size();
+    if (whole_loads[g] > 0 && any_slice) {
+      rep.loaded_twice.push_back(groups[g].names[0] + " (as a whole and by slices)");
+    }
+    const bool loaded = whole_loads[g] > 0 || (!slice_loads[g].empty() && unloaded.empty());
+    if (loaded) {
+      ++rep.params_loaded;
+    } else if (!reported[g]) {
+      if (slice_loads[g].empty()) {
+        rep.missing.push_back("parameter " + groups[g].names[0] +
+                              " (no checkpoint key maps to it)");
+      } else {
+        rep.missing.push_back("parameter " + groups[g].names[0] + ": slice(s) " +
+                              JoinFew(unloaded) + " of " +
+                              std::to_string(slice_loads[g].size()) +
+                              " along dim 0 (no checkpoint key maps to them)");
+      }
+    }
+  }
+  return rep;
+}
+
+HfTensors ToHfTensors(const std::vector<ParamGroup>& groups, const StateDictAdapter& adapter) {
+  HfTensors hf;
+  for (const auto& g : groups) {
+    std::optional<std::vector<HfSlice>> slices;
+    std::string why;
+    for (const auto& name : g.names) {
+      Result<std::vector<HfSlice>> r = adapter.HfSlices(name);
+      if (r.ok()) {
+        slices = std::move(r).value();
+        break;
+      }
+      why = r.status().message();
+    }
+    if (!slices) {
+      hf.unmapped.push_back(g.names[0] + " (" + why + ")");
+      continue;
+    }
+    const bool stacked = slices->front().slice >= 0;
+    const int64_t n = static_cast<int64_t>(slices->size());
+    if (stacked && (g.tensor.dim() == 0 || g.tensor.size(0) != n)) {
+      hf.miscounted.push_back(g.names[0] + " (shape " + ShapeString(g.tensor.sizes()) +
+                           ", but the name table splits it into " + std::to_string(n) +
+                           " HF tensors along dim 0)");
+      continue;
+    }
+    for (const HfSlice& s : *slices) {
+      const std::string from =
+          stacked ? g.names[0] + "[" + std::to_string(s.slice) + "]" : g.names[0];
+      if (!hf.hf_to_internal.emplace(s.hf, from).second) {
+        hf.duplicated.push_back(s.hf + " (from " + hf.hf_to_internal[s.hf] + " and " + from + ")");
+        continue;
+      }
+      const torch::Tensor t = g.tensor.detach();
+      hf.tensors.emplace_back(s.hf, stacked ? t.select(0, s.slice) : t);
+    }
+  }
+  return hf;
+}
+
+std::string HfTensors::Problems() const {
+  std::vector<std::string> parts;
+  if (!unmapped.empty()) parts.push_back("no HF name for " + JoinFew(unmapped));
+  if (!duplicated.empty()) parts.push_back("HF name written twice: " + JoinFew(duplicated));
+  if (!miscounted.empty()) parts.push_back("stacked parameter split wrongly: " + JoinFew(miscounted));
+  std::string reason = "inverse mapping (HfSlices): ";
+  for (size_t i = 0; i < parts.size(); ++i) reason += (i ? "; " : "") + parts[i];
+  return reason;
+}
+
+}  // namespace gatehouse::worker
