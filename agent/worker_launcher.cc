@@ -1,4 +1,5 @@
-// Worker launch and output relay (docs/protocols.md §3, §4).
+// Worker launch and rank supervision (docs/protocols.md §3, §3.1); each rank's output goes
+// through output_relay.h.
 #include "agent/worker_launcher.h"
 
 #include <arpa/inet.h>

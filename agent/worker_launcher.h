@@ -1,4 +1,5 @@
-// Launching the worker for one attempt and relaying its output (docs/protocols.md §3, §4).
+// Launching the worker for one attempt: run.json, the ranks and their supervision
+// (docs/protocols.md §3, §3.1); the output relay of each rank is output_relay.h's (§4).
 #pragma once
 
 #include <chrono>

@@ -58,6 +58,7 @@ Result<FrozenCell> CellFreezer::Freeze(std::string_view body) {
   cell.branch = r.branch;
   cell.model_family = spec.model_family;
   cell.priority = r.priority;
+  cell.spec = std::move(spec);
   return cell;
 }
 

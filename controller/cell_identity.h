@@ -28,6 +28,7 @@ struct FrozenCell {
   std::string branch;
   std::string model_family;
   int priority = 0;  // from the body; not part of the identity
+  CellSpec spec;     // the spec spec_json serialises
 };
 
 /// Turns submit bodies into frozen cells: validates, checks the checkpoint and reference

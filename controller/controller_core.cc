@@ -1,7 +1,6 @@
 #include "controller/controller_core.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include <spdlog/spdlog.h>
 
@@ -27,10 +26,10 @@ ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig l
     : store_(store),
       freezer_(freezer),
       clock_(std::move(clock)),
-      limits_(limits),
-      policy_(policy),
       lease_clock_(lease_clock ? std::move(lease_clock) : MonotonicFrom(clock_)),
       agents_(lease, lease_clock_),
+      dispatcher_(store_, agents_, policy),
+      leases_(store_, agents_, dispatcher_, limits, clock_),
       scheduling_([this] { RunSchedulingPasses(); }, kMinPassInterval),
       maintenance_(
           [this] {
@@ -38,70 +37,6 @@ ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig l
             EnforceTimeLimits();
           },
           std::chrono::seconds(1)) {}
-
-bool ControllerCore::SendCancelTo(const std::string& agent_id, int64_t attempt_id,
-                                  const std::string& reason) {
-  std::shared_ptr<AgentChannel> channel = agents_.Channel(agent_id);
-  return channel && channel->SendCancel(attempt_id, reason);
-}
-
-int ControllerCore::EnforceTimeLimits() {
-  const auto now = clock_();
-  const auto cutoff = [&](std::chrono::seconds limit) {
-    return limit.count() > 0 ? FormatTimestamp(now - limit) : std::string();
-  };
-  auto overdue =
-      store_.ListOverdue(cutoff(limits_.queued), cutoff(limits_.attempt), cutoff(limits_.phase));
-  if (!overdue.ok()) {
-    spdlog::error("time limits: {}", overdue.status().ToString());
-    return 0;
-  }
-  int stopped = 0;
-  for (const OverdueAttempt& o : *overdue) {
-    std::string why;
-    switch (o.limit) {
-      case OverdueAttempt::Limit::kQueued: {
-        why = "timed out: queued since " + o.since + ", over the limit of " +
-              std::to_string(limits_.queued.count()) + " s (--queued-timeout-s)";
-        std::lock_guard lock(waiting_mu_);
-        if (auto it = waiting_reasons_.find(o.attempt_id); it != waiting_reasons_.end()) {
-          why += "; it waited because " + it->second;
-        }
-        break;
-      }
-      case OverdueAttempt::Limit::kAttempt:
-        why = "timed out: leased since " + o.since + ", over the attempt limit of " +
-              std::to_string(limits_.attempt.count()) + " s (--attempt-timeout-s)";
-        break;
-      case OverdueAttempt::Limit::kPhase:
-        why = "timed out: phase '" + o.phase + "' running since " + o.since +
-              ", over the phase limit of " + std::to_string(limits_.phase.count()) +
-              " s (--phase-timeout-s)";
-        break;
-    }
-    if (o.state == AttemptState::kQueued) {
-      auto changed = store_.CancelQueued(o.attempt_id, why, AttemptState::kTimedOut);
-      if (!changed.ok()) {
-        spdlog::error("attempt {}: {}", o.attempt_id, changed.status().ToString());
-      } else if (*changed) {
-        spdlog::warn("attempt {} of cell {}: {}", o.attempt_id, o.cell_id, why);
-        ++stopped;
-      }
-      continue;
-    }
-    auto first = store_.RequestCancel(o.attempt_id, why, AttemptState::kTimedOut);
-    if (!first.ok()) {  // it ended meanwhile: nothing to stop
-      spdlog::info("attempt {}: {}", o.attempt_id, first.status().message());
-      continue;
-    }
-    if (!*first) continue;
-    const bool sent = SendCancelTo(o.agent_id, o.attempt_id, why);
-    spdlog::warn("attempt {} of cell {}: {}; stop {} agent '{}'", o.attempt_id, o.cell_id, why,
-                 sent ? "sent to" : "recorded (not reachable now) for", o.agent_id);
-    ++stopped;
-  }
-  return stopped;
-}
 
 // ---- REST side ----
 
@@ -120,6 +55,7 @@ Result<SubmitOutcome> ControllerCore::Submit(std::string_view body, const std::s
   if (created) {
     spdlog::info("cell {} created ({} @ {}, {})", frozen.id, frozen.repository, frozen.commit,
                  frozen.model_family);
+    dispatcher_.Remember(frozen.id, DemandOf(frozen.spec));
     Schedule();
   }
   GH_ASSIGN_OR_RETURN(CellDetail detail, GetCell(frozen.id));
@@ -143,9 +79,7 @@ Result<CellDetail> ControllerCore::LoadDetail(const CellRecord& cell) {
   if (!d.attempts.empty()) {
     d.status = d.attempts.back().state;
     if (d.status == AttemptState::kQueued) {
-      std::lock_guard lock(waiting_mu_);
-      auto it = waiting_reasons_.find(d.attempts.back().id);
-      if (it != waiting_reasons_.end()) d.waiting_reason = it->second;
+      d.waiting_reason = dispatcher_.WaitingReason(d.attempts.back().id);
     }
     // A queued attempt has sent no event, so it has no phases (a submit's answer skips the read).
     if (d.status != AttemptState::kQueued) {
@@ -180,7 +114,7 @@ Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::
   if (state == AttemptState::kLeased || state == AttemptState::kRunning) {
     GH_ASSIGN_OR_RETURN(bool first, store_.RequestCancel(a.id, why));
     if (first) {
-      const bool sent = SendCancelTo(a.agent_id, a.id, why);
+      const bool sent = leases_.SendCancel(a.agent_id, a.id, why);
       spdlog::info("attempt {} of cell {}: cancel {} agent '{}'", a.id, id,
                    sent ? "sent to" : "recorded; not reachable now:", a.agent_id);
     }
@@ -266,7 +200,7 @@ Status ControllerCore::AttachAgent(const std::string& agent_id, const AgentHello
     // The name again, atomically with the attach: two instances may both have passed
     // RegisterAgent before either attached.
     GH_RETURN_IF_ERROR(agents_.Attach(agent_id, hello, channel));
-    cancels = ReconcileLocked(agent_id, hello.held_attempts);
+    cancels = leases_.Reconcile(agent_id, hello.held_attempts);
   }
   spdlog::info("agent '{}' connected ({} slot(s), {} GPU(s), torch '{}')", agent_id, slots,
                hello.gpus, hello.torch_version);
@@ -291,79 +225,10 @@ Status ControllerCore::Heartbeat(const std::string& agent_id, const std::string&
   return Status::Ok();
 }
 
-std::vector<std::pair<int64_t, std::string>> ControllerCore::ReconcileLocked(
-    const std::string& agent_id, const std::vector<int64_t>& held) {
-  std::vector<std::pair<int64_t, std::string>> cancels;
-  auto active = store_.ListActiveAttempts();
-  if (!active.ok()) {
-    spdlog::error("agent '{}': reconcile: {}", agent_id, active.status().ToString());
-    return cancels;
-  }
-  for (const ActiveAttempt& a : *active) {
-    if (a.agent_id != agent_id ||
-        std::find(held.begin(), held.end(), a.attempt_id) != held.end()) {
-      continue;
-    }
-    Lose(a, "agent '" + agent_id + "' registered again without attempt " +
-                std::to_string(a.attempt_id) + " (it restarted, or never received the assignment)");
-  }
-  // What the agent holds but should stop: attempts that ended here while it was away (lost,
-  // cancelled: their retry may wait behind them), and cancels it may have missed.
-  for (const int64_t id : held) {
-    Result<AttemptRecord> a = store_.GetAttempt(id);
-    if (!a.ok() || a->agent_id != agent_id) continue;
-    if (IsTerminal(a->state) && a->state != AttemptState::kPassed &&
-        a->state != AttemptState::kFailed && a->state != AttemptState::kError) {
-      cancels.emplace_back(id, "attempt already ended (" + std::string(AttemptStateName(a->state)) +
-                                   ") on the controller");
-    } else if (!IsTerminal(a->state) && !a->cancel_reason.empty()) {
-      cancels.emplace_back(id, a->cancel_reason);
-    }
-  }
-  return cancels;
-}
-
-bool ControllerCore::Lose(const ActiveAttempt& a, const std::string& reason) {
-  Result<std::optional<int64_t>> retry =
-      store_.LoseAttempt(a.attempt_id, reason, agents_.lease().retry_limit);
-  if (!retry.ok()) {
-    spdlog::error("attempt {}: {}", a.attempt_id, retry.status().ToString());
-    return false;
-  }
-  spdlog::warn("attempt {} of cell {} lost: {}{}", a.attempt_id, a.cell_id, reason,
-               *retry ? "; retried as attempt id " + std::to_string(**retry) : "; no retry");
-  return true;
-}
-
 void ControllerCore::Touch(const std::string& agent_id) {
   // An attached agent that was silent takes work again: schedule, or a retry queued while it
   // was silent would wait for an unrelated event.
   if (agents_.Touch(agent_id)) Schedule();
-}
-
-int ControllerCore::ExpireLeases() {
-  auto active = store_.ListActiveAttempts();
-  if (!active.ok()) {
-    spdlog::error("lease expiry: {}", active.status().ToString());
-    return 0;
-  }
-  const LeaseConfig& lease = agents_.lease();
-  int lost = 0;
-  for (const ActiveAttempt& a : *active) {
-    // Read now, not from a snapshot: an agent heard from meanwhile (e.g. it re-registered
-    // holding this attempt) keeps it.
-    const auto silent = agents_.SilentFor(a.agent_id);
-    if (!silent) continue;
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.1f", std::chrono::duration<double>(*silent).count());
-    if (Lose(a, "agent '" + a.agent_id + "' unreachable: not heard from for " + seconds +
-                    " s (heartbeat every " + std::to_string(lease.heartbeat_interval.count()) +
-                    " ms, " + std::to_string(lease.missed_heartbeats) + " missed)")) {
-      ++lost;
-    }
-  }
-  if (lost > 0) Schedule();
-  return lost;
 }
 
 Result<AttemptRecord> ControllerCore::AttemptOfAgent(const std::string& agent_id,
@@ -474,12 +339,14 @@ void ControllerCore::RunSchedulingPasses() {
   // many submits at once cost a few passes, not one each).
   schedule_pending_.store(true);
   while (schedule_pending_.load()) {
-    std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>> sends;
+    std::vector<Send> sends;
     {
       std::unique_lock schedule_lock(schedule_mu_, std::try_to_lock);
       if (!schedule_lock.owns_lock()) return;
       if (!schedule_pending_.exchange(false)) return;
-      sends = PlaceQueuedLocked();
+      bool again = false;
+      sends = dispatcher_.Pass(&again);
+      if (again) schedule_pending_.store(true);
     }
     for (auto& [channel, assignment] : sends) {
       if (channel->SendAssignment(assignment)) {
@@ -494,103 +361,12 @@ void ControllerCore::RunSchedulingPasses() {
   }
 }
 
-std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>>
-ControllerCore::PlaceQueuedLocked() {
-  std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>> sends;
-  // Specs are read only for cells whose demand is not cached (specs never change).
-  auto queue = store_.ListQueuedAttempts(/*with_specs=*/false);
-  if (!queue.ok()) {
-    spdlog::error("schedule: {}", queue.status().ToString());
-    return sends;
-  }
-  if (queue->empty()) return sends;  // most passes (after every end): nothing waits
-  std::vector<AgentView> view = agents_.SchedulableViews();  // sorted by agent id
-  auto active = store_.ListActiveAttempts();
-  if (!active.ok()) {
-    spdlog::error("schedule: {}", active.status().ToString());
-    return sends;
-  }
-  if (demands_.size() > kMaxCachedDemands) demands_.clear();
-  // The demand of a cell, from the cache or from its stored spec; nullptr when unreadable.
-  auto demand_of = [this](const std::string& cell_id) -> const Demand* {
-    auto it = demands_.find(cell_id);
-    if (it != demands_.end()) return &it->second;
-    auto cell = store_.GetCell(cell_id);
-    if (!cell.ok() || !cell->has_value()) {
-      spdlog::error("schedule: cell {} unreadable", cell_id);
-      return nullptr;
-    }
-    return &demands_.emplace(cell_id, DemandOfSpec((*cell)->spec_json)).first->second;
-  };
-  RunningLoad load;
-  for (const ActiveAttempt& a : *active) {
-    ++load.by_repository[a.repository];
-    ++load.by_submitter[a.submitter];
-    auto it = std::lower_bound(view.begin(), view.end(), a.agent_id,
-                               [](const AgentView& v, const std::string& id) { return v.agent_id < id; });
-    if (it == view.end() || it->agent_id != a.agent_id) continue;
-    ++it->running;
-    const Demand* demand = demand_of(a.cell_id);
-    if (demand != nullptr && demand->gpu) it->gpus_in_use += demand->world_size;
-  }
-  std::vector<Demand> demands;
-  std::vector<QueuedAttempt> placeable;  // the queue less cells whose spec is unreadable
-  demands.reserve(queue->size());
-  placeable.reserve(queue->size());
-  for (QueuedAttempt& q : *queue) {
-    const Demand* demand = demand_of(q.cell_id);
-    if (demand == nullptr) continue;
-    demands.push_back(*demand);
-    placeable.push_back(std::move(q));
-  }
-  std::vector<Waiting> waiting;
-  std::vector<Placement> placements =
-      controller::Schedule(placeable, demands, view, &waiting, policy_, load);
-  {
-    // Only this pass's waiting attempts are kept; a reason is logged when it changes.
-    std::lock_guard lock(waiting_mu_);
-    std::map<int64_t, std::string> now_waiting;
-    for (const Waiting& w : waiting) {
-      auto old = waiting_reasons_.find(w.attempt_id);
-      if (old == waiting_reasons_.end() || old->second != w.reason) {
-        spdlog::info("attempt {} waits: {}", w.attempt_id, w.reason);
-      }
-      now_waiting[w.attempt_id] = w.reason;
-    }
-    waiting_reasons_ = std::move(now_waiting);
-  }
-  if (placements.empty()) return sends;
-  std::vector<Lease> leases;
-  for (const Placement& p : placements) leases.push_back({p.attempt_id, p.agent_id});
-  Status s = store_.LeaseAttempts(leases);
-  if (!s.ok()) {
-    // FAILED_PRECONDITION: an attempt left the queue meanwhile (cancelled, timed out); the
-    // batch rolled back whole, so place again from a fresh read.
-    if (s.code() == StatusCode::kFailedPrecondition) schedule_pending_.store(true);
-    spdlog::warn("schedule: {}", s.ToString());
-    return sends;
-  }
-  // The channels of the agents placed on. AttachAgent swaps a channel only under
-  // schedule_mu_ (held here); an agent that detached meanwhile keeps its lease, as a failed
-  // send does (reconcile or lease expiry ends it).
-  std::vector<std::shared_ptr<AgentChannel>> channels;
-  for (const Placement& p : placements) channels.push_back(agents_.Channel(p.agent_id));
-  for (size_t i = 0; i < placements.size(); ++i) {
-    const Placement& p = placements[i];
-    auto cell = store_.GetCell(p.cell_id);
-    if (!cell.ok() || !cell->has_value()) {
-      spdlog::error("schedule: cell {} of attempt {} unreadable", p.cell_id, p.attempt_id);
-      continue;
-    }
-    if (channels[i] == nullptr) {
-      spdlog::warn("attempt {}: agent '{}' detached before its assignment was sent; it stays "
-                   "leased", p.attempt_id, p.agent_id);
-      continue;
-    }
-    const CellRecord& c = **cell;
-    sends.emplace_back(channels[i], AssignmentMessage{p.attempt_id, c.id, c.spec_json, c.branch});
-  }
-  return sends;
+int ControllerCore::ExpireLeases() {
+  const int lost = leases_.ExpireLeases();
+  if (lost > 0) Schedule();
+  return lost;
 }
+
+int ControllerCore::EnforceTimeLimits() { return leases_.EnforceTimeLimits(); }
 
 }  // namespace gatehouse::controller

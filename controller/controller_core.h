@@ -1,14 +1,14 @@
-// The controller's domain service: submitting and reading cells, and the agent side of an
-// attempt's life (registration, events, logs, end), over the store, the agent registry
-// (agent_registry.h: who is attached and alive) and two background loops (loops.h: the
-// scheduling passes, and lease expiry with time limits every second). Transports (REST, gRPC)
-// translate to and from these calls; this layer includes no transport, SQLite or libgit2
-// header.
+// The controller's domain service, the facade the transports (REST, gRPC) call: submitting and
+// reading cells, and the agent side of an attempt's life (registration, events, logs, end).
+// It composes the parts that each own one concern: the agent registry (agent_registry.h: who
+// is attached, what each offers, who is alive), the dispatcher (dispatcher.h: one scheduling
+// pass, the demand cache, waiting reasons), the lease keeper (lease_keeper.h: expiry, time
+// limits, reconcile) and two background loops (loops.h: the scheduler thread and the
+// one-second maintenance thread). No transport, SQLite or libgit2 header.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -16,14 +16,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
 #include "controller/agent_registry.h"
 #include "controller/cell_identity.h"
 #include "controller/clock.h"
+#include "controller/dispatcher.h"
+#include "controller/lease_keeper.h"
 #include "controller/loops.h"
 #include "controller/records.h"
 #include "controller/scheduler.h"
@@ -46,15 +46,6 @@ struct AgentStatus {
 struct SubmitOutcome {
   CellDetail cell;
   bool created = false;  // false: the same inputs were submitted before
-};
-
-/// Time limits (controller flags --queued-timeout-s, --attempt-timeout-s, --phase-timeout-s);
-/// zero turns a limit off. An attempt over a limit ends timed_out (never retried): a queued one
-/// at once, a leased or running one when its agent has stopped the worker group (as a cancel).
-struct TimeLimits {
-  std::chrono::seconds queued{24 * 3600};  // from the attempt's creation
-  std::chrono::seconds attempt{6 * 3600};  // from its lease: checkout, build and every gate
-  std::chrono::seconds phase{2 * 3600};    // one gate, from its phase_start
 };
 
 /// Domain service of the controller.
@@ -186,44 +177,29 @@ class ControllerCore {
   ~ControllerCore();
 
  private:
-  /// Store::LoseAttempt with the retry limit, logged; false (logged) on a store error.
-  bool Lose(const ActiveAttempt& a, const std::string& reason);
-  /// AttachAgent's reconcile (schedule_mu_ held); returns the Cancels to send.
-  std::vector<std::pair<int64_t, std::string>> ReconcileLocked(const std::string& agent_id,
-                                                               const std::vector<int64_t>& held);
   /// A sign of life from `agent_id`; schedules when it takes work again.
   void Touch(const std::string& agent_id);
 
   Result<CellDetail> LoadDetail(const CellRecord& cell);
-  /// One scheduling pass (schedule_mu_ held): places queued attempts, persists the leases and
-  /// returns the assignments to send once the lock is released.
-  std::vector<std::pair<std::shared_ptr<AgentChannel>, AssignmentMessage>> PlaceQueuedLocked();
-  /// Sends a Cancel for `attempt_id` to `agent_id` if it is attached; false when it is not.
-  bool SendCancelTo(const std::string& agent_id, int64_t attempt_id, const std::string& reason);
   Result<AttemptRecord> AttemptOfAgent(const std::string& agent_id, int64_t attempt_id);
 
   Store& store_;
   CellFreezer& freezer_;
   const Clock clock_;
-  const TimeLimits limits_;
-  const SchedulingPolicy policy_;
   /// Leases, heartbeats and silence run on this clock (never on clock_, which stamps rows).
   const MonotonicClock lease_clock_;
   AgentRegistry agents_;
+  Dispatcher dispatcher_;
+  LeaseKeeper leases_;
 
   /// Schedule()'s passes, on whichever thread runs them.
   void RunSchedulingPasses();
   /// The scheduler thread starts passes at most this often (batching; see StartBackgroundWork).
   static constexpr std::chrono::milliseconds kMinPassInterval{5};
-  std::mutex schedule_mu_;  // one scheduling pass at a time; guards demands_
+  /// One scheduling pass at a time (Dispatcher::Pass); AttachAgent holds it too, so a pass
+  /// never sends over a channel being replaced and a reconcile reads committed leases.
+  std::mutex schedule_mu_;
   std::atomic<bool> schedule_pending_{false};  // a pass was asked for (Schedule coalesces)
-  /// Demands of cells with active attempts, by cell id (specs never change).
-  std::unordered_map<std::string, Demand> demands_;
-  static constexpr size_t kMaxCachedDemands = 100000;
-  /// Why each queued attempt last waited (logged when it changes). Guarded by waiting_mu_,
-  /// written only in a scheduling pass.
-  std::mutex waiting_mu_;
-  std::map<int64_t, std::string> waiting_reasons_;
 
   // Declared last: destroyed (threads joined) before the members their tasks use.
   CoalescingLoop scheduling_;

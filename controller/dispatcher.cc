@@ -1,0 +1,126 @@
+#include "controller/dispatcher.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+namespace gatehouse::controller {
+
+Dispatcher::Dispatcher(Store& store, AgentRegistry& agents, SchedulingPolicy policy)
+    : store_(store), agents_(agents), policy_(policy) {}
+
+void Dispatcher::Remember(const std::string& cell_id, Demand demand) {
+  std::lock_guard lock(remembered_mu_);
+  remembered_.insert_or_assign(cell_id, std::move(demand));
+}
+
+std::string Dispatcher::WaitingReason(int64_t attempt_id) const {
+  std::lock_guard lock(waiting_mu_);
+  auto it = waiting_reasons_.find(attempt_id);
+  return it == waiting_reasons_.end() ? std::string() : it->second;
+}
+
+std::vector<Send> Dispatcher::Pass(bool* again) {
+  std::vector<Send> sends;
+  // Specs are read only for cells whose demand is not cached (specs never change).
+  auto queue = store_.ListQueuedAttempts(/*with_specs=*/false);
+  if (!queue.ok()) {
+    spdlog::error("schedule: {}", queue.status().ToString());
+    return sends;
+  }
+  if (queue->empty()) return sends;  // most passes (after every end): nothing waits
+  std::vector<AgentView> view = agents_.SchedulableViews();  // sorted by agent id
+  auto active = store_.ListActiveAttempts();
+  if (!active.ok()) {
+    spdlog::error("schedule: {}", active.status().ToString());
+    return sends;
+  }
+  if (demands_.size() > kMaxCachedDemands) demands_.clear();
+  {
+    std::lock_guard lock(remembered_mu_);
+    for (auto& [cell_id, demand] : remembered_) demands_.insert_or_assign(cell_id, std::move(demand));
+    remembered_.clear();
+  }
+  // The demand of a cell, from the cache or from its stored spec; nullptr when unreadable.
+  auto demand_of = [this](const std::string& cell_id) -> const Demand* {
+    auto it = demands_.find(cell_id);
+    if (it != demands_.end()) return &it->second;
+    auto cell = store_.GetCell(cell_id);
+    if (!cell.ok() || !cell->has_value()) {
+      spdlog::error("schedule: cell {} unreadable", cell_id);
+      return nullptr;
+    }
+    return &demands_.emplace(cell_id, DemandOfSpec((*cell)->spec_json)).first->second;
+  };
+  RunningLoad load;
+  for (const ActiveAttempt& a : *active) {
+    ++load.by_repository[a.repository];
+    ++load.by_submitter[a.submitter];
+    auto it = std::lower_bound(view.begin(), view.end(), a.agent_id,
+                               [](const AgentView& v, const std::string& id) { return v.agent_id < id; });
+    if (it == view.end() || it->agent_id != a.agent_id) continue;
+    ++it->running;
+    const Demand* demand = demand_of(a.cell_id);
+    if (demand != nullptr && demand->gpu) it->gpus_in_use += demand->world_size;
+  }
+  std::vector<Demand> demands;
+  std::vector<QueuedAttempt> placeable;  // the queue less cells whose spec is unreadable
+  demands.reserve(queue->size());
+  placeable.reserve(queue->size());
+  for (QueuedAttempt& q : *queue) {
+    const Demand* demand = demand_of(q.cell_id);
+    if (demand == nullptr) continue;
+    demands.push_back(*demand);
+    placeable.push_back(std::move(q));
+  }
+  std::vector<Waiting> waiting;
+  std::vector<Placement> placements =
+      Schedule(placeable, demands, view, &waiting, policy_, load);
+  {
+    // Only this pass's waiting attempts are kept; a reason is logged when it changes.
+    std::lock_guard lock(waiting_mu_);
+    std::map<int64_t, std::string> now_waiting;
+    for (const Waiting& w : waiting) {
+      auto old = waiting_reasons_.find(w.attempt_id);
+      if (old == waiting_reasons_.end() || old->second != w.reason) {
+        spdlog::info("attempt {} waits: {}", w.attempt_id, w.reason);
+      }
+      now_waiting[w.attempt_id] = w.reason;
+    }
+    waiting_reasons_ = std::move(now_waiting);
+  }
+  if (placements.empty()) return sends;
+  std::vector<Lease> leases;
+  for (const Placement& p : placements) leases.push_back({p.attempt_id, p.agent_id});
+  Status s = store_.LeaseAttempts(leases);
+  if (!s.ok()) {
+    // FAILED_PRECONDITION: an attempt left the queue meanwhile (cancelled, timed out); the
+    // batch rolled back whole, so place again from a fresh read.
+    if (s.code() == StatusCode::kFailedPrecondition) *again = true;
+    spdlog::warn("schedule: {}", s.ToString());
+    return sends;
+  }
+  // The channels of the agents placed on. ControllerCore::AttachAgent swaps a channel only
+  // while no pass runs; an agent that detached meanwhile keeps its lease, as a failed
+  // send does (reconcile or lease expiry ends it).
+  std::vector<std::shared_ptr<AgentChannel>> channels;
+  for (const Placement& p : placements) channels.push_back(agents_.Channel(p.agent_id));
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const Placement& p = placements[i];
+    auto cell = store_.GetCell(p.cell_id);
+    if (!cell.ok() || !cell->has_value()) {
+      spdlog::error("schedule: cell {} of attempt {} unreadable", p.cell_id, p.attempt_id);
+      continue;
+    }
+    if (channels[i] == nullptr) {
+      spdlog::warn("attempt {}: agent '{}' detached before its assignment was sent; it stays "
+                   "leased", p.attempt_id, p.agent_id);
+      continue;
+    }
+    const CellRecord& c = **cell;
+    sends.emplace_back(channels[i], AssignmentMessage{p.attempt_id, c.id, c.spec_json, c.branch});
+  }
+  return sends;
+}
+
+}  // namespace gatehouse::controller
