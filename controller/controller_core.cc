@@ -5,16 +5,11 @@
 #include <spdlog/spdlog.h>
 
 #include "common/phases.h"
-#include "controller/report.h"
 #include "controller/scheduler.h"
 #include "controller/worker_event.h"
 
 namespace gatehouse::controller {
 namespace {
-
-Status CellNotFound(const std::string& id) {
-  return Status::NotFound("cell '" + id + "' not found");
-}
 
 size_t PhaseOrder(const std::string& phase) { return PhaseIndex(phase).value_or(kPhases.size()); }
 
@@ -30,6 +25,7 @@ ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig l
       agents_(lease, lease_clock_),
       dispatcher_(store_, agents_, policy),
       leases_(store_, agents_, dispatcher_, limits, clock_),
+      cells_(store_, freezer_, dispatcher_, leases_, [this] { Schedule(); }),
       scheduling_([this] { RunSchedulingPasses(); }, kMinPassInterval),
       maintenance_(
           [this] {
@@ -41,89 +37,17 @@ ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig l
 // ---- REST side ----
 
 Result<SubmitOutcome> ControllerCore::Submit(std::string_view body, const std::string& submitter) {
-  GH_ASSIGN_OR_RETURN(FrozenCell frozen, freezer_.Freeze(body));
-  CellRecord record;
-  record.id = frozen.id;
-  record.spec_json = frozen.spec_json;
-  record.repository = frozen.repository;
-  record.commit_sha = frozen.commit;
-  record.branch = frozen.branch;
-  record.model_family = frozen.model_family;
-  record.priority = frozen.priority;
-  record.submitter = submitter;
-  GH_ASSIGN_OR_RETURN(bool created, store_.CreateCellIfAbsent(record));
-  if (created) {
-    spdlog::info("cell {} created ({} @ {}, {})", frozen.id, frozen.repository, frozen.commit,
-                 frozen.model_family);
-    dispatcher_.Remember(frozen.id, DemandOf(frozen.spec));
-    Schedule();
-  }
-  GH_ASSIGN_OR_RETURN(CellDetail detail, GetCell(frozen.id));
-  return SubmitOutcome{std::move(detail), created};
+  return cells_.Submit(body, submitter);
 }
 
 Result<std::vector<CellSummary>> ControllerCore::ListCells(int limit, int offset) {
-  return store_.ListCells(std::clamp(limit, 1, 500), std::max(offset, 0));
+  return cells_.ListCells(limit, offset);
 }
 
-Result<CellDetail> ControllerCore::GetCell(const std::string& id) {
-  GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
-  if (!cell) return CellNotFound(id);
-  return LoadDetail(*cell);
-}
-
-Result<CellDetail> ControllerCore::LoadDetail(const CellRecord& cell) {
-  CellDetail d;
-  d.cell = cell;
-  GH_ASSIGN_OR_RETURN(d.attempts, store_.ListAttempts(cell.id));
-  if (!d.attempts.empty()) {
-    d.status = d.attempts.back().state;
-    if (d.status == AttemptState::kQueued) {
-      d.waiting_reason = dispatcher_.WaitingReason(d.attempts.back().id);
-    }
-    // A queued attempt has sent no event, so it has no phases (a submit's answer skips the read).
-    if (d.status != AttemptState::kQueued) {
-      GH_ASSIGN_OR_RETURN(d.phases, store_.ListPhases(d.attempts.back().id));
-    }
-    std::stable_sort(d.phases.begin(), d.phases.end(), [](const auto& a, const auto& b) {
-      return PhaseOrder(a.phase) < PhaseOrder(b.phase);
-    });
-  }
-  return d;
-}
+Result<CellDetail> ControllerCore::GetCell(const std::string& id) { return cells_.GetCell(id); }
 
 Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::string& reason) {
-  GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
-  if (!cell) return CellNotFound(id);
-  GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store_.ListAttempts(id));
-  if (attempts.empty()) return Status::FailedPrecondition("cell '" + id + "' has no attempt");
-  const AttemptRecord& a = attempts.back();
-  const std::string why = "cancelled: " + (reason.empty() ? std::string("requested") : reason);
-  AttemptState state = a.state;
-  if (state == AttemptState::kQueued) {
-    // Only while still queued: a scheduling pass may lease it meanwhile, and then the agent
-    // must be told.
-    GH_ASSIGN_OR_RETURN(bool changed, store_.CancelQueued(a.id, why));
-    if (changed) {
-      spdlog::info("attempt {} of cell {} cancelled while queued", a.id, id);
-      return LoadDetail(*cell);
-    }
-    GH_ASSIGN_OR_RETURN(AttemptRecord now, store_.GetAttempt(a.id));
-    state = now.state;
-  }
-  if (state == AttemptState::kLeased || state == AttemptState::kRunning) {
-    GH_ASSIGN_OR_RETURN(bool first, store_.RequestCancel(a.id, why));
-    if (first) {
-      const bool sent = leases_.SendCancel(a.agent_id, a.id, why);
-      spdlog::info("attempt {} of cell {}: cancel {} agent '{}'", a.id, id,
-                   sent ? "sent to" : "recorded; not reachable now:", a.agent_id);
-    }
-  } else {
-    return Status::FailedPrecondition("cell '" + id + "': its latest attempt " +
-                                      std::to_string(a.number) + " already ended (" +
-                                      std::string(AttemptStateName(state)) + ")");
-  }
-  return LoadDetail(*cell);
+  return cells_.CancelCell(id, reason);
 }
 
 Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
@@ -152,25 +76,11 @@ Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
   return out;
 }
 
-Result<std::string> ControllerCore::Report(const std::string& id) {
-  GH_ASSIGN_OR_RETURN(CellDetail d, GetCell(id));
-  return RenderReport(d);
-}
+Result<std::string> ControllerCore::Report(const std::string& id) { return cells_.Report(id); }
 
 Result<std::string> ControllerCore::ReadLog(const std::string& id, const std::string& stream,
                                             std::optional<int> number) {
-  GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
-  if (!cell) return CellNotFound(id);
-  GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store_.ListAttempts(id));
-  const AttemptRecord* chosen = nullptr;
-  for (const AttemptRecord& a : attempts) {
-    if (!number || a.number == *number) chosen = &a;
-  }
-  if (chosen == nullptr) {
-    return Status::NotFound("cell '" + id + "' has no attempt " +
-                            (number ? std::to_string(*number) : std::string("yet")));
-  }
-  return store_.ReadLog(chosen->id, stream);
+  return cells_.ReadLog(id, stream, number);
 }
 
 // ---- agent side ----

@@ -1,10 +1,11 @@
 // The controller's domain service, the facade the transports (REST, gRPC) call: submitting and
 // reading cells, and the agent side of an attempt's life (registration, events, logs, end).
-// It composes the parts that each own one concern: the agent registry (agent_registry.h: who
-// is attached, what each offers, who is alive), the dispatcher (dispatcher.h: one scheduling
-// pass, the demand cache, waiting reasons), the lease keeper (lease_keeper.h: expiry, time
-// limits, reconcile) and two background loops (loops.h: the scheduler thread and the
-// one-second maintenance thread). No transport, SQLite or libgit2 header.
+// It composes the parts that each own one concern: the cell service (cell_service.h: submit,
+// list, get, cancel, report, log), the agent registry (agent_registry.h: who is attached, what
+// each offers, who is alive), the dispatcher (dispatcher.h: one scheduling pass, the demand
+// cache, waiting reasons), the lease keeper (lease_keeper.h: expiry, time limits, reconcile)
+// and two background loops (loops.h: the scheduler thread and the one-second maintenance
+// thread). No transport, SQLite or libgit2 header.
 #pragma once
 
 #include <atomic>
@@ -21,6 +22,7 @@
 #include "common/status.h"
 #include "controller/agent_registry.h"
 #include "controller/cell_identity.h"
+#include "controller/cell_service.h"
 #include "controller/clock.h"
 #include "controller/dispatcher.h"
 #include "controller/lease_keeper.h"
@@ -40,12 +42,6 @@ struct AgentStatus {
   int slots = 0;             // while attached
   int running = 0;           // attempts leased to it or running on it
   std::string last_seen_at;  // when this controller last heard from it; empty: not since start
-};
-
-/// Result of a submission.
-struct SubmitOutcome {
-  CellDetail cell;
-  bool created = false;  // false: the same inputs were submitted before
 };
 
 /// Domain service of the controller.
@@ -180,7 +176,6 @@ class ControllerCore {
   /// A sign of life from `agent_id`; schedules when it takes work again.
   void Touch(const std::string& agent_id);
 
-  Result<CellDetail> LoadDetail(const CellRecord& cell);
   Result<AttemptRecord> AttemptOfAgent(const std::string& agent_id, int64_t attempt_id);
 
   Store& store_;
@@ -191,6 +186,7 @@ class ControllerCore {
   AgentRegistry agents_;
   Dispatcher dispatcher_;
   LeaseKeeper leases_;
+  CellService cells_;
 
   /// Schedule()'s passes, on whichever thread runs them.
   void RunSchedulingPasses();

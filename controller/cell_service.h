@@ -1,0 +1,72 @@
+// The cell side of the controller: submitting a body (frozen into a cell, stored once), listing
+// and reading cells, cancelling, the report and the logs. Domain logic over the store, the
+// dispatcher (waiting reasons, demands) and the lease keeper (cancels to agents): no transport,
+// SQLite or libgit2 header.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/cell_identity.h"
+#include "controller/dispatcher.h"
+#include "controller/lease_keeper.h"
+#include "controller/records.h"
+#include "controller/store/store.h"
+
+namespace gatehouse::controller {
+
+/// Result of a submission.
+struct SubmitOutcome {
+  CellDetail cell;
+  bool created = false;  // false: the same inputs were submitted before
+};
+
+/// Threading: thread-safe (its state is the store's). Blocking: Submit fetches git and hashes
+/// directories; the rest does SQLite work.
+class CellService {
+ public:
+  /// `schedule` asks for a scheduling pass (after a cell is created).
+  CellService(Store& store, CellFreezer& freezer, Dispatcher& dispatcher, LeaseKeeper& leases,
+              std::function<void()> schedule);
+
+  /// Freezes the body (docs/protocols.md §1-2) and stores the cell with attempt 1 unless it
+  /// exists; a new cell's demand goes to the dispatcher and a pass is asked for. Errors: as
+  /// CellFreezer::Freeze; INTERNAL on a store failure.
+  Result<SubmitOutcome> Submit(std::string_view body, const std::string& submitter);
+
+  /// Cells newest first. `limit` in [1, 500], `offset` >= 0.
+  Result<std::vector<CellSummary>> ListCells(int limit, int offset);
+
+  /// NOT_FOUND "cell '<id>' not found". A queued latest attempt carries the dispatcher's last
+  /// waiting reason.
+  Result<CellDetail> GetCell(const std::string& id);
+
+  /// Cancels the cell's latest attempt: a queued one ends cancelled at once; for a leased or
+  /// running one the cancel is recorded and sent to its agent (ControllerCore::CancelCell).
+  /// Errors: NOT_FOUND as GetCell; FAILED_PRECONDITION naming the state when the latest attempt
+  /// has already ended.
+  Result<CellDetail> CancelCell(const std::string& id, const std::string& reason);
+
+  /// The Markdown evidence report (controller/report.h). NOT_FOUND as GetCell.
+  Result<std::string> Report(const std::string& id);
+
+  /// A log stream of the cell's latest attempt (or of attempt `number`), chunks in offset
+  /// order. NOT_FOUND for an unknown cell or attempt number.
+  Result<std::string> ReadLog(const std::string& id, const std::string& stream,
+                              std::optional<int> number);
+
+ private:
+  Result<CellDetail> LoadDetail(const CellRecord& cell);
+
+  Store& store_;
+  CellFreezer& freezer_;
+  Dispatcher& dispatcher_;
+  LeaseKeeper& leases_;
+  const std::function<void()> schedule_;
+};
+
+}  // namespace gatehouse::controller
