@@ -11,6 +11,7 @@
 #include <limits>
 #include <set>
 
+#include "common/json_fields.h"
 #include "common/phases.h"
 
 namespace gatehouse {
@@ -19,24 +20,16 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Limits = CellSpecLimits;
+using json_fields::FieldError;
+using json_fields::Members;
+using json_fields::ReadInt;
+using json_fields::ReadString;
+using json_fields::Shown;
 
-constexpr size_t kMaxShownValue = 80;
 // Deepest nesting of arrays/objects accepted in a body (a valid one needs 2). Deeper input is
 // refused while parsing: nlohmann's dump(), which error messages use, recurses once per level,
 // and a 200 KB body of '[' overflowed the stack (found by tests/fuzz/fuzz_cell_spec).
 constexpr int kMaxJsonDepth = 64;
-
-// The value as JSON text, shortened for error messages. The cut backs off to the start of a
-// UTF-8 sequence, so the message stays valid UTF-8 (the REST error body is JSON).
-std::string Shown(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > kMaxShownValue) {
-    size_t cut = kMaxShownValue;
-    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-    s = s.substr(0, cut) + "...";
-  }
-  return s;
-}
 
 // `s` with every byte that is not part of a well-formed UTF-8 sequence written as \xHH.
 // nlohmann's parse errors quote the raw input ("last read: '...'"); an error message must be
@@ -85,62 +78,21 @@ struct TooDeep {};
 // (every member required but the optional pins).
 enum class Form { kBody, kFrozen };
 
-Status FieldError(std::string_view field, std::string_view expected, const json& value) {
-  return Status::InvalidArgument("field '" + std::string(field) + "': expected " +
-                                 std::string(expected) + ", got " + Shown(value));
+// The member `key` of `m` read in `form`: nullptr when absent and it may be (any member of a
+// body; an optional one of a frozen spec). Errors: "missing field" otherwise.
+Result<const json*> Get(const Members& m, Form form, std::string_view key,
+                        bool optional_when_frozen = false) {
+  if (form == Form::kFrozen && !optional_when_frozen) return m.Require(key);
+  return m.Find(key);
 }
 
 std::string Bytes(size_t n) { return std::to_string(n) + " bytes"; }
 
-// The members of one JSON object, for one form: unknown members are refused up front, and in
-// the frozen form a required member that is absent is an error naming it.
-class Members {
- public:
-  // Errors: INVALID_ARGUMENT when `obj` is not an object or holds a member not in `known`.
-  static Result<Members> Of(const json& obj, std::string prefix, Form form,
-                            std::initializer_list<std::string_view> known) {
-    if (!obj.is_object()) {
-      return FieldError(prefix.empty() ? "spec" : prefix.substr(0, prefix.size() - 1),
-                        "an object", obj);
-    }
-    for (const auto& [key, _] : obj.items()) {
-      if (std::find(known.begin(), known.end(), key) == known.end()) {
-        return Status::InvalidArgument("unknown field '" + prefix + key + "'");
-      }
-    }
-    return Members(obj, std::move(prefix), form);
-  }
-
-  // The member, or nullptr when it is absent and may be (any member of a body; an optional
-  // one of a frozen spec). Errors: INVALID_ARGUMENT "missing field" otherwise.
-  Result<const json*> Get(std::string_view key, bool optional_when_frozen = false) const {
-    const auto it = obj_.find(std::string(key));
-    if (it != obj_.end()) return &*it;
-    if (form_ == Form::kFrozen && !optional_when_frozen) {
-      return Status::InvalidArgument("missing field '" + Name(key) + "'");
-    }
-    return static_cast<const json*>(nullptr);
-  }
-
-  std::string Name(std::string_view key) const { return prefix_ + std::string(key); }
-  Form form() const { return form_; }
-
- private:
-  Members(const json& obj, std::string prefix, Form form)
-      : obj_(obj), prefix_(std::move(prefix)), form_(form) {}
-  const json& obj_;
-  std::string prefix_;
-  Form form_;
-};
-
-// A non-empty string of at most `max_bytes`.
-Result<std::string> ReadString(const json& v, std::string_view field, size_t max_bytes) {
-  if (!v.is_string() || v.get_ref<const std::string&>().empty() ||
-      v.get_ref<const std::string&>().size() > max_bytes) {
-    return FieldError(field, "a non-empty string of at most " + Bytes(max_bytes), v);
-  }
-  return v.get<std::string>();
+// An absolute path of at most kMaxPathBytes, lexically normal, without a trailing separator.
+Result<std::string> ReadAbsolutePath(const json& v, std::string_view field) {
+  return json_fields::ReadAbsolutePath(v, field, Limits::kMaxPathBytes);
 }
+
 
 Result<std::string> ReadEnum(const json& v, std::string_view field,
                              std::initializer_list<std::string_view> allowed) {
@@ -152,32 +104,6 @@ Result<std::string> ReadEnum(const json& v, std::string_view field,
     return FieldError(field, expected, v);
   }
   return s;
-}
-
-// An integer in [min, max]; floats such as 2.0 are refused. `expected` defaults to
-// "an integer from <min> to <max>".
-Result<int64_t> ReadInt(const json& v, std::string_view field, int64_t min, int64_t max,
-                        std::string expected = "") {
-  if (expected.empty()) {
-    expected = "an integer from " + std::to_string(min) + " to " + std::to_string(max);
-  }
-  if (!v.is_number_integer()) return FieldError(field, expected, v);
-  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)) {
-    return FieldError(field, expected, v);
-  }
-  const int64_t i = v.get<int64_t>();
-  if (i < min || i > max) return FieldError(field, expected, v);
-  return i;
-}
-
-// Absolute, lexically normal, without a trailing separator, at most kMaxPathBytes.
-Result<std::string> ReadAbsolutePath(const json& v, std::string_view field) {
-  GH_ASSIGN_OR_RETURN(std::string s, ReadString(v, field, Limits::kMaxPathBytes));
-  const fs::path p(s);
-  if (!p.is_absolute()) return FieldError(field, "an absolute path", v);
-  std::string norm = p.lexically_normal().string();
-  while (norm.size() > 1 && norm.back() == '/') norm.pop_back();
-  return norm;
 }
 
 bool IsHex40(std::string_view s) {
@@ -230,11 +156,11 @@ bool IsMajorMinor(const std::string& s) {
 }
 
 Status ReadTopology(const json& v, Form form, CellSpec::Topology& out) {
-  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "topology.", form, {"tp", "dp", "pp", "ep"}));
+  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "topology.", {"tp", "dp", "pp", "ep"}));
   std::pair<const char*, int64_t*> members[] = {
       {"tp", &out.tp}, {"dp", &out.dp}, {"pp", &out.pp}, {"ep", &out.ep}};
   for (auto& [name, dst] : members) {
-    GH_ASSIGN_OR_RETURN(const json* f, m.Get(name));
+    GH_ASSIGN_OR_RETURN(const json* f, Get(m, form, name));
     if (f) {
       GH_ASSIGN_OR_RETURN(*dst, ReadInt(*f, m.Name(name), 1, Limits::kMaxWorldSize));
     }
@@ -251,13 +177,13 @@ Status ReadTopology(const json& v, Form form, CellSpec::Topology& out) {
 }
 
 Status ReadTraining(const json& v, Form form, CellSpec::Training& out) {
-  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "training.", form, {"steps", "lr", "seed"}));
-  GH_ASSIGN_OR_RETURN(const json* steps, m.Get("steps"));
+  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "training.", {"steps", "lr", "seed"}));
+  GH_ASSIGN_OR_RETURN(const json* steps, Get(m, form, "steps"));
   if (steps) {
     GH_ASSIGN_OR_RETURN(out.steps,
                         ReadInt(*steps, "training.steps", 2, Limits::kMaxTrainingSteps));
   }
-  GH_ASSIGN_OR_RETURN(const json* lr, m.Get("lr"));
+  GH_ASSIGN_OR_RETURN(const json* lr, Get(m, form, "lr"));
   if (lr) {
     if (!lr->is_number() || !(lr->get<double>() > 0) ||
         !(lr->get<double>() <= Limits::kMaxLearningRate)) {
@@ -265,7 +191,7 @@ Status ReadTraining(const json& v, Form form, CellSpec::Training& out) {
     }
     out.lr = lr->get<double>();
   }
-  GH_ASSIGN_OR_RETURN(const json* seed, m.Get("seed"));
+  GH_ASSIGN_OR_RETURN(const json* seed, Get(m, form, "seed"));
   if (seed) {
     GH_ASSIGN_OR_RETURN(out.seed, ReadInt(*seed, "training.seed", 0,
                                           std::numeric_limits<int64_t>::max(),
@@ -277,16 +203,16 @@ Status ReadTraining(const json& v, Form form, CellSpec::Training& out) {
 Status ReadDecode(const json& v, Form form, CellSpec::Decode& out) {
   // The body names no sampling: greedy is the only one.
   GH_ASSIGN_OR_RETURN(Members m, form == Form::kBody
-                                     ? Members::Of(v, "decode.", form, {"max_new_tokens"})
-                                     : Members::Of(v, "decode.", form,
+                                     ? Members::Of(v, "decode.", {"max_new_tokens"})
+                                     : Members::Of(v, "decode.",
                                                    {"max_new_tokens", "sampling"}));
-  GH_ASSIGN_OR_RETURN(const json* n, m.Get("max_new_tokens"));
+  GH_ASSIGN_OR_RETURN(const json* n, Get(m, form, "max_new_tokens"));
   if (n) {
     GH_ASSIGN_OR_RETURN(out.max_new_tokens,
                         ReadInt(*n, "decode.max_new_tokens", 1, Limits::kMaxNewTokens));
   }
   if (form == Form::kFrozen) {
-    GH_ASSIGN_OR_RETURN(const json* s, m.Get("sampling"));
+    GH_ASSIGN_OR_RETURN(const json* s, Get(m, form, "sampling"));
     GH_ASSIGN_OR_RETURN(out.sampling, ReadEnum(*s, "decode.sampling", {"greedy"}));
   }
   return Status::Ok();
@@ -345,11 +271,11 @@ Status ReadPhases(const json& v, std::vector<std::string>& out) {
 // body names it at the top level).
 Status ReadRuntime(const json& v, Form form, CellSpec::Runtime& out) {
   GH_ASSIGN_OR_RETURN(Members m, form == Form::kBody
-                                     ? Members::Of(v, "runtime.", form,
+                                     ? Members::Of(v, "runtime.",
                                                    {"torch", "cuda", "gpu_model"})
-                                     : Members::Of(v, "runtime.", form,
+                                     : Members::Of(v, "runtime.",
                                                    {"torch", "device", "cuda", "gpu_model"}));
-  GH_ASSIGN_OR_RETURN(const json* torch, m.Get("torch"));
+  GH_ASSIGN_OR_RETURN(const json* torch, Get(m, form, "torch"));
   if (torch) {
     if (!torch->is_string() || !IsName(torch->get<std::string>(), /*spaces=*/false)) {
       return FieldError("runtime.torch",
@@ -360,17 +286,17 @@ Status ReadRuntime(const json& v, Form form, CellSpec::Runtime& out) {
     out.torch = torch->get<std::string>();
   }
   if (form == Form::kFrozen) {
-    GH_ASSIGN_OR_RETURN(const json* device, m.Get("device"));
+    GH_ASSIGN_OR_RETURN(const json* device, Get(m, form, "device"));
     GH_ASSIGN_OR_RETURN(out.device, ReadEnum(*device, "runtime.device", {"cpu", "cuda"}));
   }
-  GH_ASSIGN_OR_RETURN(const json* cuda, m.Get("cuda", /*optional_when_frozen=*/true));
+  GH_ASSIGN_OR_RETURN(const json* cuda, Get(m, form, "cuda", /*optional_when_frozen=*/true));
   if (cuda) {
     if (!cuda->is_string() || !IsMajorMinor(cuda->get<std::string>())) {
       return FieldError("runtime.cuda", "a CUDA version \"major.minor\" such as \"13.0\"", *cuda);
     }
     out.cuda = cuda->get<std::string>();
   }
-  GH_ASSIGN_OR_RETURN(const json* gpu, m.Get("gpu_model", /*optional_when_frozen=*/true));
+  GH_ASSIGN_OR_RETURN(const json* gpu, Get(m, form, "gpu_model", /*optional_when_frozen=*/true));
   if (gpu) {
     if (!gpu->is_string() || !IsName(gpu->get<std::string>(), /*spaces=*/true)) {
       return FieldError("runtime.gpu_model",
@@ -385,11 +311,11 @@ Status ReadRuntime(const json& v, Form form, CellSpec::Runtime& out) {
 
 Result<DigestedPath> ReadDigestedPath(const json& v, std::string_view field) {
   const std::string prefix = std::string(field) + ".";
-  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, prefix, Form::kFrozen, {"path", "digest"}));
+  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, prefix, {"path", "digest"}));
   DigestedPath out;
-  GH_ASSIGN_OR_RETURN(const json* path, m.Get("path"));
+  GH_ASSIGN_OR_RETURN(const json* path, m.Require("path"));
   GH_ASSIGN_OR_RETURN(out.path, ReadAbsolutePath(*path, m.Name("path")));
-  GH_ASSIGN_OR_RETURN(const json* digest, m.Get("digest"));
+  GH_ASSIGN_OR_RETURN(const json* digest, m.Require("digest"));
   GH_ASSIGN_OR_RETURN(out.digest, ReadString(*digest, m.Name("digest"), Limits::kMaxNameBytes));
   return out;
 }
@@ -434,53 +360,52 @@ bool CellSpec::Requested(std::string_view phase) const {
 }
 
 Result<CellSpec> ParseCellSpec(const json& in) {
-  constexpr Form kForm = Form::kFrozen;
   GH_ASSIGN_OR_RETURN(Members m,
-                      Members::Of(in, "", kForm,
+                      Members::Of(in, "",
                                   {"spec_version", "repository", "commit", "model_family",
                                    "checkpoint", "reference", "runtime", "launch", "topology",
                                    "precision", "mode", "decode", "training", "env", "phases"}));
   CellSpec s;
-  GH_ASSIGN_OR_RETURN(const json* version, m.Get("spec_version"));
+  GH_ASSIGN_OR_RETURN(const json* version, m.Require("spec_version"));
   GH_ASSIGN_OR_RETURN(s.spec_version, ReadInt(*version, "spec_version", kCellSpecVersion,
                                               kCellSpecVersion,
                                               "version " + std::to_string(kCellSpecVersion)));
-  GH_ASSIGN_OR_RETURN(const json* repository, m.Get("repository"));
+  GH_ASSIGN_OR_RETURN(const json* repository, m.Require("repository"));
   GH_ASSIGN_OR_RETURN(s.repository, ReadRepository(*repository, "repository"));
-  GH_ASSIGN_OR_RETURN(const json* commit, m.Get("commit"));
+  GH_ASSIGN_OR_RETURN(const json* commit, m.Require("commit"));
   GH_ASSIGN_OR_RETURN(s.commit, ReadCommit(*commit, "commit"));
-  GH_ASSIGN_OR_RETURN(const json* family, m.Get("model_family"));
+  GH_ASSIGN_OR_RETURN(const json* family, m.Require("model_family"));
   GH_ASSIGN_OR_RETURN(s.model_family, ReadFamily(*family));
-  GH_ASSIGN_OR_RETURN(const json* checkpoint, m.Get("checkpoint"));
+  GH_ASSIGN_OR_RETURN(const json* checkpoint, m.Require("checkpoint"));
   GH_ASSIGN_OR_RETURN(s.checkpoint, ReadDigestedPath(*checkpoint, "checkpoint"));
-  GH_ASSIGN_OR_RETURN(const json* reference, m.Get("reference"));
+  GH_ASSIGN_OR_RETURN(const json* reference, m.Require("reference"));
   GH_ASSIGN_OR_RETURN(s.reference, ReadDigestedPath(*reference, "reference"));
-  GH_ASSIGN_OR_RETURN(const json* runtime, m.Get("runtime"));
-  GH_RETURN_IF_ERROR(ReadRuntime(*runtime, kForm, s.runtime));
+  GH_ASSIGN_OR_RETURN(const json* runtime, m.Require("runtime"));
+  GH_RETURN_IF_ERROR(ReadRuntime(*runtime, Form::kFrozen, s.runtime));
   {
-    GH_ASSIGN_OR_RETURN(const json* launch, m.Get("launch"));
+    GH_ASSIGN_OR_RETURN(const json* launch, m.Require("launch"));
     GH_ASSIGN_OR_RETURN(Members l,
-                        Members::Of(*launch, "launch.", kForm, {"runner", "processes_per_rank"}));
-    GH_ASSIGN_OR_RETURN(const json* runner, l.Get("runner"));
+                        Members::Of(*launch, "launch.", {"runner", "processes_per_rank"}));
+    GH_ASSIGN_OR_RETURN(const json* runner, l.Require("runner"));
     GH_ASSIGN_OR_RETURN(s.launch.runner, ReadEnum(*runner, "launch.runner", {"gatehouse-worker"}));
-    GH_ASSIGN_OR_RETURN(const json* ppr, l.Get("processes_per_rank"));
+    GH_ASSIGN_OR_RETURN(const json* ppr, l.Require("processes_per_rank"));
     GH_ASSIGN_OR_RETURN(s.launch.processes_per_rank,
                         ReadInt(*ppr, "launch.processes_per_rank", 1, 1,
                                 "1 (one worker process per rank)"));
   }
-  GH_ASSIGN_OR_RETURN(const json* topology, m.Get("topology"));
-  GH_RETURN_IF_ERROR(ReadTopology(*topology, kForm, s.topology));
-  GH_ASSIGN_OR_RETURN(const json* precision, m.Get("precision"));
+  GH_ASSIGN_OR_RETURN(const json* topology, m.Require("topology"));
+  GH_RETURN_IF_ERROR(ReadTopology(*topology, Form::kFrozen, s.topology));
+  GH_ASSIGN_OR_RETURN(const json* precision, m.Require("precision"));
   GH_ASSIGN_OR_RETURN(s.precision, ReadEnum(*precision, "precision", {"fp32", "bf16"}));
-  GH_ASSIGN_OR_RETURN(const json* mode, m.Get("mode"));
+  GH_ASSIGN_OR_RETURN(const json* mode, m.Require("mode"));
   GH_ASSIGN_OR_RETURN(s.mode, ReadEnum(*mode, "mode", {"eager", "cuda_graph"}));
-  GH_ASSIGN_OR_RETURN(const json* decode, m.Get("decode"));
-  GH_RETURN_IF_ERROR(ReadDecode(*decode, kForm, s.decode));
-  GH_ASSIGN_OR_RETURN(const json* training, m.Get("training"));
-  GH_RETURN_IF_ERROR(ReadTraining(*training, kForm, s.training));
-  GH_ASSIGN_OR_RETURN(const json* env, m.Get("env"));
+  GH_ASSIGN_OR_RETURN(const json* decode, m.Require("decode"));
+  GH_RETURN_IF_ERROR(ReadDecode(*decode, Form::kFrozen, s.decode));
+  GH_ASSIGN_OR_RETURN(const json* training, m.Require("training"));
+  GH_RETURN_IF_ERROR(ReadTraining(*training, Form::kFrozen, s.training));
+  GH_ASSIGN_OR_RETURN(const json* env, m.Require("env"));
   GH_RETURN_IF_ERROR(ReadEnv(*env, s.env));
-  GH_ASSIGN_OR_RETURN(const json* phases, m.Get("phases"));
+  GH_ASSIGN_OR_RETURN(const json* phases, m.Require("phases"));
   GH_RETURN_IF_ERROR(ReadPhases(*phases, s.phases));
   GH_RETURN_IF_ERROR(CheckCoherent(s));
   return s;
@@ -526,7 +451,7 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
   if (!in.is_object()) {
     return Status::InvalidArgument("body: expected a JSON object, got " + Shown(in));
   }
-  GH_RETURN_IF_ERROR(Members::Of(in, "", kForm,
+  GH_RETURN_IF_ERROR(Members::Of(in, "",
                                  {"repository", "branch", "commit", "model_family", "checkpoint",
                                   "reference", "precision", "mode", "device", "topology",
                                   "training", "decode", "env", "phases", "runtime", "priority"})

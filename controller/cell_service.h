@@ -46,9 +46,11 @@ class CellService {
   Result<CellDetail> GetCell(const std::string& id);
 
   /// Cancels the cell's latest attempt: a queued one ends cancelled at once; for a leased or
-  /// running one the cancel is recorded and sent to its agent (ControllerCore::CancelCell).
-  /// Errors: NOT_FOUND as GetCell; FAILED_PRECONDITION naming the state when the latest attempt
-  /// has already ended.
+  /// running one the cancel is recorded and sent to its agent, which stops the worker group
+  /// (grace, then kill) and reports the end, and the attempt ends cancelled (if the agent is
+  /// lost first, the lease expiry ends it cancelled, without a retry). A second cancel while
+  /// one is pending changes nothing. Errors: NOT_FOUND as GetCell; FAILED_PRECONDITION naming
+  /// the state when the latest attempt has already ended.
   Result<CellDetail> CancelCell(const std::string& id, const std::string& reason);
 
   /// The Markdown evidence report (controller/report.h). NOT_FOUND as GetCell.

@@ -60,32 +60,13 @@ class ControllerCore {
 
   const LeaseConfig& lease_config() const { return agents_.lease(); }
 
-  // ---- REST side ----
+  // ---- REST side: the cell service (cell_service.h documents each) ----
 
-  /// Freezes the body (docs/protocols.md §1-2) and stores the cell with attempt 1 unless it
-  /// exists. Errors: as CellFreezer::Freeze; INTERNAL on a store failure.
   Result<SubmitOutcome> Submit(std::string_view body, const std::string& submitter);
-
-  /// Cells newest first. `limit` in [1, 500], `offset` >= 0.
   Result<std::vector<CellSummary>> ListCells(int limit, int offset);
-
-  /// NOT_FOUND "cell '<id>' not found". A queued latest attempt carries the scheduler's last
-  /// waiting reason.
   Result<CellDetail> GetCell(const std::string& id);
-
-  /// Cancels the cell's latest attempt: a queued one ends cancelled at once; for a leased or
-  /// running one the cancel is recorded and sent to its agent, which stops the worker group
-  /// (grace, then kill) and reports the end, and the attempt ends cancelled (if the agent is
-  /// lost first, the lease expiry ends it cancelled, without a retry). A second cancel while
-  /// one is pending changes nothing. Errors: NOT_FOUND as GetCell; FAILED_PRECONDITION naming
-  /// the state when the latest attempt has already ended.
   Result<CellDetail> CancelCell(const std::string& id, const std::string& reason);
-
-  /// The Markdown evidence report (controller/report.h). NOT_FOUND as GetCell.
   Result<std::string> Report(const std::string& id);
-
-  /// A log stream of the cell's latest attempt (or of attempt `number`), chunks in offset
-  /// order. NOT_FOUND for an unknown cell or attempt number.
   Result<std::string> ReadLog(const std::string& id, const std::string& stream,
                               std::optional<int> number);
 
@@ -122,20 +103,12 @@ class ControllerCore {
   /// reason of queued cells says so); when it clears, scheduling runs.
   Status Heartbeat(const std::string& agent_id, const std::string& drain_reason = "");
 
-  /// Expires the leases of agents not heard from for lease_config().lease_timeout(): each of
-  /// their leased or running attempts becomes lost (reason names the agent and the silence)
-  /// and, within the cell's retry limit, gets a new queued attempt (Store::LoseAttempt); then
-  /// schedules. An agent the controller has not heard from since it started counts from its
-  /// start plus `restart_grace`, so leases survive a controller restart while their agents
-  /// reconnect. Silent agents take no new work until they are heard from again. Returns the
-  /// attempts lost. StartBackgroundWork runs it every second.
+  /// LeaseKeeper::ExpireLeases (lease_keeper.h), then schedules when any attempt was lost.
+  /// StartBackgroundWork runs it every second. Returns the attempts lost.
   int ExpireLeases();
 
-  /// Ends what is over a time limit (TimeLimits): a queued attempt becomes timed_out at once;
-  /// a leased or running one gets a stop request (recorded as timed_out, reason naming the
-  /// limit, and the phase for a phase limit) sent to its agent like a cancel, and ends
-  /// timed_out when the agent reports the end (or at lease expiry). Returns the attempts
-  /// stopped. StartBackgroundWork runs it every second.
+  /// LeaseKeeper::EnforceTimeLimits (lease_keeper.h). StartBackgroundWork runs it every
+  /// second. Returns the attempts stopped.
   int EnforceTimeLimits();
 
   /// Stores an event idempotently by (attempt_id, seq) and applies it (phase_start makes the

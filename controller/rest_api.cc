@@ -82,10 +82,6 @@ HttpResponse MethodNotAllowed(const std::string& method, const std::string& path
   return r;
 }
 
-boost::urls::url_view QueryOf(const RouteCall& call) {
-  return boost::urls::parse_origin_form(call.request.target).value();
-}
-
 /// What the route table says about one method on one path.
 struct PathMatch {
   const Route* route = nullptr;     // the route for the method; nullptr: none
@@ -185,7 +181,7 @@ HttpResponse RestApi::Dispatch(const HttpRequest& req) {
 
   PathMatch match = MatchPath(method, segments);
   if (match.allow.empty() && !IsApi(segments)) return ServeStatic(path, segments, method);
-  RouteCall call{req, path, std::string(url.query()), std::move(match.params), ""};
+  RouteCall call{req, url, std::move(match.params), ""};
 
   if (const std::optional<Scope> scope = match.scope) {
     auto header = req.headers.find("authorization");
@@ -229,7 +225,7 @@ HttpResponse RestApi::SubmitCell(const RouteCall& call) {
 }
 
 HttpResponse RestApi::ListCells(const RouteCall& call) {
-  auto query = ParseListQuery(QueryOf(call));
+  auto query = ParseListQuery(call.url);
   if (!query.ok()) return ErrorResponse(query.status());
   auto cells = core_.ListCells(query->limit, query->offset);
   if (!cells.ok()) return ErrorResponse(cells.status());
@@ -259,7 +255,7 @@ HttpResponse RestApi::CellReport(const RouteCall& call) {
 }
 
 HttpResponse RestApi::CellLog(const RouteCall& call) {
-  auto query = ParseLogQuery(QueryOf(call));
+  auto query = ParseLogQuery(call.url);
   if (!query.ok()) return ErrorResponse(query.status());
   auto log = core_.ReadLog(call.params.at(0), query->stream, query->attempt);
   if (!log.ok()) return ErrorResponse(log.status());

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include <boost/url/url_view.hpp>
+
 #include "controller/auth.h"
 #include "controller/controller_core.h"
 #include "controller/http_types.h"
@@ -15,12 +17,12 @@ namespace gatehouse::controller {
 
 class RestApi;
 
-/// What a handler is given: the request, its parsed target, the route's {parameters} in order
-/// and the caller's token name (empty without a token).
+/// What a handler is given: the request, its target parsed once (a view into
+/// request.target), the route's {parameters} in order and the caller's token name (empty
+/// without a token).
 struct RouteCall {
   const HttpRequest& request;
-  std::string path;                 // the target's path, for messages
-  std::string query;                // the target's query, without '?'
+  boost::urls::url_view url;
   std::vector<std::string> params;  // e.g. {"<cell id>"} for /api/v1/cells/{id}
   std::string principal;
 };
