@@ -131,6 +131,9 @@ Result<RopeConfig> ParseRope(ConfigReader& reader, double default_theta) {
   if (dict == nullptr) {
     rope.rope_theta = theta;
     rope.rope_theta_source = std::string(source);
+    if (!(rope.rope_theta > 0)) {
+      return FieldError("rope_theta", json(rope.rope_theta), "must be positive");
+    }
   } else {
     GH_ASSIGN_OR_RETURN(rope, ParseRopeDict(reader, *dict,
                                             params != nullptr ? "rope_parameters."
