@@ -129,8 +129,7 @@ std::string CanonicalSpecJson(const CellSpec& spec);
 
 /// What the controller knows when it reads a submit body.
 struct SubmitContext {
-  std::vector<std::string> families = {"llama"};  // registered model families (--families)
-  std::string torch_pin = "2.11.0";               // the default runtime.torch (--torch-pin)
+  std::string torch_pin = "2.11.0";  // the default runtime.torch (--torch-pin)
 };
 
 /// A submit body (docs/protocols.md §1) after validation: the spec with every default filled

@@ -152,10 +152,8 @@ int Run(int argc, char** argv) {
             << (*http_server)->port() << "\n"
             << "gatehouse-controller: grpc listening on " << o.grpc_host << ":"
             << (*rpc_server)->port() << std::endl;
-  std::string families;
-  for (const std::string& f : o.identity.families) families += (families.empty() ? "" : ",") + f;
-  spdlog::info("database {}, mirrors {}, web {}, families {}, torch pin {}, auth {}{}, tls {}{}",
-               o.db, o.mirror_dir, o.web_dir, families, o.identity.torch_pin,
+  spdlog::info("database {}, mirrors {}, web {}, torch pin {}, auth {}{}, tls {}{}",
+               o.db, o.mirror_dir, o.web_dir, o.identity.torch_pin,
                o.auth.required ? "tokens" : "none", o.auth.anonymous_read ? " (anonymous read)" : "",
                o.tls_cert.empty() ? "off" : "on", o.tls_client_ca.empty() ? "" : " (agents: mutual)");
 

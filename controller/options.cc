@@ -21,12 +21,10 @@ std::vector<std::string> SplitCommas(const std::string& s) {
 }
 
 // The checks across flags, after CLI11 has read each one.
-Status Check(ControllerOptions& o, const std::string& families) {
+Status Check(ControllerOptions& o) {
   GH_ASSIGN_OR_RETURN(o.http_address, ParseHostPort("http", o.http));
   GH_ASSIGN_OR_RETURN(const HostPort grpc, ParseHostPort("grpc", o.grpc));
   o.grpc_host = grpc.host;
-  o.identity.families = SplitCommas(families);
-  if (o.identity.families.empty()) return Status::InvalidArgument("--families: no family named");
   if (!o.auth.required && !(IsLoopback(o.http_address.host) && IsLoopback(o.grpc_host))) {
     return Status::InvalidArgument("--auth none: refused, a listener is not on loopback (--http " +
                                    o.http + ", --grpc " + o.grpc + ")");
@@ -69,7 +67,6 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
   ControllerOptions o;
   o.web_dir = default_web_dir;
   CLI::App app{"gatehouse-controller: validation cells for model adaptations"};
-  std::string families = "llama,qwen2,qwen3,qwen3_moe,mistral,gemma,gemma2,gemma3,phi3";
   o.identity.torch_pin = "2.11.0";
   app.add_option("--db", o.db, "SQLite database file")->capture_default_str();
   app.add_option("--http", o.http, "REST/dashboard listen address host:port (port 0: any)")
@@ -79,8 +76,6 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
   app.add_option("--mirror-dir", o.mirror_dir, "directory of bare git mirrors")
       ->capture_default_str();
   app.add_option("--web-dir", o.web_dir, "dashboard files")->capture_default_str();
-  app.add_option("--families", families, "known model families, comma-separated")
-      ->capture_default_str();
   app.add_option("--torch-pin", o.identity.torch_pin, "default runtime.torch of submitted cells")
       ->capture_default_str();
   int heartbeat_ms = static_cast<int>(o.lease.heartbeat_interval.count());
@@ -179,7 +174,7 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
   o.limits.attempt = std::chrono::seconds(attempt_timeout_s);
   o.limits.phase = std::chrono::seconds(phase_timeout_s);
   o.auth.required = auth_mode == "tokens";
-  if (Status s = Check(o, families); !s.ok()) return fail(s.message());
+  if (Status s = Check(o); !s.ok()) return fail(s.message());
   return o;
 }
 

@@ -46,7 +46,7 @@ struct ControllerOptions {
   std::string grpc_host;                // the host part of --grpc
   std::string mirror_dir = "var/mirrors";
   std::string web_dir;
-  SubmitContext identity;  // --families, --torch-pin
+  SubmitContext identity;  // --torch-pin
   LeaseConfig lease;       // --heartbeat-ms, --missed-heartbeats, --retry-limit, --restart-grace-ms
   TimeLimits limits;       // --queued-timeout-s, --attempt-timeout-s, --phase-timeout-s
   SchedulingPolicy policy;  // --max-running-per-repository

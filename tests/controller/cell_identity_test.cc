@@ -30,7 +30,6 @@ class IdentityTest : public ::testing::Test {
 
   static SubmitContext Config() {
     SubmitContext c;
-    c.families = {"llama", "mistral"};
     c.torch_pin = "2.11.0";
     return c;
   }
@@ -256,7 +255,8 @@ TEST_F(IdentityTest, BadValuesNameFieldAndValue) {
       {{{"precision", "fp8"}}, "precision", "\"fp8\""},
       {{{"mode", 3}}, "mode", "3"},
       {{{"phases", {"identity", "warp"}}}, "phases", "\"warp\""},
-      {{{"model_family", "gpt9"}}, "model_family", "\"gpt9\""},
+      {{{"model_family", "../olmo2"}}, "model_family", "\"../olmo2\""},
+      {{{"model_family", ""}}, "model_family", "\"\""},
       {{{"commit", "abc"}}, "commit", "\"abc\""},
       {{{"checkpoint", "relative/ckpt"}}, "checkpoint", "\"relative/ckpt\""},
       {{{"env", {{"A", 1}}}}, "env.A", "1"},
@@ -271,6 +271,19 @@ TEST_F(IdentityTest, BadValuesNameFieldAndValue) {
     EXPECT_NE(s.message().find("'" + c.field + "'"), std::string::npos) << s.message();
     EXPECT_NE(s.message().find(c.value), std::string::npos) << s.message();
   }
+}
+
+TEST_F(IdentityTest, AFamilyNoneOfOursHasIsTheAdaptersClaim) {
+  // The controller keeps no list of families: whether the adapter at that commit registers
+  // "olmo2" is the worker's config gate to say. The family is part of the identity.
+  json body = BaseBody();
+  body["model_family"] = "olmo2";
+  auto olmo = freezer_.Freeze(body.dump());
+  ASSERT_TRUE(olmo.ok()) << olmo.status().ToString();
+  EXPECT_EQ(olmo->spec.model_family, "olmo2");
+  auto llama = freezer_.Freeze(BaseBody().dump());
+  ASSERT_TRUE(llama.ok());
+  EXPECT_NE(olmo->id, llama->id);
 }
 
 TEST_F(IdentityTest, MalformedOrIncompleteBodiesAreRejected) {

@@ -32,7 +32,6 @@ TEST(ControllerOptionsTest, Defaults) {
   EXPECT_EQ(o.http_address.port, 8080);
   EXPECT_EQ(o.grpc_host, "127.0.0.1");
   EXPECT_EQ(o.web_dir, "/srv/web");
-  EXPECT_EQ(o.identity.families.size(), 9u);
   EXPECT_EQ(o.identity.torch_pin, "2.11.0");
   EXPECT_TRUE(o.auth.required);
   EXPECT_FALSE(o.auth.anonymous_read);
@@ -44,7 +43,7 @@ TEST(ControllerOptionsTest, Defaults) {
 TEST(ControllerOptionsTest, ValuesAreConvertedToTheirUnits) {
   auto parsed = Parse({"--http", "127.0.0.1:0", "--heartbeat-ms", "250", "--restart-grace-ms",
                        "500", "--queued-timeout-s", "60", "--phase-timeout-s", "0",
-                       "--families", "llama,,qwen3", "--max-running-per-repository", "3",
+                       "--max-running-per-repository", "3",
                        "--auth", "none", "--anonymous-read"});
   ASSERT_TRUE(std::holds_alternative<ControllerOptions>(parsed));
   const ControllerOptions& o = std::get<ControllerOptions>(parsed);
@@ -53,7 +52,6 @@ TEST(ControllerOptionsTest, ValuesAreConvertedToTheirUnits) {
   EXPECT_EQ(o.lease.restart_grace, std::chrono::milliseconds(500));
   EXPECT_EQ(o.limits.queued, std::chrono::seconds(60));
   EXPECT_EQ(o.limits.phase, std::chrono::seconds(0));
-  EXPECT_EQ(o.identity.families, (std::vector<std::string>{"llama", "qwen3"}));
   EXPECT_EQ(o.policy.max_running_per_repository, 3);
   EXPECT_FALSE(o.auth.required);
   EXPECT_TRUE(o.auth.anonymous_read);
@@ -66,7 +64,8 @@ TEST(ControllerOptionsTest, BadValuesAndInconsistentFlagsEndTheProgram) {
   EXPECT_EQ(ExitCode({"--http", "nope"}), 2);
   EXPECT_EQ(ExitCode({"--grpc", "127.0.0.1:70000"}), 2);
   EXPECT_GT(ExitCode({"--heartbeat-ms", "50"}), 0) << "CLI11's code for a value out of range";
-  EXPECT_EQ(ExitCode({"--families", ","}), 2);
+  // No family list: the family is the adapter's claim, checked by the worker.
+  EXPECT_GT(ExitCode({"--families", "llama"}), 0);
   EXPECT_EQ(ExitCode({"--auth", "none", "--http", "0.0.0.0:8080"}), 2);
   EXPECT_GT(ExitCode({"--auth", "maybe"}), 0);
   EXPECT_EQ(ExitCode({"--tls-cert", pem}), 2) << "a certificate without its key";

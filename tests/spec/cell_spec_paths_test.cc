@@ -74,7 +74,6 @@ TEST(CellSpecPathsTest, ControllerAgentAndWorkerReadTheSameSpec) {
   controller::DigestCache digests;
   FixedResolver resolver;
   SubmitContext context;
-  context.families = {"llama"};
   controller::CellFreezer freezer(context, resolver, digests);
   const std::vector<int> gpu_indices = {0, 1, 2, 3, 4, 5, 6, 7};
   const std::vector<std::string> gpu_models = {
