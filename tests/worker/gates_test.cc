@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include "common/sha256.h"
 #include "gatehouse/worker/gates.h"
@@ -108,31 +109,104 @@ TEST(ReferenceTest, MissingTensorIsNamed) {
   EXPECT_THAT(broken.status().message(), HasSubstr("prompts.0.greedy_ids"));
 }
 
-// Verifies a decode-logits tensor of the wrong shape is named with both shapes.
-TEST(ReferenceTest, DecodeLogitsShapeIsChecked) {
-  Fixture fx;
-  fx.Write();
-  auto ref = LoadReference(fx.reference_dir);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+/// The bundle's tensors by name, as LoadReference read them.
+std::vector<std::pair<std::string, torch::Tensor>> BundleTensors(const ReferenceBundle& ref) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (size_t i = 0; i < ref->prompts.size(); ++i) {
-    const auto& p = ref->prompts[i];
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    const auto& p = ref.prompts[i];
     const std::string k = "prompts." + std::to_string(i) + ".";
     tensors.emplace_back(k + "input_ids", p.input_ids);
     for (const auto& [suffix, run] : {std::pair{"", &p.fp32}, std::pair{"_bf16", &p.bf16}}) {
       tensors.emplace_back(k + "logits" + suffix, run->logits);
       tensors.emplace_back(k + "greedy_ids" + suffix, run->greedy_ids);
-      tensors.emplace_back(k + "decode_logits" + suffix,
-                           i == 1 && std::string(suffix).empty() ? run->decode_logits.slice(0, 1)
-                                                                 : run->decode_logits);
+      tensors.emplace_back(k + "decode_logits" + suffix, run->decode_logits);
       tensors.emplace_back(k + "continuation_logits" + suffix, run->continuation_logits);
     }
   }
-  ASSERT_TRUE(safetensors::WriteTensors(fx.reference_dir / "reference.safetensors", tensors).ok());
+  return tensors;
+}
+
+/// Rewrites the fixture's reference.safetensors with tensor `name` replaced by edit(tensor) and
+/// returns LoadReference's error ("" when it accepted the bundle).
+std::string RefusalAfter(const Fixture& fx, const std::string& name,
+                         const std::function<torch::Tensor(torch::Tensor)>& edit) {
+  auto ref = LoadReference(fx.reference_dir);
+  EXPECT_TRUE(ref.ok()) << ref.status().ToString();
+  if (!ref.ok()) return "";
+  auto tensors = BundleTensors(*ref);
+  bool found = false;
+  for (auto& [n, t] : tensors) {
+    if (n == name) {
+      t = edit(t.clone());
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found) << name;
+  EXPECT_TRUE(safetensors::WriteTensors(fx.reference_dir / "reference.safetensors", tensors).ok());
   auto broken = LoadReference(fx.reference_dir);
-  ASSERT_FALSE(broken.ok());
-  EXPECT_THAT(broken.status().message(),
+  EXPECT_TRUE(safetensors::WriteTensors(fx.reference_dir / "reference.safetensors",
+                                        BundleTensors(*ref)).ok());
+  return broken.ok() ? "" : broken.status().message();
+}
+
+// Verifies a decode-logits tensor of the wrong shape is named with both shapes.
+TEST(ReferenceTest, DecodeLogitsShapeIsChecked) {
+  Fixture fx;
+  fx.Write();
+  EXPECT_THAT(RefusalAfter(fx, "prompts.1.decode_logits", [](auto t) { return t.slice(0, 1); }),
               HasSubstr("'prompts.1.decode_logits' has shape [5, 32]; expected [6, 32]"));
+}
+
+// Verifies the values are checked too: finite logits, token ids inside the vocabulary, at least
+// one decoded token, and one decode length for every prompt and run.
+TEST(ReferenceTest, ValuesAndDecodeLengthsAreChecked) {
+  Fixture fx;
+  fx.Write();
+  EXPECT_THAT(RefusalAfter(fx, "prompts.2.continuation_logits_bf16",
+                           [](auto t) {
+                             t[3][7] = std::numeric_limits<float>::quiet_NaN();
+                             return t;
+                           }),
+              HasSubstr("'prompts.2.continuation_logits_bf16' holds nan at [3, 7]"));
+  EXPECT_THAT(RefusalAfter(fx, "prompts.0.input_ids",
+                           [](auto t) {
+                             t[1] = 32;
+                             return t;
+                           }),
+              HasSubstr("'prompts.0.input_ids' holds token id 32 at position 1, outside the "
+                        "vocabulary [0, 32)"));
+  EXPECT_THAT(RefusalAfter(fx, "prompts.1.greedy_ids",
+                           [](auto t) {
+                             t[0] = -1;
+                             return t;
+                           }),
+              HasSubstr("'prompts.1.greedy_ids' holds token id -1"));
+  // A bf16 run shorter than the fp32 one (with matching decode rows) is still one length too few.
+  auto ref = LoadReference(fx.reference_dir);
+  ASSERT_TRUE(ref.ok());
+  auto tensors = BundleTensors(*ref);
+  for (auto& [name, t] : tensors) {
+    if (name.rfind("prompts.1.", 0) == 0 && name.find("_bf16") != std::string::npos &&
+        name.find(".logits_bf16") == std::string::npos) {
+      t = t.slice(0, 0, t.size(0) - 1).clone();
+    }
+  }
+  ASSERT_TRUE(safetensors::WriteTensors(fx.reference_dir / "reference.safetensors", tensors).ok());
+  auto shorter = LoadReference(fx.reference_dir);
+  ASSERT_FALSE(shorter.ok());
+  EXPECT_THAT(shorter.status().message(),
+              HasSubstr("'prompts.1.greedy_ids_bf16' has 5 tokens; 'prompts.0.greedy_ids' has 6"));
+  for (auto& [name, t] : tensors) {
+    if (name.find("greedy_ids") != std::string::npos ||
+        name.find("decode_logits") != std::string::npos ||
+        name.find("continuation_logits") != std::string::npos) {
+      t = t.slice(0, 0, 0).clone();
+    }
+  }
+  ASSERT_TRUE(safetensors::WriteTensors(fx.reference_dir / "reference.safetensors", tensors).ok());
+  auto empty = LoadReference(fx.reference_dir);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_THAT(empty.status().message(), HasSubstr("'prompts.0.greedy_ids' is empty"));
 }
 
 // Verifies a bundle without upstream's training trace or decode floor is refused naming the
@@ -159,6 +233,26 @@ TEST(ReferenceTest, TrainingTraceAndFloorsAreRequired) {
               HasSubstr("decode_floor.bf16"));
   EXPECT_THAT(refused_without([](auto& j) { j["format"] = "gatehouse-reference/1"; }),
               HasSubstr("format 1 has no decode logits and no training trace"));
+  EXPECT_THAT(refused_without([](auto& j) { j["max_new_tokens"] = 32; }),
+              HasSubstr("field 'max_new_tokens' is 32 but the greedy_ids tensors hold 6 tokens"));
+  EXPECT_THAT(refused_without([](auto& j) {
+                j["num_prompts"] = 3;
+                j["prompts"] = nlohmann::json::array({nlohmann::json::object()});
+              }),
+              HasSubstr("field 'num_prompts' is 3 but 'prompts' lists 1"));
+}
+
+// Verifies reference.json that is not JSON (Python's json.dumps writes NaN for a non-finite
+// loss) is refused with the parser's position.
+TEST(ReferenceTest, InvalidJsonIsRefusedWithItsPosition) {
+  Fixture fx;
+  fx.Write();
+  std::ofstream(fx.reference_dir / "reference.json")
+      << R"({"format": "gatehouse-reference/2", "training": {"losses": [NaN]}})";
+  auto ref = LoadReference(fx.reference_dir);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_THAT(ref.status().message(), HasSubstr("is not valid JSON"));
+  EXPECT_THAT(ref.status().message(), HasSubstr("column"));
 }
 
 // Verifies a wrong format tag is rejected naming the field.
@@ -600,8 +694,9 @@ TEST(InferenceGateTest, BarsFollowTheSite) {
   }
 }
 
-// Verifies a missing reference bundle makes inference UNKNOWN.
-TEST(InferenceGateTest, MissingReferenceUnknown) {
+// Verifies a missing reference bundle makes inference BLOCKED: an outside input is missing,
+// nothing is known about the adapter.
+TEST(InferenceGateTest, MissingReferenceBlocks) {
   Fixture fx;
   fx.WriteCheckpoint();
   GateContext ctx = fx.Context();
@@ -611,7 +706,7 @@ TEST(InferenceGateTest, MissingReferenceUnknown) {
     ASSERT_EQ(before.status, GateStatus::kPass) << before.reason;
   }
   GateOutcome out = InferenceGate(ctx);
-  EXPECT_STATUS(out, GateStatus::kUnknown);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
   EXPECT_THAT(out.reason, HasSubstr("reference.json"));
 }
 

@@ -114,6 +114,24 @@ TEST(WorkerCliTest, BrokenPluginFailsConfig) {
 }
 
 // Verifies a bad run spec exits 2 with the member named on stderr and nothing on stdout.
+// Verifies --check-reference summarises a valid bundle and names the fault of a broken one.
+TEST(WorkerCliTest, CheckReference) {
+  Fixture fx;
+  fx.Write();
+  WorkerRun valid = RunWorker(fx.dir.path(), "--check-reference " + fx.reference_dir.string());
+  ASSERT_EQ(valid.exit_code, 0) << valid.stderr_text;
+  const auto summary = nlohmann::json::parse(valid.stdout_text);
+  EXPECT_EQ(summary["format"], "gatehouse-reference/2");
+  EXPECT_EQ(summary["prompt_lengths"].size(), 3u);
+  EXPECT_EQ(summary["vocab_size"], 32);
+  EXPECT_EQ(summary["max_new_tokens"], 6);
+  std::filesystem::remove(fx.reference_dir / "reference.safetensors");
+  WorkerRun broken = RunWorker(fx.dir.path(), "--check-reference " + fx.reference_dir.string());
+  EXPECT_EQ(broken.exit_code, 2);
+  EXPECT_THAT(broken.stderr_text, HasSubstr("reference.safetensors"));
+  EXPECT_TRUE(broken.stdout_text.empty());
+}
+
 TEST(WorkerCliTest, BadRunSpecExits2) {
   Fixture fx;
   nlohmann::json spec = fx.SpecJson();

@@ -36,8 +36,8 @@ Reference bundle (format gatehouse-reference/2; docs/protocols.md §6), for each
       prompts.{i}.continuation_logits       F32 [N, V]  teacher-forced: one forward over the
                                                         prompt + greedy_ids[:N-1], the rows that
                                                         predict greedy_ids
-      and the same five with suffix _bf16 (logits_bf16, greedy_ids_bf16, ...): the checkpoint
-      loaded with from_pretrained(dtype=bfloat16), computed in bf16.
+      and the four after input_ids again with suffix _bf16 (logits_bf16, greedy_ids_bf16, ...):
+      the checkpoint loaded with from_pretrained(dtype=bfloat16), computed in bf16.
     reference/reference.json:
       {"format": "gatehouse-reference/2", "num_prompts": N, "max_new_tokens": 32,
        "transformers": ver, "torch": ver, "model_type": ..., "seed": S, "device": "cpu",

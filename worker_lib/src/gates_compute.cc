@@ -106,7 +106,9 @@ bool RequireReference(GateContext& ctx, GateOutcome& out) {
   if (ctx.reference) return true;
   Result<ReferenceBundle> ref = LoadReference(ctx.spec.reference.path);
   if (!ref.ok()) {
-    out.Unknown("reference bundle " + ctx.spec.reference.path + ": " + ref.status().ToString());
+    // The bundle is an outside input: a missing or inconsistent one keeps the gate from
+    // running (BLOCKED, naming the tensor or field), it says nothing about the adapter.
+    out.Blocked("reference bundle " + ctx.spec.reference.path + ": " + ref.status().ToString());
     return false;
   }
   ctx.reference.emplace(std::move(ref).value());

@@ -60,7 +60,8 @@ inline bool RequireLoadedModel(const GateContext& ctx, GateOutcome& out) {
   return false;
 }
 
-/// Reads the reference bundle on first use; on failure sets `out` UNKNOWN with the reason.
+/// Reads the reference bundle on first use; on failure sets `out` BLOCKED naming the bundle and
+/// the tensor or field at fault (the bundle is an outside input, not the adapter's).
 bool RequireReference(GateContext& ctx, GateOutcome& out);
 
 /// Runs the enclosing gate, on the CPU, with the bundle's intra-op thread count (reference.json

@@ -145,7 +145,9 @@ GateOutcome ParallelGate(GateContext& ctx) {
   Result<TpPlan> plan = Status::FailedPrecondition(not_ready);
   if (not_ready.empty()) plan = ctx.family->Parallelize(*ctx.args, tp_size);
   const std::vector<int64_t> bad = NotReady(comm, not_ready.empty() && plan.ok());
-  if (!not_ready.empty()) return out.Unknown(not_ready);
+  if (!not_ready.empty()) {
+    return scratch.status == GateStatus::kBlocked ? out.Blocked(not_ready) : out.Unknown(not_ready);
+  }
   if (!plan.ok()) {
     return out.Fail(FailureClass::kAdapterContract,
                     "tensor-parallel plan (Parallelize, tp=" + std::to_string(tp_size) +

@@ -33,8 +33,34 @@ Result<torch::Tensor> ReadChecked(const safetensors::File& file, const std::stri
   return safetensors::ReadTensor(file, *info);
 }
 
+/// OK when every element of `t` (floating) is finite, else names the tensor, the first
+/// offending position and its value: a NaN in upstream's logits would fail every bar and blame
+/// the adapter for the reference's fault.
+Status RequireFinite(const torch::Tensor& t, const std::string& name) {
+  const auto bad = torch::isfinite(t).logical_not();
+  if (!bad.any().item<bool>()) return Status::Ok();
+  const auto at = bad.nonzero()[0].contiguous();  // the first offending element's index
+  std::vector<int64_t> index(at.data_ptr<int64_t>(), at.data_ptr<int64_t>() + at.numel());
+  const double value = t.flatten()[bad.flatten().nonzero()[0][0]].item<double>();
+  return Status::InvalidArgument("reference tensor '" + name + "' holds " + std::to_string(value) +
+                                 " at " + ShapeString(index) + "; upstream's logits must be finite");
+}
+
+/// OK when every id of `ids` (int64) lies in [0, vocab), else names the tensor, the position and
+/// the id.
+Status RequireIdsBelow(const torch::Tensor& ids, int64_t vocab, const std::string& name) {
+  const auto bad = (ids < 0).logical_or(ids >= vocab);
+  if (!bad.any().item<bool>()) return Status::Ok();
+  const int64_t at = bad.nonzero()[0][0].item<int64_t>();
+  return Status::InvalidArgument("reference tensor '" + name + "' holds token id " +
+                                 std::to_string(ids[at].item<int64_t>()) + " at position " +
+                                 std::to_string(at) + ", outside the vocabulary [0, " +
+                                 std::to_string(vocab) + ")");
+}
+
 /// Reads one run's four tensors ("" fp32, "_bf16") of prompt `prefix` and checks their shapes
-/// against the prompt length `t`.
+/// against the prompt length `t`, their values (finite logits, greedy ids inside the
+/// vocabulary) and that at least one token was decoded.
 Result<ReferenceRun> ReadRun(const safetensors::File& file, const std::string& prefix,
                              const std::string& suffix, int64_t t) {
   ReferenceRun run;
@@ -53,6 +79,7 @@ Result<ReferenceRun> ReadRun(const safetensors::File& file, const std::string& p
   }
   const int64_t v = run.logits.size(1), n = run.greedy_ids.size(0);
   if (v < 1) return Status::InvalidArgument("reference tensor '" + logits + "' has no column");
+  if (n < 1) return Status::InvalidArgument("reference tensor '" + greedy + "' is empty");
   for (const auto& [name, tensor] : {std::pair{&decode, &run.decode_logits},
                                      std::pair{&continuation, &run.continuation_logits}}) {
     if (tensor->size(0) != n || tensor->size(1) != v) {
@@ -61,6 +88,12 @@ Result<ReferenceRun> ReadRun(const safetensors::File& file, const std::string& p
                                      std::to_string(n) + ", " + std::to_string(v) + "] ('" +
                                      greedy + "' tokens x vocabulary)");
     }
+  }
+  GH_RETURN_IF_ERROR(RequireIdsBelow(run.greedy_ids, v, greedy));
+  for (const auto& [name, tensor] : {std::pair{&logits, &run.logits},
+                                     std::pair{&decode, &run.decode_logits},
+                                     std::pair{&continuation, &run.continuation_logits}}) {
+    GH_RETURN_IF_ERROR(RequireFinite(*tensor, *name));
   }
   return run;
 }
@@ -226,9 +259,15 @@ Result<ReferenceBundle> LoadReference(const std::filesystem::path& dir) {
     if (!in) return Status::NotFound("reference bundle lacks " + meta_path.string());
     std::stringstream buf;
     buf << in.rdbuf();
-    bundle.meta = nlohmann::json::parse(buf.str(), nullptr, /*allow_exceptions=*/false);
+    try {
+      bundle.meta = nlohmann::json::parse(buf.str());
+    } catch (const nlohmann::json::parse_error& e) {
+      // e.what() carries the byte position; Python's json.dumps writes NaN / Infinity, which
+      // JSON does not have, for a non-finite loss or floor.
+      return Status::InvalidArgument(meta_path.string() + " is not valid JSON: " + e.what());
+    }
   }
-  if (bundle.meta.is_discarded() || !bundle.meta.is_object()) {
+  if (!bundle.meta.is_object()) {
     return Status::InvalidArgument(meta_path.string() + " is not a JSON object");
   }
   auto format = bundle.meta.find("format");
@@ -247,14 +286,21 @@ Result<ReferenceBundle> LoadReference(const std::filesystem::path& dir) {
   GH_ASSIGN_OR_RETURN(safetensors::File file, safetensors::File::Open(dir / "reference.safetensors"));
 
   int64_t count = -1;
+  const auto num_prompts = bundle.meta.find("num_prompts");
+  if (num_prompts != bundle.meta.end() &&
+      (!num_prompts->is_number_integer() || num_prompts->get<int64_t>() < 0)) {
+    return Status::InvalidArgument(meta_path.string() + ": field 'num_prompts' is " +
+                                   num_prompts->dump() + "; expected a non-negative integer");
+  }
   if (auto p = bundle.meta.find("prompts"); p != bundle.meta.end() && p->is_array()) {
     count = static_cast<int64_t>(p->size());
-  } else if (auto n = bundle.meta.find("num_prompts"); n != bundle.meta.end()) {
-    if (!n->is_number_integer() || n->get<int64_t>() < 0) {
+    if (num_prompts != bundle.meta.end() && num_prompts->get<int64_t>() != count) {
       return Status::InvalidArgument(meta_path.string() + ": field 'num_prompts' is " +
-                                     n->dump() + "; expected a non-negative integer");
+                                     num_prompts->dump() + " but 'prompts' lists " +
+                                     std::to_string(count));
     }
-    count = n->get<int64_t>();
+  } else if (num_prompts != bundle.meta.end()) {
+    count = num_prompts->get<int64_t>();
   } else {
     count = 0;
     while (file.Find("prompts." + std::to_string(count) + ".input_ids") != nullptr) ++count;
@@ -276,16 +322,32 @@ Result<ReferenceBundle> LoadReference(const std::filesystem::path& dir) {
     GH_ASSIGN_OR_RETURN(p.fp32, ReadRun(file, prefix, "", t));
     GH_ASSIGN_OR_RETURN(p.bf16, ReadRun(file, prefix, "_bf16", t));
     for (const ReferenceRun* run : {&p.fp32, &p.bf16}) {
-      const int64_t v = run->logits.size(1);
+      const std::string suffix = run == &p.bf16 ? "_bf16" : "";
+      const int64_t v = run->logits.size(1), n = run->greedy_ids.size(0);
       if (bundle.vocab_size != 0 && v != bundle.vocab_size) {
-        return Status::InvalidArgument("reference tensor '" + prefix + "logits" +
-                                       (run == &p.bf16 ? "_bf16" : "") + "' has vocabulary " +
-                                       std::to_string(v) + "; prompt 0 has " +
+        return Status::InvalidArgument("reference tensor '" + prefix + "logits" + suffix +
+                                       "' has vocabulary " + std::to_string(v) +
+                                       "; 'prompts.0.logits' has " +
                                        std::to_string(bundle.vocab_size));
       }
+      // One decode length for the bundle: the cell's max_new_tokens is checked against it once.
+      if (bundle.max_new_tokens != 0 && n != bundle.max_new_tokens) {
+        return Status::InvalidArgument("reference tensor '" + prefix + "greedy_ids" + suffix +
+                                       "' has " + std::to_string(n) +
+                                       " tokens; 'prompts.0.greedy_ids' has " +
+                                       std::to_string(bundle.max_new_tokens));
+      }
       bundle.vocab_size = v;
+      bundle.max_new_tokens = n;
     }
+    GH_RETURN_IF_ERROR(RequireIdsBelow(p.input_ids, bundle.vocab_size, prefix + "input_ids"));
     bundle.prompts.push_back(std::move(p));
+  }
+  if (auto m = bundle.meta.find("max_new_tokens");
+      m != bundle.meta.end() && *m != nlohmann::json(bundle.max_new_tokens)) {
+    return Status::InvalidArgument(meta_path.string() + ": field 'max_new_tokens' is " + m->dump() +
+                                   " but the greedy_ids tensors hold " +
+                                   std::to_string(bundle.max_new_tokens) + " tokens");
   }
   GH_ASSIGN_OR_RETURN(bundle.training, ParseTraining(bundle.meta, meta_path.string()));
   GH_ASSIGN_OR_RETURN(bundle.decode_floor_fp32,

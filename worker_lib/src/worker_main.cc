@@ -2,6 +2,9 @@
 //
 //   gatehouse-worker --run-spec run.json --plugin libgatehouse_models.so [--plugin ...]
 //   gatehouse-worker --print-runtime   (one JSON object: the runtime the agent reports)
+//   gatehouse-worker --check-reference DIR
+//       validates a reference bundle (docs/protocols.md §6) as the gates read it: one JSON
+//       summary on stdout and exit 0, or the error naming the tensor or field and exit 2.
 //
 // Standard output carries only the JSON-lines events; the log (spdlog) goes to standard error.
 // Exit status: 0 when the run completed, whatever the verdict (run_end says it); 2 for a bad
@@ -23,6 +26,7 @@
 #include "gatehouse/worker/log.h"
 #include "gatehouse/worker/model_family.h"
 #include "gatehouse/worker/plugin_loader.h"
+#include "gatehouse/worker/reference.h"
 #include "gatehouse/worker/run_spec.h"
 
 namespace {
@@ -44,10 +48,14 @@ int main(int argc, char** argv) {
   std::string run_spec_path;
   std::vector<std::string> plugins;
   bool print_runtime = false;
+  std::string check_reference;
   auto* run_spec_option = app.add_option("--run-spec", run_spec_path, "run.json written by the agent")
       ->check(CLI::ExistingFile);
   app.add_flag("--print-runtime", print_runtime,
                "print the runtime (torch, CUDA, cuDNN, NCCL, driver versions; devices) as JSON and exit")
+      ->excludes(run_spec_option);
+  app.add_option("--check-reference", check_reference,
+                 "validate the reference bundle in this directory and exit (0: valid, 2: not)")
       ->excludes(run_spec_option);
   app.add_option("--plugin", plugins, "model-family plugin shared library (repeatable)");
   try {
@@ -60,8 +68,26 @@ int main(int argc, char** argv) {
     std::printf("%s\n", RuntimeJson(ProbeRuntime()).dump().c_str());
     return 0;
   }
+  if (!check_reference.empty()) {
+    Result<ReferenceBundle> bundle = LoadReference(check_reference);
+    if (!bundle.ok()) {
+      log::Error("reference bundle " + check_reference + ": " + bundle.status().ToString());
+      return kExitBadInput;
+    }
+    nlohmann::json lengths = nlohmann::json::array();
+    for (const auto& p : bundle->prompts) lengths.push_back(p.input_ids.size(0));
+    std::printf("%s\n", nlohmann::json{{"format", kReferenceFormat},
+                                       {"prompt_lengths", lengths},
+                                       {"vocab_size", bundle->vocab_size},
+                                       {"max_new_tokens", bundle->max_new_tokens},
+                                       {"training_steps", bundle->training.steps},
+                                       {"device", bundle->device}}
+                             .dump()
+                             .c_str());
+    return 0;
+  }
   if (run_spec_path.empty()) {
-    log::Error("--run-spec is required (or --print-runtime)");
+    log::Error("--run-spec is required (or --print-runtime, --check-reference)");
     return kExitBadInput;
   }
 

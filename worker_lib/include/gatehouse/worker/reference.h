@@ -1,7 +1,7 @@
 // The reference bundle: upstream (transformers) outputs on the probe prompts, made by
 // tools/refgen (make_checkpoint.py make_reference) and compared against by the inference,
 // decode, training, parallel and cuda_graph gates. Format gatehouse-reference/2
-// (docs/protocols.md §5).
+// (docs/protocols.md §6).
 //
 // A bundle is a directory with
 //   reference.json        {"format": "gatehouse-reference/2", "training": {...}, ...}; optional
@@ -112,7 +112,8 @@ struct ReferenceBundle {
   std::filesystem::path dir;
   nlohmann::json meta;  // reference.json as read
   std::vector<ReferencePrompt> prompts;
-  int64_t vocab_size = 0;  // V, equal across prompts
+  int64_t vocab_size = 0;      // V, equal across prompts
+  int64_t max_new_tokens = 0;  // N, equal across prompts and runs
   TrainingReference training;
   DecodeFloor decode_floor_fp32, decode_floor_bf16;
   const DecodeFloor& DecodeFloorFor(std::string_view precision) const {
@@ -127,8 +128,10 @@ struct ReferenceBundle {
 
 /// Reads and validates a bundle: the format tag, at least one prompt, every tensor above
 /// present with its dtype and rank, logits rows == input_ids length, decode and continuation
-/// rows == greedy_ids length, one V for all, and the training traces (S losses each, a norm
-/// per trainable key). Other tensors and fields are ignored.
+/// rows == greedy_ids length, one V and one N >= 1 for all (and "max_new_tokens", when given,
+/// equal to N; "num_prompts", when given with "prompts", equal to its length), token ids
+/// inside [0, V), finite logits, and the training traces (S losses each, a norm per trainable
+/// key). Other tensors and fields are ignored.
 /// Errors: NOT_FOUND (directory, file or tensor missing), INVALID_ARGUMENT / DATA_LOSS naming
 /// the file, the field or the tensor, and the offending value.
 Result<ReferenceBundle> LoadReference(const std::filesystem::path& dir);
