@@ -7,11 +7,16 @@
 // branch's plugin from the checked-out commit, so the two branches must give different verdicts.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "e2e_util.h"
@@ -110,6 +115,34 @@ class EndToEndTest : public ::testing::Test {
     ADD_FAILURE() << "cell " << id << " not final after " << timeout.count() << " s: "
                   << cell.dump() << "\nagent stderr:\n" << agent_->Stderr();
     return cell;
+  }
+
+  struct CliRun {
+    int exit_code = -1;
+    std::string out, err;
+  };
+
+  /// Runs bin/gatehouse against this controller with `args` (shell words the test controls),
+  /// the API token in GATEHOUSE_TOKEN (never in argv) unless `with_token` is false.
+  /// `url` replaces this controller's when set.
+  CliRun Cli(const std::string& args, bool with_token = true, const std::string& url = "") {
+    const fs::path out = root_ / "cli.stdout", err = root_ / "cli.stderr";
+    if (with_token) ::setenv("GATEHOUSE_TOKEN", token_.c_str(), 1);
+    const std::string controller =
+        url.empty() ? "http://127.0.0.1:" + std::to_string(http_port_) : url;
+    const std::string cmd = std::string(GATEHOUSE_BIN_DIR) + "/gatehouse --controller " +
+                            controller + " " + args + " > " + out.string() + " 2> " +
+                            err.string();
+    const int rc = std::system(cmd.c_str());
+    ::unsetenv("GATEHOUSE_TOKEN");
+    CliRun run;
+    run.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    std::stringstream o, e;
+    o << std::ifstream(out).rdbuf();
+    e << std::ifstream(err).rdbuf();
+    run.out = o.str();
+    run.err = e.str();
+    return run;
   }
 
   void ExpectAllCpuGatesPass(const json& cell) {
@@ -218,6 +251,60 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
     EXPECT_EQ(p->at("status"), "SKIPPED") << later;
     EXPECT_NE(p->at("reason").get<std::string>().find("inference"), std::string::npos) << later;
   }
+
+  // 5b. CI's path, the gatehouse CLI: the exit code is the verdict (0 PASS, 1 FAIL, 2 refused,
+  //     5 unreachable), progress as phases end, JUnit XML, the report and the log.
+  WriteTextFile(root_ / "main.json", Body("main", "llama-tiny-tied").dump());
+  WriteTextFile(root_ / "bug.json", Body("rope-keys-bug", "llama-tiny-tied").dump());
+  CliRun passed = Cli("submit --body " + (root_ / "main.json").string() + " --wait --junit " +
+                      (root_ / "junit.xml").string());
+  EXPECT_EQ(passed.exit_code, 0) << passed.out << passed.err;
+  EXPECT_NE(passed.out.find(tied_id + " existing passed"), std::string::npos) << passed.out;
+  std::stringstream junit;
+  junit << std::ifstream(root_ / "junit.xml").rdbuf();
+  EXPECT_NE(junit.str().find("name=\"" + tied_id.substr(0, 12) + ".inference\""), std::string::npos)
+      << junit.str();
+  const fs::path untied = fs::path(GATEHOUSE_TESTDATA_DIR) / "llama-tiny-untied";
+  CliRun fresh = Cli("submit --repository " + repo_.string() + " --branch main --family llama" +
+                     " --checkpoint " + (untied / "checkpoint").string() + " --reference " +
+                     (untied / "reference").string() +
+                     " --max-new-tokens 16 --wait --poll-ms 300 --timeout-s 600");
+  EXPECT_EQ(fresh.exit_code, 0) << fresh.out << fresh.err;
+  EXPECT_NE(fresh.out.find(" created "), std::string::npos) << fresh.out;
+  EXPECT_NE(fresh.out.find(" inference PASS "), std::string::npos) << fresh.out;
+  CliRun failed = Cli("submit --body " + (root_ / "bug.json").string() + " --wait");
+  EXPECT_EQ(failed.exit_code, 1) << failed.out << failed.err;
+  EXPECT_NE(failed.out.find(" inference FAIL "), std::string::npos) << failed.out;
+  const fs::path tied_dir = fs::path(GATEHOUSE_TESTDATA_DIR) / "llama-tiny-tied";
+  WriteTextFile(root_ / "matrix.json",
+                json{{"repository", repo_.string()},
+                     {"branch", {"main", "rope-keys-bug"}},
+                     {"checkpoints", {{{"checkpoint", (tied_dir / "checkpoint").string()},
+                                       {"reference", (tied_dir / "reference").string()}}}},
+                     {"base", {{"model_family", "llama"}}}}
+                    .dump());
+  CliRun matrix = Cli("submit --matrix " + (root_ / "matrix.json").string() + " --wait");
+  EXPECT_EQ(matrix.exit_code, 1) << matrix.out << matrix.err;
+  EXPECT_NE(matrix.out.find(tied_id + " existing passed"), std::string::npos) << matrix.out;
+  EXPECT_NE(matrix.out.find(bug.at("id").get<std::string>() + " existing failed"),
+            std::string::npos)
+      << matrix.out;
+  CliRun cli_report = Cli("report " + tied_id);
+  EXPECT_EQ(cli_report.exit_code, 0) << cli_report.err;
+  EXPECT_NE(cli_report.out.find(cell.at("spec").at("commit").get<std::string>()), std::string::npos);
+  CliRun log = Cli("logs " + tied_id + " --stream worker");
+  EXPECT_EQ(log.exit_code, 0) << log.err;
+  EXPECT_FALSE(log.out.empty());
+  CliRun refused = Cli("submit --repository " + repo_.string() +
+                       " --branch no-such-branch --family llama --checkpoint " +
+                       (untied / "checkpoint").string());
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
+  EXPECT_NE(refused.err.find("no-such-branch"), std::string::npos) << refused.err;
+  CliRun no_token = Cli("report " + tied_id, /*with_token=*/false);
+  EXPECT_EQ(no_token.exit_code, 2) << no_token.err;
+  EXPECT_NE(no_token.err.find("HTTP 401"), std::string::npos) << no_token.err;
+  CliRun unreachable = Cli("wait " + tied_id, true, "http://127.0.0.1:1");
+  EXPECT_EQ(unreachable.exit_code, 5) << unreachable.err;
 
   // 6. Bad input is refused with the offending value named, and the controller keeps serving.
   json unknown_branch = Body("no-such-branch", "llama-tiny-tied");

@@ -34,6 +34,9 @@ RULES = {
     "agent-core": TRANSPORT + TORCH + ["controller/", "sqlite3.h"],
     # Model families know the worker SDK only.
     "models": STORAGE + GIT + TRANSPORT + ["agent/", "controller/"],
+    # The gatehouse CLI: a REST client (Beast) and nothing of the services or the worker.
+    "cli": STORAGE + GIT + TORCH + ["grpc", "grpcpp/", "google/protobuf/", "gatehouse/agent/v1/",
+                                    "controller/", "agent/", "gatehouse/worker/"],
     # common/: shared by every process; knows none of them.
     "common": STORAGE + GIT + TRANSPORT + TORCH + ["agent/", "controller/", "gatehouse/worker/"],
 }

@@ -1,0 +1,58 @@
+// ApiClient: the controller's REST API (docs/protocols.md §1) as the `gatehouse` CLI calls it,
+// over HTTP or HTTPS, one blocking request at a time (Boost.Beast).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace gatehouse::cli {
+
+/// Where the controller listens: "http://host:port" or "https://host:port" (a path after the
+/// authority is refused: the API lives at /api/v1).
+struct ControllerUrl {
+  bool tls = false;
+  std::string host;
+  int port = 0;
+};
+
+/// Parses a controller URL; the port defaults to 80 / 443. Errors: INVALID_ARGUMENT naming the
+/// URL (not http or https, no host, a bad port, a path).
+Result<ControllerUrl> ParseControllerUrl(std::string_view url);
+
+/// One HTTP response: status code and body.
+struct ApiResponse {
+  int status = 0;
+  std::string body;
+};
+
+/// Sends requests with "Authorization: Bearer <token>" (when a token is set). Stateless between
+/// calls (one connection per request); thread-compatible.
+class ApiClient {
+ public:
+  /// `ca_file`: PEM file of the CA that signs the controller's certificate; empty uses the
+  /// system's trust store. Ignored for http.
+  ApiClient(ControllerUrl url, std::string token, std::string ca_file = {},
+            std::chrono::seconds timeout = std::chrono::seconds(60))
+      : url_(std::move(url)), token_(std::move(token)), ca_file_(std::move(ca_file)),
+        timeout_(timeout) {}
+
+  /// `method` "GET" / "POST", `target` "/api/v1/...", `body` JSON (sent when not empty).
+  /// Any HTTP status is a value; UNAVAILABLE names the controller when it cannot be reached or
+  /// the exchange fails (connection refused, TLS handshake, timeout).
+  Result<ApiResponse> Call(std::string_view method, std::string_view target,
+                           std::string_view body = {}) const;
+
+  /// "http://host:port", for messages.
+  std::string Describe() const;
+
+ private:
+  ControllerUrl url_;
+  std::string token_;
+  std::string ca_file_;
+  std::chrono::seconds timeout_;
+};
+
+}  // namespace gatehouse::cli
