@@ -14,8 +14,11 @@
 // cli/verdict.h.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -48,13 +51,68 @@ std::string Env(const char* name) {
 Result<std::string> ReadToken(const std::string& token_file) {
   if (std::string t = Env("GATEHOUSE_TOKEN"); !t.empty()) return t;
   if (token_file.empty()) return std::string();
+  const std::string where = "token file " + token_file + " (--token-file or GATEHOUSE_TOKEN_FILE)";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(token_file, ec)) {
+    return Status::InvalidArgument(where + ": not a readable file");
+  }
   std::ifstream in(token_file);
-  if (!in) return Status::InvalidArgument("--token-file " + token_file + ": cannot read it");
+  if (!in) return Status::InvalidArgument(where + ": cannot read it");
   std::string token;
   std::getline(in, token);
   while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.empty()) return Status::InvalidArgument("--token-file " + token_file + " is empty");
+  if (token.empty()) return Status::InvalidArgument(where + ": the first line is empty");
   return token;
+}
+
+/// A JSON object from `path`; errors name the flag and say whether the file is missing or what
+/// the parser found where.
+Result<json> ReadJsonObject(const std::string& flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::InvalidArgument(flag + " " + path + ": cannot read it");
+  try {
+    json j = json::parse(in);
+    if (!j.is_object()) return Status::InvalidArgument(flag + " " + path + ": not a JSON object");
+    return j;
+  } catch (const json::parse_error& e) {
+    return Status::InvalidArgument(flag + " " + path + ": not valid JSON: " + e.what());
+  }
+}
+
+/// A full cell id (64 lowercase hex); the 12-hex form in progress lines is for reading only.
+Status CheckCellId(const std::string& id) {
+  if (id.size() == 64 && id.find_first_not_of("0123456789abcdef") == std::string::npos) {
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("cell id '" + id +
+                                 "': expected the full 64-hex id (submit and wait print it)");
+}
+
+/// Percent-encodes a query value (unreserved characters pass through).
+std::string QueryValue(const std::string& v) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : v) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+/// "branch main, checkpoint /data/x" for a submit body, naming the cell a refusal is about.
+std::string DescribeBody(const json& body) {
+  std::string out;
+  for (const char* key : {"repository", "branch", "commit", "checkpoint", "precision"}) {
+    if (body.contains(key) && body[key].is_string()) {
+      out += (out.empty() ? "" : ", ") + std::string(key) + " " + body[key].get<std::string>();
+    }
+  }
+  return out;
 }
 
 /// The error text of a non-2xx response: its {"error": ...} or the raw body.
@@ -77,7 +135,7 @@ int CallFailed(const Result<cli::ApiResponse>& r, const std::string& what) {
 
 bool Ok(const Result<cli::ApiResponse>& r) { return r.ok() && r->status >= 200 && r->status < 300; }
 
-/// The "status" of a cell object in `body`; "" when the body is no cell object.
+/// The "status" of a cell object; "" when `cell` is no cell object.
 std::string CellStatus(const json& cell) {
   return cell.is_object() && cell.contains("status") && cell["status"].is_string()
              ? cell["status"].get<std::string>()
@@ -91,7 +149,8 @@ struct WaitOptions {
 };
 
 /// Polls every cell until it ends or the deadline passes, printing each phase as it ends;
-/// writes JUnit XML when asked; returns the exit code.
+/// writes JUnit XML when asked (also when the wait ends early: what was seen, the rest as
+/// unfinished); returns the exit code.
 int WaitForCells(const ApiClient& api, const std::vector<std::string>& ids, const WaitOptions& o) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
@@ -100,35 +159,43 @@ int WaitForCells(const ApiClient& api, const std::vector<std::string>& ids, cons
   std::set<std::string> open(ids.begin(), ids.end());
   int transient_failures = 0;
   bool reached = false;  // retries only once the controller answered: a restart, not a typo
-  while (!open.empty()) {
+  int code = -1;         // set when the wait ends on an error
+  while (!open.empty() && code < 0) {
     for (auto it = open.begin(); it != open.end();) {
       auto r = api.Call("GET", "/api/v1/cells/" + *it);
       if (!Ok(r)) {
         // A controller restart must not fail CI: retry for a while before giving up.
         if (reached && (!r.ok() || r->status >= 500) && ++transient_failures < 30) {
+          if (transient_failures == 1) {
+            std::cerr << "gatehouse: " << (r.ok() ? "HTTP " + std::to_string(r->status)
+                                                  : r.status().message())
+                      << "; retrying (30 polls)\n";
+          }
           ++it;
           continue;
         }
-        return CallFailed(r, "cell " + *it);
+        code = CallFailed(r, "cell " + *it);
+        break;
       }
       transient_failures = 0;
       reached = true;
       json cell = json::parse(r->body, nullptr, false);
       if (!cell.is_object()) {
         std::cerr << "gatehouse: cell " << *it << ": the controller answered no JSON object\n";
-        return cli::kExitUnreachable;
+        code = cli::kExitUnreachable;
+        break;
       }
       for (const std::string& line : cli::NewPhaseLines(cell, seen[*it])) std::cout << line << "\n";
       std::cout.flush();
       last[*it] = cell;
       if (cli::IsFinalStatus(CellStatus(cell))) {
-        std::cout << it->substr(0, 12) << " " << CellStatus(cell) << "\n";
+        std::cout << *it << " " << CellStatus(cell) << "\n";
         it = open.erase(it);
       } else {
         ++it;
       }
     }
-    if (open.empty()) break;
+    if (open.empty() || code >= 0) break;
     if (std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(o.poll_ms));
   }
@@ -139,17 +206,24 @@ int WaitForCells(const ApiClient& api, const std::vector<std::string>& ids, cons
   if (!o.junit.empty()) {
     std::ofstream out(o.junit);
     out << cli::JUnitXml(cells);
-    if (!out) {
-      std::cerr << "gatehouse: cannot write --junit " << o.junit << "\n";
-      return cli::kExitUsage;
-    }
+    if (!out) std::cerr << "gatehouse: cannot write --junit " << o.junit << "\n";
   }
+  if (code >= 0) return code;
   if (!open.empty()) {
     std::cerr << "gatehouse: " << open.size() << " cell(s) still running after " << o.timeout_s
               << " s\n";
     return cli::kExitTimeout;
   }
   return cli::VerdictExitCode(cells);
+}
+
+/// Creates (truncates) the --junit file now, so that an unwritable path is found before any
+/// cell is submitted or waited for, not after the verdict.
+Status CheckJUnitPath(const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return Status::InvalidArgument("--junit " + path + ": cannot write it");
+  return Status::Ok();
 }
 
 }  // namespace
@@ -250,17 +324,16 @@ int main(int argc, char** argv) {
     std::vector<json> bodies = {json::object()};
     for (const auto& [flag, path] : {std::pair{"--body", &body_file}, std::pair{"--matrix", &matrix_file}}) {
       if (path->empty()) continue;
-      std::ifstream in(*path);
-      const json file = json::parse(in, nullptr, false);
-      if (!in || !file.is_object()) {
-        std::cerr << "gatehouse: " << flag << " " << *path << ": not a JSON object\n";
+      Result<json> file = ReadJsonObject(flag, *path);
+      if (!file.ok()) {
+        std::cerr << "gatehouse: " << file.status().message() << "\n";
         return cli::kExitUsage;
       }
       if (flag == std::string("--body")) {
-        bodies = {file};
+        bodies = {*file};
         continue;
       }
-      Result<std::vector<json>> expanded = cli::ExpandMatrix(file);
+      Result<std::vector<json>> expanded = cli::ExpandMatrix(*file);
       if (!expanded.ok()) {
         std::cerr << "gatehouse: --matrix " << *path << ": " << expanded.status().message() << "\n";
         return cli::kExitUsage;
@@ -291,10 +364,14 @@ int main(int argc, char** argv) {
     // then ends the command without waiting.
     std::vector<std::string> ids;
     int refused = cli::kExitPass;
+    if (Status s = CheckJUnitPath(wait_options.junit); !s.ok()) {
+      std::cerr << "gatehouse: " << s.message() << "\n";
+      return cli::kExitUsage;
+    }
     for (const json& body : bodies) {
       auto r = api.Call("POST", "/api/v1/cells", body.dump());
       if (!Ok(r)) {
-        const int code = CallFailed(r, "submit");
+        const int code = CallFailed(r, "submit (" + DescribeBody(body) + ")");
         if (code == cli::kExitUnreachable) return code;
         refused = code;
         continue;
@@ -304,15 +381,36 @@ int main(int argc, char** argv) {
         std::cerr << "gatehouse: submit: the controller answered no cell: " << r->body << "\n";
         return cli::kExitUnreachable;
       }
-      ids.push_back(cell["id"]);
-      std::cout << ids.back() << " " << (cell.value("created", false) ? "created" : "existing")
+      const std::string id = cell["id"];
+      // Two matrix entries may name the same inputs: one cell, waited for once.
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+      std::cout << id << " " << (cell.value("created", false) ? "created" : "existing")
                 << " " << CellStatus(cell) << "\n";
       std::cout.flush();
     }
     if (refused != cli::kExitPass || !wait) return refused;
     return WaitForCells(api, ids, wait_options);
   }
-  if (*wait_cmd) return WaitForCells(api, wait_ids, wait_options);
+  for (const std::string* id : {&report_id, &logs_id, &cancel_id}) {
+    if (id->empty()) continue;
+    if (Status s = CheckCellId(*id); !s.ok()) {
+      std::cerr << "gatehouse: " << s.message() << "\n";
+      return cli::kExitUsage;
+    }
+  }
+  if (*wait_cmd) {
+    for (const std::string& id : wait_ids) {
+      if (Status s = CheckCellId(id); !s.ok()) {
+        std::cerr << "gatehouse: " << s.message() << "\n";
+        return cli::kExitUsage;
+      }
+    }
+    if (Status s = CheckJUnitPath(wait_options.junit); !s.ok()) {
+      std::cerr << "gatehouse: " << s.message() << "\n";
+      return cli::kExitUsage;
+    }
+    return WaitForCells(api, wait_ids, wait_options);
+  }
   if (*report) {
     auto r = api.Call("GET", "/api/v1/cells/" + report_id + "/report");
     if (!Ok(r)) return CallFailed(r, "report");
@@ -328,7 +426,7 @@ int main(int argc, char** argv) {
     return cli::kExitPass;
   }
   // logs: the stream printed whole, then (--follow) what was appended, until the cell ends.
-  const std::string target = "/api/v1/cells/" + logs_id + "/log?stream=" + stream +
+  const std::string target = "/api/v1/cells/" + logs_id + "/log?stream=" + QueryValue(stream) +
                              (attempt > 0 ? "&attempt=" + std::to_string(attempt) : "");
   size_t printed = 0;
   while (true) {

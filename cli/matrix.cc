@@ -73,7 +73,9 @@ Result<std::vector<json>> ExpandMatrix(const json& matrix) {
     const bool in_base = a.field.empty() ? base.contains("checkpoint") || base.contains("reference")
                                          : base.contains(std::string(a.field));
     if (matrix.contains(std::string(a.member)) && in_base) {
-      return MatrixError(a.member, "given both as an axis and in 'base'");
+      return MatrixError(a.member, a.field.empty()
+                                       ? "an axis while 'base' sets checkpoint or reference"
+                                       : "given both as an axis and in 'base'");
     }
   }
 
@@ -83,8 +85,10 @@ Result<std::vector<json>> ExpandMatrix(const json& matrix) {
     if (it == matrix.end()) continue;
     GH_ASSIGN_OR_RETURN(std::vector<json> values, Values(*it, a.member));
     if (bodies.size() * values.size() > kMaxMatrixCells) {
-      return MatrixError(a.member, "the matrix would expand beyond " +
-                                       std::to_string(kMaxMatrixCells) + " cells");
+      return Status::InvalidArgument(
+          "the matrix expands to " + std::to_string(bodies.size() * values.size()) +
+          " cells by axis '" + std::string(a.member) + "' (with the axes before it); at most " +
+          std::to_string(kMaxMatrixCells));
     }
     std::vector<json> next;
     for (const json& body : bodies) {

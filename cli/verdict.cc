@@ -118,9 +118,15 @@ std::string JUnitXml(const std::vector<json>& cells) {
       // lost, still running at the deadline) still shows up, as an error.
       ++tests;
       ++errors;
+      // The latest attempt's reason says why (a cancel reason, the build error, lost).
+      std::string why;
+      if (auto a = cell.find("attempts"); a != cell.end() && a->is_array() && !a->empty()) {
+        why = Str(a->back(), "reason");
+      }
       cases += "    <testcase classname=\"gatehouse." + Xml(family) + "\" name=\"" +
                Xml(ShortId(cell) + ".cell") + "\" time=\"0\">\n      <error message=\"" +
-               Xml("cell " + Str(cell, "status")) + "\"/>\n    </testcase>\n";
+               Xml("cell " + status + (why.empty() ? "" : ": " + why)) +
+               "\"/>\n    </testcase>\n";
     }
     char time[32];
     std::snprintf(time, sizeof(time), "%.3f", total_s);

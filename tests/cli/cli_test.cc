@@ -85,18 +85,19 @@ TEST(Verdict, EachEndedPhaseIsPrintedOnce) {
 }
 
 TEST(Verdict, JUnitXmlIsWellFormedWithOneCasePerPhase) {
-  const std::vector<json> cells = {
+  std::vector<json> cells = {
       Cell("failed", {Phase("identity", "PASS"), Phase("inference", "FAIL", "kl_mean 0.3 > 1e-6 <&\"'>"),
                       Phase("decode", "SKIPPED", "earlier phase inference ended FAIL")}),
       Cell("error", {Phase("identity", "BLOCKED", std::string("torch pin\x01 2.10"))}),
       Cell("cancelled")};
+  cells[2]["attempts"] = {{{"number", 1}, {"state", "cancelled"}, {"reason", "superseded"}}};
   const std::string xml = JUnitXml(cells);
   EXPECT_THAT(xml, HasSubstr("tests=\"3\" failures=\"1\" errors=\"0\" skipped=\"1\""));
   EXPECT_THAT(xml, HasSubstr("<failure message=\"FAIL: kl_mean 0.3 &gt; 1e-6 &lt;&amp;&quot;&apos;&gt;\""));
   EXPECT_THAT(xml, HasSubstr("name=\"aaaaaaaaaaaa.inference\""));
   EXPECT_THAT(xml, HasSubstr("classname=\"gatehouse.olmo2\""));
   EXPECT_THAT(xml, HasSubstr("<error message=\"BLOCKED: torch pin? 2.10\""));
-  EXPECT_THAT(xml, HasSubstr("<error message=\"cell cancelled\""));
+  EXPECT_THAT(xml, HasSubstr("<error message=\"cell cancelled: superseded\""));
   test_util::TempDir dir("gatehouse-junit");
   const auto path = dir.path() / "out.xml";
   std::ofstream(path) << xml;
@@ -149,12 +150,15 @@ TEST(Matrix, BadMatricesAreRefusedNamingTheMember) {
   EXPECT_THAT(error(R"({"branch": "main", "base": {"branch": "dev"}})"),
               HasSubstr("'branch': given both as an axis and in 'base'"));
   EXPECT_THAT(error(R"({"base": 1})"), HasSubstr("'base'"));
+  EXPECT_THAT(error(R"({"checkpoints": ["/a"], "base": {"reference": "/r"}})"),
+              HasSubstr("'checkpoints': an axis while 'base' sets checkpoint or reference"));
   json big = {{"branch", json::array()}, {"precision", json::array()}};
   for (int i = 0; i < 20; ++i) big["branch"].push_back("b" + std::to_string(i));
   for (int i = 0; i < 20; ++i) big["precision"].push_back("p" + std::to_string(i));
   auto r = ExpandMatrix(big);
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("beyond 256 cells"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("expands to 400 cells by axis 'precision' (with the axes before it); at most 256"));
 }
 
 TEST(ApiClient, AnUnreachableControllerIsNamed) {
