@@ -156,6 +156,7 @@ int WaitForCells(const ApiClient& api, const std::vector<std::string>& ids, cons
       std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
   std::map<std::string, json> last;
   std::map<std::string, std::set<std::string>> seen;
+  std::map<std::string, std::string> waiting_said;
   std::set<std::string> open(ids.begin(), ids.end());
   int transient_failures = 0;
   bool reached = false;  // retries only once the controller answered: a restart, not a typo
@@ -184,6 +185,13 @@ int WaitForCells(const ApiClient& api, const std::vector<std::string>& ids, cons
         std::cerr << "gatehouse: cell " << *it << ": the controller answered no JSON object\n";
         code = cli::kExitUnreachable;
         break;
+      }
+      // Why a queued cell is not placed (no agent with a GPU, all slots busy, ...), once per
+      // change: a wait that prints nothing for hours helps nobody.
+      if (auto w = cell.find("waiting_reason"); w != cell.end() && w->is_string() &&
+                                                 *w != waiting_said[*it]) {
+        waiting_said[*it] = w->get<std::string>();
+        std::cout << it->substr(0, 12) << " waiting: " << waiting_said[*it] << "\n";
       }
       for (const std::string& line : cli::NewPhaseLines(cell, seen[*it])) std::cout << line << "\n";
       std::cout.flush();

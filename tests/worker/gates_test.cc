@@ -710,6 +710,32 @@ TEST(InferenceGateTest, MissingReferenceBlocks) {
   EXPECT_THAT(out.reason, HasSubstr("reference.json"));
 }
 
+// Verifies a bundle made from another model (reference.json model_type against the checkpoint's
+// config.json) BLOCKS inference instead of blaming the adapter; the same model_type passes.
+TEST(InferenceGateTest, ReferenceFromAnotherModelBlocks) {
+  Fixture fx;
+  fx.Write();
+  const auto meta_path = fx.reference_dir / "reference.json";
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(meta_path));
+  const std::string own = fx.config.at("model_type");
+  for (const std::string& made_from : {own, std::string("qwen2")}) {
+    meta["model_type"] = made_from;
+    std::ofstream(meta_path) << meta.dump();
+    GateContext ctx = fx.Context();
+    for (auto gate : {ConfigGate, ConstructGate, LoadGate}) {
+      ASSERT_EQ(gate(ctx).status, GateStatus::kPass);
+    }
+    GateOutcome out = InferenceGate(ctx);
+    if (made_from == own) {
+      EXPECT_STATUS(out, GateStatus::kPass);
+    } else {
+      EXPECT_STATUS(out, GateStatus::kBlocked);
+      EXPECT_THAT(out.reason, HasSubstr("was made from a qwen2 checkpoint"));
+      EXPECT_THAT(out.reason, HasSubstr("is " + own + " (config.json model_type)"));
+    }
+  }
+}
+
 // --- decode ---------------------------------------------------------------------------------
 
 // Verifies cached greedy decode reproduces the uncached reference ids.

@@ -111,6 +111,22 @@ bool RequireReference(GateContext& ctx, GateOutcome& out) {
     out.Blocked("reference bundle " + ctx.spec.reference.path + ": " + ref.status().ToString());
     return false;
   }
+  // A bundle made from another model (its reference.json "model_type", upstream's
+  // config.model_type, differs from the checkpoint's) would make every numerical gate FAIL
+  // and blame the adapter for a mismatched pair of inputs.
+  auto made_from = ref->meta.find("model_type");
+  if (made_from != ref->meta.end() && made_from->is_string()) {
+    Result<nlohmann::json> config = Checkpoint::ReadConfig(ctx.spec.checkpoint.path);
+    if (config.ok() && config->is_object() && config->contains("model_type") &&
+        (*config)["model_type"].is_string() && (*config)["model_type"] != *made_from) {
+      out.Blocked("reference bundle " + ctx.spec.reference.path + " was made from a " +
+                  made_from->get<std::string>() + " checkpoint but checkpoint " +
+                  ctx.spec.checkpoint.path + " is " +
+                  (*config)["model_type"].get<std::string>() +
+                  " (config.json model_type): the cell pairs two models");
+      return false;
+    }
+  }
   ctx.reference.emplace(std::move(ref).value());
   return true;
 }
