@@ -6,7 +6,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <boost/url/encode.hpp>
 #include <boost/url/parse.hpp>
+#include <boost/url/rfc/unreserved_chars.hpp>
 
 namespace gatehouse::cli {
 namespace {
@@ -66,6 +68,10 @@ Result<ControllerUrl> ParseControllerUrl(std::string_view text) {
     return bad("no path expected (the API is at /api/v1)");
   }
   return url;
+}
+
+std::string EncodeQueryValue(std::string_view value) {
+  return boost::urls::encode(value, boost::urls::unreserved_chars);
 }
 
 std::string ApiClient::Describe() const {

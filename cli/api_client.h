@@ -22,6 +22,9 @@ struct ControllerUrl {
 /// URL (not http or https, no host, a bad port, a path).
 Result<ControllerUrl> ParseControllerUrl(std::string_view url);
 
+/// `value` percent-encoded for a query string (unreserved characters pass through).
+std::string EncodeQueryValue(std::string_view value);
+
 /// One HTTP response: status code and body.
 struct ApiResponse {
   int status = 0;

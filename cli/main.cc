@@ -15,7 +15,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -86,22 +85,6 @@ Status CheckCellId(const std::string& id) {
   }
   return Status::InvalidArgument("cell id '" + id +
                                  "': expected the full 64-hex id (submit and wait print it)");
-}
-
-/// Percent-encodes a query value (unreserved characters pass through).
-std::string QueryValue(const std::string& v) {
-  static const char* kHex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : v) {
-    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
 }
 
 /// "branch main, checkpoint /data/x" for a submit body, naming the cell a refusal is about.
@@ -434,7 +417,7 @@ int main(int argc, char** argv) {
     return cli::kExitPass;
   }
   // logs: the stream printed whole, then (--follow) what was appended, until the cell ends.
-  const std::string target = "/api/v1/cells/" + logs_id + "/log?stream=" + QueryValue(stream) +
+  const std::string target = "/api/v1/cells/" + logs_id + "/log?stream=" + cli::EncodeQueryValue(stream) +
                              (attempt > 0 ? "&attempt=" + std::to_string(attempt) : "");
   size_t printed = 0;
   while (true) {

@@ -15,11 +15,16 @@ std::string Str(const json& obj, const char* key) {
 
 std::string ShortId(const json& cell) { return Str(cell, "id").substr(0, 12); }
 
-std::string Seconds(const json& phase) {
+/// The phase's duration in seconds (0 when not reported).
+double Seconds(const json& phase) {
   auto it = phase.find("duration_ms");
-  if (it == phase.end() || !it->is_number()) return "0";
+  return it != phase.end() && it->is_number() ? it->get<double>() / 1000.0 : 0.0;
+}
+
+/// Seconds with millisecond precision, as the progress lines and JUnit show them.
+std::string Fixed3(double seconds) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3f", it->get<double>() / 1000.0);
+  std::snprintf(buf, sizeof(buf), "%.3f", seconds);
   return buf;
 }
 
@@ -70,7 +75,7 @@ std::vector<std::string> NewPhaseLines(const json& cell, std::set<std::string>& 
     const std::string name = Str(p, "phase"), status = Str(p, "status");
     if (name.empty() || status.empty() || status == "RUNNING" || seen.count(name)) continue;
     seen.insert(name);
-    std::string line = ShortId(cell) + " " + name + " " + status + " " + Seconds(p) + " s";
+    std::string line = ShortId(cell) + " " + name + " " + status + " " + Fixed3(Seconds(p)) + " s";
     if (const std::string reason = Str(p, "reason"); !reason.empty()) line += ": " + reason;
     lines.push_back(std::move(line));
   }
@@ -89,9 +94,9 @@ std::string JUnitXml(const std::vector<json>& cells) {
     for (const json& p : cell.value("phases", json::array())) {
       const std::string status = Str(p, "status"), reason = Str(p, "reason");
       ++tests;
-      total_s += std::stod(Seconds(p));
+      total_s += Seconds(p);
       cases += "    <testcase classname=\"gatehouse." + Xml(family) + "\" name=\"" +
-               Xml(ShortId(cell) + "." + Str(p, "phase")) + "\" time=\"" + Seconds(p) + "\"";
+               Xml(ShortId(cell) + "." + Str(p, "phase")) + "\" time=\"" + Fixed3(Seconds(p)) + "\"";
       if (status == "PASS") {
         cases += "/>\n";
         continue;
@@ -128,13 +133,11 @@ std::string JUnitXml(const std::vector<json>& cells) {
                Xml("cell " + status + (why.empty() ? "" : ": " + why)) +
                "\"/>\n    </testcase>\n";
     }
-    char time[32];
-    std::snprintf(time, sizeof(time), "%.3f", total_s);
     xml += "  <testsuite name=\"" + Xml("cell " + Str(cell, "id") + " " + family +
                                         (branch.empty() ? "" : " @" + branch)) +
            "\" tests=\"" + std::to_string(tests) + "\" failures=\"" + std::to_string(failures) +
            "\" errors=\"" + std::to_string(errors) + "\" skipped=\"" + std::to_string(skipped) +
-           "\" time=\"" + time + "\">\n" + cases + "  </testsuite>\n";
+           "\" time=\"" + Fixed3(total_s) + "\">\n" + cases + "  </testsuite>\n";
   }
   return xml + "</testsuites>\n";
 }

@@ -56,6 +56,11 @@ TEST(ControllerUrl, SchemesPortsAndRefusals) {
   }
 }
 
+TEST(ControllerUrl, QueryValuesArePercentEncoded) {
+  EXPECT_EQ(EncodeQueryValue("worker.rank1"), "worker.rank1");
+  EXPECT_EQ(EncodeQueryValue("x y&z=1?#"), "x%20y%26z%3D1%3F%23");
+}
+
 TEST(Verdict, FinalStatuses) {
   for (const char* s : {"passed", "failed", "error", "lost", "cancelled", "timed_out"}) {
     EXPECT_TRUE(IsFinalStatus(s)) << s;

@@ -113,16 +113,16 @@ bool RequireReference(GateContext& ctx, GateOutcome& out) {
   }
   // A bundle made from another model (its reference.json "model_type", upstream's
   // config.model_type, differs from the checkpoint's) would make every numerical gate FAIL
-  // and blame the adapter for a mismatched pair of inputs.
+  // and blame the adapter for a mismatched pair of inputs. The checkpoint's config.json is the
+  // one load already read.
   auto made_from = ref->meta.find("model_type");
-  if (made_from != ref->meta.end() && made_from->is_string()) {
-    Result<nlohmann::json> config = Checkpoint::ReadConfig(ctx.spec.checkpoint.path);
-    if (config.ok() && config->is_object() && config->contains("model_type") &&
-        (*config)["model_type"].is_string() && (*config)["model_type"] != *made_from) {
+  if (ctx.checkpoint && made_from != ref->meta.end() && made_from->is_string()) {
+    const nlohmann::json& config = ctx.checkpoint->config();
+    auto own = config.find("model_type");
+    if (own != config.end() && own->is_string() && *own != *made_from) {
       out.Blocked("reference bundle " + ctx.spec.reference.path + " was made from a " +
                   made_from->get<std::string>() + " checkpoint but checkpoint " +
-                  ctx.spec.checkpoint.path + " is " +
-                  (*config)["model_type"].get<std::string>() +
+                  ctx.spec.checkpoint.path + " is " + own->get<std::string>() +
                   " (config.json model_type): the cell pairs two models");
       return false;
     }

@@ -41,7 +41,9 @@ Status RequireFinite(const torch::Tensor& t, const std::string& name) {
   if (!bad.any().item<bool>()) return Status::Ok();
   const auto at = bad.nonzero()[0].contiguous();  // the first offending element's index
   std::vector<int64_t> index(at.data_ptr<int64_t>(), at.data_ptr<int64_t>() + at.numel());
-  const double value = t.flatten()[bad.flatten().nonzero()[0][0]].item<double>();
+  torch::Tensor element = t;
+  for (int64_t i : index) element = element[i];
+  const double value = element.item<double>();
   return Status::InvalidArgument("reference tensor '" + name + "' holds " + std::to_string(value) +
                                  " at " + ShapeString(index) + "; upstream's logits must be finite");
 }
