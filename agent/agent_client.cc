@@ -2,12 +2,15 @@
 #include "agent/agent_client.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <thread>
 #include <random>
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
 #include "common/file_util.h"
+#include "common/sha256.h"
 #include "gatehouse/agent/v1/agent.grpc.pb.h"
 
 namespace gatehouse::agent {
@@ -46,6 +49,7 @@ pb::Capabilities ToProto(const AgentCapabilities& caps) {
   out.set_cudnn_version(caps.cudnn_version);
   out.set_cuda_driver_version(caps.cuda_driver_version);
   out.set_slots(caps.slots);
+  out.set_transformers_version(caps.transformers_version);
   return out;
 }
 
@@ -356,7 +360,11 @@ void AgentClient::HandleMessage(const pb::ControllerMessage& message) {
       return;
     }
     spdlog::info("attempt {}: assigned (cell {}, branch {})", a.attempt_id(), a.cell_id(), a.branch());
-    queue_.push_back({AttemptAssignment{a.attempt_id(), a.cell_id(), a.spec_json()}, false, ""});
+    AttemptAssignment assignment{a.attempt_id(), a.cell_id(), a.spec_json(), {}};
+    for (const pb::InputArtifact& in : a.inputs()) {
+      assignment.inputs.push_back({in.role(), in.name(), in.digest(), in.size()});
+    }
+    queue_.push_back({std::move(assignment), false, ""});
     cv_.notify_all();
   } else if (message.has_cancel()) {
     const pb::Cancel& c = message.cancel();
@@ -446,6 +454,122 @@ void AgentClient::RunnerLoop() {
     std::lock_guard lock(mu_);
     running_attempt_ = 0;
   }
+}
+
+namespace {
+
+constexpr size_t kArtifactChunkBytes = size_t{1} << 20;
+
+Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  const std::string message = what + ": " + s.error_message();
+  switch (s.error_code()) {
+    case grpc::StatusCode::NOT_FOUND: return Status::NotFound(message);
+    case grpc::StatusCode::DATA_LOSS: return Status::DataLoss(message);
+    case grpc::StatusCode::INVALID_ARGUMENT: return Status::InvalidArgument(message);
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return Status::ResourceExhausted(message);
+    case grpc::StatusCode::PERMISSION_DENIED: return Status::PermissionDenied(message);
+    case grpc::StatusCode::UNAUTHENTICATED: return Status::Unauthenticated(message);
+    case grpc::StatusCode::FAILED_PRECONDITION: return Status::FailedPrecondition(message);
+    case grpc::StatusCode::ALREADY_EXISTS: return Status::AlreadyExists(message);
+    default: return Status::Unavailable(message);
+  }
+}
+
+}  // namespace
+
+Status AgentClient::Put(int64_t attempt_id, const std::string& name,
+                        const std::filesystem::path& path) {
+  auto digest = Sha256FileHex(path);
+  if (!digest.ok()) return digest.status();
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return Status::NotFound("artifact " + path.string() + ": " + ec.message());
+  auto backoff = config_.initial_backoff;
+  for (int attempt = 1;; ++attempt) {
+    auto credentials = Credentials();
+    if (!credentials.ok()) return credentials.status();
+    auto stub = pb::AgentService::NewStub(grpc::CreateChannel(config_.controller, *credentials));
+    grpc::ClientContext context;
+    if (!config_.token.empty()) context.AddMetadata("authorization", "Bearer " + config_.token);
+    pb::ArtifactStored stored;
+    auto writer = stub->PutArtifact(&context, &stored);
+    pb::ArtifactChunk chunk;
+    pb::ArtifactHeader* header = chunk.mutable_header();
+    header->set_attempt_id(attempt_id);
+    header->set_agent_name(config_.agent_name);
+    header->set_name(name);
+    header->set_digest("sha256:" + *digest);
+    header->set_size(static_cast<int64_t>(size));
+    std::FILE* file = std::fopen(path.c_str(), "rb");
+    if (file == nullptr) return Status::NotFound("artifact " + path.string() + ": cannot open");
+    std::string buffer(kArtifactChunkBytes, '\0');
+    bool written = true;
+    for (bool first = true;; first = false) {
+      const size_t n = std::fread(buffer.data(), 1, buffer.size(), file);
+      if (n == 0 && !first) break;
+      chunk.set_data(buffer.data(), n);
+      if (!writer->Write(chunk)) {
+        written = false;
+        break;
+      }
+      chunk.clear_header();
+      if (n < buffer.size()) break;
+    }
+    std::fclose(file);
+    if (written) writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    if (status.ok()) return Status::Ok();
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= 3) {
+      return FromGrpc(status, "PutArtifact '" + name + "'");
+    }
+    spdlog::warn("attempt {}: storing artifact '{}' failed ({}); retrying", attempt_id, name,
+                 status.error_message());
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, config_.max_backoff);
+  }
+}
+
+Status AgentClient::Get(const std::string& digest, int64_t size,
+                        const std::filesystem::path& dest) {
+  auto credentials = Credentials();
+  if (!credentials.ok()) return credentials.status();
+  auto stub = pb::AgentService::NewStub(grpc::CreateChannel(config_.controller, *credentials));
+  grpc::ClientContext context;
+  if (!config_.token.empty()) context.AddMetadata("authorization", "Bearer " + config_.token);
+  pb::ArtifactRequest request;
+  request.set_digest(digest);
+  auto reader = stub->GetArtifact(&context, request);
+  const std::filesystem::path tmp = dest.string() + ".part";
+  std::FILE* file = std::fopen(tmp.c_str(), "wb");
+  if (file == nullptr) return Status::Internal("cannot create " + tmp.string());
+  Sha256 sha;
+  int64_t received = 0;
+  pb::ArtifactChunk chunk;
+  bool write_ok = true;
+  while (reader->Read(&chunk)) {
+    const std::string& data = chunk.data();
+    write_ok = write_ok && std::fwrite(data.data(), 1, data.size(), file) == data.size();
+    sha.Update(data);
+    received += static_cast<int64_t>(data.size());
+  }
+  write_ok = std::fclose(file) == 0 && write_ok;
+  const grpc::Status status = reader->Finish();
+  std::error_code ec;
+  if (!status.ok() || !write_ok) {
+    std::filesystem::remove(tmp, ec);
+    return status.ok() ? Status::Internal("cannot write " + tmp.string())
+                       : FromGrpc(status, "GetArtifact " + digest);
+  }
+  const std::string actual = "sha256:" + sha.FinalHex();
+  if (actual != digest || received != size) {
+    std::filesystem::remove(tmp, ec);
+    return Status::DataLoss("received " + std::to_string(received) + " bytes with digest " +
+                            actual + ", expected " + std::to_string(size) + " bytes with " +
+                            digest);
+  }
+  std::filesystem::rename(tmp, dest, ec);
+  if (ec) return Status::Internal("cannot move " + tmp.string() + " into place: " + ec.message());
+  return Status::Ok();
 }
 
 }  // namespace gatehouse::agent

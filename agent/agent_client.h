@@ -20,6 +20,7 @@
 #include "agent/attempt_sink.h"
 #include "agent/capabilities.h"
 #include "agent/outbox.h"
+#include "agent/artifact_channel.h"
 #include "common/status.h"
 
 namespace grpc {
@@ -68,7 +69,7 @@ struct AgentClientConfig {
 /// writes Heartbeats; one runner thread runs attempts (AttemptRunner) and writes their events,
 /// log chunks and ends through an AttemptSink. Every write to the stream holds `write_mu_`.
 /// Stop() may be called from any thread (the signal thread).
-class AgentClient {
+class AgentClient : public ArtifactChannel {
  public:
   AgentClient(AgentClientConfig config, AttemptRunner& runner);
   ~AgentClient();
@@ -89,6 +90,13 @@ class AgentClient {
   /// Ends Run(): cancels the stream and the running attempt (its worker gets SIGTERM, then
   /// SIGKILL after kill_grace). Idempotent.
   void Stop();
+
+  /// ArtifactChannel over PutArtifact / GetArtifact (a call of its own each, with the agent
+  /// token and TLS settings of the stream; chunks of 1 MiB). Put retries a refused connection
+  /// up to 3 times with backoff; a refusal by the controller is not retried.
+  Status Put(int64_t attempt_id, const std::string& name,
+             const std::filesystem::path& path) override;
+  Status Get(const std::string& digest, int64_t size, const std::filesystem::path& dest) override;
 
  private:
   using Stream = grpc::ClientReaderWriter<v1::AgentMessage, v1::ControllerMessage>;

@@ -3,8 +3,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <nlohmann/json.hpp>
+
 #include "agent/recipe.h"
 #include "agent/worker_launcher.h"
+#include "common/phases.h"
+#include "common/sha256.h"
 
 namespace gatehouse::agent {
 namespace {
@@ -15,6 +19,33 @@ AttemptEndReport Error(int64_t attempt_id, std::string reason) {
   end.seq = 1;  // no event was sent before the worker ran
   end.outcome = std::string(kOutcomeError);
   end.reason = std::move(reason);
+  return end;
+}
+
+// The end of an attempt whose reference bundle could not be fetched: the bundle is an input
+// from outside the adapter, so the attempt is BLOCKED (identity) naming the file, with no
+// worker run (the agent writes the events a worker would have).
+AttemptEndReport BlockedOnInput(int64_t attempt_id, AttemptSink& sink, const std::string& reason,
+                                const CellSpec& spec) {
+  using nlohmann::json;
+  int64_t seq = 0;
+  sink.Event(attempt_id, ++seq,
+             json{{"event", "phase_end"}, {"phase", "identity"}, {"status", "BLOCKED"},
+                  {"reason", reason}, {"classification", ""}, {"duration_ms", 0}}
+                 .dump());
+  for (const std::string& phase : spec.phases) {
+    if (phase == "identity") continue;
+    sink.Event(attempt_id, ++seq,
+               json{{"event", "phase_end"}, {"phase", phase}, {"status", "SKIPPED"},
+                    {"reason", "phase 'identity' ended BLOCKED"}, {"classification", ""},
+                    {"duration_ms", 0}}
+                   .dump());
+  }
+  sink.Event(attempt_id, ++seq, json{{"event", "run_end"}, {"status", "BLOCKED"}}.dump());
+  AttemptEndReport end;
+  end.attempt_id = attempt_id;
+  end.seq = seq + 1;
+  end.outcome = std::string(kOutcomeFinished);
   return end;
 }
 
@@ -70,6 +101,21 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   Result<CellSpec> parsed = ParseCellSpecJson(assignment.spec_json);
   if (!parsed.ok()) return Error(id, "invalid spec: " + parsed.status().message());
   CellSpec spec = std::move(parsed).value();
+  if (spec.IsReference()) return RunReference(id, std::move(spec), sink, cancel, used_ports);
+
+  if (!spec.reference.cell.empty()) {
+    // The reference cell's bundle, fetched by digest: the worker compares with exactly it.
+    const auto dir = config_.work_dir / "attempts" / std::to_string(id) / "reference";
+    auto digest = FetchReference(assignment.inputs, dir);
+    if (!digest.ok()) {
+      return BlockedOnInput(id, sink,
+                            "the reference bundle of reference cell " + spec.reference.cell +
+                                " could not be fetched: " + digest.status().message(),
+                            spec);
+    }
+    spec.reference.path = dir.string();
+    spec.reference.digest = *digest;
+  }
 
   auto checkout = git_.Checkout(spec.repository, spec.commit);
   if (!checkout.ok()) return Error(id, "checkout failed: " + checkout.status().message());
@@ -107,6 +153,83 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.gpu_models = config_.gpu_models;
   launch.log_flush_timeout = config_.log_flush_timeout;
   return RunWorker(launch, sink, cancel, &used_ports);
+}
+
+Result<std::string> AttemptRunner::FetchReference(const std::vector<InputFile>& inputs,
+                                                  const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  if (artifacts_ == nullptr) return Status::Unavailable("this agent has no artifact channel");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+  if (ec) return Status::Internal("cannot create " + dir.string() + ": " + ec.message());
+  int files = 0;
+  for (const InputFile& in : inputs) {
+    if (in.role != "reference") continue;
+    if (in.name.empty() || in.name.find('/') != std::string::npos || in.name[0] == '.' ||
+        in.digest.size() != 71 || in.digest.rfind("sha256:", 0) != 0) {
+      return Status::InvalidArgument("input '" + in.name + "' (" + in.digest +
+                                     "): not a bundle file name and digest");
+    }
+    // The node's cache: one verified copy per digest, shared by later attempts.
+    const fs::path cached = config_.work_dir / "artifacts" / "sha256" / in.digest.substr(7);
+    if (!fs::is_regular_file(cached, ec) ||
+        static_cast<int64_t>(fs::file_size(cached, ec)) != in.size) {
+      fs::create_directories(cached.parent_path(), ec);
+      if (Status s = artifacts_->Get(in.digest, in.size, cached); !s.ok()) {
+        return Status(s.code(), "'" + in.name + "' (" + in.digest + "): " + s.message());
+      }
+    }
+    const fs::path target = dir / in.name;
+    fs::create_hard_link(cached, target, ec);
+    if (ec) {
+      ec.clear();
+      fs::copy_file(cached, target, fs::copy_options::overwrite_existing, ec);
+      if (ec) return Status::Internal("cannot place '" + in.name + "': " + ec.message());
+    }
+    ++files;
+  }
+  if (files == 0) return Status::NotFound("the assignment lists no reference bundle file");
+  return DirectoryDigest(dir);
+}
+
+AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec, AttemptSink& sink,
+                                             CancelToken cancel, std::vector<int>& used_ports) {
+  namespace fs = std::filesystem;
+  if (config_.reference_python.empty()) {
+    return Error(id, "this agent runs no reference cells (no --reference-python)");
+  }
+  if (artifacts_ == nullptr) return Error(id, "this agent cannot store artifacts");
+  WorkerLaunch launch;
+  launch.attempt_id = id;
+  launch.attempt_dir = config_.work_dir / "attempts" / std::to_string(id);
+  const fs::path out = launch.attempt_dir / "reference";
+  std::error_code ec;
+  fs::remove_all(out, ec);
+  launch.spec = std::move(spec);
+  launch.worker = config_.reference_python;
+  launch.args_before = {config_.reference_script.string()};
+  launch.args_after = {"--out", out.string()};
+  launch.agent_name = config_.agent_name;
+  launch.gpu_indices = config_.gpu_indices;
+  launch.gpu_models = config_.gpu_models;
+  launch.log_flush_timeout = config_.log_flush_timeout;
+  AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
+  if (end.outcome != kOutcomeFinished || !fs::is_directory(out, ec)) return end;
+  // The bundle becomes the reference cell's artifacts before the end is reported, so a cell
+  // waiting for it finds them once it has passed.
+  for (const char* file : {"reference.json", "reference.safetensors"}) {
+    const fs::path path = out / file;
+    if (!fs::is_regular_file(path, ec)) continue;
+    Status stored = artifacts_->Put(id, std::string("reference/") + file, path);
+    if (!stored.ok()) {
+      end.outcome = std::string(kOutcomeError);
+      end.reason = "storing artifact 'reference/" + std::string(file) +
+                   "' failed: " + stored.message();
+      return end;
+    }
+  }
+  return end;
 }
 
 }  // namespace gatehouse::agent

@@ -8,12 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "agent/artifact_channel.h"
 #include "agent/attempt_sink.h"
 #include "agent/build.h"
 #include "agent/checkout.h"
 #include "agent/cleanup.h"
 #include "agent/process.h"
 #include "agent/redaction.h"
+#include "common/cell_spec.h"
 
 namespace gatehouse::agent {
 
@@ -22,6 +24,7 @@ struct AttemptAssignment {
   int64_t attempt_id = 0;
   std::string cell_id;
   std::string spec_json;  // the frozen cell spec (docs/protocols.md §2)
+  std::vector<InputFile> inputs;  // files to fetch first (a reference cell's bundle)
 };
 
 struct RunnerConfig {
@@ -41,6 +44,10 @@ struct RunnerConfig {
   std::chrono::milliseconds log_flush_timeout{2000};
   /// Checks what each attempt left behind (cleanup evidence); nullptr: no check.
   const CleanupChecker* cleanup = nullptr;
+  /// The reference runner (protocols.md §3.4): `<python> <script> --run-spec run.json --out
+  /// DIR`. Empty python: this agent runs no reference cells.
+  std::filesystem::path reference_python;
+  std::filesystem::path reference_script;
 };
 
 /// Runs attempts one after another, reporting to an AttemptSink.
@@ -50,6 +57,10 @@ struct RunnerConfig {
 class AttemptRunner {
  public:
   explicit AttemptRunner(RunnerConfig config);
+
+  /// Where artifacts go and inputs come from (the controller); nullptr: a reference cell or a
+  /// cell with inputs ends with outcome "error" naming what could not be stored or fetched.
+  void SetArtifactChannel(ArtifactChannel* artifacts) { artifacts_ = artifacts; }
 
   /// Runs `assignment` to its end and calls sink.End() exactly once, last. Failures before the
   /// worker runs end the attempt with outcome "error" and a reason that says which step failed:
@@ -71,8 +82,16 @@ class AttemptRunner {
  private:
   AttemptEndReport RunSteps(const AttemptAssignment& assignment, AttemptSink& sink,
                             CancelToken cancel, std::vector<int>& used_ports);
+  /// A reference cell: the reference runner, then its bundle stored as artifacts.
+  AttemptEndReport RunReference(int64_t id, CellSpec spec, AttemptSink& sink, CancelToken cancel,
+                                std::vector<int>& used_ports);
+  /// Fetches the reference bundle files of `inputs` (through the node's cache under
+  /// <work_dir>/artifacts) into `dir`; returns the directory's digest. Errors name the file.
+  Result<std::string> FetchReference(const std::vector<InputFile>& inputs,
+                                     const std::filesystem::path& dir);
 
   RunnerConfig config_;
+  ArtifactChannel* artifacts_ = nullptr;
   GitCheckout git_;
   std::string drain_reason_;
   int64_t unhealthy_attempt_ = 0;

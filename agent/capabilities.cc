@@ -152,6 +152,17 @@ Result<WorkerRuntime> ProbeWorkerRuntime(const std::filesystem::path& worker) {
   return ParseWorkerRuntime(out);
 }
 
+Result<std::string> ProbeReferenceRuntime(const std::filesystem::path& python,
+                                          const std::filesystem::path& script) {
+  GH_ASSIGN_OR_RETURN(std::string out, CaptureStdout(python, {script.string(), "--print-runtime"}));
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("transformers") || !j["transformers"].is_string() ||
+      j["transformers"].get<std::string>().empty()) {
+    return Status::InvalidArgument("reference runner --print-runtime: no 'transformers' version");
+  }
+  return j["transformers"].get<std::string>();
+}
+
 AgentCapabilities ProbeCapabilities(const std::filesystem::path& worker, std::string torch_version) {
   AgentCapabilities caps;
   caps.cpu_cores = static_cast<int32_t>(std::thread::hardware_concurrency());

@@ -37,7 +37,15 @@ struct AgentCapabilities {
   std::string torch_version;
   std::string cuda_version, nccl_version, cudnn_version, cuda_driver_version;
   int32_t slots = 1;                          // attempts run at once
+  /// transformers of the reference runner (ProbeReferenceRuntime); empty: no reference cells.
+  std::string transformers_version;
 };
+
+/// The reference runner's versions: `<python> <script> --print-runtime` prints
+/// {"torch": ..., "transformers": ...}; returns transformers'. Errors: as the process run;
+/// INVALID_ARGUMENT for other output.
+Result<std::string> ProbeReferenceRuntime(const std::filesystem::path& python,
+                                          const std::filesystem::path& script);
 
 /// MemTotal of /proc/meminfo text, in bytes. Errors: NOT_FOUND when the line is missing or
 /// malformed.

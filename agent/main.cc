@@ -51,6 +51,8 @@ int main(int argc, char** argv) {
   std::string cmake_prefix_path;
   std::string worker;
   std::string torch_version;
+  std::string reference_python = GATEHOUSE_REFERENCE_PYTHON;
+  std::string reference_script = GATEHOUSE_REFERENCE_SCRIPT;
   app.add_option("--controller", controller, "controller agent RPC address, host:port")
       ->capture_default_str();
   app.add_option("--name", name, "agent name reported at registration (default: host name)");
@@ -64,6 +66,13 @@ int main(int argc, char** argv) {
                  "LibTorch's CMake prefix (torch.utils.cmake_prefix_path)");
   app.add_option("--worker", worker,
                  "path of gatehouse-worker (default: <sdk-dir>/../bin/gatehouse-worker)");
+  app.add_option("--reference-python", reference_python,
+                 "python with torch and transformers that runs reference cells (empty: this agent "
+                 "runs none)")
+      ->capture_default_str();
+  app.add_option("--reference-script", reference_script,
+                 "the reference runner (tools/refgen/reference_cell.py)")
+      ->capture_default_str();
   app.add_option("--torch-version", torch_version,
                  "torch version to report when the worker cannot be probed (the worker's own "
                  "--print-runtime wins)");
@@ -183,6 +192,16 @@ int main(int argc, char** argv) {
   client_config.tls_cert_file = tls_cert;
   client_config.tls_key_file = tls_key;
   client_config.capabilities = gatehouse::agent::ProbeCapabilities(worker_path, torch_version);
+  if (!reference_python.empty()) {
+    auto transformers = gatehouse::agent::ProbeReferenceRuntime(reference_python, reference_script);
+    if (transformers.ok()) {
+      client_config.capabilities.transformers_version = *transformers;
+      runner_config.reference_python = reference_python;
+      runner_config.reference_script = reference_script;
+    } else {
+      spdlog::warn("no reference cells on this agent: {}", transformers.status().ToString());
+    }
+  }
   const auto& caps = client_config.capabilities;
   for (const auto& gpu : caps.gpus) {
     runner_config.gpu_indices.push_back(gpu.index);
@@ -199,6 +218,7 @@ int main(int argc, char** argv) {
   AttemptRunner runner(runner_config);
 
   AgentClient client(client_config, runner);
+  runner.SetArtifactChannel(&client);
   client.OnRegistered([](const std::string& agent_id) {
     std::cout << "gatehouse-agent: registered as " << agent_id << std::endl;
   });

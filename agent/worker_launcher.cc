@@ -408,11 +408,14 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
   }
   for (ProcessSpec& spec : specs) {
     spec.exe = launch.worker;
-    spec.args = {"--run-spec", run_spec.string()};
+    spec.args = launch.args_before;
+    spec.args.push_back("--run-spec");
+    spec.args.push_back(run_spec.string());
     for (const auto& plugin : launch.plugins) {
       spec.args.push_back("--plugin");
       spec.args.push_back(plugin.string());
     }
+    spec.args.insert(spec.args.end(), launch.args_after.begin(), launch.args_after.end());
     spec.cwd = launch.attempt_dir;
   }
   return WorkerGroup(launch.attempt_id, sink, cancel, std::move(specs)).Run();

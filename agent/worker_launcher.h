@@ -29,7 +29,10 @@ struct WorkerLaunch {
   CellSpec spec;                       // the frozen cell spec
   CheckoutResult checkout;
   std::vector<std::filesystem::path> plugins;  // absolute
-  std::filesystem::path worker;       // the gatehouse-worker executable
+  std::filesystem::path worker;       // the gatehouse-worker executable (or the reference runner)
+  /// Arguments before `--run-spec run.json` and after the plugins: a reference cell runs
+  /// `<python> <script> --run-spec run.json --out <dir>` (protocols.md §3.4).
+  std::vector<std::string> args_before, args_after;
   std::string agent_name;
   std::vector<int> gpu_indices;       // this agent's GPUs (nvidia-smi index); empty: none
   std::vector<std::string> gpu_models;  // their models, parallel to gpu_indices ("NVIDIA H200")

@@ -32,6 +32,7 @@
 #include "cli/api_client.h"
 #include "cli/matrix.h"
 #include "cli/verdict.h"
+#include "common/sha256.h"
 
 namespace {
 
@@ -208,6 +209,47 @@ int WaitForCells(const ApiClient& api, const std::vector<std::string>& ids, cons
   return cli::VerdictExitCode(cells);
 }
 
+/// Writes the reference bundle of passed reference cell `id` into `dir` (created), each file
+/// fetched by digest and checked against it. Returns an exit code.
+int DownloadBundle(const ApiClient& api, const std::string& id, const std::string& dir) {
+  auto r = api.Call("GET", "/api/v1/cells/" + id);
+  if (!Ok(r)) return CallFailed(r, "cell " + id);
+  json cell = json::parse(r->body, nullptr, false);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    std::cerr << "gatehouse: --out " << dir << ": " << ec.message() << "\n";
+    return cli::kExitUsage;
+  }
+  int files = 0;
+  for (const json& a : cell.value("artifacts", json::array())) {
+    const std::string name = a.value("name", ""), digest = a.value("digest", "");
+    constexpr std::string_view kPrefix = "reference/";
+    if (name.rfind(kPrefix, 0) != 0 || name.find('/', kPrefix.size()) != std::string::npos) continue;
+    auto blob = api.Call("GET", "/api/v1/artifacts/" + digest);
+    if (!Ok(blob)) return CallFailed(blob, "artifact " + name);
+    if ("sha256:" + gatehouse::Sha256Hex(blob->body) != digest) {
+      std::cerr << "gatehouse: artifact " << name << ": the bytes received do not have digest "
+                << digest << "\n";
+      return cli::kExitUnreachable;
+    }
+    const auto path = std::filesystem::path(dir) / name.substr(kPrefix.size());
+    std::ofstream out(path, std::ios::binary);
+    out << blob->body;
+    if (!out) {
+      std::cerr << "gatehouse: cannot write " << path.string() << "\n";
+      return cli::kExitUsage;
+    }
+    std::cout << path.string() << " " << digest << "\n";
+    ++files;
+  }
+  if (files == 0) {
+    std::cerr << "gatehouse: cell " << id << " stored no reference bundle\n";
+    return cli::kExitBlocked;
+  }
+  return cli::kExitPass;
+}
+
 /// Creates (truncates) the --junit file now, so that an unwritable path is found before any
 /// cell is submitted or waited for, not after the verdict.
 Status CheckJUnitPath(const std::string& path) {
@@ -261,7 +303,28 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   submit->add_option("--training-steps", steps, "optimizer steps")->check(CLI::Range(2, 1000));
   submit->add_flag("--wait", wait, "wait for the verdict; the exit code says it");
-  for (auto* sub : {submit, app.add_subcommand("wait", "wait for cells' verdicts")}) {
+  // reference
+  auto* reference_cmd = app.add_subcommand(
+      "reference", "submit a reference cell: upstream (transformers) on a checkpoint makes the "
+                   "bundle validation cells compare with; print its id");
+  std::string ref_checkpoint, ref_prompts, ref_device, ref_out;
+  int ref_max_new_tokens = 0, ref_steps = 0;
+  bool ref_wait = false;
+  reference_cmd->add_option("--checkpoint", ref_checkpoint,
+                            "absolute path of the HF checkpoint directory")
+      ->required();
+  reference_cmd->add_option("--prompts", ref_prompts,
+                            "JSON file: a list of {\"ids\": [...]} or {\"text\": \"...\", "
+                            "\"chat\": true}; default: chosen from config.json");
+  reference_cmd->add_option("--device", ref_device, "cpu or cuda");
+  reference_cmd->add_option("--max-new-tokens", ref_max_new_tokens, "greedy decode length")
+      ->check(CLI::Range(1, 4096));
+  reference_cmd->add_option("--training-steps", ref_steps, "optimizer steps of the trace")
+      ->check(CLI::Range(2, 1000));
+  reference_cmd->add_flag("--wait", ref_wait, "wait for the verdict; the exit code says it");
+  reference_cmd->add_option("--out", ref_out,
+                            "with --wait: after a PASS, download the bundle into this directory");
+  for (auto* sub : {submit, reference_cmd, app.add_subcommand("wait", "wait for cells' verdicts")}) {
     sub->add_option("--timeout-s", wait_options.timeout_s, "give up after this many seconds")
         ->capture_default_str()
         ->check(CLI::Range(1, 7 * 24 * 3600));
@@ -381,6 +444,48 @@ int main(int argc, char** argv) {
     }
     if (refused != cli::kExitPass || !wait) return refused;
     return WaitForCells(api, ids, wait_options);
+  }
+  if (*reference_cmd) {
+    json body = {{"kind", "reference"}, {"checkpoint", ref_checkpoint}};
+    if (!ref_device.empty()) body["device"] = ref_device;
+    if (ref_max_new_tokens > 0) body["decode"]["max_new_tokens"] = ref_max_new_tokens;
+    if (ref_steps > 0) body["training"]["steps"] = ref_steps;
+    if (!ref_prompts.empty()) {
+      std::ifstream in(ref_prompts);
+      if (!in) {
+        std::cerr << "gatehouse: --prompts " << ref_prompts << ": cannot open\n";
+        return cli::kExitUsage;
+      }
+      json prompts = json::parse(in, nullptr, false);
+      if (!prompts.is_array()) {
+        std::cerr << "gatehouse: --prompts " << ref_prompts << ": not a JSON list of prompts\n";
+        return cli::kExitUsage;
+      }
+      body["prompts"] = std::move(prompts);
+    }
+    if (!ref_out.empty() && !ref_wait) {
+      std::cerr << "gatehouse: --out needs --wait\n";
+      return cli::kExitUsage;
+    }
+    if (Status s = CheckJUnitPath(wait_options.junit); !s.ok()) {
+      std::cerr << "gatehouse: " << s.message() << "\n";
+      return cli::kExitUsage;
+    }
+    auto r = api.Call("POST", "/api/v1/cells", body.dump());
+    if (!Ok(r)) return CallFailed(r, "reference (" + ref_checkpoint + ")");
+    json cell = json::parse(r->body, nullptr, false);
+    if (!cell.is_object() || !cell.contains("id") || !cell["id"].is_string()) {
+      std::cerr << "gatehouse: reference: the controller answered no cell: " << r->body << "\n";
+      return cli::kExitUnreachable;
+    }
+    const std::string id = cell["id"];
+    std::cout << id << " " << (cell.value("created", false) ? "created" : "existing") << " "
+              << CellStatus(cell) << "\n";
+    std::cout.flush();
+    if (!ref_wait) return cli::kExitPass;
+    const int code = WaitForCells(api, {id}, wait_options);
+    if (code != cli::kExitPass || ref_out.empty()) return code;
+    return DownloadBundle(api, id, ref_out);
   }
   for (const std::string* id : {&report_id, &logs_id, &cancel_id}) {
     if (id->empty()) continue;

@@ -48,8 +48,8 @@ std::string Xml(std::string_view s) {
 }  // namespace
 
 bool IsFinalStatus(std::string_view status) {
-  static constexpr std::array<std::string_view, 6> kFinal = {
-      "passed", "failed", "error", "lost", "cancelled", "timed_out"};
+  static constexpr std::array<std::string_view, 7> kFinal = {
+      "passed", "failed", "error", "lost", "cancelled", "timed_out", "blocked"};
   for (auto s : kFinal) {
     if (s == status) return true;
   }

@@ -244,47 +244,146 @@ Status ReadEnv(const json& v, std::map<std::string, std::string>& out) {
   return Status::Ok();
 }
 
-Status ReadPhases(const json& v, std::vector<std::string>& out) {
+// The phases of a cell of kind `kind`: names of kPhases (validation) or of
+// kReferenceCellPhases (reference), no duplicates, stored in that order. A reference cell runs
+// all of its phases.
+Status ReadPhases(const json& v, std::string_view kind, std::vector<std::string>& out) {
+  const bool reference = kind == kReferenceKind;
+  std::vector<std::string_view> allowed(reference ? kReferenceCellPhases.begin() : kPhases.begin(),
+                                        reference ? kReferenceCellPhases.end() : kPhases.end());
   if (!v.is_array() || v.empty()) {
     return FieldError("phases", "a non-empty array of phase names", v);
   }
   std::set<size_t> indices;
   for (const json& p : v) {
     if (!p.is_string()) return FieldError("phases", "phase names (strings)", p);
-    const auto index = PhaseIndex(p.get_ref<const std::string&>());
-    if (!index) {
+    const auto it = std::find(allowed.begin(), allowed.end(), p.get_ref<const std::string&>());
+    if (it == allowed.end()) {
       std::string known;
-      for (auto k : kPhases) known += (known.empty() ? "" : ", ") + std::string(k);
-      return Status::InvalidArgument("field 'phases': unknown phase " + Shown(p) +
-                                     " (known: " + known + ")");
+      for (auto k : allowed) known += (known.empty() ? "" : ", ") + std::string(k);
+      return Status::InvalidArgument("field 'phases': unknown phase " + Shown(p) + " for a " +
+                                     std::string(kind) + " cell (known: " + known + ")");
     }
-    if (!indices.insert(*index).second) {
+    if (!indices.insert(static_cast<size_t>(it - allowed.begin())).second) {
       return Status::InvalidArgument("field 'phases': duplicate phase " + Shown(p));
     }
   }
+  if (reference && indices.size() != allowed.size()) {
+    return FieldError("phases", "every phase of a reference cell: [\"identity\", \"reference\"]", v);
+  }
   out.clear();
-  for (size_t i : indices) out.emplace_back(kPhases[i]);  // canonical order
+  for (size_t i : indices) out.emplace_back(allowed[i]);  // canonical order
   return Status::Ok();
 }
 
-// runtime.{torch, cuda, gpu_model} in both forms; runtime.device in the frozen form only (the
-// body names it at the top level).
+Result<std::string> ReadKind(const json& v) {
+  return ReadEnum(v, "kind", {kValidationKind, kReferenceKind});
+}
+
+bool IsHex64(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// A cell id: 64 lower-case hex.
+Result<std::string> ReadCellId(const json& v, std::string_view field) {
+  if (!v.is_string() || !IsHex64(v.get_ref<const std::string&>())) {
+    return FieldError(field, "a cell id (64 lower-case hex)", v);
+  }
+  return v.get<std::string>();
+}
+
+// Probe prompts: at most kMaxPrompts objects {"ids": [...]} or {"text": "...", "chat": bool}.
+Status ReadPrompts(const json& v, std::vector<Prompt>& out) {
+  if (!v.is_array()) return FieldError("prompts", "an array of prompts", v);
+  if (v.size() > Limits::kMaxPrompts) {
+    return Status::InvalidArgument("field 'prompts': " + std::to_string(v.size()) +
+                                   " prompts; at most " + std::to_string(Limits::kMaxPrompts));
+  }
+  out.clear();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string field = "prompts[" + std::to_string(i) + "]";
+    const json& p = v[i];
+    GH_ASSIGN_OR_RETURN(Members m, Members::Of(p, field + ".", {"ids", "text", "chat"}));
+    Prompt prompt;
+    const json* ids = m.Find("ids");
+    const json* text = m.Find("text");
+    const json* chat = m.Find("chat");
+    if ((ids == nullptr) == (text == nullptr)) {
+      return FieldError(field, "an object with either \"ids\" or \"text\"", p);
+    }
+    if (ids != nullptr) {
+      if (!ids->is_array() || ids->empty() || ids->size() > Limits::kMaxPromptTokens) {
+        return FieldError(field + ".ids",
+                          "an array of 1 to " + std::to_string(Limits::kMaxPromptTokens) +
+                              " token ids",
+                          *ids);
+      }
+      for (const json& id : *ids) {
+        GH_ASSIGN_OR_RETURN(const int64_t token,
+                            ReadInt(id, field + ".ids", 0, std::numeric_limits<int32_t>::max(),
+                                    "token ids from 0 to 2147483647"));
+        prompt.ids.push_back(token);
+      }
+      if (chat != nullptr) {
+        return Status::InvalidArgument("field '" + field +
+                                       ".chat': only a text prompt takes a chat template");
+      }
+    } else {
+      GH_ASSIGN_OR_RETURN(prompt.text, ReadString(*text, field + ".text",
+                                                  Limits::kMaxPromptTextBytes));
+      if (prompt.text.empty()) return FieldError(field + ".text", "a non-empty string", *text);
+      if (chat != nullptr) {
+        if (!chat->is_boolean()) return FieldError(field + ".chat", "true or false", *chat);
+        prompt.chat = chat->get<bool>();
+      }
+    }
+    out.push_back(std::move(prompt));
+  }
+  return Status::Ok();
+}
+
+json PromptsToJson(const std::vector<Prompt>& prompts) {
+  json out = json::array();
+  for (const Prompt& p : prompts) {
+    if (!p.ids.empty()) {
+      out.push_back({{"ids", p.ids}});
+    } else {
+      out.push_back({{"text", p.text}, {"chat", p.chat}});
+    }
+  }
+  return out;
+}
+
+// A name-like pin of runtime: 1 to kMaxNameBytes of [A-Za-z0-9._+-] (and spaces when
+// `spaces`), set into `dst` when present. `what` describes it in the error ("a torch version").
+Status ReadRuntimeName(const Members& m, Form form, std::string_view key, bool optional_when_frozen,
+                       bool spaces, std::string_view what, std::string_view example,
+                       std::string& dst) {
+  GH_ASSIGN_OR_RETURN(const json* v, Get(m, form, key, optional_when_frozen));
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_string() || !IsName(v->get<std::string>(), spaces)) {
+    return FieldError("runtime." + std::string(key),
+                      std::string(what) + " of 1 to 128 characters [A-Za-z0-9" +
+                          (spaces ? " " : "") + "._+-] such as \"" + std::string(example) + "\"",
+                      *v);
+  }
+  dst = v->get<std::string>();
+  return Status::Ok();
+}
+
+// runtime.{torch, cuda, gpu_model, transformers} in both forms; runtime.device in the frozen
+// form only (the body names it at the top level).
 Status ReadRuntime(const json& v, Form form, CellSpec::Runtime& out) {
   GH_ASSIGN_OR_RETURN(Members m, form == Form::kBody
                                      ? Members::Of(v, "runtime.",
-                                                   {"torch", "cuda", "gpu_model"})
+                                                   {"torch", "cuda", "gpu_model", "transformers"})
                                      : Members::Of(v, "runtime.",
-                                                   {"torch", "device", "cuda", "gpu_model"}));
-  GH_ASSIGN_OR_RETURN(const json* torch, Get(m, form, "torch"));
-  if (torch) {
-    if (!torch->is_string() || !IsName(torch->get<std::string>(), /*spaces=*/false)) {
-      return FieldError("runtime.torch",
-                        "a torch version of 1 to 128 characters [A-Za-z0-9._+-] such as "
-                        "\"2.11.0\"",
-                        *torch);
-    }
-    out.torch = torch->get<std::string>();
-  }
+                                                   {"torch", "device", "cuda", "gpu_model",
+                                                    "transformers"}));
+  GH_RETURN_IF_ERROR(ReadRuntimeName(m, form, "torch", /*optional_when_frozen=*/false,
+                                     /*spaces=*/false, "a torch version", "2.11.0", out.torch));
   if (form == Form::kFrozen) {
     GH_ASSIGN_OR_RETURN(const json* device, Get(m, form, "device"));
     GH_ASSIGN_OR_RETURN(out.device, ReadEnum(*device, "runtime.device", {"cpu", "cuda"}));
@@ -296,27 +395,44 @@ Status ReadRuntime(const json& v, Form form, CellSpec::Runtime& out) {
     }
     out.cuda = cuda->get<std::string>();
   }
-  GH_ASSIGN_OR_RETURN(const json* gpu, Get(m, form, "gpu_model", /*optional_when_frozen=*/true));
-  if (gpu) {
-    if (!gpu->is_string() || !IsName(gpu->get<std::string>(), /*spaces=*/true)) {
-      return FieldError("runtime.gpu_model",
-                        "a GPU model name of 1 to 128 characters [A-Za-z0-9 ._+-] such as "
-                        "\"H200\"",
-                        *gpu);
-    }
-    out.gpu_model = gpu->get<std::string>();
-  }
+  GH_RETURN_IF_ERROR(ReadRuntimeName(m, form, "gpu_model", /*optional_when_frozen=*/true,
+                                     /*spaces=*/true, "a GPU model name", "H200", out.gpu_model));
+  GH_RETURN_IF_ERROR(ReadRuntimeName(m, form, "transformers", /*optional_when_frozen=*/true,
+                                     /*spaces=*/false, "a transformers version", "5.24.0",
+                                     out.transformers));
   return Status::Ok();
 }
 
 Result<DigestedPath> ReadDigestedPath(const json& v, std::string_view field) {
   const std::string prefix = std::string(field) + ".";
-  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, prefix, {"path", "digest"}));
+  GH_ASSIGN_OR_RETURN(Members m, field == "reference"
+                                     ? Members::Of(v, prefix, {"path", "digest", "cell"})
+                                     : Members::Of(v, prefix, {"path", "digest"}));
   DigestedPath out;
   GH_ASSIGN_OR_RETURN(const json* path, m.Require("path"));
   GH_ASSIGN_OR_RETURN(out.path, ReadAbsolutePath(*path, m.Name("path")));
   GH_ASSIGN_OR_RETURN(const json* digest, m.Require("digest"));
   GH_ASSIGN_OR_RETURN(out.digest, ReadString(*digest, m.Name("digest"), Limits::kMaxNameBytes));
+  return out;
+}
+
+// The frozen `reference`: {"path", "digest"} (a directory), {"cell"} (a reference cell's
+// bundle) or all three (a run spec: the agent fetched the cell's bundle to path).
+Result<ReferenceInput> ReadReference(const json& v) {
+  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "reference.", {"path", "digest", "cell"}));
+  ReferenceInput out;
+  const json* cell = m.Find("cell");
+  if (cell != nullptr) {
+    GH_ASSIGN_OR_RETURN(out.cell, ReadCellId(*cell, "reference.cell"));
+    const json* path = m.Find("path");
+    if (path == nullptr) {
+      const json* digest = m.Find("digest");
+      if (digest != nullptr) return Status::InvalidArgument("field 'reference.digest' needs 'reference.path'");
+      return out;
+    }
+  }
+  GH_ASSIGN_OR_RETURN(DigestedPath dir, ReadDigestedPath(v, "reference"));
+  static_cast<DigestedPath&>(out) = std::move(dir);
   return out;
 }
 
@@ -342,6 +458,10 @@ Status CheckCoherent(const CellSpec& s) {
   if (!s.runtime.gpu_model.empty() && s.runtime.device != "cuda") {
     return Status::InvalidArgument("field 'runtime.gpu_model' (\"" + s.runtime.gpu_model +
                                    "\") needs \"device\": \"cuda\"");
+  }
+  if (s.IsReference() && s.runtime.transformers.empty()) {
+    return Status::InvalidArgument("field 'runtime.transformers': a reference cell pins the "
+                                   "transformers version it runs");
   }
   return Status::Ok();
 }
@@ -373,28 +493,55 @@ bool CellSpec::Requested(std::string_view phase) const {
 }
 
 Result<CellSpec> ParseCellSpec(const json& in) {
-  GH_ASSIGN_OR_RETURN(Members m,
-                      Members::Of(in, "",
-                                  {"spec_version", "repository", "commit", "model_family",
-                                   "checkpoint", "reference", "runtime", "launch", "topology",
-                                   "precision", "mode", "decode", "training", "env", "phases"}));
   CellSpec s;
+  if (in.is_object() && in.contains("kind")) {
+    GH_ASSIGN_OR_RETURN(s.kind, ReadKind(in.at("kind")));
+  }
+  const bool reference = s.IsReference();
+  GH_ASSIGN_OR_RETURN(
+      Members m,
+      reference ? Members::Of(in, "",
+                              {"spec_version", "kind", "checkpoint", "runtime", "decode",
+                               "training", "prompts", "env", "phases"})
+                : Members::Of(in, "",
+                              {"spec_version", "kind", "repository", "commit", "model_family",
+                               "checkpoint", "reference", "control", "runtime", "launch",
+                               "topology", "precision", "mode", "decode", "training", "env",
+                               "phases"}));
   GH_ASSIGN_OR_RETURN(const json* version, m.Require("spec_version"));
   GH_ASSIGN_OR_RETURN(s.spec_version, ReadInt(*version, "spec_version", kCellSpecVersion,
                                               kCellSpecVersion,
                                               "version " + std::to_string(kCellSpecVersion)));
+  GH_ASSIGN_OR_RETURN(const json* checkpoint, m.Require("checkpoint"));
+  GH_ASSIGN_OR_RETURN(s.checkpoint, ReadDigestedPath(*checkpoint, "checkpoint"));
+  GH_ASSIGN_OR_RETURN(const json* runtime, m.Require("runtime"));
+  GH_RETURN_IF_ERROR(ReadRuntime(*runtime, Form::kFrozen, s.runtime));
+  GH_ASSIGN_OR_RETURN(const json* decode, m.Require("decode"));
+  GH_RETURN_IF_ERROR(ReadDecode(*decode, Form::kFrozen, s.decode));
+  GH_ASSIGN_OR_RETURN(const json* training, m.Require("training"));
+  GH_RETURN_IF_ERROR(ReadTraining(*training, Form::kFrozen, s.training));
+  GH_ASSIGN_OR_RETURN(const json* env, m.Require("env"));
+  GH_RETURN_IF_ERROR(ReadEnv(*env, s.env));
+  GH_ASSIGN_OR_RETURN(const json* phases, m.Require("phases"));
+  GH_RETURN_IF_ERROR(ReadPhases(*phases, s.kind, s.phases));
+  if (reference) {
+    GH_ASSIGN_OR_RETURN(const json* prompts, m.Require("prompts"));
+    GH_RETURN_IF_ERROR(ReadPrompts(*prompts, s.prompts));
+    GH_RETURN_IF_ERROR(CheckCoherent(s));
+    return s;
+  }
   GH_ASSIGN_OR_RETURN(const json* repository, m.Require("repository"));
   GH_ASSIGN_OR_RETURN(s.repository, ReadRepository(*repository, "repository"));
   GH_ASSIGN_OR_RETURN(const json* commit, m.Require("commit"));
   GH_ASSIGN_OR_RETURN(s.commit, ReadCommit(*commit, "commit"));
   GH_ASSIGN_OR_RETURN(const json* family, m.Require("model_family"));
   GH_ASSIGN_OR_RETURN(s.model_family, ReadFamily(*family));
-  GH_ASSIGN_OR_RETURN(const json* checkpoint, m.Require("checkpoint"));
-  GH_ASSIGN_OR_RETURN(s.checkpoint, ReadDigestedPath(*checkpoint, "checkpoint"));
-  GH_ASSIGN_OR_RETURN(const json* reference, m.Require("reference"));
-  GH_ASSIGN_OR_RETURN(s.reference, ReadDigestedPath(*reference, "reference"));
-  GH_ASSIGN_OR_RETURN(const json* runtime, m.Require("runtime"));
-  GH_RETURN_IF_ERROR(ReadRuntime(*runtime, Form::kFrozen, s.runtime));
+  GH_ASSIGN_OR_RETURN(const json* reference_member, m.Require("reference"));
+  GH_ASSIGN_OR_RETURN(s.reference, ReadReference(*reference_member));
+  const json* control = m.Find("control");
+  if (control != nullptr) {
+    GH_ASSIGN_OR_RETURN(s.control, ReadCellId(*control, "control"));
+  }
   {
     GH_ASSIGN_OR_RETURN(const json* launch, m.Require("launch"));
     GH_ASSIGN_OR_RETURN(Members l,
@@ -412,14 +559,6 @@ Result<CellSpec> ParseCellSpec(const json& in) {
   GH_ASSIGN_OR_RETURN(s.precision, ReadEnum(*precision, "precision", {"fp32", "bf16"}));
   GH_ASSIGN_OR_RETURN(const json* mode, m.Require("mode"));
   GH_ASSIGN_OR_RETURN(s.mode, ReadEnum(*mode, "mode", {"eager", "cuda_graph"}));
-  GH_ASSIGN_OR_RETURN(const json* decode, m.Require("decode"));
-  GH_RETURN_IF_ERROR(ReadDecode(*decode, Form::kFrozen, s.decode));
-  GH_ASSIGN_OR_RETURN(const json* training, m.Require("training"));
-  GH_RETURN_IF_ERROR(ReadTraining(*training, Form::kFrozen, s.training));
-  GH_ASSIGN_OR_RETURN(const json* env, m.Require("env"));
-  GH_RETURN_IF_ERROR(ReadEnv(*env, s.env));
-  GH_ASSIGN_OR_RETURN(const json* phases, m.Require("phases"));
-  GH_RETURN_IF_ERROR(ReadPhases(*phases, s.phases));
   GH_RETURN_IF_ERROR(CheckCoherent(s));
   return s;
 }
@@ -432,31 +571,87 @@ Result<CellSpec> ParseCellSpecJson(std::string_view spec_json) {
 json CellSpecToJson(const CellSpec& s) {
   json spec = json::object();
   spec["spec_version"] = s.spec_version;
-  spec["repository"] = s.repository;
-  spec["commit"] = s.commit;
-  spec["model_family"] = s.model_family;
   spec["checkpoint"] = {{"path", s.checkpoint.path}, {"digest", s.checkpoint.digest}};
-  spec["reference"] = {{"path", s.reference.path}, {"digest", s.reference.digest}};
   spec["runtime"] = {{"torch", s.runtime.torch}, {"device", s.runtime.device}};
   // Only when pinned: a cell without a CUDA pin keeps the id it had before the field existed.
   if (!s.runtime.cuda.empty()) spec["runtime"]["cuda"] = s.runtime.cuda;
   if (!s.runtime.gpu_model.empty()) spec["runtime"]["gpu_model"] = s.runtime.gpu_model;
-  spec["launch"] = {{"runner", s.launch.runner},
-                    {"processes_per_rank", s.launch.processes_per_rank}};
-  spec["topology"] = {
-      {"tp", s.topology.tp}, {"dp", s.topology.dp}, {"pp", s.topology.pp}, {"ep", s.topology.ep}};
-  spec["precision"] = s.precision;
-  spec["mode"] = s.mode;
+  if (!s.runtime.transformers.empty()) spec["runtime"]["transformers"] = s.runtime.transformers;
   spec["decode"] = {{"max_new_tokens", s.decode.max_new_tokens}, {"sampling", s.decode.sampling}};
   spec["training"] = {
       {"steps", s.training.steps}, {"lr", s.training.lr}, {"seed", s.training.seed}};
   spec["env"] = json::object();
   for (const auto& [k, v] : s.env) spec["env"][k] = v;
   spec["phases"] = s.phases;
+  if (s.IsReference()) {
+    spec["kind"] = s.kind;
+    spec["prompts"] = PromptsToJson(s.prompts);
+    return spec;
+  }
+  // A validation cell has no `kind` member: its id is the one it had before kinds existed.
+  spec["repository"] = s.repository;
+  spec["commit"] = s.commit;
+  spec["model_family"] = s.model_family;
+  spec["reference"] = json::object();
+  if (!s.reference.cell.empty()) spec["reference"]["cell"] = s.reference.cell;
+  if (s.reference.cell.empty() || !s.reference.path.empty()) {
+    spec["reference"]["path"] = s.reference.path;
+    spec["reference"]["digest"] = s.reference.digest;
+  }
+  if (!s.control.empty()) spec["control"] = s.control;
+  spec["launch"] = {{"runner", s.launch.runner},
+                    {"processes_per_rank", s.launch.processes_per_rank}};
+  spec["topology"] = {
+      {"tp", s.topology.tp}, {"dp", s.topology.dp}, {"pp", s.topology.pp}, {"ep", s.topology.ep}};
+  spec["precision"] = s.precision;
+  spec["mode"] = s.mode;
   return spec;
 }
 
 std::string CanonicalSpecJson(const CellSpec& spec) { return CellSpecToJson(spec).dump(); }
+
+namespace {
+
+// A reference body (docs/protocols.md §1): the checkpoint and what upstream runs on it.
+Result<SubmitRequest> ParseReferenceBody(const json& in, const SubmitContext& context) {
+  constexpr Form kForm = Form::kBody;
+  GH_RETURN_IF_ERROR(Members::Of(in, "",
+                                 {"kind", "checkpoint", "device", "runtime", "decode", "training",
+                                  "prompts", "env", "phases", "priority"})
+                         .status());
+  if (!in.contains("checkpoint")) {
+    return Status::InvalidArgument("missing required field 'checkpoint'");
+  }
+  SubmitRequest r;
+  CellSpec& s = r.spec;
+  s.kind = std::string(kReferenceKind);
+  GH_ASSIGN_OR_RETURN(s.checkpoint.path, ReadAbsolutePath(in.at("checkpoint"), "checkpoint"));
+  if (in.contains("device")) {
+    GH_ASSIGN_OR_RETURN(s.runtime.device, ReadEnum(in.at("device"), "device", {"cpu", "cuda"}));
+  }
+  s.runtime.torch = context.torch_pin;
+  s.runtime.transformers = context.transformers_pin;
+  if (in.contains("runtime")) GH_RETURN_IF_ERROR(ReadRuntime(in.at("runtime"), kForm, s.runtime));
+  if (in.contains("training")) GH_RETURN_IF_ERROR(ReadTraining(in.at("training"), kForm, s.training));
+  if (in.contains("decode")) GH_RETURN_IF_ERROR(ReadDecode(in.at("decode"), kForm, s.decode));
+  if (in.contains("env")) GH_RETURN_IF_ERROR(ReadEnv(in.at("env"), s.env));
+  if (in.contains("prompts")) GH_RETURN_IF_ERROR(ReadPrompts(in.at("prompts"), s.prompts));
+  if (in.contains("phases")) {
+    GH_RETURN_IF_ERROR(ReadPhases(in.at("phases"), s.kind, s.phases));
+  } else {
+    s.phases.assign(kReferenceCellPhases.begin(), kReferenceCellPhases.end());
+  }
+  GH_RETURN_IF_ERROR(CheckCoherent(s));
+  if (in.contains("priority")) {
+    GH_ASSIGN_OR_RETURN(const int64_t priority,
+                        ReadInt(in.at("priority"), "priority", Limits::kMinPriority,
+                                Limits::kMaxPriority));
+    r.priority = static_cast<int>(priority);
+  }
+  return r;
+}
+
+}  // namespace
 
 Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext& context) {
   constexpr Form kForm = Form::kBody;
@@ -464,10 +659,15 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
   if (!in.is_object()) {
     return Status::InvalidArgument("body: expected a JSON object, got " + Shown(in));
   }
+  if (in.contains("kind")) {
+    GH_ASSIGN_OR_RETURN(const std::string kind, ReadKind(in.at("kind")));
+    if (kind == kReferenceKind) return ParseReferenceBody(in, context);
+  }
   GH_RETURN_IF_ERROR(Members::Of(in, "",
-                                 {"repository", "branch", "commit", "model_family", "checkpoint",
-                                  "reference", "precision", "mode", "device", "topology",
-                                  "training", "decode", "env", "phases", "runtime", "priority"})
+                                 {"kind", "repository", "branch", "commit", "model_family",
+                                  "checkpoint", "reference", "control", "prompts", "precision",
+                                  "mode", "device", "topology", "training", "decode", "env",
+                                  "phases", "runtime", "priority"})
                          .status());
   for (const char* required : {"repository", "model_family", "checkpoint"}) {
     if (!in.contains(required)) {
@@ -491,11 +691,27 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
   GH_ASSIGN_OR_RETURN(s.model_family, ReadFamily(in.at("model_family")));
 
   GH_ASSIGN_OR_RETURN(s.checkpoint.path, ReadAbsolutePath(in.at("checkpoint"), "checkpoint"));
-  if (in.contains("reference")) {
-    GH_ASSIGN_OR_RETURN(s.reference.path, ReadAbsolutePath(in.at("reference"), "reference"));
+  // The reference bundle: a directory, a reference cell's ({"cell": id}), or none named (the
+  // controller finds or creates the reference cell for this checkpoint).
+  if (!in.contains("reference")) {
+    r.auto_reference = true;
+  } else if (const json& ref = in.at("reference"); ref.is_object()) {
+    GH_ASSIGN_OR_RETURN(Members m, Members::Of(ref, "reference.", {"cell"}));
+    GH_ASSIGN_OR_RETURN(const json* cell, m.Require("cell"));
+    GH_ASSIGN_OR_RETURN(s.reference.cell, ReadCellId(*cell, "reference.cell"));
   } else {
-    s.reference.path =
-        (fs::path(s.checkpoint.path).parent_path() / "reference").lexically_normal().string();
+    GH_ASSIGN_OR_RETURN(s.reference.path, ReadAbsolutePath(ref, "reference"));
+  }
+  if (in.contains("prompts")) {
+    if (!r.auto_reference) {
+      return Status::InvalidArgument(
+          "field 'prompts': prompts are the reference cell's; a cell naming its reference "
+          "compares with that bundle's prompts");
+    }
+    GH_RETURN_IF_ERROR(ReadPrompts(in.at("prompts"), r.reference_prompts));
+  }
+  if (in.contains("control")) {
+    GH_ASSIGN_OR_RETURN(s.control, ReadCellId(in.at("control"), "control"));
   }
 
   if (in.contains("precision")) {
@@ -512,12 +728,16 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
   if (in.contains("decode")) GH_RETURN_IF_ERROR(ReadDecode(in.at("decode"), kForm, s.decode));
   if (in.contains("env")) GH_RETURN_IF_ERROR(ReadEnv(in.at("env"), s.env));
   if (in.contains("phases")) {
-    GH_RETURN_IF_ERROR(ReadPhases(in.at("phases"), s.phases));
+    GH_RETURN_IF_ERROR(ReadPhases(in.at("phases"), s.kind, s.phases));
   } else {
     s.phases.assign(kDefaultPhases.begin(), kDefaultPhases.end());
   }
   s.runtime.torch = context.torch_pin;
   if (in.contains("runtime")) GH_RETURN_IF_ERROR(ReadRuntime(in.at("runtime"), kForm, s.runtime));
+  if (!s.runtime.transformers.empty()) {
+    return Status::InvalidArgument("field 'runtime.transformers': only a reference cell runs "
+                                   "transformers (pin it with \"kind\": \"reference\")");
+  }
   GH_RETURN_IF_ERROR(CheckCoherent(s));
   if (in.contains("priority")) {
     GH_ASSIGN_OR_RETURN(const int64_t priority,
@@ -528,19 +748,52 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
   return r;
 }
 
+CellSpec ReferenceCellFor(const CellSpec& spec, const std::vector<Prompt>& prompts,
+                          const SubmitContext& context) {
+  CellSpec r;
+  r.kind = std::string(kReferenceKind);
+  r.checkpoint = spec.checkpoint;
+  r.runtime.torch = spec.runtime.torch;
+  r.runtime.device = spec.runtime.device;
+  r.runtime.transformers = context.transformers_pin;
+  r.decode = spec.decode;
+  r.training = spec.training;
+  r.prompts = prompts;
+  r.phases.assign(kReferenceCellPhases.begin(), kReferenceCellPhases.end());
+  return r;
+}
+
 json ReproduceBody(const CellSpec& s) {
+  const json spec = CellSpecToJson(s);
+  if (s.IsReference()) {
+    json body = {{"kind", s.kind},
+                 {"checkpoint", s.checkpoint.path},
+                 {"device", s.runtime.device},
+                 {"runtime", {{"torch", s.runtime.torch}, {"transformers", s.runtime.transformers}}},
+                 {"decode", {{"max_new_tokens", s.decode.max_new_tokens}}},
+                 {"training", spec["training"]},
+                 {"prompts", spec["prompts"]},
+                 {"env", spec["env"]}};
+    if (!s.runtime.cuda.empty()) body["runtime"]["cuda"] = s.runtime.cuda;
+    if (!s.runtime.gpu_model.empty()) body["runtime"]["gpu_model"] = s.runtime.gpu_model;
+    return body;
+  }
   json body = {{"repository", s.repository},
                {"commit", s.commit},
                {"model_family", s.model_family},
                {"checkpoint", s.checkpoint.path},
-               {"reference", s.reference.path},
                {"precision", s.precision},
                {"mode", s.mode},
                {"device", s.runtime.device},
                {"decode", {{"max_new_tokens", s.decode.max_new_tokens}}},
                {"runtime", {{"torch", s.runtime.torch}}},
                {"phases", s.phases}};
-  const json spec = CellSpecToJson(s);
+  if (s.reference.cell.empty()) {
+    body["reference"] = s.reference.path;
+  } else {
+    body["reference"] = {{"cell", s.reference.cell}};
+  }
+  if (!s.control.empty()) body["control"] = s.control;
   body["topology"] = spec["topology"];
   body["training"] = spec["training"];
   body["env"] = spec["env"];

@@ -42,7 +42,18 @@ struct CellSpecLimits {
   /// Scheduling priority (submit body only; never part of the identity).
   static constexpr int64_t kMinPriority = -100;
   static constexpr int64_t kMaxPriority = 100;
+  /// Probe prompts of a reference cell, the token ids of one prompt, and the bytes of one
+  /// prompt's text.
+  static constexpr size_t kMaxPrompts = 16;
+  static constexpr size_t kMaxPromptTokens = 32768;
+  static constexpr size_t kMaxPromptTextBytes = 65536;
 };
+
+/// The two kinds of cell (docs/protocols.md §2). A validation cell runs an adapter's gates; a
+/// reference cell runs upstream (transformers) on a checkpoint and makes the reference bundle
+/// (protocols.md §6) that validation cells compare with.
+inline constexpr std::string_view kValidationKind = "validation";
+inline constexpr std::string_view kReferenceKind = "reference";
 
 /// A directory with its content digest ("sha256:<hex>", common/sha256.h DirectoryDigest). The
 /// identity gate recomputes the digest on the node and BLOCKs on a mismatch.
@@ -52,20 +63,48 @@ struct DigestedPath {
   bool operator==(const DigestedPath&) const = default;
 };
 
+/// Where a validation cell's reference bundle comes from: a directory (path and digest), or
+/// the bundle a reference cell made (`cell`: its id). In the run spec the agent fills path and
+/// digest of the bundle it fetched for a `cell` (docs/protocols.md §3).
+struct ReferenceInput : DigestedPath {
+  std::string cell;  // 64 lower-case hex; empty: the bundle is the directory `path`
+  bool operator==(const ReferenceInput&) const = default;
+};
+
+/// One probe prompt of a reference cell: token ids, or text tokenized by the checkpoint's own
+/// tokenizer (with its chat template when `chat`).
+struct Prompt {
+  std::vector<int64_t> ids;  // non-empty xor text non-empty
+  std::string text;
+  bool chat = false;
+  bool operator==(const Prompt&) const = default;
+};
+
 /// The frozen spec of a cell (docs/protocols.md §2), every member with its default.
+///
+/// A reference cell (`kind` "reference") uses only checkpoint, runtime (torch, transformers,
+/// device), decode, training, prompts, env and phases (identity, reference); its other members
+/// keep their defaults and are not part of its frozen form.
 struct CellSpec {
   int64_t spec_version = kCellSpecVersion;
+  std::string kind = std::string(kValidationKind);  // "validation" | "reference"
   std::string repository;    // URL (scheme://...) or absolute path
   std::string commit;        // 40 lower-case hex; empty in a submit body naming only a branch
   std::string model_family;  // the registered family the worker runs
   DigestedPath checkpoint;   // Hugging Face checkpoint directory (config.json in it)
-  DigestedPath reference;    // reference bundle directory (reference.json + .safetensors)
+  ReferenceInput reference;  // the reference bundle (reference.json + .safetensors)
+  /// A cell that must PASS before this one is scheduled (its id; empty: none), e.g. TP=1 for a
+  /// TP=4 variant. A reference.cell is waited for the same way without being named here.
+  std::string control;
+  /// Reference cells: the probe prompts; empty: chosen from the checkpoint's config.json.
+  std::vector<Prompt> prompts;
 
   struct Runtime {
     std::string torch;          // pinned torch version, "2.11.0"
     std::string device = "cpu";  // "cpu" | "cuda"
     std::string cuda;           // pinned CUDA "major.minor" ("13.0"); empty: not pinned
     std::string gpu_model;      // pinned GPU model ("H200"); empty: any GPU
+    std::string transformers;   // reference cells: pinned transformers version ("5.24.0")
     bool operator==(const Runtime&) const = default;
   } runtime;
 
@@ -106,6 +145,8 @@ struct CellSpec {
 
   /// True when `phase` is in `phases`.
   bool Requested(std::string_view phase) const;
+  /// True for a reference cell.
+  bool IsReference() const { return kind == kReferenceKind; }
   bool operator==(const CellSpec&) const = default;
 };
 
@@ -130,12 +171,18 @@ std::string CanonicalSpecJson(const CellSpec& spec);
 /// What the controller knows when it reads a submit body.
 struct SubmitContext {
   std::string torch_pin = "2.11.0";  // the default runtime.torch (--torch-pin)
+  /// The default runtime.transformers of reference cells (--transformers-pin).
+  std::string transformers_pin = "5.24.0";
 };
 
 /// A submit body (docs/protocols.md §1) after validation: the spec with every default filled
 /// (commit as given or empty, digests empty) and the members that are not the spec's.
 struct SubmitRequest {
   CellSpec spec;
+  /// A validation body that names no reference: the controller finds or creates the reference
+  /// cell `ReferenceCellFor(spec, reference_prompts)` and sets spec.reference.cell to its id.
+  bool auto_reference = false;
+  std::vector<Prompt> reference_prompts;  // the body's `prompts`, for that reference cell
   std::string branch;  // empty when only a commit was given
   int priority = 0;    // scheduling only; never in the spec
 };
@@ -145,6 +192,12 @@ struct SubmitRequest {
 /// 'foo'", "field 'topology.tp': expected an integer from 1 to 64, got \"2\""; arrays and
 /// objects nested deeper than 64 levels are refused. Messages are valid UTF-8.
 Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext& context);
+
+/// The reference cell a validation cell `spec` compares with when it names no reference: the
+/// same checkpoint, device, torch pin, decode length and training knobs, `prompts`, and the
+/// transformers pin of `context`. Its digest fields are the validation cell's.
+CellSpec ReferenceCellFor(const CellSpec& spec, const std::vector<Prompt>& prompts,
+                          const SubmitContext& context);
 
 /// A submit body that reproduces the cell of `spec` (names the commit, not the branch).
 nlohmann::json ReproduceBody(const CellSpec& spec);

@@ -19,6 +19,10 @@ inline constexpr std::array<std::string_view, 10> kDefaultPhases = {
     "identity", "config", "construct", "load",     "inference",
     "decode",   "training", "save",    "parallel", "cuda_graph"};
 
+/// The phases of a reference cell (common/cell_spec.h), in order: identity (the runtime pins
+/// and the checkpoint digest on the node) and reference (upstream makes the bundle).
+inline constexpr std::array<std::string_view, 2> kReferenceCellPhases = {"identity", "reference"};
+
 /// Position of `phase` in kPhases, or nullopt for an unknown name.
 inline std::optional<size_t> PhaseIndex(std::string_view phase) {
   for (size_t i = 0; i < kPhases.size(); ++i) {

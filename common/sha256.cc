@@ -65,7 +65,9 @@ Result<std::string> DirectoryDigest(const std::filesystem::path& dir) {
   }
   std::vector<fs::path> files;
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file(ec)) files.push_back(fs::relative(it->path(), dir));
+    // Named by the entry's own path (a symlinked file keeps its name: a Hub cache snapshot's
+    // links point into ../../blobs/).
+    if (it->is_regular_file(ec)) files.push_back(it->path().lexically_relative(dir));
   }
   if (ec) return Status::DataLoss("cannot list '" + dir.string() + "': " + ec.message());
   if (files.empty()) return Status::NotFound("directory '" + dir.string() + "' holds no file");

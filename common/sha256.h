@@ -34,7 +34,8 @@ std::string Sha256Hex(std::string_view bytes);
 /// Errors: NOT_FOUND if the file cannot be opened, DATA_LOSS on a read error.
 Result<std::string> Sha256FileHex(const std::filesystem::path& path);
 
-/// Digest of a directory's regular files (recursive, symlinks not followed): SHA-256 over the
+/// Digest of a directory's regular files (recursive; symlinked directories are not entered; a
+/// symlinked file counts under its own name with its target's bytes): SHA-256 over the
 /// lines "<relative path>\t<size in bytes>\t<sha256 of contents>\n" in byte order of the paths.
 /// Returns "sha256:<hex>". Errors: NOT_FOUND when `dir` is not a directory, or it holds no file.
 Result<std::string> DirectoryDigest(const std::filesystem::path& dir);

@@ -54,7 +54,8 @@ Status AgentRegistry::Attach(const std::string& id, const AgentHello& hello,
   last_seen_[id] = now;
   agents_[id] = Attached{std::max(hello.slots, 1), std::max(hello.gpus, 0), hello.torch_version,
                          hello.cuda_version,       std::move(channel),     hello.drain_reason,
-                         hello.lane,               hello.gpu_models,       hello.instance_id};
+                         hello.lane,               hello.gpu_models,       hello.instance_id,
+                         hello.transformers_version};
   return Status::Ok();
 }
 
@@ -114,7 +115,7 @@ std::vector<AgentView> AgentRegistry::SchedulableViews() const {
     const auto heard = seen != last_seen_.end() && seen->first == id ? seen->second : not_yet_heard_;
     if (now - heard > lease_.lease_timeout()) continue;  // silent: no new work until heard from
     views.push_back({id, a.slots, 0, a.gpus, 0, a.torch_version, a.cuda_version, a.drain_reason,
-                     a.lane, a.gpu_models});
+                     a.lane, a.gpu_models, a.transformers_version});
   }
   return views;
 }

@@ -20,11 +20,21 @@
 namespace gatehouse::controller {
 
 /// Work pushed to an agent (the domain form of agent.proto's Assignment).
+/// A stored artifact an attempt needs as input, fetched by digest (the reference cell's bundle
+/// files for a validation cell with a reference.cell).
+struct InputArtifact {
+  std::string role;    // "reference": the files make up the reference bundle directory
+  std::string name;    // path inside that directory ("reference.json")
+  std::string digest;  // "sha256:<hex>"
+  int64_t size = 0;    // bytes
+};
+
 struct AssignmentMessage {
   int64_t attempt_id = 0;
   std::string cell_id;
   std::string spec_json;  // canonical frozen spec
   std::string branch;     // label only
+  std::vector<InputArtifact> inputs;
 };
 
 /// The controller's outbound half of one connected agent's stream. Implemented by the gRPC
@@ -53,6 +63,7 @@ struct AgentHello {
   std::string lane;                     // Capabilities.labels["lane"]: cpu | gpu | npu
   std::vector<std::string> gpu_models;  // Capabilities.gpus[].model
   std::string instance_id;              // Register.instance_id; empty: not sent
+  std::string transformers_version;     // Capabilities.transformers_version; empty: none
 };
 
 /// The attempt heartbeat interval agents are told at registration.
@@ -146,6 +157,7 @@ class AgentRegistry {
     std::string lane;
     std::vector<std::string> gpu_models;
     std::string instance_id;
+    std::string transformers_version;
   };
   static constexpr std::chrono::seconds kHeartbeatWriteInterval{30};
 

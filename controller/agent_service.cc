@@ -4,6 +4,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <deque>
 #include <mutex>
 
@@ -65,6 +67,13 @@ class StreamChannel : public AgentChannel {
     out->set_cell_id(a.cell_id);
     out->set_spec_json(a.spec_json);
     out->set_branch(a.branch);
+    for (const InputArtifact& in : a.inputs) {
+      pb::InputArtifact* i = out->add_inputs();
+      i->set_role(in.role);
+      i->set_name(in.name);
+      i->set_digest(in.digest);
+      i->set_size(in.size);
+    }
     return Send(std::move(msg));
   }
 
@@ -192,6 +201,7 @@ class AgentStream final : public grpc::ServerBidiReactor<pb::AgentMessage, pb::C
     hello.gpus = reg.capabilities().gpus_size();
     hello.torch_version = reg.capabilities().torch_version();
     hello.cuda_version = reg.capabilities().cuda_version();
+    hello.transformers_version = reg.capabilities().transformers_version();
     google::protobuf::util::JsonPrintOptions json_options;
     json_options.preserve_proto_field_names = true;
     if (!google::protobuf::util::MessageToJsonString(reg.capabilities(), &hello.capabilities_json,
@@ -349,6 +359,149 @@ void StreamChannel::Start(Next next) {
   if (next == Next::kFinish) stream_->Finish(status_);
 }
 
+// The agent token's name from the call's metadata; empty without an Authenticator. Errors as
+// Authenticator::AuthorizeAgent.
+Result<std::string> AuthorizeCall(grpc::CallbackServerContext* context, Authenticator* auth) {
+  if (auth == nullptr) return std::string();
+  std::string authorization;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    authorization.assign(it->second.data(), it->second.size());
+  }
+  GH_ASSIGN_OR_RETURN(auto principal, auth->AuthorizeAgent(authorization));
+  return principal.name;
+}
+
+// An agent token names the agents it may act as: its own name or "<name>-<anything>".
+bool TokenMayActAs(const std::string& token_name, const std::string& agent_name) {
+  return token_name.empty() || agent_name == token_name ||
+         agent_name.rfind(token_name + "-", 0) == 0;
+}
+
+/// One PutArtifact call: the header opens a blob writer, the chunks fill it, the end of the
+/// stream commits it (size and digest checked) and records the artifact.
+class ArtifactUpload final : public grpc::ServerReadReactor<pb::ArtifactChunk> {
+ public:
+  ArtifactUpload(grpc::CallbackServerContext* context, ControllerCore& core, Authenticator* auth,
+                 pb::ArtifactStored* response)
+      : core_(core), response_(response) {
+    auto token = AuthorizeCall(context, auth);
+    if (!token.ok()) {
+      Finish(ToGrpc(token.status()));
+      return;
+    }
+    token_name_ = *token;
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return Complete();
+    if (writer_ == nullptr) {
+      if (!chunk_.has_header()) {
+        return Finish({grpc::StatusCode::INVALID_ARGUMENT, "the first chunk must carry the header"});
+      }
+      header_ = chunk_.header();
+      if (!TokenMayActAs(token_name_, header_.agent_name())) {
+        return Finish({grpc::StatusCode::PERMISSION_DENIED,
+                       "agent token '" + token_name_ + "' may not act as agent '" +
+                           header_.agent_name() + "'"});
+      }
+      auto writer = core_.BeginArtifact(header_.agent_name(), header_.attempt_id(),
+                                        header_.name(), header_.digest(), header_.size());
+      if (!writer.ok()) return Finish(ToGrpc(writer.status()));
+      writer_ = std::move(writer).value();
+    }
+    if (Status s = writer_->Append(chunk_.data()); !s.ok()) return Finish(ToGrpc(s));
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Complete() {
+    if (writer_ == nullptr) {
+      return Finish({grpc::StatusCode::INVALID_ARGUMENT, "no artifact header was sent"});
+    }
+    if (Status s = writer_->Commit(); !s.ok()) {
+      spdlog::warn("attempt {}: artifact '{}' refused: {}", header_.attempt_id(), header_.name(),
+                   s.message());
+      return Finish(ToGrpc(s));
+    }
+    auto created = core_.RecordArtifact(header_.agent_name(), header_.attempt_id(), header_.name(),
+                                        header_.digest(), header_.size());
+    if (!created.ok()) return Finish(ToGrpc(created.status()));
+    response_->set_created(*created);
+    Finish(grpc::Status::OK);
+  }
+
+  ControllerCore& core_;
+  pb::ArtifactStored* response_;
+  std::string token_name_;
+  pb::ArtifactChunk chunk_;
+  pb::ArtifactHeader header_;
+  std::unique_ptr<BlobStore::Writer> writer_;
+};
+
+/// One GetArtifact call: the blob's file in chunks of kArtifactChunkBytes, one write in flight.
+class ArtifactDownload final : public grpc::ServerWriteReactor<pb::ArtifactChunk> {
+ public:
+  static constexpr size_t kArtifactChunkBytes = size_t{1} << 20;
+
+  ArtifactDownload(grpc::CallbackServerContext* context, ControllerCore& core, Authenticator* auth,
+                   const pb::ArtifactRequest* request) {
+    auto token = AuthorizeCall(context, auth);
+    if (!token.ok()) {
+      Finish(ToGrpc(token.status()));
+      return;
+    }
+    auto path = core.ArtifactPath(request->digest());
+    if (!path.ok()) {
+      Finish(ToGrpc(path.status()));
+      return;
+    }
+    file_ = std::fopen(path->c_str(), "rb");
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(*path, ec);
+    if (file_ == nullptr || ec) {
+      Finish({grpc::StatusCode::DATA_LOSS, "artifact " + request->digest() + " is unreadable"});
+      return;
+    }
+    chunk_.mutable_header()->set_digest(request->digest());
+    chunk_.mutable_header()->set_size(static_cast<int64_t>(size));
+    Next();
+  }
+
+  ~ArtifactDownload() override {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::CANCELLED);
+    chunk_.clear_header();
+    Next();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Writes the next chunk, or finishes after the last one (the first is written even when the
+  // file is empty, for its header).
+  void Next() {
+    std::string buffer(kArtifactChunkBytes, '\0');
+    const size_t n = std::fread(buffer.data(), 1, buffer.size(), file_);
+    if (n == 0 && std::ferror(file_)) {
+      return Finish({grpc::StatusCode::DATA_LOSS, "artifact read error"});
+    }
+    if (n == 0 && !chunk_.has_header()) return Finish(grpc::Status::OK);
+    buffer.resize(n);
+    chunk_.set_data(std::move(buffer));
+    StartWrite(&chunk_);
+  }
+
+  std::FILE* file_ = nullptr;
+  pb::ArtifactChunk chunk_;
+};
+
 class AgentServiceImpl final : public pb::AgentService::CallbackService {
  public:
   AgentServiceImpl(ControllerCore& core, Authenticator* auth) : core_(core), auth_(auth) {}
@@ -356,6 +509,16 @@ class AgentServiceImpl final : public pb::AgentService::CallbackService {
   grpc::ServerBidiReactor<pb::AgentMessage, pb::ControllerMessage>* Connect(
       grpc::CallbackServerContext* context) override {
     return new AgentStream(context, core_, auth_);
+  }
+
+  grpc::ServerReadReactor<pb::ArtifactChunk>* PutArtifact(grpc::CallbackServerContext* context,
+                                                          pb::ArtifactStored* response) override {
+    return new ArtifactUpload(context, core_, auth_, response);
+  }
+
+  grpc::ServerWriteReactor<pb::ArtifactChunk>* GetArtifact(
+      grpc::CallbackServerContext* context, const pb::ArtifactRequest* request) override {
+    return new ArtifactDownload(context, core_, auth_, request);
   }
 
  private:

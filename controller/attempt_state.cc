@@ -15,6 +15,7 @@ struct Transition {
 constexpr std::array kTransitions = {
     Transition{AttemptState::kQueued, AttemptState::kLeased},
     Transition{AttemptState::kQueued, AttemptState::kCancelled},
+    Transition{AttemptState::kQueued, AttemptState::kBlocked},
     Transition{AttemptState::kLeased, AttemptState::kRunning},
     Transition{AttemptState::kLeased, AttemptState::kPassed},
     Transition{AttemptState::kLeased, AttemptState::kFailed},
@@ -30,7 +31,7 @@ constexpr std::array kTransitions = {
     Transition{AttemptState::kRunning, AttemptState::kTimedOut},
 };
 
-constexpr std::array<std::pair<AttemptState, std::string_view>, 9> kNames = {{
+constexpr std::array<std::pair<AttemptState, std::string_view>, 10> kNames = {{
     {AttemptState::kQueued, "queued"},
     {AttemptState::kLeased, "leased"},
     {AttemptState::kRunning, "running"},
@@ -40,6 +41,7 @@ constexpr std::array<std::pair<AttemptState, std::string_view>, 9> kNames = {{
     {AttemptState::kLost, "lost"},
     {AttemptState::kCancelled, "cancelled"},
     {AttemptState::kTimedOut, "timed_out"},
+    {AttemptState::kBlocked, "blocked"},
 }};
 
 }  // namespace

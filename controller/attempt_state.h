@@ -12,16 +12,18 @@ namespace gatehouse::controller {
 /// State of one attempt (one run of a cell).
 ///   queued  -> leased     the scheduler placed it on an agent
 ///   queued  -> cancelled  cancelled before any agent took it
+///   queued  -> blocked    a cell it waits for (its reference cell or control) ended without
+///                         PASS: it never runs, and its reason names that cell
 ///   leased  -> running    the agent relayed the first phase_start
 ///   leased|running -> passed | failed | error   the agent ended it (AttemptEnd)
 ///   leased|running -> lost       its agent missed its heartbeats (the lease expired); the
 ///                                cell gets a new attempt when its retries allow
 ///   leased|running -> cancelled  a cancel was requested and the agent stopped it (or was lost)
 ///   leased|running -> timed_out  it ran past its time limit
-/// passed, failed, error, lost, cancelled and timed_out are terminal. lost is not failed: it
+/// passed, failed, error, lost, cancelled, timed_out and blocked are terminal. lost is not failed: it
 /// says nothing about the adaptation.
 enum class AttemptState {
-  kQueued, kLeased, kRunning, kPassed, kFailed, kError, kLost, kCancelled, kTimedOut
+  kQueued, kLeased, kRunning, kPassed, kFailed, kError, kLost, kCancelled, kTimedOut, kBlocked
 };
 
 /// Lower-case name as stored and shown: "queued", "leased", ...
@@ -30,7 +32,7 @@ std::string_view AttemptStateName(AttemptState s);
 /// Inverse of AttemptStateName; nullopt for an unknown name.
 std::optional<AttemptState> ParseAttemptState(std::string_view name);
 
-/// True for passed, failed, error, lost, cancelled and timed_out.
+/// True for passed, failed, error, lost, cancelled, timed_out and blocked.
 bool IsTerminal(AttemptState s);
 
 /// True when the table allows `from` -> `to`.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,9 @@ struct FrozenCell {
   std::string model_family;
   int priority = 0;  // from the body; not part of the identity
   CellSpec spec;     // the spec spec_json serialises
+  /// A validation body that named no reference: the reference cell it compares with (its id
+  /// is spec.reference.cell), stored before this cell.
+  std::shared_ptr<FrozenCell> reference_cell;
 };
 
 /// Turns submit bodies into frozen cells: validates, checks the checkpoint and reference
@@ -40,7 +44,10 @@ class CellFreezer {
  public:
   CellFreezer(SubmitContext config, CommitResolver& resolver, DigestCache& digests);
 
-  /// Errors: INVALID_ARGUMENT from ParseSubmitBody (common/cell_spec.h); NOT_FOUND naming the checkpoint or
+  /// A reference cell's body freezes the checkpoint's digest only (no repository). A
+  /// validation body naming no reference also freezes the reference cell for it
+  /// (ReferenceCellFor). Errors: INVALID_ARGUMENT from ParseSubmitBody (common/cell_spec.h),
+  /// or text prompts for a checkpoint without a tokenizer; NOT_FOUND naming the checkpoint or
   /// reference path, the repository, branch or commit.
   Result<FrozenCell> Freeze(std::string_view body);
 

@@ -23,8 +23,7 @@ CellService::CellService(Store& store, CellFreezer& freezer, Dispatcher& dispatc
     : store_(store), freezer_(freezer), dispatcher_(dispatcher), leases_(leases),
       schedule_(std::move(schedule)) {}
 
-Result<SubmitOutcome> CellService::Submit(std::string_view body, const std::string& submitter) {
-  GH_ASSIGN_OR_RETURN(FrozenCell frozen, freezer_.Freeze(body));
+Result<bool> CellService::StoreCell(const FrozenCell& frozen, const std::string& submitter) {
   CellRecord record;
   record.id = frozen.id;
   record.spec_json = frozen.spec_json;
@@ -36,11 +35,48 @@ Result<SubmitOutcome> CellService::Submit(std::string_view body, const std::stri
   record.submitter = submitter;
   GH_ASSIGN_OR_RETURN(bool created, store_.CreateCellIfAbsent(record));
   if (created) {
-    spdlog::info("cell {} created ({} @ {}, {})", frozen.id, frozen.repository, frozen.commit,
-                 frozen.model_family);
+    if (frozen.spec.IsReference()) {
+      spdlog::info("cell {} created (reference for {})", frozen.id, frozen.spec.checkpoint.path);
+    } else {
+      spdlog::info("cell {} created ({} @ {}, {})", frozen.id, frozen.repository, frozen.commit,
+                   frozen.model_family);
+    }
     dispatcher_.Remember(frozen.id, DemandOf(frozen.spec));
-    schedule_();
   }
+  return created;
+}
+
+Status CellService::CheckNamedCell(const std::string& id, std::string_view field,
+                                   bool must_be_reference) {
+  GH_ASSIGN_OR_RETURN(std::optional<CellRecord> named, store_.GetCell(id));
+  if (!named) {
+    return Status::InvalidArgument("field '" + std::string(field) + "': no cell '" + id + "'");
+  }
+  if (must_be_reference) {
+    Result<CellSpec> spec = ParseCellSpecJson(named->spec_json);
+    if (!spec.ok() || !spec->IsReference()) {
+      return Status::InvalidArgument("field '" + std::string(field) + "': cell '" + id +
+                                     "' is not a reference cell");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<SubmitOutcome> CellService::Submit(std::string_view body, const std::string& submitter) {
+  GH_ASSIGN_OR_RETURN(FrozenCell frozen, freezer_.Freeze(body));
+  if (frozen.reference_cell == nullptr && !frozen.spec.reference.cell.empty()) {
+    GH_RETURN_IF_ERROR(CheckNamedCell(frozen.spec.reference.cell, "reference.cell", true));
+  }
+  if (!frozen.spec.control.empty()) {
+    GH_RETURN_IF_ERROR(CheckNamedCell(frozen.spec.control, "control", false));
+  }
+  bool any_created = false;
+  // The reference first: a validation cell is never stored without the cell it waits for.
+  if (frozen.reference_cell != nullptr) {
+    GH_ASSIGN_OR_RETURN(any_created, StoreCell(*frozen.reference_cell, submitter));
+  }
+  GH_ASSIGN_OR_RETURN(bool created, StoreCell(frozen, submitter));
+  if (created || any_created) schedule_();
   GH_ASSIGN_OR_RETURN(CellDetail detail, GetCell(frozen.id));
   return SubmitOutcome{std::move(detail), created};
 }
@@ -71,6 +107,11 @@ Result<CellDetail> CellService::LoadDetail(const CellRecord& cell) {
     std::stable_sort(d.phases.begin(), d.phases.end(), [](const auto& a, const auto& b) {
       return PhaseOrder(a.phase) < PhaseOrder(b.phase);
     });
+    for (const AttemptRecord& a : d.attempts) {
+      if (a.state == AttemptState::kQueued) continue;  // nothing stored yet
+      GH_ASSIGN_OR_RETURN(std::vector<ArtifactRecord> files, store_.ListArtifacts(a.id));
+      d.artifacts.insert(d.artifacts.end(), files.begin(), files.end());
+    }
   }
   return d;
 }

@@ -34,8 +34,10 @@ class CellService {
               std::function<void()> schedule);
 
   /// Freezes the body (docs/protocols.md §1-2) and stores the cell with attempt 1 unless it
-  /// exists; a new cell's demand goes to the dispatcher and a pass is asked for. Errors: as
-  /// CellFreezer::Freeze; INTERNAL on a store failure.
+  /// exists (first its reference cell, when the body named no reference); a new cell's demand
+  /// goes to the dispatcher and a pass is asked for. Errors: as CellFreezer::Freeze;
+  /// INVALID_ARGUMENT when `reference.cell` names no reference cell or `control` no cell;
+  /// INTERNAL on a store failure.
   Result<SubmitOutcome> Submit(std::string_view body, const std::string& submitter);
 
   /// Cells newest first. `limit` in [1, 500], `offset` >= 0.
@@ -63,6 +65,10 @@ class CellService {
 
  private:
   Result<CellDetail> LoadDetail(const CellRecord& cell);
+  // Stores `frozen` with its first attempt unless it exists; true when created.
+  Result<bool> StoreCell(const FrozenCell& frozen, const std::string& submitter);
+  // INVALID_ARGUMENT naming `field` unless cell `id` exists (and is a reference cell).
+  Status CheckNamedCell(const std::string& id, std::string_view field, bool must_be_reference);
 
   Store& store_;
   CellFreezer& freezer_;

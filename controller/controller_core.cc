@@ -229,6 +229,54 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
   return Status::Ok();
 }
 
+Result<std::unique_ptr<BlobStore::Writer>> ControllerCore::BeginArtifact(
+    const std::string& agent_id, int64_t attempt_id, const std::string& name,
+    const std::string& digest, int64_t size) {
+  if (blobs_ == nullptr) return Status::Unavailable("this controller stores no artifacts");
+  GH_RETURN_IF_ERROR(CheckArtifactName(name));
+  Touch(agent_id);
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, AttemptOfAgent(agent_id, attempt_id));
+  if (IsTerminal(a.state)) {
+    return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) + " already ended (" +
+                                      std::string(AttemptStateName(a.state)) + ")");
+  }
+  return blobs_->Begin(digest, size);
+}
+
+Result<bool> ControllerCore::RecordArtifact(const std::string& agent_id, int64_t attempt_id,
+                                            const std::string& name, const std::string& digest,
+                                            int64_t size) {
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, AttemptOfAgent(agent_id, attempt_id));
+  (void)a;
+  GH_ASSIGN_OR_RETURN(bool created,
+                      store_.RecordArtifact({attempt_id, name, digest, size, ""}));
+  if (created) spdlog::info("attempt {}: artifact '{}' stored ({}, {} bytes)", attempt_id, name, digest, size);
+  return created;
+}
+
+Result<std::filesystem::path> ControllerCore::ArtifactPath(const std::string& digest) {
+  if (blobs_ == nullptr) return Status::Unavailable("this controller stores no artifacts");
+  if (!IsBlobDigest(digest)) {
+    return Status::InvalidArgument("artifact digest '" + digest.substr(0, 80) +
+                                   "': expected sha256:<64 lower-case hex>");
+  }
+  GH_ASSIGN_OR_RETURN(bool known, store_.HasBlob(digest));
+  if (!known) return Status::NotFound("artifact " + digest + " is not stored");
+  return blobs_->Path(digest);
+}
+
+Result<std::vector<ArtifactRecord>> ControllerCore::ListCellArtifacts(const std::string& id) {
+  GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
+  if (!cell) return Status::NotFound("cell '" + id + "' not found");
+  GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store_.ListAttempts(id));
+  std::vector<ArtifactRecord> out;
+  for (const AttemptRecord& a : attempts) {
+    GH_ASSIGN_OR_RETURN(std::vector<ArtifactRecord> files, store_.ListArtifacts(a.id));
+    out.insert(out.end(), files.begin(), files.end());
+  }
+  return out;
+}
+
 ControllerCore::~ControllerCore() { StopBackgroundWork(); }
 
 void ControllerCore::StartBackgroundWork() {

@@ -29,6 +29,7 @@
 #include "controller/loops.h"
 #include "controller/records.h"
 #include "controller/scheduler.h"
+#include "controller/store/blob_store.h"
 #include "controller/store/store.h"
 
 namespace gatehouse::controller {
@@ -127,6 +128,29 @@ class ControllerCore {
   Status EndAttempt(const std::string& agent_id, int64_t attempt_id, const std::string& outcome,
                     const std::string& reason, int exit_code);
 
+  // ---- artifacts (protocols.md §7) ----
+
+  /// The blob store artifacts go to; without one, uploads and fetches are UNAVAILABLE. Set
+  /// once, before the transports start.
+  void SetBlobStore(BlobStore* blobs) { blobs_ = blobs; }
+  /// Starts storing file `name` (CheckArtifactName) of attempt `attempt_id`, leased to
+  /// `agent_id`, as blob `digest` of `size` bytes; Commit the writer, then RecordArtifact.
+  /// Errors as RecordEvent; INVALID_ARGUMENT for a bad name or digest; RESOURCE_EXHAUSTED over
+  /// the size limit.
+  Result<std::unique_ptr<BlobStore::Writer>> BeginArtifact(const std::string& agent_id,
+                                                           int64_t attempt_id,
+                                                           const std::string& name,
+                                                           const std::string& digest,
+                                                           int64_t size);
+  /// Records the committed blob as the attempt's artifact; false for a resend. Errors as
+  /// Store::RecordArtifact.
+  Result<bool> RecordArtifact(const std::string& agent_id, int64_t attempt_id,
+                              const std::string& name, const std::string& digest, int64_t size);
+  /// The file of a blob some attempt stored. NOT_FOUND otherwise.
+  Result<std::filesystem::path> ArtifactPath(const std::string& digest);
+  /// The artifacts of every attempt of cell `id`, by attempt. NOT_FOUND for an unknown cell.
+  Result<std::vector<ArtifactRecord>> ListCellArtifacts(const std::string& id);
+
   /// Places queued attempts on attached agents (free slots; the torch pin; one free GPU per
   /// rank of a CUDA attempt: scheduler.h), persists the leases and sends the assignments. Why
   /// an attempt keeps waiting is logged when it changes. Errors are logged, not returned.
@@ -160,6 +184,7 @@ class ControllerCore {
   Dispatcher dispatcher_;
   LeaseKeeper leases_;
   CellService cells_;
+  BlobStore* blobs_ = nullptr;
 
   /// Schedule()'s passes, on whichever thread runs them.
   void RunSchedulingPasses();

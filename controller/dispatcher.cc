@@ -5,6 +5,56 @@
 #include <spdlog/spdlog.h>
 
 namespace gatehouse::controller {
+namespace {
+
+std::string Short(const std::string& id) { return id.substr(0, 12); }
+
+}  // namespace
+
+Dispatcher::Prerequisites Dispatcher::CheckPrerequisites(const Demand& demand) {
+  Prerequisites out;
+  for (const std::string& id : demand.waits_for) {
+    auto cell = store_.GetCell(id);
+    auto attempts = store_.ListAttempts(id);
+    if (!cell.ok() || !cell->has_value() || !attempts.ok() || attempts->empty()) {
+      out.waiting = "the cell it waits for, " + Short(id) + ", is not readable";
+      continue;
+    }
+    auto spec = ParseCellSpecJson((*cell)->spec_json);
+    const bool reference = spec.ok() && spec->IsReference();
+    const std::string what = reference ? "its reference cell" : "its control";
+    const AttemptRecord& last = attempts->back();
+    if (last.state == AttemptState::kPassed) {
+      if (!reference) continue;
+      auto files = store_.ListArtifacts(last.id);
+      if (!files.ok()) {
+        out.waiting = "the artifacts of " + what + " " + Short(id) +
+                      " are not readable: " + files.status().message();
+        continue;
+      }
+      for (const ArtifactRecord& f : *files) {
+        constexpr std::string_view kPrefix = "reference/";
+        if (f.name.rfind(kPrefix, 0) != 0) continue;
+        out.inputs.push_back({"reference", f.name.substr(kPrefix.size()), f.digest, f.size});
+      }
+      if (out.inputs.empty()) {
+        out.blocked = what + " " + id + " passed (attempt " + std::to_string(last.number) +
+                      ") but stored no reference bundle";
+        return out;
+      }
+      continue;
+    }
+    if (IsTerminal(last.state)) {
+      out.blocked = what + " " + id + " ended " + std::string(AttemptStateName(last.state)) +
+                    " (attempt " + std::to_string(last.number) + ")" +
+                    (last.reason.empty() ? "" : ": " + last.reason);
+      return out;
+    }
+    out.waiting = "waiting for " + what + " " + Short(id) + " (" +
+                  std::string(AttemptStateName(last.state)) + ")";
+  }
+  return out;
+}
 
 Dispatcher::Dispatcher(Store& store, AgentRegistry& agents, SchedulingPolicy policy)
     : store_(store), agents_(agents), policy_(policy) {}
@@ -67,13 +117,33 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
   std::vector<QueuedAttempt> placeable;  // the queue less cells whose spec is unreadable
   demands.reserve(queue->size());
   placeable.reserve(queue->size());
+  std::vector<Waiting> waiting;
+  std::map<int64_t, std::vector<InputArtifact>> inputs;  // by attempt id
   for (QueuedAttempt& q : *queue) {
     const Demand* demand = demand_of(q.cell_id);
     if (demand == nullptr) continue;
+    if (!demand->waits_for.empty()) {
+      // Controls before variants: held back until the cells it waits for PASSed; blocked for
+      // good when one ended otherwise.
+      Prerequisites pre = CheckPrerequisites(*demand);
+      if (!pre.blocked.empty()) {
+        auto changed = store_.CancelQueued(q.attempt_id, "blocked: " + pre.blocked,
+                                           AttemptState::kBlocked);
+        if (changed.ok() && *changed) {
+          spdlog::info("attempt {} of cell {} blocked: {}", q.attempt_id, q.cell_id, pre.blocked);
+          *again = true;  // a cell waiting for this one is blocked in turn
+        }
+        continue;
+      }
+      if (!pre.waiting.empty()) {
+        waiting.push_back({q.attempt_id, pre.waiting});
+        continue;
+      }
+      inputs[q.attempt_id] = std::move(pre.inputs);
+    }
     demands.push_back(*demand);
     placeable.push_back(std::move(q));
   }
-  std::vector<Waiting> waiting;
   std::vector<Placement> placements =
       Schedule(placeable, demands, view, &waiting, policy_, load);
   {
@@ -118,7 +188,9 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
       continue;
     }
     const CellRecord& c = **cell;
-    sends.emplace_back(channels[i], AssignmentMessage{p.attempt_id, c.id, c.spec_json, c.branch});
+    AssignmentMessage message{p.attempt_id, c.id, c.spec_json, c.branch, {}};
+    if (auto it = inputs.find(p.attempt_id); it != inputs.end()) message.inputs = it->second;
+    sends.emplace_back(channels[i], std::move(message));
   }
   return sends;
 }

@@ -43,6 +43,16 @@ class Dispatcher {
   std::string WaitingReason(int64_t attempt_id) const;
 
  private:
+  /// What the cells a queued cell waits for (Demand::waits_for) allow: `blocked` (one ended
+  /// without PASS; names it and why), else `waiting` (one has not ended; says which), else the
+  /// reference bundle's files of a passed reference cell as `inputs`.
+  struct Prerequisites {
+    std::string blocked;
+    std::string waiting;
+    std::vector<InputArtifact> inputs;
+  };
+  Prerequisites CheckPrerequisites(const Demand& demand);
+
   Store& store_;
   AgentRegistry& agents_;
   const SchedulingPolicy policy_;

@@ -168,6 +168,33 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void Write(HttpResponse response, bool keep_alive, unsigned version, bool head) {
+    if (!response.file_path.empty() && !head) {
+      auto res = std::make_shared<http::response<http::file_body>>(
+          static_cast<http::status>(response.status), version);
+      beast::error_code ec;
+      res->body().open(response.file_path.c_str(), beast::file_mode::scan, ec);
+      if (!ec) {
+        res->set(http::field::server, "gatehouse-controller");
+        res->set(http::field::content_type, response.content_type);
+        for (const auto& [name, value] : response.headers) res->set(name, value);
+        res->keep_alive(keep_alive);
+        res->prepare_payload();
+        // A large file: the write timeout plus a second per MiB (a reader slower than 1 MiB/s
+        // is dropped).
+        const auto size = res->body().size();
+        Lowest().expires_after(kWriteTimeout + std::chrono::seconds(size >> 20));
+        http::async_write(
+            stream_, *res,
+            [self = this->shared_from_this(), res, keep_alive](beast::error_code ec, size_t) {
+              if (ec || !keep_alive) return self->Close();
+              self->Read();
+            });
+        return;
+      }
+      response.status = 500;
+      response.content_type = "application/json";
+      response.body = R"({"error":"the file could not be opened"})";
+    }
     auto res = std::make_shared<http::response<http::string_body>>(
         static_cast<http::status>(response.status), version);
     res->set(http::field::server, "gatehouse-controller");

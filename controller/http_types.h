@@ -19,6 +19,9 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::string body;
   std::map<std::string, std::string> headers;  // extra headers, e.g. "Allow"
+  /// Non-empty: the body is this file's contents, streamed from disk (body is ignored); an
+  /// artifact may be larger than memory should hold.
+  std::string file_path;
 };
 
 }  // namespace gatehouse::controller

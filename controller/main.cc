@@ -111,6 +111,12 @@ int Run(int argc, char** argv) {
   CellFreezer freezer(o.identity, mirror, digests);
   ControllerCore core(**store, freezer, o.lease, SystemClock(), o.limits, o.policy,
                       SteadyClock());
+  auto blobs = BlobStore::Open(o.artifact_dir, o.artifacts);
+  if (!blobs.ok()) {
+    spdlog::error("{}", blobs.status().ToString());
+    return 1;
+  }
+  core.SetBlobStore(blobs->get());
   // Attempts left queued by an earlier run are placed as agents connect; leases of agents that
   // stay away expire and time limits are enforced (both every second).
   core.StartBackgroundWork();
@@ -152,8 +158,10 @@ int Run(int argc, char** argv) {
             << (*http_server)->port() << "\n"
             << "gatehouse-controller: grpc listening on " << o.grpc_host << ":"
             << (*rpc_server)->port() << std::endl;
-  spdlog::info("database {}, mirrors {}, web {}, torch pin {}, auth {}{}, tls {}{}",
-               o.db, o.mirror_dir, o.web_dir, o.identity.torch_pin,
+  spdlog::info("database {}, mirrors {}, artifacts {}, web {}, torch pin {}, transformers pin {}, "
+               "auth {}{}, tls {}{}",
+               o.db, o.mirror_dir, o.artifact_dir, o.web_dir, o.identity.torch_pin,
+               o.identity.transformers_pin,
                o.auth.required ? "tokens" : "none", o.auth.anonymous_read ? " (anonymous read)" : "",
                o.tls_cert.empty() ? "off" : "on", o.tls_client_ca.empty() ? "" : " (agents: mutual)");
 

@@ -76,7 +76,17 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
   app.add_option("--mirror-dir", o.mirror_dir, "directory of bare git mirrors")
       ->capture_default_str();
   app.add_option("--web-dir", o.web_dir, "dashboard files")->capture_default_str();
+  app.add_option("--artifact-dir", o.artifact_dir,
+                 "content-addressed store of the attempts' artifacts (reference bundles)")
+      ->capture_default_str();
+  app.add_option("--artifact-max-bytes", o.artifacts.max_blob_bytes,
+                 "largest artifact file an agent may store, bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
   app.add_option("--torch-pin", o.identity.torch_pin, "default runtime.torch of submitted cells")
+      ->capture_default_str();
+  app.add_option("--transformers-pin", o.identity.transformers_pin,
+                 "default runtime.transformers of reference cells")
       ->capture_default_str();
   int heartbeat_ms = static_cast<int>(o.lease.heartbeat_interval.count());
   app.add_option("--heartbeat-ms", heartbeat_ms, "agent heartbeat interval told at registration, ms")

@@ -13,6 +13,7 @@
 #include "controller/auth.h"
 #include "controller/controller_core.h"
 #include "controller/scheduler.h"
+#include "controller/store/blob_store.h"
 
 namespace gatehouse::controller {
 
@@ -45,6 +46,8 @@ struct ControllerOptions {
   std::string grpc = "127.0.0.1:50051";
   std::string grpc_host;                // the host part of --grpc
   std::string mirror_dir = "var/mirrors";
+  std::string artifact_dir = "var/artifacts";  // the blob store (protocols.md §7)
+  BlobLimits artifacts;                         // --artifact-max-bytes
   std::string web_dir;
   SubmitContext identity;  // --torch-pin
   LeaseConfig lease;       // --heartbeat-ms, --missed-heartbeats, --retry-limit, --restart-grace-ms

@@ -44,6 +44,15 @@ struct AttemptRecord {
   AttemptState cancel_as = AttemptState::kCancelled;
 };
 
+/// A file an attempt stored in the artifact store (content-addressed: protocols.md §7).
+struct ArtifactRecord {
+  int64_t attempt_id = 0;
+  std::string name;    // relative path as the attempt named it ("reference/reference.json")
+  std::string digest;  // "sha256:<hex>" of its bytes: the blob it names
+  int64_t size = 0;    // bytes
+  std::string created_at;
+};
+
 /// An attempt over one of its time limits (Store::ListOverdue).
 struct OverdueAttempt {
   enum class Limit { kQueued, kAttempt, kPhase };
@@ -149,6 +158,8 @@ struct CellDetail {
   /// Why the latest attempt is still queued, as the scheduler last saw it ("gpu-1: 1 of 4
   /// GPUs free, needs 2"); empty when it is not queued or was not considered yet.
   std::string waiting_reason;
+  /// The files every attempt stored (a failed attempt's are kept beside its retry's).
+  std::vector<ArtifactRecord> artifacts;
 };
 
 }  // namespace gatehouse::controller

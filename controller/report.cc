@@ -88,14 +88,37 @@ std::string RenderReport(const CellDetail& d) {
   line("|---|---|");
   line(fmt::format("| cell | `{}` |", d.cell.id));
   line(fmt::format("| status | **{}** |", AttemptStateName(d.status)));
-  line(fmt::format("| repository | {} |", Cell(d.cell.repository)));
-  line(fmt::format("| commit | `{}` |", d.cell.commit_sha));
-  line(fmt::format("| branch | {} |", Cell(d.cell.branch)));
-  line(fmt::format("| model family | {} |", Cell(d.cell.model_family)));
-  if (spec.ok()) {
+  const bool reference = spec.ok() && spec->IsReference();
+  if (reference) {
+    line("| kind | reference cell: upstream (transformers) on the checkpoint makes the bundle "
+         "validation cells compare with |");
+  } else {
+    line(fmt::format("| repository | {} |", Cell(d.cell.repository)));
+    line(fmt::format("| commit | `{}` |", d.cell.commit_sha));
+    line(fmt::format("| branch | {} |", Cell(d.cell.branch)));
+    line(fmt::format("| model family | {} |", Cell(d.cell.model_family)));
+  }
+  if (spec.ok() && reference) {
     const CellSpec& c = *spec;
     line(fmt::format("| checkpoint | {} (`{}`) |", Cell(c.checkpoint.path), c.checkpoint.digest));
-    line(fmt::format("| reference | {} (`{}`) |", Cell(c.reference.path), c.reference.digest));
+    line(fmt::format("| runtime pin | torch {}, transformers {}, device {} |",
+                     Cell(c.runtime.torch), Cell(c.runtime.transformers), Cell(c.runtime.device)));
+    line(fmt::format("| prompts | {} |",
+                     c.prompts.empty() ? std::string("chosen from config.json (see reference.json "
+                                                     "prompts_chosen)")
+                                       : std::to_string(c.prompts.size()) + " given"));
+    line(fmt::format("| decode | {} new tokens, greedy |", c.decode.max_new_tokens));
+    line(fmt::format("| training | steps={} lr={} seed={} |", c.training.steps,
+                     json(c.training.lr).dump(), c.training.seed));
+  } else if (spec.ok()) {
+    const CellSpec& c = *spec;
+    line(fmt::format("| checkpoint | {} (`{}`) |", Cell(c.checkpoint.path), c.checkpoint.digest));
+    if (c.reference.cell.empty()) {
+      line(fmt::format("| reference | {} (`{}`) |", Cell(c.reference.path), c.reference.digest));
+    } else {
+      line(fmt::format("| reference | the bundle of reference cell `{}` |", c.reference.cell));
+    }
+    if (!c.control.empty()) line(fmt::format("| control | cell `{}` |", c.control));
     line(fmt::format("| runtime pin | torch {}, device {} |", Cell(c.runtime.torch),
                      Cell(c.runtime.device)));
     line(fmt::format("| topology | tp={} dp={} pp={} ep={} |", c.topology.tp, c.topology.dp,
@@ -127,7 +150,9 @@ std::string RenderReport(const CellDetail& d) {
     }
     line(fmt::format("| {} | {} | {} | {} |", p.phase, p.status, Cell(figures), Cell(p.reason)));
   };
-  for (std::string_view name : kPhases) {
+  std::vector<std::string_view> order(kPhases.begin(), kPhases.end());
+  if (reference) order.assign(kReferenceCellPhases.begin(), kReferenceCellPhases.end());
+  for (std::string_view name : order) {
     auto reported = std::find_if(d.phases.begin(), d.phases.end(),
                                  [&](const PhaseRecord& p) { return p.phase == name; });
     if (reported != d.phases.end()) {
@@ -136,10 +161,25 @@ std::string RenderReport(const CellDetail& d) {
       line(fmt::format("| {} | (not reported) | - | - |", name));
     }
   }
-  for (const PhaseRecord& p : d.phases) {  // names outside kPhases, if an agent sent any
-    if (!PhaseIndex(p.phase)) phase_row(p);
+  for (const PhaseRecord& p : d.phases) {  // names outside those, if an agent sent any
+    if (std::find(order.begin(), order.end(), p.phase) == order.end()) phase_row(p);
   }
   line("");
+
+  if (!d.artifacts.empty()) {
+    line("## Artifacts");
+    line("");
+    line("| attempt | name | digest | bytes |");
+    line("|---|---|---|---|");
+    for (const ArtifactRecord& a : d.artifacts) {
+      const auto attempt = std::find_if(d.attempts.begin(), d.attempts.end(),
+                                        [&](const AttemptRecord& r) { return r.id == a.attempt_id; });
+      line(fmt::format("| {} | {} | `{}` | {} |",
+                       attempt == d.attempts.end() ? 0 : attempt->number, Cell(a.name), a.digest,
+                       a.size));
+    }
+    line("");
+  }
 
   if (auto text = DecodedTextLines(d.phases); !text.empty()) {
     line("## Decoded text (decode phase)");

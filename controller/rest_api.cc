@@ -104,6 +104,7 @@ const std::vector<Route>& RestApi::Routes() {
       {"POST", "/api/v1/cells/{id}/cancel", Scope::kSubmit, "cancel_cell", &RestApi::CancelCell},
       {"GET", "/api/v1/cells/{id}/report", Scope::kRead, "cell_report", &RestApi::CellReport},
       {"GET", "/api/v1/cells/{id}/log", Scope::kRead, "cell_log", &RestApi::CellLog},
+      {"GET", "/api/v1/artifacts/{digest}", Scope::kRead, "get_artifact", &RestApi::GetArtifact},
       {"GET", "/api/v1/agents", Scope::kRead, "list_agents", &RestApi::ListAgents},
       {"GET", "/api/v1/tokens", Scope::kAdmin, "list_tokens", &RestApi::ListTokens},
       {"POST", "/api/v1/tokens", Scope::kAdmin, "issue_token", &RestApi::IssueToken},
@@ -260,6 +261,16 @@ HttpResponse RestApi::CellLog(const RouteCall& call) {
   auto log = core_.ReadLog(call.params.at(0), query->stream, query->attempt);
   if (!log.ok()) return ErrorResponse(log.status());
   return TextResponse(200, "text/plain; charset=utf-8", std::move(*log));
+}
+
+HttpResponse RestApi::GetArtifact(const RouteCall& call) {
+  auto path = core_.ArtifactPath(call.params.at(0));
+  if (!path.ok()) return ErrorResponse(path.status());
+  HttpResponse r;
+  r.content_type = "application/octet-stream";
+  r.file_path = path->string();
+  r.headers["X-Gatehouse-Digest"] = call.params.at(0);
+  return r;
 }
 
 HttpResponse RestApi::ListAgents(const RouteCall&) {

@@ -72,6 +72,7 @@ class RestApi {
   HttpResponse CancelCell(const RouteCall& call);
   HttpResponse CellReport(const RouteCall& call);
   HttpResponse CellLog(const RouteCall& call);
+  HttpResponse GetArtifact(const RouteCall& call);
   HttpResponse ListAgents(const RouteCall& call);
   HttpResponse ListTokens(const RouteCall& call);
   HttpResponse IssueToken(const RouteCall& call);

@@ -43,6 +43,14 @@ json CellJson(const CellDetail& d) {
   for (const auto& a : d.attempts) attempts.push_back(AttemptJson(a));
   json phases = json::array();
   for (const auto& p : d.phases) phases.push_back(PhaseJson(p));
+  json artifacts = json::array();
+  for (const ArtifactRecord& a : d.artifacts) {
+    artifacts.push_back({{"attempt_id", a.attempt_id},
+                         {"name", a.name},
+                         {"digest", a.digest},
+                         {"size", a.size},
+                         {"created_at", a.created_at}});
+  }
   return {{"id", d.cell.id},
           {"status", AttemptStateName(d.status)},
           {"spec", spec.is_discarded() ? json(d.cell.spec_json) : spec},
@@ -51,7 +59,8 @@ json CellJson(const CellDetail& d) {
           {"created_at", d.cell.created_at},
           {"attempts", attempts},
           {"phases", phases},
-          {"waiting_reason", NullIfEmpty(d.waiting_reason)}};
+          {"waiting_reason", NullIfEmpty(d.waiting_reason)},
+          {"artifacts", artifacts}};
 }
 
 json TokenJson(const TokenRecord& t) {

@@ -27,6 +27,12 @@ std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, const 
   if (!d.torch.empty() && !agent.torch_version.empty() && agent.torch_version != d.torch) {
     return "torch " + agent.torch_version + " (the cell pins " + d.torch + ")";
   }
+  if (!d.transformers.empty() && agent.transformers_version != d.transformers) {
+    return (agent.transformers_version.empty()
+                ? std::string("runs no reference cells (no transformers reported)")
+                : "transformers " + agent.transformers_version) +
+           " (the reference cell pins " + d.transformers + ")";
+  }
   if (!d.cuda.empty() && agent.cuda_version != d.cuda) {
     return (agent.cuda_version.empty() ? std::string("no CUDA reported")
                                        : "CUDA " + agent.cuda_version) +
@@ -82,6 +88,9 @@ Demand DemandOf(const CellSpec& spec) {
   d.torch = spec.runtime.torch;
   d.cuda = spec.runtime.cuda;
   d.gpu_model = spec.runtime.gpu_model;
+  if (spec.IsReference()) d.transformers = spec.runtime.transformers;
+  if (!spec.reference.cell.empty()) d.waits_for.push_back(spec.reference.cell);
+  if (!spec.control.empty()) d.waits_for.push_back(spec.control);
   return d;
 }
 

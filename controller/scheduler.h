@@ -20,6 +20,12 @@ struct Demand {
   std::string torch;    // runtime.torch, the pinned torch version ("2.11.0")
   std::string cuda;     // runtime.cuda, the pinned CUDA version ("13.0"); empty: not pinned
   std::string gpu_model;  // runtime.gpu_model ("H200"); empty: any GPU
+  /// A reference cell: only an agent that runs upstream with this transformers version
+  /// (runtime.transformers) takes it.
+  std::string transformers;
+  /// Cells that must PASS before this one runs: its reference cell and its control (the
+  /// dispatcher holds it back until they have, scheduler.h never sees it before).
+  std::vector<std::string> waits_for;
   /// Non-empty: the cell's stored spec does not parse (ParseCellSpec's error); no agent takes
   /// it, and its waiting reason says why.
   std::string invalid;
@@ -51,6 +57,9 @@ struct AgentView {
   std::string lane;
   /// The model of each of its GPUs (Capabilities.gpus[].model), e.g. "NVIDIA H200".
   std::vector<std::string> gpu_models;
+  /// The transformers version its reference runner has (Capabilities.transformers_version);
+  /// empty: it runs no reference cells.
+  std::string transformers_version;
 };
 
 /// Limits the scheduler applies beyond fit (controller flags).

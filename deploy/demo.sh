@@ -64,7 +64,8 @@ CTL=("$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db")
 CI_TOKEN=$(cat "$VAR/demo/ci.token")
 #    --anonymous-read: the dashboard on 127.0.0.1 reads without a token; writes still need one.
 "$BUILD_DIR/bin/gatehouse-controller" --db "$VAR/gatehouse.db" --http "127.0.0.1:$HTTP_PORT" \
-  --grpc "127.0.0.1:$GRPC_PORT" --mirror-dir "$VAR/mirrors" --web-dir "$ROOT/web" \
+  --grpc "127.0.0.1:$GRPC_PORT" --mirror-dir "$VAR/mirrors" --artifact-dir "$VAR/artifacts" \
+  --web-dir "$ROOT/web" \
   --torch-pin "$TORCH_VERSION" --anonymous-read \
   >"$VAR/logs/controller.out" 2>"$VAR/logs/controller.log" &
 echo $! >"$VAR/demo/controller.pid"
@@ -86,10 +87,17 @@ API=http://127.0.0.1:$HTTP_PORT/api/v1
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$HTTP_PORT/healthz" >/dev/null && break; sleep 0.2; done
 
 # 4. Submit the cells and wait for their verdicts.
-submit() {  # submit NAME: prints the new cell's id
+submit() {  # submit NAME [REFERENCE]: prints the new cell's id
   local body response
-  body=$(printf '{"repository":"%s","branch":"main","model_family":"llama","checkpoint":"%s","reference":"%s"}' \
-    "$REPO" "$VAR/checkpoints/$1/checkpoint" "$VAR/checkpoints/$1/reference")
+  if [ -n "${2:-}" ]; then
+    body=$(printf '{"repository":"%s","branch":"main","model_family":"llama","checkpoint":"%s","reference":"%s"}' \
+      "$REPO" "$VAR/checkpoints/$1/checkpoint" "$2")
+  else
+    # No reference named: the controller makes the checkpoint's reference cell (transformers on
+    # the agent) and this cell waits for it, as for a user's own checkpoint.
+    body=$(printf '{"repository":"%s","branch":"main","model_family":"llama","checkpoint":"%s"}' \
+      "$REPO" "$VAR/checkpoints/$1/checkpoint")
+  fi
   log "POST $API/cells $body"
   response=$(curl -sS -X POST -H "Authorization: Bearer $CI_TOKEN" \
     -H 'Content-Type: application/json' -d "$body" "$API/cells")
@@ -100,7 +108,7 @@ wait_for() {  # wait_for ID: prints the final status
   local status=""
   for _ in $(seq 1800); do
     status=$(curl -sS -H "Authorization: Bearer $CI_TOKEN" "$API/cells/$1" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["status"])')
-    case "$status" in passed|failed|error) break ;; esac
+    case "$status" in passed|failed|error|blocked|cancelled|timed_out) break ;; esac
     sleep 1
   done
   printf '%s' "$status"
@@ -108,7 +116,10 @@ wait_for() {  # wait_for ID: prints the final status
 NAMES=("$CKPT")
 [ "$TRAINED" = 1 ] && NAMES+=(smollm2-135m-instruct)
 IDS=()
-for name in "${NAMES[@]}"; do IDS+=("$(submit "$name")"); done
+IDS+=("$(submit "$CKPT")")
+# The trained checkpoint keeps its own bundle: text prompts through its tokenizer and the
+# detokenizer cases tools/refgen/trained_checkpoint.py wrote.
+[ "$TRAINED" = 1 ] && IDS+=("$(submit smollm2-135m-instruct "$VAR/checkpoints/smollm2-135m-instruct/reference")")
 log "cells ${IDS[*]} submitted; waiting (the first run builds the adapter plugin)"
 ALL_PASSED=1
 SUMMARY=""

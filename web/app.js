@@ -4,7 +4,7 @@
 
 const POLL_MS = 2000;
 const IDLE_POLL_MS = 10000;
-const FINAL_STATES = new Set(['passed', 'failed', 'error', 'lost', 'cancelled', 'timed_out']);
+const FINAL_STATES = new Set(['passed', 'failed', 'error', 'lost', 'cancelled', 'timed_out', 'blocked']);
 
 const TOKEN_KEY = 'gatehouse-token';
 let tokenAsked = false;

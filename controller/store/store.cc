@@ -388,6 +388,61 @@ Result<AttemptRecord> Store::GetAttempt(int64_t attempt_id) {
   return LoadAttempt(*statements_, attempt_id);
 }
 
+Result<bool> Store::RecordArtifact(const ArtifactRecord& a) {
+  std::lock_guard lock(mu_);
+  Transaction tx(*statements_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  GH_RETURN_IF_ERROR(LoadAttempt(*statements_, a.attempt_id).status());
+  {
+    Stmt s(*statements_, "SELECT digest FROM artifacts WHERE attempt_id = ? AND name = ?");
+    s.Bind(1, a.attempt_id).Bind(2, a.name);
+    if (s.Step()) {
+      const std::string stored = s.Text(0);
+      if (stored == a.digest) return false;
+      return Status::AlreadyExists("attempt " + std::to_string(a.attempt_id) +
+                                   " already stored artifact '" + a.name + "' as " + stored +
+                                   ", not " + a.digest);
+    }
+    GH_RETURN_IF_ERROR(s.status());
+  }
+  const std::string now = Now();
+  {
+    Stmt s(*statements_,
+           "INSERT OR IGNORE INTO artifact_blobs(digest, size, created_at) VALUES (?, ?, ?)");
+    s.Bind(1, a.digest).Bind(2, a.size).Bind(3, now);
+    GH_RETURN_IF_ERROR(s.Exec());
+  }
+  {
+    Stmt s(*statements_,
+           "INSERT INTO artifacts(attempt_id, name, digest, size, created_at) "
+           "VALUES (?, ?, ?, ?, ?)");
+    s.Bind(1, a.attempt_id).Bind(2, a.name).Bind(3, a.digest).Bind(4, a.size).Bind(5, now);
+    GH_RETURN_IF_ERROR(s.Exec());
+  }
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return true;
+}
+
+Result<std::vector<ArtifactRecord>> Store::ListArtifacts(int64_t attempt_id) {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_,
+         "SELECT name, digest, size, created_at FROM artifacts WHERE attempt_id = ? ORDER BY name");
+  s.Bind(1, attempt_id);
+  std::vector<ArtifactRecord> out;
+  while (s.Step()) out.push_back({attempt_id, s.Text(0), s.Text(1), s.Int(2), s.Text(3)});
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<bool> Store::HasBlob(const std::string& digest) {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_, "SELECT 1 FROM artifact_blobs WHERE digest = ?");
+  s.Bind(1, digest);
+  const bool found = s.Step();
+  GH_RETURN_IF_ERROR(s.status());
+  return found;
+}
+
 Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts(bool with_specs) {
   std::lock_guard lock(mu_);
   Stmt s(*statements_,
@@ -423,8 +478,9 @@ Result<std::vector<ActiveAttempt>> Store::ListActiveAttempts() {
 }
 
 Result<bool> Store::CancelQueued(int64_t attempt_id, const std::string& reason, AttemptState as) {
-  if (as != AttemptState::kCancelled && as != AttemptState::kTimedOut) {
-    return Status::InvalidArgument("a queued attempt stops as cancelled or timed_out");
+  if (as != AttemptState::kCancelled && as != AttemptState::kTimedOut &&
+      as != AttemptState::kBlocked) {
+    return Status::InvalidArgument("a queued attempt stops as cancelled, timed_out or blocked");
   }
   std::lock_guard lock(mu_);
   Stmt s(*statements_, "UPDATE attempts SET state = ?, reason = ?, ended_at = ? WHERE id = ? AND state = ?");

@@ -51,6 +51,20 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
+  // ---- artifacts (protocols.md §7) ----
+
+  /// Records that attempt `a.attempt_id` stored file `a.name` as blob `a.digest` of `a.size`
+  /// bytes (the blob's file is already in place). Returns false for a resend of the same
+  /// record. ALREADY_EXISTS when the attempt named another blob by that name; NOT_FOUND for an
+  /// unknown attempt.
+  Result<bool> RecordArtifact(const ArtifactRecord& a);
+
+  /// The artifacts of an attempt, by name.
+  Result<std::vector<ArtifactRecord>> ListArtifacts(int64_t attempt_id);
+
+  /// True when some attempt recorded blob `digest`.
+  Result<bool> HasBlob(const std::string& digest);
+
   /// Rows of schema_migrations in version order.
   Result<std::vector<AppliedMigration>> AppliedMigrations();
 
@@ -79,8 +93,8 @@ class Store {
   /// Leased and running attempts with their agents, submitters and repositories.
   Result<std::vector<ActiveAttempt>> ListActiveAttempts();
 
-  /// Moves a queued attempt to `as` (cancelled, or timed_out for the queued time limit) with
-  /// `reason`, only if it is still queued (in one statement, so a concurrent lease wins or
+  /// Moves a queued attempt to `as` (cancelled, timed_out for the queued time limit, or
+  /// blocked when a cell it waits for ended without PASS) with `reason`, only if it is still queued (in one statement, so a concurrent lease wins or
   /// loses whole). Returns false when it was not.
   Result<bool> CancelQueued(int64_t attempt_id, const std::string& reason,
                             AttemptState as = AttemptState::kCancelled);

@@ -139,6 +139,13 @@ class DecoderArgs : public worker::ModelArgs {
   int64_t head_dim() const override { return spec_.head_dim; }
   int64_t max_position_embeddings() const override { return spec_.max_position_embeddings; }
   bool tie_word_embeddings() const override { return spec_.tie_word_embeddings; }
+  int64_t min_sliding_window() const override {
+    int64_t w = 0;
+    for (const auto& layer : spec_.layers) {
+      if (layer.sliding_window > 0 && (w == 0 || layer.sliding_window < w)) w = layer.sliding_window;
+    }
+    return w;
+  }
 
  private:
   DecoderSpec spec_;

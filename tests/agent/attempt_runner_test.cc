@@ -8,6 +8,7 @@
 
 #include "agent_test_util.h"
 #include "fake_attempt_sink.h"
+#include "common/sha256.h"
 #include "tests/common/sample_spec.h"
 
 namespace gatehouse::agent {
@@ -138,7 +139,7 @@ TEST_F(AttemptRunnerTest, InvalidSpecEndsInError) {
   spec["env"] = {{"N", 3}};
   runner.Run({18, "cell", spec.dump()}, sink_);
   ASSERT_EQ(sink_.ends.size(), 4u);
-  EXPECT_EQ(sink_.ends[0].reason, "invalid spec: missing field 'repository'");
+  EXPECT_EQ(sink_.ends[0].reason, "invalid spec: missing field 'checkpoint'");
   EXPECT_EQ(sink_.ends[1].reason.rfind("invalid spec: spec is not valid JSON: ", 0), 0u)
       << sink_.ends[1].reason;
   EXPECT_EQ(sink_.ends[2].reason,
@@ -147,6 +148,126 @@ TEST_F(AttemptRunnerTest, InvalidSpecEndsInError) {
       << sink_.ends[3].reason;
   EXPECT_FALSE(std::filesystem::exists(config_.work_dir / "attempts" / "17"));
   EXPECT_TRUE(sink_.events.empty());
+}
+
+// An artifact store in a directory: Put copies the file under its name (recording it), Get
+// copies a blob put there before (by digest), or writes `tamper` instead when set.
+class DirArtifacts : public ArtifactChannel {
+ public:
+  explicit DirArtifacts(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::filesystem::create_directories(dir_);
+  }
+  Status Put(int64_t attempt_id, const std::string& name,
+             const std::filesystem::path& path) override {
+    puts.push_back(std::to_string(attempt_id) + ":" + name);
+    const std::string bytes = ReadFile(path);
+    WriteFile(dir_ / ("sha256:" + Sha256Hex(bytes)), bytes);
+    return Status::Ok();
+  }
+  Status Get(const std::string& digest, int64_t size, const std::filesystem::path& dest) override {
+    ++gets;
+    const std::string bytes = tamper.empty() ? ReadFile(dir_ / digest) : tamper;
+    if ("sha256:" + Sha256Hex(bytes) != digest || static_cast<int64_t>(bytes.size()) != size) {
+      return Status::DataLoss("received bytes with another digest than " + digest);
+    }
+    WriteFile(dest, bytes);
+    return Status::Ok();
+  }
+  std::vector<std::string> puts;
+  int gets = 0;
+  std::string tamper;
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// A reference runner stand-in: writes its events and the two bundle files into --out.
+constexpr const char* kFakeReferenceRunner =
+    "#!/bin/sh\n"
+    "# args: --run-spec FILE --out DIR\n"
+    "mkdir -p \"$4\" && echo '{\"format\":\"gatehouse-reference/2\"}' > \"$4/reference.json\"\n"
+    "printf tensors > \"$4/reference.safetensors\"\n"
+    "echo '{\"event\":\"phase_end\",\"phase\":\"reference\",\"status\":\"PASS\",\"reason\":\"\"}'\n"
+    "echo '{\"event\":\"run_end\",\"status\":\"PASS\"}'\n";
+
+// Verifies a reference cell runs the reference runner (no checkout, no build) with the run
+// spec and the attempt's bundle directory, then stores both bundle files as the attempt's
+// artifacts before the end; and that a validation cell naming that reference cell gets the
+// files fetched into its attempt directory and run.json pointing at them with their digest.
+TEST_F(AttemptRunnerTest, AReferenceCellStoresItsBundleAndAValidationCellFetchesIt) {
+  WriteFile(tmp_.path() / "fake-reference.sh", kFakeReferenceRunner, true);
+  config_.reference_python = "/bin/sh";
+  config_.reference_script = tmp_.path() / "fake-reference.sh";
+  DirArtifacts artifacts(tmp_.path() / "blobs");
+  AttemptRunner runner(config_);
+  runner.SetArtifactChannel(&artifacts);
+  CellSpec reference = ReferenceCellFor(gatehouse::testing::SampleSpec(), {}, SubmitContext{});
+  runner.Run({21, "ref", CanonicalSpecJson(reference), {}}, sink_);
+  ASSERT_EQ(sink_.ends.size(), 1u);
+  EXPECT_EQ(sink_.ends[0].outcome, "finished") << sink_.ends[0].reason;
+  EXPECT_EQ(artifacts.puts, (std::vector<std::string>{"21:reference/reference.json",
+                                                      "21:reference/reference.safetensors"}));
+  EXPECT_EQ(sink_.LogText("build"), "") << "a reference cell builds nothing";
+  const json run = json::parse(ReadFile(config_.work_dir / "attempts" / "21" / "run.json"));
+  EXPECT_EQ(run["kind"], "reference");
+
+  CellSpec validation = gatehouse::testing::SampleSpec();
+  validation.repository = repo_.string();
+  validation.commit = good_;
+  validation.reference = {};
+  validation.reference.cell = std::string(64, 'a');
+  const std::string json_bytes = "{\"format\":\"gatehouse-reference/2\"}\n";
+  std::vector<InputFile> inputs = {
+      {"reference", "reference.json", "sha256:" + Sha256Hex(json_bytes),
+       static_cast<int64_t>(json_bytes.size())},
+      {"reference", "reference.safetensors", "sha256:" + Sha256Hex("tensors"), 7}};
+  FakeAttemptSink second;  // one sink per attempt
+  runner.Run({22, "validation", CanonicalSpecJson(validation), inputs}, second);
+  ASSERT_EQ(second.ends.size(), 1u);
+  EXPECT_EQ(second.ends[0].outcome, "finished") << second.ends[0].reason;
+  const auto bundle = config_.work_dir / "attempts" / "22" / "reference";
+  EXPECT_EQ(ReadFile(bundle / "reference.safetensors"), "tensors");
+  const json run2 = json::parse(ReadFile(config_.work_dir / "attempts" / "22" / "run.json"));
+  EXPECT_EQ(run2["reference"]["cell"], std::string(64, 'a'));
+  EXPECT_EQ(run2["reference"]["path"], bundle.string());
+  EXPECT_EQ(run2["reference"]["digest"], *DirectoryDigest(bundle));
+  EXPECT_EQ(artifacts.gets, 2);
+
+  // The node's cache: a second attempt with the same inputs fetches nothing.
+  FakeAttemptSink third;
+  runner.Run({23, "validation", CanonicalSpecJson(validation), inputs}, third);
+  EXPECT_EQ(artifacts.gets, 2);
+  ASSERT_EQ(third.ends.size(), 1u);
+  EXPECT_EQ(third.ends[0].outcome, "finished") << third.ends[0].reason;
+}
+
+// Verifies bytes that do not match the announced digest end the attempt BLOCKED at identity,
+// naming the file and the reference cell, with no checkout and no worker run.
+TEST_F(AttemptRunnerTest, AReferenceFileThatDoesNotMatchItsDigestBlocks) {
+  DirArtifacts artifacts(tmp_.path() / "blobs");
+  artifacts.tamper = "not the bundle";
+  AttemptRunner runner(config_);
+  runner.SetArtifactChannel(&artifacts);
+  CellSpec validation = gatehouse::testing::SampleSpec();
+  validation.repository = repo_.string();
+  validation.commit = good_;
+  validation.reference = {};
+  validation.reference.cell = std::string(64, 'b');
+  runner.Run({31, "validation", CanonicalSpecJson(validation),
+              {{"reference", "reference.json", "sha256:" + Sha256Hex("x"), 1}}},
+             sink_);
+  ASSERT_EQ(sink_.ends.size(), 1u);
+  EXPECT_EQ(sink_.ends[0].outcome, "finished");
+  ASSERT_FALSE(sink_.events.empty());
+  const json identity = json::parse(sink_.events[0].json);
+  EXPECT_EQ(identity["phase"], "identity");
+  EXPECT_EQ(identity["status"], "BLOCKED");
+  const std::string reason = identity["reason"];
+  EXPECT_NE(reason.find("reference cell " + std::string(64, 'b')), std::string::npos) << reason;
+  EXPECT_NE(reason.find("'reference.json'"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("another digest"), std::string::npos) << reason;
+  EXPECT_EQ(json::parse(sink_.events.back().json)["status"], "BLOCKED");
+  EXPECT_EQ(sink_.LogText("build"), "") << "nothing is checked out or built";
 }
 
 }  // namespace

@@ -146,7 +146,8 @@ TEST(CellSpecTest, BodyDefaults) {
   EXPECT_EQ(r.branch, "main");
   EXPECT_EQ(r.priority, 0);
   EXPECT_EQ(r.spec.commit, "");
-  EXPECT_EQ(r.spec.reference.path, "/data/llama-tiny/reference");
+  EXPECT_TRUE(r.auto_reference);  // the controller finds or makes the reference cell
+  EXPECT_EQ(r.spec.reference, ReferenceInput{});
   EXPECT_EQ(r.spec.runtime.torch, "2.11.0");
   EXPECT_EQ(r.spec.runtime.device, "cpu");
   EXPECT_EQ(r.spec.precision, "fp32");
@@ -164,6 +165,170 @@ TEST(CellSpecTest, GpuModelMatching) {
   EXPECT_TRUE(GpuModelMatches("NVIDIA H200", ""));
   EXPECT_FALSE(GpuModelMatches("NVIDIA A100-SXM4-80GB", "H200"));
   EXPECT_FALSE(GpuModelMatches("", "H200"));
+}
+
+// A reference cell of the sample's checkpoint with two prompts.
+CellSpec SampleReference() {
+  CellSpec r = ReferenceCellFor(SampleSpec(), {}, SubmitContext{});
+  r.prompts = {Prompt{{5, 6, 7}, "", false}, Prompt{{}, "Hello there", true}};
+  return r;
+}
+
+// Verifies a validation cell's frozen form is the one it had before kinds, controls and
+// reference cells existed (so stored cell ids do not change): no kind, control or prompts
+// member, and a reference of exactly path and digest.
+TEST(CellSpecTest, ValidationCellKeepsItsFrozenForm) {
+  const json spec = CellSpecToJson(SampleSpec());
+  EXPECT_FALSE(spec.contains("kind"));
+  EXPECT_FALSE(spec.contains("control"));
+  EXPECT_FALSE(spec.contains("prompts"));
+  EXPECT_EQ(spec["reference"], (json{{"path", "/data/llama-tiny/reference"},
+                                     {"digest", "sha256:" + std::string(64, '2')}}));
+  EXPECT_FALSE(spec["runtime"].contains("transformers"));
+}
+
+// Verifies a reference cell's frozen form: its own members only, round-tripping, with the
+// transformers pin required and its two phases fixed.
+TEST(CellSpecTest, ReferenceCellFrozenForm) {
+  const CellSpec r = SampleReference();
+  const json spec = CellSpecToJson(r);
+  EXPECT_EQ(spec["kind"], "reference");
+  for (const char* absent : {"repository", "commit", "model_family", "reference", "topology",
+                             "precision", "mode", "launch"}) {
+    EXPECT_FALSE(spec.contains(absent)) << absent;
+  }
+  EXPECT_EQ(spec["runtime"]["transformers"], "5.24.0");
+  EXPECT_EQ(spec["prompts"], json::parse(R"([{"ids":[5,6,7]},{"text":"Hello there","chat":true}])"));
+  EXPECT_EQ(ParseCellSpec(spec).value(), r);
+
+  json with_repo = spec;
+  with_repo["repository"] = "/repos/adapter";
+  EXPECT_THAT(FrozenError(with_repo), HasSubstr("unknown field 'repository'"));
+  json no_pin = spec;
+  no_pin["runtime"].erase("transformers");
+  EXPECT_THAT(FrozenError(no_pin), HasSubstr("runtime.transformers"));
+  json one_phase = spec;
+  one_phase["phases"] = {"identity"};
+  EXPECT_THAT(FrozenError(one_phase), HasSubstr("every phase of a reference cell"));
+  json gate_phase = spec;
+  gate_phase["phases"] = {"identity", "load"};
+  EXPECT_THAT(FrozenError(gate_phase), HasSubstr("unknown phase \"load\" for a reference cell"));
+  json no_prompts = spec;
+  no_prompts.erase("prompts");
+  EXPECT_EQ(FrozenError(no_prompts), "missing field 'prompts'");
+}
+
+// Verifies a reference body: defaults (phases, the controller's pins), prompts read one by one
+// with errors naming the prompt, and members of a validation body refused.
+TEST(CellSpecTest, ReferenceBody) {
+  SubmitContext context;
+  context.transformers_pin = "5.99.0";
+  auto parse = [&](const json& body) { return ParseSubmitBody(body.dump(), context); };
+  const json base = {{"kind", "reference"}, {"checkpoint", "/data/ckpt"}};
+  auto r = parse(base);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->spec.IsReference());
+  EXPECT_EQ(r->spec.runtime.transformers, "5.99.0");
+  EXPECT_EQ(r->spec.phases, (std::vector<std::string>{"identity", "reference"}));
+  EXPECT_TRUE(r->spec.prompts.empty());
+
+  auto error = [&](const json& extra) {
+    json body = base;
+    body.update(extra);
+    auto parsed = parse(body);
+    return parsed.ok() ? std::string() : parsed.status().message();
+  };
+  EXPECT_EQ(error({{"prompts", {{{"ids", {1, 2}}}, {{"text", "hi"}, {"chat", true}}}}}), "");
+  EXPECT_THAT(error({{"prompts", {{{"ids", {1}}, {"text", "hi"}}}}}),
+              HasSubstr("field 'prompts[0]'"));
+  EXPECT_THAT(error({{"prompts", {{{"ids", {1}}, {"chat", true}}}}}),
+              HasSubstr("'prompts[0].chat': only a text prompt"));
+  EXPECT_THAT(error({{"prompts", {{{"ids", json::array()}}}}}), HasSubstr("prompts[0].ids"));
+  EXPECT_THAT(error({{"prompts", {{{"ids", {3, -1}}}}}}), HasSubstr("prompts[0].ids"));
+  EXPECT_THAT(error({{"prompts", {{{"text", ""}}}}}), HasSubstr("prompts[0].text"));
+  EXPECT_THAT(error({{"prompts", {{{"text", "x"}, {"chat", "yes"}}}}}),
+              HasSubstr("prompts[0].chat"));
+  json seventeen = json::array();
+  for (int i = 0; i < 17; ++i) seventeen.push_back({{"ids", {1}}});
+  EXPECT_THAT(error({{"prompts", seventeen}}), HasSubstr("17 prompts; at most 16"));
+  EXPECT_THAT(error({{"repository", "/repos/adapter"}}), HasSubstr("unknown field 'repository'"));
+  EXPECT_THAT(error({{"precision", "bf16"}}), HasSubstr("unknown field 'precision'"));
+  EXPECT_THAT(error({{"phases", {"identity"}}}), HasSubstr("every phase of a reference cell"));
+  EXPECT_THAT(error({{"kind", "upstream"}}), HasSubstr("field 'kind'"));
+}
+
+// Verifies the three ways a validation body names its reference, and what only a reference
+// cell may carry.
+TEST(CellSpecTest, ValidationBodyReferenceForms) {
+  auto none = ParseSubmitBody(Body(), SubmitContext{});
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->auto_reference);
+  EXPECT_TRUE(none->spec.reference.path.empty());
+
+  auto dir = ParseSubmitBody(Body({{"reference", "/data/ref/"}}), SubmitContext{});
+  ASSERT_TRUE(dir.ok());
+  EXPECT_FALSE(dir->auto_reference);
+  EXPECT_EQ(dir->spec.reference.path, "/data/ref");
+
+  const std::string id(64, 'c');
+  auto cell = ParseSubmitBody(Body({{"reference", {{"cell", id}}}, {"control", std::string(64, 'd')}}),
+                              SubmitContext{});
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  EXPECT_EQ(cell->spec.reference.cell, id);
+  EXPECT_EQ(cell->spec.control, std::string(64, 'd'));
+  EXPECT_EQ(CellSpecToJson(cell->spec)["reference"], (json{{"cell", id}}));
+
+  auto prompts = ParseSubmitBody(Body({{"prompts", {{{"ids", {4, 5}}}}}}), SubmitContext{});
+  ASSERT_TRUE(prompts.ok());
+  EXPECT_EQ(prompts->reference_prompts, (std::vector<Prompt>{Prompt{{4, 5}, "", false}}));
+
+  EXPECT_THAT(BodyError({{"reference", {{"cell", "abc"}}}}), HasSubstr("field 'reference.cell'"));
+  EXPECT_THAT(BodyError({{"reference", {{"path", "/x"}}}}), HasSubstr("reference.path"));
+  EXPECT_THAT(BodyError({{"control", "nope"}}), HasSubstr("field 'control'"));
+  EXPECT_THAT(BodyError({{"reference", "/data/ref"}, {"prompts", {{{"ids", {1}}}}}}),
+              HasSubstr("prompts are the reference cell's"));
+  EXPECT_THAT(BodyError({{"runtime", {{"transformers", "5.24.0"}}}}),
+              HasSubstr("only a reference cell runs transformers"));
+}
+
+// Verifies the frozen reference member's forms: a run spec carries the fetched bundle's path
+// and digest beside the reference cell's id; a digest alone is refused.
+TEST(CellSpecTest, FrozenReferenceForms) {
+  CellSpec spec = SampleSpec();
+  spec.reference = {};
+  spec.reference.cell = std::string(64, 'e');
+  json frozen = CellSpecToJson(spec);
+  EXPECT_EQ(ParseCellSpec(frozen).value(), spec);
+  spec.reference.path = "/work/attempts/3/reference";
+  spec.reference.digest = "sha256:" + std::string(64, 'f');
+  json run = CellSpecToJson(spec);
+  EXPECT_EQ(run["reference"].size(), 3u);
+  EXPECT_EQ(ParseCellSpec(run).value(), spec);
+  frozen["reference"]["digest"] = "sha256:x";
+  EXPECT_THAT(FrozenError(frozen), HasSubstr("'reference.digest' needs 'reference.path'"));
+}
+
+// Verifies the reference cell made for a validation cell takes the inputs that change
+// upstream's outputs (checkpoint, device, torch, decode length, training, prompts) and none of
+// the adapter's (precision, topology, mode, repository): variants of one checkpoint share one
+// reference cell.
+TEST(CellSpecTest, ReferenceCellForSharesOneReferenceAcrossVariants) {
+  CellSpec a = SampleSpec();
+  CellSpec b = SampleSpec();
+  b.precision = "bf16";
+  b.topology.tp = 2;
+  b.repository = "/repos/other";
+  const CellSpec ra = ReferenceCellFor(a, {}, SubmitContext{});
+  EXPECT_EQ(CanonicalSpecJson(ra), CanonicalSpecJson(ReferenceCellFor(b, {}, SubmitContext{})));
+  EXPECT_EQ(ra.checkpoint, a.checkpoint);
+  EXPECT_EQ(ra.runtime.torch, a.runtime.torch);
+  EXPECT_EQ(ra.decode, a.decode);
+  EXPECT_EQ(ra.training, a.training);
+  CellSpec c = SampleSpec();
+  c.decode.max_new_tokens = 8;
+  EXPECT_NE(CanonicalSpecJson(ra), CanonicalSpecJson(ReferenceCellFor(c, {}, SubmitContext{})));
+  EXPECT_NE(CanonicalSpecJson(ra),
+            CanonicalSpecJson(ReferenceCellFor(a, {Prompt{{1}, "", false}}, SubmitContext{})));
 }
 
 }  // namespace

@@ -40,5 +40,28 @@ TEST(Sha256Test, DirectoryDigestTracksNamesAndContents) {
   fs::remove_all(root);
 }
 
+// A Hub cache snapshot: every file is a link into ../../blobs/<sha>. The digest must name the
+// links (swapping which blob a name points to is another checkpoint), and equal the digest of
+// the same files copied in.
+TEST(Sha256Test, DirectoryDigestNamesSymlinkedFilesByTheirOwnNames) {
+  fs::path root = fs::temp_directory_path() / ("gh_digest_links_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  Write(root / "blobs" / "1111", "{}");
+  Write(root / "blobs" / "2222", "xyz");
+  fs::create_directories(root / "snapshots" / "s1");
+  fs::create_symlink("../../blobs/1111", root / "snapshots" / "s1" / "config.json");
+  fs::create_symlink("../../blobs/2222", root / "snapshots" / "s1" / "model.safetensors");
+  Write(root / "copy" / "config.json", "{}");
+  Write(root / "copy" / "model.safetensors", "xyz");
+  auto linked = DirectoryDigest(root / "snapshots" / "s1");
+  ASSERT_TRUE(linked.ok()) << linked.status().ToString();
+  EXPECT_EQ(*linked, *DirectoryDigest(root / "copy"));
+  fs::create_directories(root / "snapshots" / "s2");  // the names swapped
+  fs::create_symlink("../../blobs/2222", root / "snapshots" / "s2" / "config.json");
+  fs::create_symlink("../../blobs/1111", root / "snapshots" / "s2" / "model.safetensors");
+  EXPECT_NE(*linked, *DirectoryDigest(root / "snapshots" / "s2"));
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace gatehouse

@@ -53,7 +53,8 @@ class AgentServiceTest : public ::testing::Test {
     json body = {{"repository", "/repos/adapt"},
                  {"branch", "main"},
                  {"model_family", "llama"},
-                 {"checkpoint", (dir_.path() / "ckpt").string()}};
+                 {"checkpoint", (dir_.path() / "ckpt").string()},
+                 {"reference", (dir_.path() / "reference").string()}};
     if (seed) body["training"] = {{"seed", *seed}};
     auto outcome = core_->Submit(body.dump(), "test");
     EXPECT_TRUE(outcome.ok()) << outcome.status().ToString();

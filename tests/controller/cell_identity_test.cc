@@ -38,7 +38,8 @@ class IdentityTest : public ::testing::Test {
     return {{"repository", "/repos/adapt"},
             {"branch", "main"},
             {"model_family", "llama"},
-            {"checkpoint", (dir_.path() / "ckpt").string()}};
+            {"checkpoint", (dir_.path() / "ckpt").string()},
+            {"reference", (dir_.path() / "reference").string()}};
   }
 
   std::string IdOf(const json& body) {
@@ -67,7 +68,8 @@ TEST_F(IdentityTest, SameInputsGiveSameIdWhateverTheFieldOrder) {
       R"({"topology":{"ep":1,"pp":1,"dp":1,"tp":1},"checkpoint":")" +
       (dir_.path() / "ckpt").string() +
       R"(","model_family":"llama","training":{"seed":1234,"lr":0.001,"steps":2},)"
-      R"("branch":"main","repository":"/repos/adapt","precision":"fp32"})";
+      R"("branch":"main","repository":"/repos/adapt","precision":"fp32","reference":")" +
+      (dir_.path() / "reference").string() + R"("})";
   auto a = freezer_.Freeze(BaseBody().dump());
   auto b = freezer_.Freeze(reordered);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
@@ -375,19 +377,80 @@ TEST_F(IdentityTest, MissingDirectoriesAreNotFoundAndNamed) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find("config.json"), std::string::npos) << s.message();
 
-  // The default reference, <checkpoint>/../reference, must exist too.
+  // A named reference directory must exist, and be a reference bundle, not any directory.
   testing::WriteFile(dir_.path() / "lonely" / "ckpt" / "config.json", "{}");
   body["checkpoint"] = (dir_.path() / "lonely" / "ckpt").string();
+  body["reference"] = (dir_.path() / "lonely" / "reference").string();
   s = ErrorOf(body);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find((dir_.path() / "lonely" / "reference").string()), std::string::npos)
       << s.message();
-
-  // A reference directory must be a reference bundle, not any directory.
   testing::WriteFile(dir_.path() / "lonely" / "reference" / "notes.txt", "not a bundle");
   s = ErrorOf(body);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find("reference.json"), std::string::npos) << s.message();
+}
+
+TEST_F(IdentityTest, ABodyNamingNoReferenceGetsItsReferenceCell) {
+  // Verifies a validation body without `reference` freezes the reference cell of its
+  // checkpoint too (digested, the controller's transformers pin, default prompts), names it as
+  // reference.cell, and that variants of one checkpoint share that reference cell while another
+  // decode length gets another.
+  json body = BaseBody();
+  body.erase("reference");
+  auto cell = freezer_.Freeze(body.dump());
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  ASSERT_NE(cell->reference_cell, nullptr);
+  const FrozenCell& ref = *cell->reference_cell;
+  EXPECT_TRUE(ref.spec.IsReference());
+  EXPECT_EQ(ref.spec.checkpoint.digest, cell->spec.checkpoint.digest);
+  EXPECT_FALSE(ref.spec.checkpoint.digest.empty());
+  EXPECT_EQ(ref.spec.runtime.transformers, SubmitContext{}.transformers_pin);
+  EXPECT_EQ(cell->spec.reference.cell, ref.id);
+  EXPECT_TRUE(cell->spec.reference.path.empty());
+  EXPECT_EQ(json::parse(cell->spec_json)["reference"], (json{{"cell", ref.id}}));
+
+  json bf16 = body;
+  bf16["precision"] = "bf16";
+  auto variant = freezer_.Freeze(bf16.dump());
+  ASSERT_TRUE(variant.ok());
+  EXPECT_NE(variant->id, cell->id);
+  EXPECT_EQ(variant->reference_cell->id, ref.id);
+  json shorter = body;
+  shorter["decode"] = {{"max_new_tokens", 4}};
+  EXPECT_NE(freezer_.Freeze(shorter.dump())->reference_cell->id, ref.id);
+}
+
+TEST_F(IdentityTest, AReferenceBodyFreezesTheCheckpointOnly) {
+  // Verifies a reference body resolves no repository (none is named), digests the checkpoint,
+  // and refuses a text prompt when the checkpoint has no tokenizer (400 naming the prompt), but
+  // takes one when it has one.
+  const int calls = resolver_.calls;
+  json body = {{"kind", "reference"}, {"checkpoint", (dir_.path() / "ckpt").string()},
+               {"prompts", {{{"ids", {1, 2, 3}}}}}};
+  auto cell = freezer_.Freeze(body.dump());
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  EXPECT_EQ(resolver_.calls, calls);
+  EXPECT_TRUE(cell->spec.IsReference());
+  EXPECT_EQ(cell->spec.checkpoint.digest, *DirectoryDigest((dir_.path() / "ckpt").string()));
+  EXPECT_EQ(cell->repository, (dir_.path() / "ckpt").string());  // a label
+  EXPECT_EQ(cell->model_family, "reference");
+
+  body["prompts"] = {{{"ids", {1}}}, {{"text", "Hello"}, {"chat", true}}};
+  Status s = ErrorOf(body);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'prompts[1]': a text prompt needs the checkpoint's tokenizer"),
+            std::string::npos)
+      << s.message();
+  testing::WriteFile(dir_.path() / "ckpt" / "tokenizer.json", "{}");
+  EXPECT_TRUE(freezer_.Freeze(body.dump()).ok());
+
+  // The same check for the prompts of a validation body's reference cell.
+  json validation = BaseBody();
+  validation.erase("reference");
+  validation["checkpoint"] = (dir_.path() / "second" / "ckpt").string();
+  validation["prompts"] = {{{"text", "Hello"}}};
+  EXPECT_EQ(ErrorOf(validation).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(IdentityTest, RelativeRepositoryIsRejected) {

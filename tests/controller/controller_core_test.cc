@@ -6,10 +6,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "common/sha256.h"
 #include "controller/controller_core.h"
 #include "tests/controller/test_util.h"
 
@@ -57,7 +60,8 @@ class ControllerCoreTest : public ::testing::Test {
     const std::string body = json{{"repository", "/repos/adapt"},
                                   {"branch", "main"},
                                   {"model_family", "llama"},
-                                  {"checkpoint", (dir_.path() / "ckpt").string()}}
+                                  {"checkpoint", (dir_.path() / "ckpt").string()},
+                                  {"reference", (dir_.path() / "reference").string()}}
                                  .dump();
     auto outcome = core_->Submit(body, "ci");
     EXPECT_TRUE(outcome.ok()) << outcome.status().ToString();
@@ -248,7 +252,8 @@ TEST_F(ControllerCoreTest, CancelQueuedRunningAndEnded) {
                                 {"branch", "main"},
                                 {"model_family", "llama"},
                                 {"precision", "bf16"},
-                                {"checkpoint", (dir_.path() / "ckpt").string()}}
+                                {"checkpoint", (dir_.path() / "ckpt").string()},
+                                {"reference", (dir_.path() / "reference").string()}}
                                .dump();
   auto running = core_->Submit(body, "ci");
   ASSERT_TRUE(running.ok());
@@ -297,7 +302,8 @@ TEST_F(ControllerCoreTest, QueuedCellSaysWhyItWaits) {
                                 {"model_family", "llama"},
                                 {"device", "cuda"},
                                 {"topology", {{"tp", 2}}},
-                                {"checkpoint", (dir_.path() / "ckpt").string()}}
+                                {"checkpoint", (dir_.path() / "ckpt").string()},
+                                {"reference", (dir_.path() / "reference").string()}}
                                .dump();
   auto cuda = core_->Submit(body, "ci");
   ASSERT_TRUE(cuda.ok());
@@ -305,6 +311,204 @@ TEST_F(ControllerCoreTest, QueuedCellSaysWhyItWaits) {
   EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
   EXPECT_EQ(Cell(id).waiting_reason, "");
   EXPECT_EQ(Cell(cuda->cell.cell.id).waiting_reason, "cpu-box: 0 of 0 GPUs free, needs 2");
+}
+
+// Controls before variants: a validation cell naming no reference waits for the reference
+// cell of its checkpoint, which runs first, and gets its bundle as inputs.
+class ReferenceCellTest : public ControllerCoreTest {
+ protected:
+  void SetUp() override {
+    ControllerCoreTest::SetUp();
+    auto blobs = BlobStore::Open(dir_.path() / "artifacts", BlobLimits{1 << 20});
+    ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
+    blobs_ = std::move(*blobs);
+    core_->SetBlobStore(blobs_.get());
+  }
+
+  /// An agent that runs reference cells (transformers 5.24.0) and validation cells.
+  std::shared_ptr<RecordingChannel> ConnectReferenceAgent(const std::string& name) {
+    auto channel = std::make_shared<RecordingChannel>();
+    AgentHello hello{name, "{}", 1};
+    hello.transformers_version = "5.24.0";
+    EXPECT_TRUE(core_->RegisterAgent(hello).ok());
+    EXPECT_TRUE(core_->AttachAgent(name, hello, channel).ok());
+    return channel;
+  }
+
+  /// A validation body naming no reference.
+  std::string AutoBody(int max_new_tokens = 32) const {
+    return json{{"repository", "/repos/adapt"},
+                {"branch", "main"},
+                {"model_family", "llama"},
+                {"decode", {{"max_new_tokens", max_new_tokens}}},
+                {"checkpoint", (dir_.path() / "ckpt").string()}}
+        .dump();
+  }
+
+  /// Stores `bytes` as artifact `name` of `attempt` through the core, as PutArtifact does.
+  Status Upload(const std::string& agent, int64_t attempt, const std::string& name,
+                const std::string& bytes, std::string digest = "") {
+    if (digest.empty()) digest = "sha256:" + Sha256Hex(bytes);
+    GH_ASSIGN_OR_RETURN(auto writer, core_->BeginArtifact(agent, attempt, name, digest,
+                                                          static_cast<int64_t>(bytes.size())));
+    GH_RETURN_IF_ERROR(writer->Append(bytes));
+    GH_RETURN_IF_ERROR(writer->Commit());
+    return core_->RecordArtifact(agent, attempt, name, digest, static_cast<int64_t>(bytes.size()))
+        .status();
+  }
+
+  /// Ends `attempt` of `agent` with run_end `status` (event number `seq`).
+  void Finish(const std::string& agent, int64_t attempt, const std::string& status,
+              int64_t seq = 1) {
+    ASSERT_TRUE(core_->RecordEvent(agent, attempt, seq,
+                                   json{{"event", "run_end"}, {"status", status}}.dump())
+                    .ok());
+    ASSERT_TRUE(core_->EndAttempt(agent, attempt, "finished", "", 0).ok());
+  }
+
+  std::unique_ptr<BlobStore> blobs_;
+};
+
+TEST_F(ReferenceCellTest, TheReferenceRunsFirstAndItsBundleGoesWithTheValidationCell) {
+  // Verifies the reference cell is stored and placed first, the validation cell waits naming
+  // it, an agent without transformers takes no reference cell, the validation cell is placed
+  // once the reference passed, with the bundle's files as inputs, and a resubmit creates no
+  // second reference cell.
+  auto plain = Connect("plain");  // no transformers: no reference cells
+  auto outcome = core_->Submit(AutoBody(), "ci");
+  ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+  const CellDetail validation = outcome->cell;
+  const std::string ref_id = ParseCellSpecJson(validation.cell.spec_json)->reference.cell;
+  ASSERT_EQ(ref_id.size(), 64u);
+  EXPECT_THAT(Cell(ref_id).waiting_reason,
+              HasSubstr("plain: runs no reference cells (no transformers reported) (the "
+                        "reference cell pins 5.24.0)"));
+  EXPECT_THAT(Cell(validation.cell.id).waiting_reason,
+              HasSubstr("waiting for its reference cell " + ref_id.substr(0, 12) + " (queued)"));
+  EXPECT_TRUE(plain->AssignedIds().empty());
+
+  auto ref_agent = ConnectReferenceAgent("ref");
+  ASSERT_EQ(ref_agent->AssignedIds().size(), 1u);
+  const int64_t ref_attempt = ref_agent->AssignedIds()[0];
+  EXPECT_EQ(ref_agent->sent[0].cell_id, ref_id);
+  EXPECT_TRUE(ref_agent->sent[0].inputs.empty());
+  EXPECT_THAT(Cell(validation.cell.id).waiting_reason,
+              HasSubstr("waiting for its reference cell " + ref_id.substr(0, 12)));
+  EXPECT_TRUE(plain->AssignedIds().empty());
+
+  ASSERT_TRUE(Upload("ref", ref_attempt, "reference/reference.json", "{\"format\":1}").ok());
+  ASSERT_TRUE(Upload("ref", ref_attempt, "reference/reference.safetensors", "tensors").ok());
+  Finish("ref", ref_attempt, "PASS");
+  EXPECT_EQ(Cell(ref_id).status, AttemptState::kPassed);
+  ASSERT_EQ(Cell(ref_id).artifacts.size(), 2u);
+
+  ASSERT_EQ(plain->sent.size(), 1u);  // the validation cell, now placeable
+  const AssignmentMessage& a = plain->sent[0];
+  EXPECT_EQ(a.cell_id, validation.cell.id);
+  ASSERT_EQ(a.inputs.size(), 2u);
+  EXPECT_EQ(a.inputs[0].role, "reference");
+  EXPECT_EQ(a.inputs[0].name, "reference.json");
+  EXPECT_EQ(a.inputs[0].digest, "sha256:" + Sha256Hex("{\"format\":1}"));
+  EXPECT_EQ(a.inputs[1].name, "reference.safetensors");
+  EXPECT_EQ(a.inputs[1].size, 7);
+
+  auto again = core_->Submit(AutoBody(), "ci");
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created);
+  auto cells = core_->ListCells(100, 0);
+  ASSERT_TRUE(cells.ok());
+  EXPECT_EQ(cells->size(), 2u) << "one reference cell and one validation cell";
+}
+
+TEST_F(ReferenceCellTest, AReferenceThatFailsBlocksTheCellsWaitingForIt) {
+  // Verifies a validation cell whose reference cell ended without PASS ends `blocked` without
+  // running, its reason naming the reference cell and why it failed; a control that is not a
+  // reference cell holds a variant back the same way.
+  auto ref_agent = ConnectReferenceAgent("ref");
+  auto outcome = core_->Submit(AutoBody(), "ci");
+  ASSERT_TRUE(outcome.ok());
+  const std::string id = outcome->cell.cell.id;
+  const std::string ref_id = ParseCellSpecJson(outcome->cell.cell.spec_json)->reference.cell;
+  const int64_t ref_attempt = ref_agent->AssignedIds().at(0);
+  ASSERT_TRUE(core_->RecordEvent("ref", ref_attempt, 1,
+                                 R"({"event":"phase_end","phase":"reference","status":"FAIL",)"
+                                 R"("reason":"transformers cannot load the checkpoint: boom"})")
+                  .ok());
+  Finish("ref", ref_attempt, "FAIL", /*seq=*/2);
+  const CellDetail d = Cell(id);
+  EXPECT_EQ(d.status, AttemptState::kBlocked);
+  EXPECT_THAT(d.attempts.back().reason, HasSubstr("blocked: its reference cell " + ref_id +
+                                                  " ended failed (attempt 1)"));
+  EXPECT_THAT(d.attempts.back().reason, HasSubstr("transformers cannot load the checkpoint"));
+  EXPECT_EQ(ref_agent->sent.size(), 1u) << "the blocked cell is never assigned";
+
+  // A variant naming a control: it waits while the control runs, runs once it passed.
+  const std::string control_body =
+      json{{"repository", "/repos/adapt"}, {"branch", "main"}, {"model_family", "llama"},
+           {"checkpoint", (dir_.path() / "ckpt").string()},
+           {"reference", (dir_.path() / "reference").string()}}
+          .dump();
+  auto control = core_->Submit(control_body, "ci");
+  ASSERT_TRUE(control.ok());
+  json variant_body = json::parse(control_body);
+  variant_body["precision"] = "bf16";
+  variant_body["control"] = control->cell.cell.id;
+  auto variant = core_->Submit(variant_body.dump(), "ci");
+  ASSERT_TRUE(variant.ok()) << variant.status().ToString();
+  const int64_t control_attempt = ref_agent->AssignedIds().at(1);
+  EXPECT_THAT(Cell(variant->cell.cell.id).waiting_reason,
+              HasSubstr("waiting for its control " + control->cell.cell.id.substr(0, 12)));
+  Finish("ref", control_attempt, "PASS");
+  EXPECT_EQ(Cell(variant->cell.cell.id).status, AttemptState::kLeased);
+  EXPECT_TRUE(ref_agent->sent.back().inputs.empty());
+
+  variant_body["control"] = std::string(64, '0');
+  auto unknown = core_->Submit(variant_body.dump(), "ci");
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("field 'control': no cell"));
+  variant_body.erase("control");
+  variant_body["reference"] = {{"cell", control->cell.cell.id}};
+  auto not_reference = core_->Submit(variant_body.dump(), "ci");
+  EXPECT_THAT(not_reference.status().message(), HasSubstr("is not a reference cell"));
+}
+
+TEST_F(ReferenceCellTest, ArtifactsAreCheckedBeforeTheyAreStored) {
+  // Verifies an upload is refused whole when its bytes are not the announced digest or size,
+  // when it is over the size limit, under a bad name, or from an agent the attempt is not
+  // leased to; a resend of the same file is a no-op, another file under the same name is
+  // refused; only recorded blobs are served.
+  auto ref_agent = ConnectReferenceAgent("ref");
+  ASSERT_TRUE(core_->Submit(AutoBody(), "ci").ok());
+  const int64_t attempt = ref_agent->AssignedIds().at(0);
+  const std::string wrong = "sha256:" + Sha256Hex("other bytes");
+  Status s = Upload("ref", attempt, "reference/reference.json", "bytes", wrong);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("has digest sha256:" + Sha256Hex("bytes")));
+  EXPECT_EQ(core_->ArtifactPath(wrong).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(core_->BeginArtifact("ref", attempt, "big", wrong, 2 << 20).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(core_->BeginArtifact("ref", attempt, "../etc/passwd", wrong, 1).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->BeginArtifact("ref", attempt, "a//b", wrong, 1).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->BeginArtifact("other", attempt, "x", wrong, 1).status().code(),
+            StatusCode::kFailedPrecondition);
+  auto writer = core_->BeginArtifact("ref", attempt, "x", "sha256:" + Sha256Hex("ab"), 2);
+  ASSERT_TRUE(writer.ok());
+  EXPECT_EQ((*writer)->Append("abc").code(), StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(Upload("ref", attempt, "reference/reference.json", "bytes").ok());
+  auto resend = core_->RecordArtifact("ref", attempt, "reference/reference.json",
+                                      "sha256:" + Sha256Hex("bytes"), 5);
+  ASSERT_TRUE(resend.ok());
+  EXPECT_FALSE(*resend);
+  EXPECT_EQ(Upload("ref", attempt, "reference/reference.json", "changed").code(),
+            StatusCode::kAlreadyExists);
+  auto path = core_->ArtifactPath("sha256:" + Sha256Hex("bytes"));
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  std::ifstream in(*path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "bytes");
+  EXPECT_EQ(core_->ArtifactPath("sha256:zz").status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
@@ -547,6 +751,7 @@ TEST_F(ControllerCoreTest, TheSchedulerThreadPlacesWhatSubmitsQueue) {
                                   {"branch", "main"},
                                   {"model_family", "llama"},
                                   {"checkpoint", (dir_.path() / "ckpt").string()},
+                                  {"reference", (dir_.path() / "reference").string()},
                                   {"env", {{"RUN", std::to_string(i)}}}}
                                  .dump();
     auto outcome = core_->Submit(body, "ci");

@@ -109,7 +109,8 @@ class RestTest : public ::testing::Test {
     return json{{"repository", "/repos/adapt"},
                 {"branch", branch},
                 {"model_family", "llama"},
-                {"checkpoint", (dir_.path() / "ckpt").string()}}
+                {"checkpoint", (dir_.path() / "ckpt").string()},
+                {"reference", (dir_.path() / "reference").string()}}
         .dump();
   }
 
@@ -415,6 +416,43 @@ TEST_F(RestTest, OnlyRankZeroEventsAreEvidenceAndRankStreamsAreStored) {
             "rank 1 log\n");
   EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker-stdout.rank1").body,
             "rank 1 text\n");
+}
+
+TEST_F(RestTest, ServesStoredArtifactsByDigestAndListsThemOnTheCell) {
+  // Verifies an artifact an attempt stored is served whole by its digest (streamed from the blob
+  // store) and listed on its cell; an unknown digest is a 404, a malformed one a 400.
+  auto blobs = BlobStore::Open(dir_.path() / "artifacts");
+  ASSERT_TRUE(blobs.ok());
+  core_->SetBlobStore(blobs->get());
+  auto channel = std::make_shared<FakeChannel>();
+  const Submitted s = SubmitToAgent(channel);
+  const std::string bytes(3 << 20, 'x');  // larger than one read buffer
+  const std::string digest = "sha256:" + Sha256Hex(bytes);
+  auto writer = core_->BeginArtifact("agent-1", s.attempt, "reference/reference.json", digest,
+                                     static_cast<int64_t>(bytes.size()));
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  ASSERT_TRUE((*writer)->Append(bytes).ok());
+  ASSERT_TRUE((*writer)->Commit().ok());
+  ASSERT_TRUE(core_->RecordArtifact("agent-1", s.attempt, "reference/reference.json", digest,
+                                    static_cast<int64_t>(bytes.size()))
+                  .ok());
+
+  const Reply blob = Http(port_, "GET", "/api/v1/artifacts/" + digest);
+  EXPECT_EQ(blob.status, 200) << blob.head;
+  EXPECT_EQ(blob.body.size(), bytes.size());
+  EXPECT_TRUE(blob.body == bytes);
+  EXPECT_NE(blob.head.find("application/octet-stream"), std::string::npos) << blob.head;
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/artifacts/sha256:" + std::string(64, '0')).status, 404);
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/artifacts/md5:abc").status, 400);
+
+  const json cell = json::parse(Http(port_, "GET", "/api/v1/cells/" + s.id).body);
+  ASSERT_EQ(cell["artifacts"].size(), 1u) << cell.dump();
+  EXPECT_EQ(cell["artifacts"][0]["name"], "reference/reference.json");
+  EXPECT_EQ(cell["artifacts"][0]["digest"], digest);
+  EXPECT_EQ(cell["artifacts"][0]["attempt_id"], s.attempt);
+  const std::string report = Http(port_, "GET", "/api/v1/cells/" + s.id + "/report").body;
+  EXPECT_NE(report.find("## Artifacts"), std::string::npos) << report;
+  EXPECT_NE(report.find(digest), std::string::npos);
 }
 
 TEST_F(RestTest, ServesDashboardFilesAndNothingOutsideTheWebDir) {

@@ -70,7 +70,12 @@ TEST(CellSpecPathsTest, ControllerAgentAndWorkerReadTheSameSpec) {
   cpu_group["topology"] = {{"pp", 4}};
   cpu_group["runtime"] = {{"torch", "2.12.0+cpu"}};
   bodies.push_back(cpu_group);
-
+  // A reference cell (upstream on the checkpoint) with both kinds of prompt.
+  bodies.push_back({{"kind", "reference"},
+                    {"checkpoint", checkpoint.string()},
+                    {"decode", {{"max_new_tokens", 8}}},
+                    {"prompts", {{{"ids", {3, 4, 5}}}, {{"text", "Hi"}, {"chat", true}}}}});
+  Write(checkpoint / "tokenizer.json", "{}");  // a text prompt needs one
   controller::DigestCache digests;
   FixedResolver resolver;
   SubmitContext context;
@@ -86,9 +91,17 @@ TEST(CellSpecPathsTest, ControllerAgentAndWorkerReadTheSameSpec) {
     const SubmitRequest request = ParseSubmitBody(body.dump(), context).value();
     const controller::FrozenCell cell = freezer.Freeze(body.dump()).value();
     CellSpec expected = request.spec;
-    expected.commit = kCommit;
     expected.checkpoint.digest = digests.Digest(checkpoint).value();
-    expected.reference.digest = digests.Digest(reference).value();
+    if (!expected.IsReference()) expected.commit = kCommit;
+    if (request.auto_reference) {
+      // No reference named: the reference cell of this checkpoint, frozen beside it.
+      ASSERT_NE(cell.reference_cell, nullptr);
+      expected.reference.cell = cell.reference_cell->id;
+      EXPECT_EQ(cell.reference_cell->spec,
+                ParseCellSpecJson(cell.reference_cell->spec_json).value());
+    } else if (!expected.IsReference()) {
+      expected.reference.digest = digests.Digest(reference).value();
+    }
     EXPECT_EQ(cell.spec_json, CanonicalSpecJson(expected));
     EXPECT_EQ(cell.id, Sha256Hex(cell.spec_json));
     EXPECT_EQ(cell.priority, request.priority);
@@ -120,6 +133,7 @@ TEST(CellSpecPathsTest, ControllerAgentAndWorkerReadTheSameSpec) {
     EXPECT_EQ(demand.torch, worker_spec.runtime.torch);
     EXPECT_EQ(demand.cuda, worker_spec.runtime.cuda);
     EXPECT_EQ(demand.gpu_model, worker_spec.runtime.gpu_model);
+    EXPECT_EQ(demand.transformers, worker_spec.runtime.transformers);
     const auto visible = agent::VisibleDevices(agent_spec, gpu_indices, gpu_models).value();
     ASSERT_TRUE(visible.has_value());
     if (demand.gpu) {

@@ -198,15 +198,32 @@ def probe_prompts(vocab_size, lengths):
     return [torch.randint(3, vocab_size, (n,), generator=gen, dtype=torch.int64) for n in lengths]
 
 
-def greedy_config(model, cache_implementation=None):
+def greedy_config(model, cache_implementation=None, max_new_tokens=MAX_NEW_TOKENS):
     """Plain greedy, as the decode gate computes it: argmax at every step for exactly
-    MAX_NEW_TOKENS tokens. No eos stop and no eos suppression (min_new_tokens would mask eos when
-    it is the true argmax, and a fixture would then disagree with plain greedy)."""
-    gen_config = copy.deepcopy(model.generation_config)
-    gen_config.update(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=[],
+    max_new_tokens tokens. No eos stop and no eos suppression (min_new_tokens would mask eos when
+    it is the true argmax, and a fixture would then disagree with plain greedy). A fresh
+    GenerationConfig, not the checkpoint's: see plain_generate."""
+    gen_config = transformers.GenerationConfig()
+    gen_config.update(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=[],
                       pad_token_id=0, output_logits=True, return_dict_in_generate=True,
                       cache_implementation=cache_implementation)
     return gen_config
+
+
+def plain_generate(model, batch, generation_config):
+    """model.generate(input_ids=batch, all-ones mask, generation_config) with nothing taken from
+    the checkpoint's own generation_config.json. transformers fills every field the given config
+    leaves unset (None) from model.generation_config, so a checkpoint's repetition_penalty,
+    no_repeat_ngram_size, suppress_tokens, forced_eos_token_id or cache_implementation would
+    otherwise turn plain greedy into something the decode gate does not compute (greedy ids that
+    are not the argmax of their own decode logits)."""
+    saved = model.generation_config
+    model.generation_config = transformers.GenerationConfig()
+    try:
+        return model.generate(input_ids=batch, attention_mask=torch.ones_like(batch),
+                              generation_config=generation_config)
+    finally:
+        model.generation_config = saved
 
 
 def logit_spread(a, b):
@@ -220,15 +237,15 @@ def logit_spread(a, b):
 
 
 @torch.no_grad()
-def decode_floor(model, ids, new_ids, decode_logits):
+def decode_floor(model, ids, new_ids, decode_logits, max_new_tokens=MAX_NEW_TOKENS):
     """Upstream's own spread between its two KV caches: generate with a static (preallocated,
     masked) cache against the dynamic one's decode logits, over the steps whose tokens agree.
+    Runs on the model's device (ids, new_ids and decode_logits are CPU tensors).
     Returns (max abs diff, KL summed over those steps, steps)."""
-    batch = ids.unsqueeze(0)
-    out = model.generate(input_ids=batch, attention_mask=torch.ones_like(batch),
-                         generation_config=greedy_config(model, "static"))
-    static_ids = out.sequences[0, ids.numel():]
-    static_logits = torch.stack([step[0] for step in out.logits]).to(torch.float32)
+    batch = ids.unsqueeze(0).to(model.device)
+    out = plain_generate(model, batch, greedy_config(model, "static", max_new_tokens))
+    static_ids = out.sequences[0, ids.numel():].cpu()
+    static_logits = torch.stack([step[0] for step in out.logits]).to(torch.float32).cpu()
     agree = static_ids == new_ids
     # Step k's logits share the prefix when every token before k agreed.
     n = int(agree.long().cumprod(0).sum().item()) + 1
@@ -238,20 +255,21 @@ def decode_floor(model, ids, new_ids, decode_logits):
 
 
 @torch.no_grad()
-def reference_run(model, ids):
-    """Upstream on one prompt ids [T]: (prompt logits [T, V], greedy ids [N], the decode steps'
-    logits [N, V], the teacher-forced continuation logits [N, V]), logits as float32."""
-    batch = ids.unsqueeze(0)
+def reference_run(model, ids, max_new_tokens=MAX_NEW_TOKENS):
+    """Upstream on one prompt ids [T] (a CPU tensor; run on the model's device): (prompt logits
+    [T, V], greedy ids [N], the decode steps' logits [N, V], the teacher-forced continuation
+    logits [N, V]), logits as float32, all on the CPU."""
+    batch = ids.unsqueeze(0).to(model.device)
     mask = torch.ones_like(batch)
-    logits = model(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32)
-    out = model.generate(input_ids=batch, attention_mask=mask, generation_config=greedy_config(model))
-    new_ids = out.sequences[0, ids.numel():].to(torch.int64)
-    if new_ids.numel() != MAX_NEW_TOKENS:
-        raise RuntimeError(f"generate made {new_ids.numel()} tokens, not {MAX_NEW_TOKENS}")
-    decode_logits = torch.stack([step[0] for step in out.logits]).to(torch.float32)
+    logits = model(input_ids=batch, attention_mask=mask).logits[0].to(torch.float32).cpu()
+    out = plain_generate(model, batch, greedy_config(model, max_new_tokens=max_new_tokens))
+    new_ids = out.sequences[0, ids.numel():].to(torch.int64).cpu()
+    if new_ids.numel() != max_new_tokens:
+        raise RuntimeError(f"generate made {new_ids.numel()} tokens, not {max_new_tokens}")
+    decode_logits = torch.stack([step[0] for step in out.logits]).to(torch.float32).cpu()
     seq = out.sequences[0, :-1].unsqueeze(0)
     forced = model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0]
-    continuation = forced[ids.numel() - 1:].to(torch.float32)
+    continuation = forced[ids.numel() - 1:].to(torch.float32).cpu()
     return logits, new_ids, decode_logits, continuation
 
 
@@ -277,14 +295,15 @@ def saved_tensors(model, data=None):
     return tensors
 
 
-def training_trace(checkpoint_dir, model_class, prompts, dtype, **load_kwargs):
-    """Upstream's training steps on the probe prompts (see the module docstring, TRACE).
-    load_kwargs go to from_pretrained (e.g. another experts_implementation)."""
+def training_trace(checkpoint_dir, model_class, prompts, dtype, steps=TRAIN_STEPS, lr=TRAIN_LR,
+                   seed=TRAIN_SEED, **load_kwargs):
+    """Upstream's training steps on the probe prompts (see the module docstring, TRACE), on the
+    CPU. load_kwargs go to from_pretrained (e.g. another experts_implementation)."""
     model = model_class.from_pretrained(str(checkpoint_dir), dtype=dtype,
                                         attn_implementation="eager", **load_kwargs)
     model.train()
-    torch.manual_seed(TRAIN_SEED)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     usable = [p for p in prompts if p.numel() >= 2]
     params = list(model.parameters())
     # Per element, the first step after which it differs from the checkpoint (0: not yet);
@@ -293,7 +312,7 @@ def training_trace(checkpoint_dir, model_class, prompts, dtype, **load_kwargs):
     initial = [p.detach().clone() for p in params]
     first = [torch.zeros(p.shape, dtype=torch.float32) for p in params]
     losses, grad_norms, grad_sums = [], {}, {}
-    for step in range(1, TRAIN_STEPS + 1):
+    for step in range(1, steps + 1):
         ids = usable[(step - 1) % len(usable)]
         optimizer.zero_grad()
         logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
@@ -328,16 +347,18 @@ def training_trace(checkpoint_dir, model_class, prompts, dtype, **load_kwargs):
 EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm")
 
 
-def training_floor(checkpoint_dir, model_class, prompts, dtype, trace):
+def training_floor(checkpoint_dir, model_class, prompts, dtype, trace, steps=TRAIN_STEPS,
+                   lr=TRAIN_LR, seed=TRAIN_SEED):
     """Upstream's own spread in training: the trace made again with each other implementation,
     against `trace` (max relative step-1 gradient-norm difference over the keys, and max
     relative loss difference per step)."""
     config = transformers.AutoConfig.from_pretrained(str(checkpoint_dir))
     if not getattr(config, "num_experts", None):
-        return {"implementations": [], "grad_norm_rel": 0.0, "loss_rel": [0.0] * TRAIN_STEPS}
-    grad_rel, loss_rel = 0.0, [0.0] * TRAIN_STEPS
+        return {"implementations": [], "grad_norm_rel": 0.0, "loss_rel": [0.0] * steps}
+    grad_rel, loss_rel = 0.0, [0.0] * steps
     for impl in EXPERTS_IMPLEMENTATIONS:
-        alt = training_trace(checkpoint_dir, model_class, prompts, dtype, experts_implementation=impl)
+        alt = training_trace(checkpoint_dir, model_class, prompts, dtype, steps, lr, seed,
+                             experts_implementation=impl)
         for key, norm in trace["grad_norms"].items():
             grad_rel = max(grad_rel, abs(alt["grad_norms"][key] - norm) / abs(norm) if norm else 0.0)
         for i, (a, b) in enumerate(zip(alt["losses"], trace["losses"])):
@@ -347,14 +368,19 @@ def training_floor(checkpoint_dir, model_class, prompts, dtype, trace):
 
 
 def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_extra=None,
-                   min_distinct=MIN_DISTINCT_TOKENS):
+                   min_distinct=MIN_DISTINCT_TOKENS, max_new_tokens=MAX_NEW_TOKENS,
+                   train_steps=TRAIN_STEPS, train_lr=TRAIN_LR, train_seed=TRAIN_SEED):
     """Writes reference.safetensors and reference.json (the bundle of the module docstring) for
     `model` (fp32, saved in checkpoint_dir) into out_dir.
 
-    prompts: token id tensors [T] (int64). describe(i, new_ids) -> dict, when given, is stored
-    as reference.json "prompts"[i] (e.g. the prompt text and upstream's decoded continuation,
-    which the decode gate shows). meta_extra: more reference.json fields. A greedy continuation
-    with fewer than min_distinct distinct tokens raises (None: no check)."""
+    prompts: token id tensors [T] (int64, on the CPU). The forwards and decodes run on the
+    model's device (the bf16 copy is moved there too); the training trace runs on the CPU.
+    describe(i, new_ids) -> dict, when given, is stored as reference.json "prompts"[i] (e.g. the
+    prompt text and upstream's decoded continuation, which the decode gate shows). meta_extra:
+    more reference.json fields. A greedy continuation with fewer than min_distinct distinct
+    tokens raises (None: no check). max_new_tokens, train_steps, train_lr, train_seed: the
+    decode length and the training trace's AdamW steps, lr and seed (defaults: this module's
+    MAX_NEW_TOKENS, TRAIN_STEPS, TRAIN_LR, TRAIN_SEED)."""
     tensors = {}
     described = []
     distinct = {"fp32": [], "bf16": []}
@@ -363,13 +389,13 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
     # in bf16. A bf16 cell is compared with this: bf16 rounding alone moves the top-1 of
     # near-tied logits.
     model_bf16 = type(model).from_pretrained(str(checkpoint_dir), dtype=torch.bfloat16,
-                                             attn_implementation="eager").eval()
+                                             attn_implementation="eager").to(model.device).eval()
     floor = {"fp32": [0.0, 0.0, 0], "bf16": [0.0, 0.0, 0]}  # max abs, KL sum, steps
     for i, ids in enumerate(prompts):
         tensors[f"prompts.{i}.input_ids"] = ids.contiguous()
         for precision, m, suffix in (("fp32", model, ""), ("bf16", model_bf16, "_bf16")):
-            logits, new_ids, decode_logits, continuation = reference_run(m, ids)
-            max_abs, kl_sum, steps = decode_floor(m, ids, new_ids, decode_logits)
+            logits, new_ids, decode_logits, continuation = reference_run(m, ids, max_new_tokens)
+            max_abs, kl_sum, steps = decode_floor(m, ids, new_ids, decode_logits, max_new_tokens)
             acc = floor[precision]
             acc[0], acc[1], acc[2] = max(acc[0], max_abs), acc[1] + kl_sum, acc[2] + steps
             tensors[f"prompts.{i}.logits{suffix}"] = logits.contiguous()
@@ -385,14 +411,16 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         if bad:
             raise RuntimeError("degenerate greedy continuation (a decode bug could hide behind a "
                                f"repeated token; change the variant's seed or init): {bad}")
-    training = {"steps": TRAIN_STEPS, "lr": TRAIN_LR, "seed": TRAIN_SEED,
+    training = {"steps": train_steps, "lr": train_lr, "seed": train_seed,
                 "optimizer": "torch.optim.AdamW(betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)",
                 "batch": "step s: prompt (s-1) mod P; inputs ids[:-1], labels ids[1:], mean "
                          "cross-entropy over fp32 logits",
                 }
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        trace = training_trace(checkpoint_dir, type(model), prompts, dtype)
-        trace["floor"] = training_floor(checkpoint_dir, type(model), prompts, dtype, trace)
+        trace = training_trace(checkpoint_dir, type(model), prompts, dtype, train_steps, train_lr,
+                               train_seed)
+        trace["floor"] = training_floor(checkpoint_dir, type(model), prompts, dtype, trace,
+                                        train_steps, train_lr, train_seed)
         training[precision] = trace
     out_dir.mkdir(parents=True)
     save_file(tensors, str(out_dir / "reference.safetensors"))
@@ -400,7 +428,7 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         "format": REFERENCE_FORMAT,
         "num_prompts": len(prompts),
         "dtype": "float32",
-        "max_new_tokens": MAX_NEW_TOKENS,
+        "max_new_tokens": max_new_tokens,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "model_type": model.config.model_type,
@@ -412,8 +440,11 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "num_threads": torch.get_num_threads(),
         "continuation_distinct_tokens": distinct,
+        # KL is >= 0, but float64 rounding over near-identical logits can sum to -1e-17, which
+        # the bundle reader refuses: clamped at 0 (a value >= 0 is written unchanged).
         "decode_floor": {
-            precision: {"max_abs_diff": acc[0], "kl_mean": acc[1] / max(acc[2], 1), "steps": acc[2],
+            precision: {"max_abs_diff": acc[0], "kl_mean": max(acc[1] / max(acc[2], 1), 0.0),
+                        "steps": acc[2],
                         "method": "generate with cache_implementation='static' against the "
                                   "dynamic cache's decode_logits, over steps whose tokens agree"}
             for precision, acc in floor.items()},

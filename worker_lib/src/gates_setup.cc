@@ -107,8 +107,11 @@ GateOutcome IdentityGate(GateContext& ctx) {
   }
   // The inputs on this node must be the frozen ones: a checkpoint or reference changed (or
   // missing) since the cell was frozen would make the evidence belong to other inputs.
-  for (const auto& [name, input] : {std::pair{"checkpoint", &spec.checkpoint},
-                                    std::pair{"reference", &spec.reference}}) {
+  // A reference cell's bundle (reference.cell) was fetched by the agent, digest-checked, to
+  // reference.path; its digest is that directory's.
+  for (const auto& [name, input] :
+       {std::pair<const char*, const DigestedPath*>{"checkpoint", &spec.checkpoint},
+        std::pair<const char*, const DigestedPath*>{"reference", &spec.reference}}) {
     Result<std::string> digest = DirectoryDigest(input->path);
     if (!digest.ok()) {
       blocks.push_back(std::string(name) + " " + input->path + ": " + digest.status().message());

@@ -62,7 +62,12 @@ inline constexpr double kTop1DisagreementMargin = 2.0;
 /// Which logits are compared: a prompt's forward, or KV-cached decode steps.
 enum class LogitKind { kPrompt, kDecodeSteps };
 
-LogitBars LogitBarsFor(const ComparisonSite& site, LogitKind kind = LogitKind::kPrompt);
+/// `same_reductions` false: our computation sums over other lengths than upstream's although
+/// the math is the same (decode past a sliding window: upstream's sliding KV cache holds only
+/// the window's keys, ours masks the rest), so even the same kernels are not bit-exact; such a
+/// site gets the bars of another CPU kernel family.
+LogitBars LogitBarsFor(const ComparisonSite& site, LogitKind kind = LogitKind::kPrompt,
+                       bool same_reductions = true);
 
 /// Bars for KV-cached decode-step logits against upstream's decode logits. Upstream's own
 /// decode differs between its dynamic and its static (preallocated, masked) KV cache in fp32 by

@@ -29,7 +29,7 @@ namespace gatehouse::worker {
 /// StateDictAdapter (state_dict_adapter.h). 3: ModelFamily::Parallelize / ConstructParallel
 /// and the tensor-parallel types (tensor_parallel.h); CausalLM::SupportsStaticDecode /
 /// DecodeStep and KVCache::WriteAt (CUDA-graph decode).
-inline constexpr int kPluginAbiVersion = 3;
+inline constexpr int kPluginAbiVersion = 4;
 
 /// How each top-level field of config.json was treated. Every field must land in `mapped` or
 /// `ignored`; a field the family cannot honour makes ParseConfig fail instead.
@@ -53,6 +53,11 @@ class ModelArgs {
   virtual int64_t head_dim() const = 0;
   virtual int64_t max_position_embeddings() const = 0;
   virtual bool tie_word_embeddings() const = 0;
+  /// The smallest sliding window of any layer, in tokens (a query attends to the last
+  /// `sliding_window` positions, itself included, as transformers' sliding_window); 0 when no
+  /// layer slides. The decode gates use it: past the window, upstream's sliding KV cache keeps
+  /// only the window's keys, so its attention sums run over other lengths than a masked one.
+  virtual int64_t min_sliding_window() const { return 0; }
 };
 
 /// A causal language model built by a family. Parameters are registered under the family's

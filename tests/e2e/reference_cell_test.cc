@@ -1,0 +1,289 @@
+// End-to-end, as a new user comes: a checkpoint saved by transformers in this test (a model
+// type none of Gatehouse's families serves, and no reference bundle beside it) and an adapter
+// repository that adds its own family ("ministral") next to a copy of models/. Through the real
+// controller, agent, reference runner and worker processes on 127.0.0.1, driven by the
+// `gatehouse` CLI:
+//  - `gatehouse submit --wait` names no reference: the controller creates the reference cell of
+//    the checkpoint, an agent runs upstream on it and stores the bundle as artifacts, the
+//    validation cell waits for it, then runs against the fetched bundle and passes (exit 0);
+//  - a second submit returns the same cells (no second reference run);
+//  - the adapter branch that ignores the sliding window exits with the FAIL code, caught on the
+//    default prompt the reference runner chose past the window;
+//  - `gatehouse reference --wait --out` finds the same reference cell and downloads its bundle,
+//    which the worker's validator accepts;
+//  - a checkpoint transformers cannot load fails its reference cell with upstream's error, and
+//    the validation cell waiting for it ends blocked (exit 3) without running.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "common/sha256.h"
+#include "e2e_util.h"
+#include "http_client.h"
+#include "process_harness.h"
+
+namespace gatehouse::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using std::chrono::seconds;
+
+class ReferenceCellEndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("gatehouse-e2e-ref-" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "logs");
+    ASSERT_NO_FATAL_FAILURE(MakeMinistralRepository(root_ / "adapter"));
+    // The user's checkpoint, saved by transformers here; no reference bundle beside it.
+    CommandResult made = RunCommand(GATEHOUSE_PYTHON,
+                                    {std::string(GATEHOUSE_E2E_DIR) + "/make_user_checkpoint.py",
+                                     (root_ / "user" / "ckpt").string()},
+                                    root_);
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+    ASSERT_FALSE(fs::exists(root_ / "user" / "reference"));
+
+    const std::string bin = GATEHOUSE_BIN_DIR;
+    const std::string db = (root_ / "gatehouse.db").string();
+    token_ = CreateToken(bin, db, {"--name", "ci", "--scopes", "read,submit"});
+    const std::string agent_token = CreateToken(bin, db, {"--name", "node", "--kind", "agent"});
+    ASSERT_FALSE(token_.empty() || agent_token.empty());
+    WriteTextFile(root_ / "agent.token", agent_token + "\n");
+    controller_ = std::make_unique<Daemon>(
+        bin + "/gatehouse-controller",
+        std::vector<std::string>{"--db", db, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+                                 "--mirror-dir", (root_ / "mirrors").string(), "--artifact-dir",
+                                 (root_ / "artifacts").string(), "--web-dir", GATEHOUSE_WEB_DIR,
+                                 "--torch-pin", GATEHOUSE_TORCH_VERSION},
+        root_ / "logs" / "controller");
+    auto ports = WaitForControllerPorts(*controller_);
+    ASSERT_TRUE(ports) << controller_->Stderr();
+    http_port_ = ports->http;
+    // One agent runs both kinds of cell: the reference runner is this build's venv.
+    agent_ = std::make_unique<Daemon>(
+        bin + "/gatehouse-agent",
+        std::vector<std::string>{"--controller", "127.0.0.1:" + std::to_string(ports->grpc),
+                                 "--name", "node", "--work-dir", (root_ / "agent").string(),
+                                 "--sdk-dir", GATEHOUSE_SDK_DIR, "--cmake-prefix-path",
+                                 GATEHOUSE_TORCH_PREFIX, "--worker", bin + "/gatehouse-worker",
+                                 "--token-file", (root_ / "agent.token").string(),
+                                 "--reference-python", GATEHOUSE_PYTHON, "--reference-script",
+                                 GATEHOUSE_REFERENCE_SCRIPT},
+        root_ / "logs" / "agent");
+    ASSERT_TRUE(agent_->WaitForLine(std::regex("registered as"), seconds(60)))
+        << agent_->Stderr();
+  }
+
+  void TearDown() override {
+    agent_.reset();
+    controller_.reset();
+    if (!HasFailure()) {
+      fs::remove_all(root_);
+    } else {
+      std::cerr << "e2e: keeping " << root_ << " for inspection\n";
+    }
+  }
+
+  /// models/ as the adapter repository's root plus the team's own family, ministral/
+  /// (registered in plugin.cc, built by CMakeLists.txt): branch `main`; branch `no-window` with
+  /// the bug "the sliding window is never applied".
+  static void MakeMinistralRepository(const fs::path& repo) {
+    fs::create_directories(repo);
+    fs::copy(GATEHOUSE_MODELS_DIR, repo, fs::copy_options::recursive);
+    fs::copy(fs::path(GATEHOUSE_E2E_DIR) / "adapter_ministral" / "ministral", repo / "ministral",
+             fs::copy_options::recursive);
+    auto edit = [](const fs::path& file, const std::string& after, const std::string& add) {
+      std::stringstream text;
+      text << std::ifstream(file).rdbuf();
+      std::string s = text.str();
+      const size_t at = s.find(after);
+      ASSERT_NE(at, std::string::npos) << file << " has no '" << after << "'";
+      s.insert(at + after.size(), add);
+      WriteTextFile(file, s);
+    };
+    ASSERT_NO_FATAL_FAILURE(
+        edit(repo / "plugin.cc", "#include \"llama/llama.h\"\n", "#include \"ministral/ministral.h\"\n"));
+    ASSERT_NO_FATAL_FAILURE(edit(repo / "plugin.cc",
+                                 "GH_RETURN_IF_ERROR(registry.Register(llama::MakeLlamaFamily()));\n",
+                                 "  GH_RETURN_IF_ERROR(registry.Register(acme::ministral::"
+                                 "MakeMinistralFamily()));\n"));
+    ASSERT_NO_FATAL_FAILURE(
+        edit(repo / "CMakeLists.txt", "set(GATEHOUSE_FAMILY_SOURCES\n", "  ministral/ministral.cc\n"));
+    Git(repo, {"init", "-q", "-b", "main"});
+    Git(repo, {"add", "-A"});
+    Git(repo, {"commit", "-q", "-m", "Ministral adapter"});
+    Git(repo, {"checkout", "-q", "-b", "no-window"});
+    Git(repo, {"apply", std::string(GATEHOUSE_E2E_DIR) + "/adapter_ministral/no_window.patch"});
+    Git(repo, {"commit", "-q", "-am", "Ministral adapter that never applies the sliding window"});
+    Git(repo, {"checkout", "-q", "main"});
+  }
+
+  struct CliRun {
+    int exit_code = -1;
+    std::string out, err;
+  };
+
+  /// bin/gatehouse against this controller with `args` (shell words this test controls), the
+  /// token in GATEHOUSE_TOKEN.
+  CliRun Cli(const std::string& args) {
+    const fs::path out = root_ / "cli.stdout", err = root_ / "cli.stderr";
+    ::setenv("GATEHOUSE_TOKEN", token_.c_str(), 1);
+    const std::string cmd = std::string(GATEHOUSE_BIN_DIR) + "/gatehouse --controller http://127.0.0.1:" +
+                            std::to_string(http_port_) + " " + args + " > " + out.string() +
+                            " 2> " + err.string();
+    const int rc = std::system(cmd.c_str());
+    ::unsetenv("GATEHOUSE_TOKEN");
+    CliRun run;
+    run.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    std::stringstream o, e;
+    o << std::ifstream(out).rdbuf();
+    e << std::ifstream(err).rdbuf();
+    run.out = o.str();
+    run.err = e.str();
+    return run;
+  }
+
+  json Get(const std::string& path) {
+    HttpResponse r = HttpRequest(http_port_, "GET", path, "", token_);
+    EXPECT_EQ(r.status, 200) << path << ": " << r.body << r.error;
+    return json::parse(r.body, nullptr, false);
+  }
+
+  /// The submit flags of a validation cell of the user's checkpoint on `branch`.
+  std::string SubmitArgs(const std::string& branch, const fs::path& checkpoint) const {
+    return "submit --wait --timeout-s 1200 --poll-ms 500 --repository " +
+           (root_ / "adapter").string() + " --branch " + branch +
+           " --family ministral --checkpoint " + checkpoint.string() +
+           " --max-new-tokens 8 --phases identity,config,construct,load,inference,decode,training,save";
+  }
+
+  /// The cell id on the first line of a submit's output ("<id> created|existing <status>").
+  static std::string FirstId(const std::string& out) {
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex("^([0-9a-f]{64}) (created|existing)"))) return "";
+    return m[1];
+  }
+
+  fs::path root_;
+  std::string token_;
+  int http_port_ = 0;
+  std::unique_ptr<Daemon> controller_;
+  std::unique_ptr<Daemon> agent_;
+};
+
+TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
+  const fs::path checkpoint = root_ / "user" / "ckpt";
+
+  // 1. A validation cell naming no reference: its reference cell runs first, then it passes.
+  CliRun first = Cli(SubmitArgs("main", checkpoint));
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err << "\nagent:\n" << agent_->Stderr();
+  const std::string id = FirstId(first.out);
+  ASSERT_FALSE(id.empty()) << first.out;
+  EXPECT_NE(first.out.find("waiting: waiting for its reference cell"), std::string::npos)
+      << first.out;
+  const json cell = Get("/api/v1/cells/" + id);
+  EXPECT_EQ(cell["status"], "passed");
+  const std::string ref_id = cell["spec"]["reference"].value("cell", "");
+  ASSERT_EQ(ref_id.size(), 64u) << cell["spec"].dump();
+  const json* inference = FindPhase(cell, "inference");
+  ASSERT_NE(inference, nullptr);
+  EXPECT_EQ(inference->at("status"), "PASS") << inference->dump();
+  const json* identity = FindPhase(cell, "identity");
+  ASSERT_NE(identity, nullptr);
+  EXPECT_EQ(identity->at("status"), "PASS") << identity->dump();
+
+  const json ref = Get("/api/v1/cells/" + ref_id);
+  EXPECT_EQ(ref["status"], "passed");
+  EXPECT_EQ(ref["spec"]["kind"], "reference");
+  EXPECT_EQ(ref["spec"]["checkpoint"]["digest"], cell["spec"]["checkpoint"]["digest"]);
+  for (const char* phase : {"identity", "reference"}) {
+    const json* p = FindPhase(ref, phase);
+    ASSERT_NE(p, nullptr) << phase;
+    EXPECT_EQ(p->at("status"), "PASS") << p->dump();
+  }
+  ASSERT_EQ(ref["artifacts"].size(), 2u) << ref.dump();
+  std::map<std::string, std::string> digests;
+  for (const json& a : ref["artifacts"]) digests[a["name"]] = a["digest"];
+  ASSERT_TRUE(digests.count("reference/reference.json") &&
+              digests.count("reference/reference.safetensors"));
+  // The worker compared with exactly the bundle the reference cell stored: the directory digest
+  // of those two files, as the identity gate recomputed it on the node.
+  const fs::path fetched = root_ / "agent" / "attempts" / std::to_string(cell["attempts"][0]["id"].get<int>()) / "reference";
+  EXPECT_TRUE(fs::exists(fetched / "reference.safetensors")) << fetched;
+
+  // 2. The same inputs again: the same cells, no second reference run.
+  CliRun again = Cli(SubmitArgs("main", checkpoint));
+  EXPECT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_EQ(FirstId(again.out), id);
+  EXPECT_NE(again.out.find(" existing "), std::string::npos) << again.out;
+  EXPECT_EQ(Get("/api/v1/cells/" + ref_id)["attempts"].size(), 1u);
+
+  // 3. The adapter branch that ignores the sliding window: FAIL, on the reference cell's
+  //    default prompt longer than the window (the reference is reused, not run again).
+  CliRun broken = Cli(SubmitArgs("no-window", checkpoint));
+  EXPECT_EQ(broken.exit_code, 1) << broken.out << broken.err;
+  const json broken_cell = Get("/api/v1/cells/" + FirstId(broken.out));
+  EXPECT_EQ(broken_cell["status"], "failed");
+  EXPECT_EQ(broken_cell["spec"]["reference"]["cell"], ref_id);
+  const json* broken_inference = FindPhase(broken_cell, "inference");
+  ASSERT_NE(broken_inference, nullptr);
+  EXPECT_EQ(broken_inference->at("status"), "FAIL") << broken_inference->dump();
+  EXPECT_EQ(Get("/api/v1/cells/" + ref_id)["attempts"].size(), 1u);
+
+  // 4. `gatehouse reference` finds that reference cell and downloads its bundle.
+  CliRun download = Cli("reference --checkpoint " + checkpoint.string() +
+                        " --max-new-tokens 8 --wait --timeout-s 300 --out " +
+                        (root_ / "bundle").string());
+  ASSERT_EQ(download.exit_code, 0) << download.out << download.err;
+  EXPECT_EQ(FirstId(download.out), ref_id) << download.out;
+  for (const auto& [name, digest] : digests) {
+    const fs::path file = root_ / "bundle" / fs::path(name).filename();
+    ASSERT_TRUE(fs::exists(file)) << file;
+    EXPECT_EQ("sha256:" + *Sha256FileHex(file), digest) << name;
+  }
+  CommandResult check = RunCommand(std::string(GATEHOUSE_BIN_DIR) + "/gatehouse-worker",
+                                   {"--check-reference", (root_ / "bundle").string()}, root_);
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_NE(check.output.find("\"max_new_tokens\":8"), std::string::npos) << check.output;
+  EXPECT_NE(check.output.find("40"), std::string::npos)
+      << "a default prompt past the sliding window of 24: " << check.output;
+  HttpResponse blob = HttpRequest(http_port_, "GET", "/api/v1/artifacts/sha256:" + std::string(64, '0'), "", token_);
+  EXPECT_EQ(blob.status, 404) << blob.body;
+
+  // 5. A checkpoint transformers cannot load: its reference cell FAILs with upstream's text,
+  //    and the validation cell waiting for it ends blocked without running (exit 3).
+  const fs::path bad = root_ / "bad" / "ckpt";
+  fs::create_directories(bad);
+  fs::copy_file(checkpoint / "model.safetensors", bad / "model.safetensors");
+  WriteTextFile(bad / "config.json", R"({"model_type": "no_such_model", "vocab_size": 256})");
+  CliRun blocked = Cli(SubmitArgs("main", bad));
+  EXPECT_EQ(blocked.exit_code, 3) << blocked.out << blocked.err;
+  const json blocked_cell = Get("/api/v1/cells/" + FirstId(blocked.out));
+  EXPECT_EQ(blocked_cell["status"], "blocked") << blocked_cell.dump();
+  const std::string bad_ref = blocked_cell["spec"]["reference"].value("cell", "");
+  const std::string reason = blocked_cell["attempts"].back().value("reason", "");
+  EXPECT_NE(reason.find("its reference cell " + bad_ref + " ended failed"), std::string::npos)
+      << reason;
+  const json bad_ref_cell = Get("/api/v1/cells/" + bad_ref);
+  const json* bad_phase = FindPhase(bad_ref_cell, "reference");
+  ASSERT_NE(bad_phase, nullptr) << bad_ref_cell.dump();
+  EXPECT_EQ(bad_phase->at("status"), "FAIL");
+  EXPECT_NE(bad_phase->at("reason").get<std::string>().find("transformers cannot load the checkpoint"),
+            std::string::npos)
+      << bad_phase->dump();
+  EXPECT_NE(bad_phase->at("reason").get<std::string>().find("no_such_model"), std::string::npos)
+      << bad_phase->dump();
+}
+
+}  // namespace
+}  // namespace gatehouse::testing
