@@ -460,6 +460,12 @@ namespace {
 
 constexpr size_t kArtifactChunkBytes = size_t{1} << 20;
 
+// How long one artifact transfer may take: a minute plus a second per MiB (a link slower than
+// 1 MiB/s, or a stalled controller, ends the call instead of holding the attempt forever).
+std::chrono::system_clock::time_point ArtifactDeadline(int64_t bytes) {
+  return std::chrono::system_clock::now() + std::chrono::seconds(60 + (std::max<int64_t>(bytes, 0) >> 20));
+}
+
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
   const std::string message = what + ": " + s.error_message();
   switch (s.error_code()) {
@@ -491,6 +497,7 @@ Status AgentClient::Put(int64_t attempt_id, const std::string& name,
     auto stub = pb::AgentService::NewStub(grpc::CreateChannel(config_.controller, *credentials));
     grpc::ClientContext context;
     if (!config_.token.empty()) context.AddMetadata("authorization", "Bearer " + config_.token);
+    context.set_deadline(ArtifactDeadline(static_cast<int64_t>(size)));
     pb::ArtifactStored stored;
     auto writer = stub->PutArtifact(&context, &stored);
     pb::ArtifactChunk chunk;
@@ -536,6 +543,7 @@ Status AgentClient::Get(const std::string& digest, int64_t size,
   auto stub = pb::AgentService::NewStub(grpc::CreateChannel(config_.controller, *credentials));
   grpc::ClientContext context;
   if (!config_.token.empty()) context.AddMetadata("authorization", "Bearer " + config_.token);
+  context.set_deadline(ArtifactDeadline(size));
   pb::ArtifactRequest request;
   request.set_digest(digest);
   auto reader = stub->GetArtifact(&context, request);
@@ -548,6 +556,11 @@ Status AgentClient::Get(const std::string& digest, int64_t size,
   bool write_ok = true;
   while (reader->Read(&chunk)) {
     const std::string& data = chunk.data();
+    if (received + static_cast<int64_t>(data.size()) > size) {
+      context.TryCancel();  // more than announced: stop reading, the check below refuses it
+      received += static_cast<int64_t>(data.size());
+      break;
+    }
     write_ok = write_ok && std::fwrite(data.data(), 1, data.size(), file) == data.size();
     sha.Update(data);
     received += static_cast<int64_t>(data.size());
@@ -555,6 +568,11 @@ Status AgentClient::Get(const std::string& digest, int64_t size,
   write_ok = std::fclose(file) == 0 && write_ok;
   const grpc::Status status = reader->Finish();
   std::error_code ec;
+  if (received > size) {
+    std::filesystem::remove(tmp, ec);
+    return Status::DataLoss("received more than the announced " + std::to_string(size) +
+                            " bytes of " + digest);
+  }
   if (!status.ok() || !write_ok) {
     std::filesystem::remove(tmp, ec);
     return status.ok() ? Status::Internal("cannot write " + tmp.string())

@@ -107,6 +107,15 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
     // The reference cell's bundle, fetched by digest: the worker compares with exactly it.
     const auto dir = config_.work_dir / "attempts" / std::to_string(id) / "reference";
     auto digest = FetchReference(assignment.inputs, dir);
+    const StatusCode code = digest.status().code();
+    if (!digest.ok() && (code == StatusCode::kUnavailable || code == StatusCode::kInternal ||
+                         code == StatusCode::kDeadlineExceeded ||
+                         code == StatusCode::kUnauthenticated ||
+                         code == StatusCode::kPermissionDenied)) {
+      // The controller or this node failed, not the bundle: no evidence either way.
+      return Error(id, "fetching the reference bundle of reference cell " + spec.reference.cell +
+                           " failed: " + digest.status().message());
+    }
     if (!digest.ok()) {
       return BlockedOnInput(id, sink,
                             "the reference bundle of reference cell " + spec.reference.cell +
@@ -171,22 +180,23 @@ Result<std::string> AttemptRunner::FetchReference(const std::vector<InputFile>& 
       return Status::InvalidArgument("input '" + in.name + "' (" + in.digest +
                                      "): not a bundle file name and digest");
     }
-    // The node's cache: one verified copy per digest, shared by later attempts.
+    const fs::path target = dir / in.name;
+    if (fs::exists(target, ec)) {
+      return Status::InvalidArgument("input '" + in.name + "' is listed twice");
+    }
+    // The node's cache: one copy per digest, shared by later attempts and checked against its
+    // digest every time it is used (a copy goes to the attempt, so its worker cannot change it).
     const fs::path cached = config_.work_dir / "artifacts" / "sha256" / in.digest.substr(7);
-    if (!fs::is_regular_file(cached, ec) ||
-        static_cast<int64_t>(fs::file_size(cached, ec)) != in.size) {
+    auto cached_hex = fs::is_regular_file(cached, ec) ? Sha256FileHex(cached)
+                                                      : Result<std::string>(Status::NotFound(""));
+    if (!cached_hex.ok() || "sha256:" + *cached_hex != in.digest) {
       fs::create_directories(cached.parent_path(), ec);
       if (Status s = artifacts_->Get(in.digest, in.size, cached); !s.ok()) {
         return Status(s.code(), "'" + in.name + "' (" + in.digest + "): " + s.message());
       }
     }
-    const fs::path target = dir / in.name;
-    fs::create_hard_link(cached, target, ec);
-    if (ec) {
-      ec.clear();
-      fs::copy_file(cached, target, fs::copy_options::overwrite_existing, ec);
-      if (ec) return Status::Internal("cannot place '" + in.name + "': " + ec.message());
-    }
+    fs::copy_file(cached, target, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::Internal("cannot place '" + in.name + "': " + ec.message());
     ++files;
   }
   if (files == 0) return Status::NotFound("the assignment lists no reference bundle file");
@@ -218,9 +228,17 @@ AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec, AttemptS
   if (end.outcome != kOutcomeFinished || !fs::is_directory(out, ec)) return end;
   // The bundle becomes the reference cell's artifacts before the end is reported, so a cell
   // waiting for it finds them once it has passed.
-  for (const char* file : {"reference.json", "reference.safetensors"}) {
+  constexpr const char* kFiles[] = {"reference.json", "reference.safetensors"};
+  for (const char* file : kFiles) {
+    if (!fs::is_regular_file(out / file, ec)) {
+      // The runner writes the bundle whole or not at all: half of one is not a reference.
+      end.outcome = std::string(kOutcomeError);
+      end.reason = "the reference runner's bundle " + out.string() + " has no " + file;
+      return end;
+    }
+  }
+  for (const char* file : kFiles) {
     const fs::path path = out / file;
-    if (!fs::is_regular_file(path, ec)) continue;
     Status stored = artifacts_->Put(id, std::string("reference/") + file, path);
     if (!stored.ok()) {
       end.outcome = std::string(kOutcomeError);

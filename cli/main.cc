@@ -222,7 +222,11 @@ int DownloadBundle(const ApiClient& api, const std::string& id, const std::strin
     return cli::kExitUsage;
   }
   int files = 0;
-  for (const json& a : cell.value("artifacts", json::array())) {
+  // The passed attempt is the latest; an earlier (failed) attempt's files are not the bundle.
+  const json attempts = cell.is_object() ? cell.value("attempts", json::array()) : json::array();
+  const json latest = attempts.empty() ? json::object() : attempts.back();
+  for (const json& a : cell.is_object() ? cell.value("artifacts", json::array()) : json::array()) {
+    if (!latest.contains("id") || a.value("attempt_id", int64_t{-1}) != latest["id"]) continue;
     const std::string name = a.value("name", ""), digest = a.value("digest", "");
     constexpr std::string_view kPrefix = "reference/";
     if (name.rfind(kPrefix, 0) != 0 || name.find('/', kPrefix.size()) != std::string::npos) continue;

@@ -755,6 +755,8 @@ CellSpec ReferenceCellFor(const CellSpec& spec, const std::vector<Prompt>& promp
   r.checkpoint = spec.checkpoint;
   r.runtime.torch = spec.runtime.torch;
   r.runtime.device = spec.runtime.device;
+  r.runtime.cuda = spec.runtime.cuda;
+  r.runtime.gpu_model = spec.runtime.gpu_model;
   r.runtime.transformers = context.transformers_pin;
   r.decode = spec.decode;
   r.training = spec.training;

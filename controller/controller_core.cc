@@ -234,11 +234,31 @@ Result<std::unique_ptr<BlobStore::Writer>> ControllerCore::BeginArtifact(
     const std::string& digest, int64_t size) {
   if (blobs_ == nullptr) return Status::Unavailable("this controller stores no artifacts");
   GH_RETURN_IF_ERROR(CheckArtifactName(name));
-  Touch(agent_id);
   GH_ASSIGN_OR_RETURN(AttemptRecord a, AttemptOfAgent(agent_id, attempt_id));
+  Touch(agent_id);
   if (IsTerminal(a.state)) {
     return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) + " already ended (" +
                                       std::string(AttemptStateName(a.state)) + ")");
+  }
+  // Today only reference cells store artifacts, and only their bundle's two files: an agent
+  // token cannot fill the controller's disk through another cell.
+  GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(a.cell_id));
+  const Result<CellSpec> spec =
+      cell ? ParseCellSpecJson(cell->spec_json) : Result<CellSpec>(Status::NotFound(""));
+  if (!spec.ok() || !spec->IsReference() ||
+      (name != "reference/reference.json" && name != "reference/reference.safetensors")) {
+    return Status::InvalidArgument("artifact '" + name + "' of attempt " +
+                                   std::to_string(attempt_id) +
+                                   ": only a reference cell stores artifacts, "
+                                   "reference/reference.json and reference/reference.safetensors");
+  }
+  GH_ASSIGN_OR_RETURN(std::vector<ArtifactRecord> stored, store_.ListArtifacts(attempt_id));
+  for (const ArtifactRecord& r : stored) {
+    if (r.name == name && r.digest != digest) {
+      return Status::AlreadyExists("attempt " + std::to_string(attempt_id) +
+                                   " already stored artifact '" + name + "' as " + r.digest +
+                                   ", not " + digest);
+    }
   }
   return blobs_->Begin(digest, size);
 }
@@ -247,7 +267,10 @@ Result<bool> ControllerCore::RecordArtifact(const std::string& agent_id, int64_t
                                             const std::string& name, const std::string& digest,
                                             int64_t size) {
   GH_ASSIGN_OR_RETURN(AttemptRecord a, AttemptOfAgent(agent_id, attempt_id));
-  (void)a;
+  if (IsTerminal(a.state)) {
+    return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) + " already ended (" +
+                                      std::string(AttemptStateName(a.state)) + ")");
+  }
   GH_ASSIGN_OR_RETURN(bool created,
                       store_.RecordArtifact({attempt_id, name, digest, size, ""}));
   if (created) spdlog::info("attempt {}: artifact '{}' stored ({}, {} bytes)", attempt_id, name, digest, size);

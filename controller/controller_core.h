@@ -134,9 +134,11 @@ class ControllerCore {
   /// once, before the transports start.
   void SetBlobStore(BlobStore* blobs) { blobs_ = blobs; }
   /// Starts storing file `name` (CheckArtifactName) of attempt `attempt_id`, leased to
-  /// `agent_id`, as blob `digest` of `size` bytes; Commit the writer, then RecordArtifact.
-  /// Errors as RecordEvent; INVALID_ARGUMENT for a bad name or digest; RESOURCE_EXHAUSTED over
-  /// the size limit.
+  /// `agent_id` and not ended, as blob `digest` of `size` bytes; Commit the writer, then
+  /// RecordArtifact. Only a reference cell stores artifacts, and only reference/reference.json
+  /// and reference/reference.safetensors. Errors as RecordEvent; FAILED_PRECONDITION for an
+  /// ended attempt; INVALID_ARGUMENT for a bad or refused name or digest; ALREADY_EXISTS when
+  /// the attempt stored other bytes under that name; RESOURCE_EXHAUSTED over the size limit.
   Result<std::unique_ptr<BlobStore::Writer>> BeginArtifact(const std::string& agent_id,
                                                            int64_t attempt_id,
                                                            const std::string& name,

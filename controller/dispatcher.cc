@@ -25,7 +25,9 @@ Dispatcher::Prerequisites Dispatcher::CheckPrerequisites(const Demand& demand) {
     const std::string what = reference ? "its reference cell" : "its control";
     const AttemptRecord& last = attempts->back();
     if (last.state == AttemptState::kPassed) {
-      if (!reference) continue;
+      // Only the cell's own reference brings its bundle (a control that happens to be a
+      // reference cell is waited for, not compared with).
+      if (!reference || id != demand.reference_cell) continue;
       auto files = store_.ListArtifacts(last.id);
       if (!files.ok()) {
         out.waiting = "the artifacts of " + what + " " + Short(id) +
@@ -37,9 +39,14 @@ Dispatcher::Prerequisites Dispatcher::CheckPrerequisites(const Demand& demand) {
         if (f.name.rfind(kPrefix, 0) != 0) continue;
         out.inputs.push_back({"reference", f.name.substr(kPrefix.size()), f.digest, f.size});
       }
-      if (out.inputs.empty()) {
+      const auto has = [&](std::string_view name) {
+        return std::any_of(out.inputs.begin(), out.inputs.end(),
+                           [&](const InputArtifact& in) { return in.name == name; });
+      };
+      if (!has("reference.json") || !has("reference.safetensors")) {
         out.blocked = what + " " + id + " passed (attempt " + std::to_string(last.number) +
-                      ") but stored no reference bundle";
+                      ") but did not store a whole reference bundle (reference.json and "
+                      "reference.safetensors)";
         return out;
       }
       continue;

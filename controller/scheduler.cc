@@ -89,6 +89,7 @@ Demand DemandOf(const CellSpec& spec) {
   d.cuda = spec.runtime.cuda;
   d.gpu_model = spec.runtime.gpu_model;
   if (spec.IsReference()) d.transformers = spec.runtime.transformers;
+  d.reference_cell = spec.reference.cell;
   if (!spec.reference.cell.empty()) d.waits_for.push_back(spec.reference.cell);
   if (!spec.control.empty()) d.waits_for.push_back(spec.control);
   return d;

@@ -26,6 +26,8 @@ struct Demand {
   /// Cells that must PASS before this one runs: its reference cell and its control (the
   /// dispatcher holds it back until they have, scheduler.h never sees it before).
   std::vector<std::string> waits_for;
+  /// The reference cell among them (reference.cell), whose bundle goes with the assignment.
+  std::string reference_cell;
   /// Non-empty: the cell's stored spec does not parse (ParseCellSpec's error); no agent takes
   /// it, and its waiting reason says why.
   std::string invalid;

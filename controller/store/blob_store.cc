@@ -94,6 +94,8 @@ Result<std::unique_ptr<BlobStore>> BlobStore::Open(const fs::path& dir, BlobLimi
   std::error_code ec;
   fs::create_directories(dir / "sha256", ec);
   if (ec) return Status::Internal("artifact store " + dir.string() + ": " + ec.message());
+  // Uploads cut short by a crash left their temporary files here: no blob refers to them.
+  fs::remove_all(dir / "tmp", ec);
   fs::create_directories(dir / "tmp", ec);
   if (ec) return Status::Internal("artifact store " + dir.string() + ": " + ec.message());
   return std::unique_ptr<BlobStore>(new BlobStore(dir, limits));

@@ -58,7 +58,8 @@ class BlobStore {
     bool committed_ = false;
   };
 
-  /// Opens (creating) the store at `dir`. INTERNAL when it cannot be created.
+  /// Opens (creating) the store at `dir`, removing temporary files of uploads a crash cut
+  /// short. One process per store. INTERNAL when it cannot be created.
   static Result<std::unique_ptr<BlobStore>> Open(const std::filesystem::path& dir,
                                                  BlobLimits limits = {});
 

@@ -239,6 +239,39 @@ TEST_F(AttemptRunnerTest, AReferenceCellStoresItsBundleAndAValidationCellFetches
   EXPECT_EQ(artifacts.gets, 2);
   ASSERT_EQ(third.ends.size(), 1u);
   EXPECT_EQ(third.ends[0].outcome, "finished") << third.ends[0].reason;
+
+  // A cached file changed on disk is not used: it is fetched again.
+  WriteFile(config_.work_dir / "artifacts" / "sha256" / Sha256Hex("tensors"), "tampered");
+  FakeAttemptSink fourth;
+  runner.Run({24, "validation", CanonicalSpecJson(validation), inputs}, fourth);
+  EXPECT_EQ(artifacts.gets, 3);
+  EXPECT_EQ(ReadFile(config_.work_dir / "attempts" / "24" / "reference" / "reference.safetensors"),
+            "tensors");
+  EXPECT_EQ(fourth.ends.at(0).outcome, "finished") << fourth.ends[0].reason;
+}
+
+// Verifies a reference runner that leaves half a bundle ends the attempt in error with nothing
+// stored: the runner writes the bundle whole or not at all.
+TEST_F(AttemptRunnerTest, HalfABundleIsNotStored) {
+  WriteFile(tmp_.path() / "half.sh",
+            "#!/bin/sh
+mkdir -p \"$4\" && echo '{}' > \"$4/reference.json\"
+"
+            "echo '{\"event\":\"run_end\",\"status\":\"PASS\"}'
+",
+            true);
+  config_.reference_python = "/bin/sh";
+  config_.reference_script = tmp_.path() / "half.sh";
+  DirArtifacts artifacts(tmp_.path() / "blobs");
+  AttemptRunner runner(config_);
+  runner.SetArtifactChannel(&artifacts);
+  CellSpec reference = ReferenceCellFor(gatehouse::testing::SampleSpec(), {}, SubmitContext{});
+  runner.Run({41, "ref", CanonicalSpecJson(reference), {}}, sink_);
+  ASSERT_EQ(sink_.ends.size(), 1u);
+  EXPECT_EQ(sink_.ends[0].outcome, "error");
+  EXPECT_NE(sink_.ends[0].reason.find("has no reference.safetensors"), std::string::npos)
+      << sink_.ends[0].reason;
+  EXPECT_TRUE(artifacts.puts.empty());
 }
 
 // Verifies bytes that do not match the announced digest end the attempt BLOCKED at identity,

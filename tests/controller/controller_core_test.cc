@@ -485,15 +485,23 @@ TEST_F(ReferenceCellTest, ArtifactsAreCheckedBeforeTheyAreStored) {
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("has digest sha256:" + Sha256Hex("bytes")));
   EXPECT_EQ(core_->ArtifactPath(wrong).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(core_->BeginArtifact("ref", attempt, "big", wrong, 2 << 20).status().code(),
+  EXPECT_EQ(core_->BeginArtifact("ref", attempt, "reference/reference.safetensors", wrong, 2 << 20)
+                .status()
+                .code(),
             StatusCode::kResourceExhausted);
+  EXPECT_EQ(core_->BeginArtifact("ref", attempt, "reference/extra.bin", wrong, 1).status().code(),
+            StatusCode::kInvalidArgument)
+      << "a reference cell stores its bundle's two files only";
   EXPECT_EQ(core_->BeginArtifact("ref", attempt, "../etc/passwd", wrong, 1).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(core_->BeginArtifact("ref", attempt, "a//b", wrong, 1).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(core_->BeginArtifact("other", attempt, "x", wrong, 1).status().code(),
+  EXPECT_EQ(core_->BeginArtifact("other", attempt, "reference/reference.json", wrong, 1)
+                .status()
+                .code(),
             StatusCode::kFailedPrecondition);
-  auto writer = core_->BeginArtifact("ref", attempt, "x", "sha256:" + Sha256Hex("ab"), 2);
+  auto writer = core_->BeginArtifact("ref", attempt, "reference/reference.json",
+                                     "sha256:" + Sha256Hex("ab"), 2);
   ASSERT_TRUE(writer.ok());
   EXPECT_EQ((*writer)->Append("abc").code(), StatusCode::kInvalidArgument);
 
@@ -509,6 +517,66 @@ TEST_F(ReferenceCellTest, ArtifactsAreCheckedBeforeTheyAreStored) {
   std::ifstream in(*path);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "bytes");
   EXPECT_EQ(core_->ArtifactPath("sha256:zz").status().code(), StatusCode::kInvalidArgument);
+
+  // A validation cell stores no artifacts; an ended attempt stores nothing more.
+  auto plain = Connect("plain");
+  const std::string validation = Submit();
+  const int64_t v_attempt = plain->AssignedIds().at(0);
+  EXPECT_EQ(core_->BeginArtifact("plain", v_attempt, "reference/reference.json", wrong, 1)
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  Finish("ref", attempt, "PASS");
+  EXPECT_EQ(core_->BeginArtifact("ref", attempt, "reference/reference.safetensors",
+                                 "sha256:" + Sha256Hex("t"), 1)
+                .status()
+                .code(),
+            StatusCode::kFailedPrecondition);
+  (void)validation;
+}
+
+TEST_F(ReferenceCellTest, OnlyTheCellsOwnReferenceBringsItsBundle) {
+  // Verifies a cell whose control is another reference cell waits for both but gets only its
+  // own reference cell's files as inputs, and that a reference cell that stored half a bundle
+  // blocks the cells waiting for it.
+  auto ref_agent = ConnectReferenceAgent("ref");
+  auto first = core_->Submit(AutoBody(32), "ci");
+  ASSERT_TRUE(first.ok());
+  const std::string ref32 = ParseCellSpecJson(first->cell.cell.spec_json)->reference.cell;
+  const int64_t a32 = ref_agent->AssignedIds().at(0);
+  ASSERT_TRUE(Upload("ref", a32, "reference/reference.json", "json32").ok());
+  ASSERT_TRUE(Upload("ref", a32, "reference/reference.safetensors", "tensors32").ok());
+  Finish("ref", a32, "PASS");
+  ASSERT_EQ(ref_agent->sent.size(), 2u);  // then the first validation cell
+  Finish("ref", ref_agent->sent[1].attempt_id, "PASS");
+
+  // A reference cell for 8 new tokens that stores only reference.json.
+  auto half = core_->Submit(AutoBody(8), "ci");
+  ASSERT_TRUE(half.ok());
+  const std::string ref8 = ParseCellSpecJson(half->cell.cell.spec_json)->reference.cell;
+  const int64_t a8 = ref_agent->sent.at(2).attempt_id;
+  ASSERT_EQ(ref_agent->sent[2].cell_id, ref8);
+  ASSERT_TRUE(Upload("ref", a8, "reference/reference.json", "json8").ok());
+  Finish("ref", a8, "PASS");
+  EXPECT_EQ(Cell(half->cell.cell.id).status, AttemptState::kBlocked);
+  EXPECT_THAT(Cell(half->cell.cell.id).attempts.back().reason,
+              HasSubstr("did not store a whole reference bundle"));
+
+  json body = json::parse(AutoBody(32));
+  body["reference"] = {{"cell", ref32}};
+  body["control"] = ref8;
+  body["precision"] = "bf16";
+  auto variant = core_->Submit(body.dump(), "ci");
+  ASSERT_TRUE(variant.ok()) << variant.status().ToString();
+  ASSERT_EQ(ref_agent->sent.size(), 4u);
+  const AssignmentMessage& a = ref_agent->sent[3];
+  EXPECT_EQ(a.cell_id, variant->cell.cell.id);
+  ASSERT_EQ(a.inputs.size(), 2u);
+  for (const InputArtifact& in : a.inputs) {
+    EXPECT_TRUE(in.digest == "sha256:" + Sha256Hex("json32") ||
+                in.digest == "sha256:" + Sha256Hex("tensors32"))
+        << in.name << " " << in.digest;
+  }
 }
 
 }  // namespace

@@ -425,7 +425,18 @@ TEST_F(RestTest, ServesStoredArtifactsByDigestAndListsThemOnTheCell) {
   ASSERT_TRUE(blobs.ok());
   core_->SetBlobStore(blobs->get());
   auto channel = std::make_shared<FakeChannel>();
-  const Submitted s = SubmitToAgent(channel);
+  AgentHello hello{"agent-1", "{}", 1};
+  hello.transformers_version = "5.24.0";
+  ASSERT_TRUE(core_->RegisterAgent(hello).ok());
+  ASSERT_TRUE(core_->AttachAgent("agent-1", hello, channel).ok());
+  Submitted s;  // a reference cell: the cells that store artifacts
+  s.cell = json::parse(Http(port_, "POST", "/api/v1/cells",
+                            json{{"kind", "reference"}, {"checkpoint", (dir_.path() / "ckpt").string()}}
+                                .dump())
+                           .body);
+  s.id = s.cell["id"];
+  ASSERT_EQ(channel->sent.size(), 1u) << s.cell.dump();
+  s.attempt = channel->sent[0].attempt_id;
   const std::string bytes(3 << 20, 'x');  // larger than one read buffer
   const std::string digest = "sha256:" + Sha256Hex(bytes);
   auto writer = core_->BeginArtifact("agent-1", s.attempt, "reference/reference.json", digest,
