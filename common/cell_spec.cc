@@ -748,6 +748,7 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
   return r;
 }
 
+// The device is taken with its CUDA and GPU-model pins: upstream runs where the cell runs.
 CellSpec ReferenceCellFor(const CellSpec& spec, const std::vector<Prompt>& prompts,
                           const SubmitContext& context) {
   CellSpec r;

@@ -194,8 +194,8 @@ struct SubmitRequest {
 Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext& context);
 
 /// The reference cell a validation cell `spec` compares with when it names no reference: the
-/// same checkpoint, device (and its CUDA and GPU-model pins), torch pin, decode length and
-/// training knobs, `prompts`, and the transformers pin of `context`. Its digest fields are the validation cell's.
+/// same checkpoint, device, torch pin, decode length and training knobs, `prompts`, and the
+/// transformers pin of `context`. Its digest fields are the validation cell's.
 CellSpec ReferenceCellFor(const CellSpec& spec, const std::vector<Prompt>& prompts,
                           const SubmitContext& context);
 
