@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -85,13 +86,32 @@ void CheckError(const gatehouse::Status& s) {
              "error message is not valid UTF-8, the REST error body cannot hold it");
 }
 
-// The normal forms and limits every accepted spec keeps (commit may be empty in a body).
+// The normal forms and limits every accepted spec keeps (commit may be empty in a body; a
+// reference cell has no repository, commit or reference; a validation cell's reference is a
+// directory, a reference cell's id, or none yet in a body that lets the controller choose).
 void CheckSpec(const CellSpec& s) {
   using L = CellSpecLimits;
-  FUZZ_CHECK(!s.repository.empty(), "empty repository");
+  const bool reference = s.IsReference();
+  FUZZ_CHECK(reference || s.kind == gatehouse::kValidationKind, "unknown kind " + s.kind);
+  FUZZ_CHECK(reference == s.repository.empty(), "repository and kind disagree");
+  FUZZ_CHECK(!reference || (s.commit.empty() && s.reference == gatehouse::ReferenceInput{} &&
+                            s.control.empty() && !s.runtime.transformers.empty()),
+             "a reference cell with a validation cell's members");
+  FUZZ_CHECK(reference || s.prompts.empty(), "a validation cell with prompts");
+  FUZZ_CHECK(s.prompts.size() <= L::kMaxPrompts, "too many prompts");
+  for (const gatehouse::Prompt& p : s.prompts) {
+    FUZZ_CHECK(p.ids.empty() != p.text.empty(), "a prompt with both or neither of ids and text");
+    FUZZ_CHECK(p.ids.size() <= L::kMaxPromptTokens && p.text.size() <= L::kMaxPromptTextBytes,
+               "a prompt over its limit");
+    FUZZ_CHECK(!p.chat || !p.text.empty(), "chat on an ids prompt");
+  }
   FUZZ_CHECK(s.commit.empty() || IsLowerHex40(s.commit), "commit not lower-case hex: " + s.commit);
   FUZZ_CHECK(IsNormalAbsolute(s.checkpoint.path), "checkpoint not normal: " + s.checkpoint.path);
-  FUZZ_CHECK(IsNormalAbsolute(s.reference.path), "reference not normal: " + s.reference.path);
+  FUZZ_CHECK(s.reference.path.empty() || IsNormalAbsolute(s.reference.path),
+             "reference not normal: " + s.reference.path);
+  FUZZ_CHECK(reference || !s.reference.path.empty() || !s.reference.cell.empty() ||
+                 s.reference.digest.empty(),
+             "a reference digest without a path");
   const auto& t = s.topology;
   FUZZ_CHECK(t.tp >= 1 && t.dp >= 1 && t.pp >= 1 && t.ep >= 1, "non-positive topology");
   FUZZ_CHECK(t.tp <= L::kMaxWorldSize && t.dp <= L::kMaxWorldSize && t.pp <= L::kMaxWorldSize &&
@@ -109,7 +129,12 @@ void CheckSpec(const CellSpec& s) {
                "env value out of range: " + k);
   }
   FUZZ_CHECK(!s.phases.empty(), "no phases");
-  for (size_t i = 0; i < s.phases.size(); ++i) {
+  if (reference) {
+    FUZZ_CHECK(s.phases == std::vector<std::string>(gatehouse::kReferenceCellPhases.begin(),
+                                                   gatehouse::kReferenceCellPhases.end()),
+               "a reference cell's phases are not identity, reference");
+  }
+  for (size_t i = 0; !reference && i < s.phases.size(); ++i) {
     auto index = gatehouse::PhaseIndex(s.phases[i]);
     FUZZ_CHECK(index.has_value(), "unknown phase " + s.phases[i]);
     FUZZ_CHECK(i == 0 || *gatehouse::PhaseIndex(s.phases[i - 1]) < *index,
@@ -138,7 +163,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The agent's and the worker's path: the input as a frozen spec.
   if (auto frozen = gatehouse::ParseCellSpecJson(text); frozen.ok()) {
     CheckSpec(*frozen);
-    FUZZ_CHECK(!frozen->commit.empty(), "a frozen spec without a commit");
+    FUZZ_CHECK(frozen->IsReference() || !frozen->commit.empty(), "a frozen spec without a commit");
+    FUZZ_CHECK(frozen->IsReference() || !frozen->reference.path.empty() ||
+                   !frozen->reference.cell.empty(),
+               "a frozen validation spec without a reference");
     CheckCanonical(*frozen);
   } else {
     CheckError(frozen.status());
@@ -152,14 +180,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   CellSpec spec = parsed->spec;
   CheckSpec(spec);
-  FUZZ_CHECK(!parsed->branch.empty() || !spec.commit.empty(), "neither branch nor commit");
-  FUZZ_CHECK(!spec.model_family.empty() &&
-                 std::isalnum(static_cast<unsigned char>(spec.model_family[0])) &&
-                 spec.model_family.find('/') == std::string::npos,
-             "a model_family that is no name was accepted: " + spec.model_family);
-  if (spec.commit.empty()) spec.commit = kFakeCommit;
   spec.checkpoint.digest = kCheckpointDigest;
-  spec.reference.digest = kReferenceDigest;
+  if (spec.IsReference()) {
+    FUZZ_CHECK(!parsed->auto_reference && parsed->reference_prompts.empty(),
+               "a reference body asking for a reference cell of its own");
+  } else {
+    FUZZ_CHECK(!parsed->branch.empty() || !spec.commit.empty(), "neither branch nor commit");
+    FUZZ_CHECK(!spec.model_family.empty() &&
+                   std::isalnum(static_cast<unsigned char>(spec.model_family[0])) &&
+                   spec.model_family.find('/') == std::string::npos,
+               "a model_family that is no name was accepted: " + spec.model_family);
+    FUZZ_CHECK(parsed->auto_reference ==
+                   (spec.reference.path.empty() && spec.reference.cell.empty()),
+               "auto_reference and the body's reference disagree");
+    if (spec.commit.empty()) spec.commit = kFakeCommit;
+    // As the controller freezes it: a directory gets its digest, none gets the reference cell
+    // ReferenceCellFor makes (whose own spec must freeze too).
+    if (!spec.reference.path.empty()) spec.reference.digest = kReferenceDigest;
+    if (parsed->auto_reference) {
+      CellSpec ref = gatehouse::ReferenceCellFor(spec, parsed->reference_prompts, Context());
+      CheckSpec(ref);
+      CheckCanonical(ref);
+      spec.reference.cell = std::string(64, 'a');
+    }
+  }
   CheckCanonical(spec);
 
   // The reproduce body (reports) reads back into the same spec.
@@ -169,7 +213,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                              " body: " + reproduce);
   CellSpec again_spec = again->spec;
   again_spec.checkpoint.digest = kCheckpointDigest;
-  again_spec.reference.digest = kReferenceDigest;
+  if (!again_spec.reference.path.empty()) again_spec.reference.digest = kReferenceDigest;
   FUZZ_CHECK(again_spec == spec, "ReproduceBody reads back as another spec: " + reproduce);
   return 0;
 }
