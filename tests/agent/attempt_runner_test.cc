@@ -254,11 +254,8 @@ TEST_F(AttemptRunnerTest, AReferenceCellStoresItsBundleAndAValidationCellFetches
 // stored: the runner writes the bundle whole or not at all.
 TEST_F(AttemptRunnerTest, HalfABundleIsNotStored) {
   WriteFile(tmp_.path() / "half.sh",
-            "#!/bin/sh
-mkdir -p \"$4\" && echo '{}' > \"$4/reference.json\"
-"
-            "echo '{\"event\":\"run_end\",\"status\":\"PASS\"}'
-",
+            "#!/bin/sh\nmkdir -p \"$4\" && echo '{}' > \"$4/reference.json\"\n"
+            "echo '{\"event\":\"run_end\",\"status\":\"PASS\"}'\n",
             true);
   config_.reference_python = "/bin/sh";
   config_.reference_script = tmp_.path() / "half.sh";
