@@ -612,6 +612,23 @@ std::string CanonicalSpecJson(const CellSpec& spec) { return CellSpecToJson(spec
 
 namespace {
 
+// The body's members both kinds of cell read alike: training, decode, env.
+Status ReadUpstreamKnobs(const json& in, CellSpec& s) {
+  if (in.contains("training")) GH_RETURN_IF_ERROR(ReadTraining(in.at("training"), Form::kBody, s.training));
+  if (in.contains("decode")) GH_RETURN_IF_ERROR(ReadDecode(in.at("decode"), Form::kBody, s.decode));
+  if (in.contains("env")) GH_RETURN_IF_ERROR(ReadEnv(in.at("env"), s.env));
+  return Status::Ok();
+}
+
+// The body's scheduling priority (never part of the spec).
+Status ReadPriority(const json& in, SubmitRequest& r) {
+  if (!in.contains("priority")) return Status::Ok();
+  GH_ASSIGN_OR_RETURN(const int64_t priority, ReadInt(in.at("priority"), "priority",
+                                                      Limits::kMinPriority, Limits::kMaxPriority));
+  r.priority = static_cast<int>(priority);
+  return Status::Ok();
+}
+
 // A reference body (docs/protocols.md §1): the checkpoint and what upstream runs on it.
 Result<SubmitRequest> ParseReferenceBody(const json& in, const SubmitContext& context) {
   constexpr Form kForm = Form::kBody;
@@ -632,9 +649,7 @@ Result<SubmitRequest> ParseReferenceBody(const json& in, const SubmitContext& co
   s.runtime.torch = context.torch_pin;
   s.runtime.transformers = context.transformers_pin;
   if (in.contains("runtime")) GH_RETURN_IF_ERROR(ReadRuntime(in.at("runtime"), kForm, s.runtime));
-  if (in.contains("training")) GH_RETURN_IF_ERROR(ReadTraining(in.at("training"), kForm, s.training));
-  if (in.contains("decode")) GH_RETURN_IF_ERROR(ReadDecode(in.at("decode"), kForm, s.decode));
-  if (in.contains("env")) GH_RETURN_IF_ERROR(ReadEnv(in.at("env"), s.env));
+  GH_RETURN_IF_ERROR(ReadUpstreamKnobs(in, s));
   if (in.contains("prompts")) GH_RETURN_IF_ERROR(ReadPrompts(in.at("prompts"), s.prompts));
   if (in.contains("phases")) {
     GH_RETURN_IF_ERROR(ReadPhases(in.at("phases"), s.kind, s.phases));
@@ -642,12 +657,7 @@ Result<SubmitRequest> ParseReferenceBody(const json& in, const SubmitContext& co
     s.phases.assign(kReferenceCellPhases.begin(), kReferenceCellPhases.end());
   }
   GH_RETURN_IF_ERROR(CheckCoherent(s));
-  if (in.contains("priority")) {
-    GH_ASSIGN_OR_RETURN(const int64_t priority,
-                        ReadInt(in.at("priority"), "priority", Limits::kMinPriority,
-                                Limits::kMaxPriority));
-    r.priority = static_cast<int>(priority);
-  }
+  GH_RETURN_IF_ERROR(ReadPriority(in, r));
   return r;
 }
 
@@ -724,9 +734,7 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
     GH_ASSIGN_OR_RETURN(s.runtime.device, ReadEnum(in.at("device"), "device", {"cpu", "cuda"}));
   }
   if (in.contains("topology")) GH_RETURN_IF_ERROR(ReadTopology(in.at("topology"), kForm, s.topology));
-  if (in.contains("training")) GH_RETURN_IF_ERROR(ReadTraining(in.at("training"), kForm, s.training));
-  if (in.contains("decode")) GH_RETURN_IF_ERROR(ReadDecode(in.at("decode"), kForm, s.decode));
-  if (in.contains("env")) GH_RETURN_IF_ERROR(ReadEnv(in.at("env"), s.env));
+  GH_RETURN_IF_ERROR(ReadUpstreamKnobs(in, s));
   if (in.contains("phases")) {
     GH_RETURN_IF_ERROR(ReadPhases(in.at("phases"), s.kind, s.phases));
   } else {
@@ -739,12 +747,7 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
                                    "transformers (pin it with \"kind\": \"reference\")");
   }
   GH_RETURN_IF_ERROR(CheckCoherent(s));
-  if (in.contains("priority")) {
-    GH_ASSIGN_OR_RETURN(const int64_t priority,
-                        ReadInt(in.at("priority"), "priority", Limits::kMinPriority,
-                                Limits::kMaxPriority));
-    r.priority = static_cast<int>(priority);
-  }
+  GH_RETURN_IF_ERROR(ReadPriority(in, r));
   return r;
 }
 
