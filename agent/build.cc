@@ -78,8 +78,15 @@ std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildReq
   const std::filesystem::path build_dir = BuildDir(config, request);
   std::string prefix_path = config.sdk_dir.string();
   if (!config.cmake_prefix_path.empty()) prefix_path += ";" + config.cmake_prefix_path;
+  // CCACHE_BASEDIR at the work dir holds both the checkout (<work>/repos/<key>) and the build
+  // tree (<work>/build/<key>), so ccache hashes both as paths relative to the build tree: the
+  // same sources hit on every agent and in every work dir, the precompiled header included.
+  // The SDK's plugin helper precompiles <torch/torch.h>; ccache caches sources compiled against
+  // a precompiled header only with this sloppiness (ccache manual, "Precompiled headers").
   const std::vector<std::pair<std::string, std::string>> env = {
-      {"CCACHE_BASEDIR", request.checkout.string()}, {"CCACHE_NOHASHDIR", "1"}};
+      {"CCACHE_BASEDIR", config.work_dir.string()},
+      {"CCACHE_NOHASHDIR", "1"},
+      {"CCACHE_SLOPPINESS", "pch_defines,time_macros"}};
 
   ProcessSpec configure;
   configure.exe = config.cmake;

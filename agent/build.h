@@ -47,7 +47,8 @@ struct BuildResult {
 ///         -DCMAKE_PREFIX_PATH=<sdk>;<prefix> -DGatehouseWorker_DIR=<sdk>
 ///         -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTORCH_CUDA_ARCH_LIST=9.0 <recipe cmake_args...>
 ///   cmake --build <build dir> --target <target>
-/// Both with CCACHE_BASEDIR=<checkout> and CCACHE_NOHASHDIR=1 in the environment.
+/// Both with CCACHE_BASEDIR=<work dir>, CCACHE_NOHASHDIR=1 and
+/// CCACHE_SLOPPINESS=pch_defines,time_macros in the environment.
 std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildRequest& request);
 
 /// Runs the commands on the calling thread, passing their merged stdout+stderr (preceded by a

@@ -62,7 +62,9 @@ TEST_F(BuildTest, CommandsFollowTheRecipe) {
   for (const auto& command : commands) {
     EXPECT_TRUE(command.merge_stderr);
     EXPECT_EQ(command.env, (std::vector<std::pair<std::string, std::string>>{
-                               {"CCACHE_BASEDIR", checkout_.string()}, {"CCACHE_NOHASHDIR", "1"}}));
+                               {"CCACHE_BASEDIR", config_.work_dir.string()},
+                               {"CCACHE_NOHASHDIR", "1"},
+                               {"CCACHE_SLOPPINESS", "pch_defines,time_macros"}}));
   }
 }
 

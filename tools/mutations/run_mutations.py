@@ -15,7 +15,8 @@ What
       2. builds a real git repository from models/ (branch main) and, for every mutation, a
          branch mut/<name> = main + that patch, committed;
       3. starts a real controller (SQLite in the work folder) and local agents (--agents,
-         default 2) on 127.0.0.1, as deploy/demo.sh does, with bearer tokens made by the
+         default 2; the second once the first has built main, so it reuses ccache's objects)
+         on 127.0.0.1, as deploy/demo.sh does, with bearer tokens made by the
          controller's own `tokens create` (an API token for this script, an agent token);
       4. submits over REST one control cell per (fixture, precision) on main (must PASS:
          otherwise a "caught" mutation proves nothing) and one cell per mutation on its branch;
@@ -239,7 +240,7 @@ def main(argv=None):
              "--mirror-dir", str(work / "mirrors"), "--web-dir", str(ROOT / "web"),
              "--torch-pin", torch_version],
             stdout=open(work / "logs/controller.out", "w"), stderr=open(work / "logs/controller.log", "w")))
-        for n in range(1, args.agents + 1):
+        def start_agent(n):
             procs.append(subprocess.Popen(
                 [str(build / "bin/gatehouse-agent"), "--controller", f"127.0.0.1:{grpc_port}",
                  "--name", f"mutation-agent-{n}", "--work-dir", str(work / f"agent-{n}"),
@@ -248,6 +249,11 @@ def main(argv=None):
                  "--token-file", str(agent_token)],
                 stdout=open(work / f"logs/agent-{n}.out", "w"),
                 stderr=open(work / f"logs/agent-{n}.log", "w")))
+
+        # Agent 1 alone first: its first build of main fills ccache (CCACHE_BASEDIR is the agent's
+        # work dir, so objects are shared across agents), and the others start once it runs a cell
+        # instead of compiling the same sources beside it on the same cores.
+        start_agent(1)
         api = f"http://127.0.0.1:{http_port}/api/v1"
         for _ in range(100):
             try:
@@ -271,6 +277,17 @@ def main(argv=None):
             cells[("mutation", m["name"])] = submit(f"mut/{m['name']}", m["fixture"],
                                                     m.get("precision", "fp32"))
         log(f"{len(cells)} cells submitted; {args.agents} agent(s) run them, one at a time each")
+        if args.agents > 1:
+            first_build_deadline = time.time() + args.timeout_s
+            while time.time() < first_build_deadline:
+                code, listing = http("GET", f"{api}/cells?limit=500", token=api_token)
+                if code == 200 and any(c.get("status") not in ("queued", "leased")
+                                       for c in listing.get("cells", [])):
+                    break
+                time.sleep(2)
+            for n in range(2, args.agents + 1):
+                start_agent(n)
+            log(f"agent 1 built main; agents 2..{args.agents} started")
 
         results, deadline = {}, time.time() + args.timeout_s * len(cells)
         while len(results) < len(cells) and time.time() < deadline:
