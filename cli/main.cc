@@ -8,6 +8,7 @@
 //   gatehouse report ID
 //   gatehouse logs ID [--stream worker] [--attempt N] [--follow]
 //   gatehouse cancel ID [--reason TEXT]
+//   gatehouse retry ID
 //
 // The token comes from GATEHOUSE_TOKEN or the file --token-file / GATEHOUSE_TOKEN_FILE names,
 // never from the command line (argv is visible to every user of the machine). Exit codes:
@@ -359,6 +360,12 @@ int main(int argc, char** argv) {
   cancel->add_option("id", cancel_id, "cell id")->required();
   cancel->add_option("--reason", cancel_reason, "why (stored and shown)");
 
+  auto* retry = app.add_subcommand(
+      "retry", "run a cell again after an end without a verdict (error, lost, cancelled, "
+               "timed_out, blocked); then `gatehouse wait ID`");
+  std::string retry_id;
+  retry->add_option("id", retry_id, "cell id")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -491,7 +498,7 @@ int main(int argc, char** argv) {
     if (code != cli::kExitPass || ref_out.empty()) return code;
     return DownloadBundle(api, id, ref_out);
   }
-  for (const std::string* id : {&report_id, &logs_id, &cancel_id}) {
+  for (const std::string* id : {&report_id, &logs_id, &cancel_id, &retry_id}) {
     if (id->empty()) continue;
     if (Status s = CheckCellId(*id); !s.ok()) {
       std::cerr << "gatehouse: " << s.message() << "\n";
@@ -523,6 +530,16 @@ int main(int argc, char** argv) {
     auto r = api.Call("POST", "/api/v1/cells/" + cancel_id + "/cancel", body.dump());
     if (!Ok(r)) return CallFailed(r, "cancel");
     std::cout << cancel_id << " cancel requested\n";
+    return cli::kExitPass;
+  }
+  if (*retry) {
+    auto r = api.Call("POST", "/api/v1/cells/" + retry_id + "/retry");
+    if (!Ok(r)) return CallFailed(r, "retry");
+    const json cell = json::parse(r->body, nullptr, false);
+    const json attempts = cell.is_object() ? cell.value("attempts", json::array()) : json::array();
+    std::cout << retry_id << " retried as attempt "
+              << (attempts.empty() ? 0 : attempts.back().value("number", 0)) << " ("
+              << CellStatus(cell) << ")\n";
     return cli::kExitPass;
   }
   // logs: the stream printed whole, then (--follow) what was appended, until the cell ends.

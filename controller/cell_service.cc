@@ -112,6 +112,27 @@ Result<CellDetail> CellService::LoadDetail(const CellRecord& cell) {
       GH_ASSIGN_OR_RETURN(std::vector<ArtifactRecord> files, store_.ListArtifacts(a.id));
       d.artifacts.insert(d.artifacts.end(), files.begin(), files.end());
     }
+    if (IsTerminal(d.status) || d.attempts.size() > 1) {
+      GH_ASSIGN_OR_RETURN(d.webhook_deliveries, store_.ListWebhookDeliveries(d.cell.id));
+    }
+  }
+  if (auto spec = ParseCellSpecJson(cell.spec_json); spec.ok()) {
+    for (const auto& [role, pre] : {std::pair<std::string, std::string>{"reference cell",
+                                                                        spec->reference.cell},
+                                    {"control", spec->control}}) {
+      if (pre.empty()) continue;
+      PrerequisiteStatus p{role, pre};
+      GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store_.ListAttempts(pre));
+      if (!attempts.empty()) {
+        p.found = true;
+        p.status = attempts.back().state;
+        p.reason = attempts.back().reason;
+        if (p.status != AttemptState::kQueued) {
+          GH_ASSIGN_OR_RETURN(p.phases, store_.ListPhases(attempts.back().id));
+        }
+      }
+      d.prerequisites.push_back(std::move(p));
+    }
   }
   return d;
 }
@@ -148,6 +169,47 @@ Result<CellDetail> CellService::CancelCell(const std::string& id, const std::str
                                       std::string(AttemptStateName(state)) + ")");
   }
   return LoadDetail(*cell);
+}
+
+Status CellService::RetryWithPrerequisites(const std::string& id, int depth) {
+  if (depth > 8) return Status::FailedPrecondition("cell '" + id + "': prerequisites nest too deep");
+  GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
+  if (!cell) return CellNotFound(id);
+  GH_ASSIGN_OR_RETURN(CellSpec spec, ParseCellSpecJson(cell->spec_json));
+  for (const std::string& pre : {spec.reference.cell, spec.control}) {
+    if (pre.empty()) continue;
+    GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store_.ListAttempts(pre));
+    if (attempts.empty()) continue;
+    const AttemptState state = attempts.back().state;
+    if (state == AttemptState::kFailed) {
+      return Status::FailedPrecondition("cell '" + id + "' waits for cell " + pre +
+                                        ", which ended failed: it would be blocked again");
+    }
+    if (IsTerminal(state) && state != AttemptState::kPassed) {
+      GH_RETURN_IF_ERROR(RetryWithPrerequisites(pre, depth + 1));
+    }
+  }
+  GH_ASSIGN_OR_RETURN(AttemptRecord retry, store_.RetryCell(id));
+  spdlog::info("cell {} retried as attempt {} (id {})", id, retry.number, retry.id);
+  return Status::Ok();
+}
+
+Result<CellDetail> CellService::RetryCell(const std::string& id) {
+  GH_RETURN_IF_ERROR(RetryWithPrerequisites(id, 0));
+  schedule_();
+  return GetCell(id);
+}
+
+Result<std::vector<ReadinessCombination>> CellService::Readiness() {
+  constexpr int kPage = 500;
+  std::vector<CellSummary> all;
+  for (int offset = 0;; offset += kPage) {
+    GH_ASSIGN_OR_RETURN(std::vector<CellSummary> page, store_.ListCells(kPage, offset));
+    const bool last = page.size() < static_cast<size_t>(kPage);
+    all.insert(all.end(), std::make_move_iterator(page.begin()), std::make_move_iterator(page.end()));
+    if (last) break;
+  }
+  return ComputeReadiness(all);
 }
 
 Result<std::string> CellService::Report(const std::string& id) {

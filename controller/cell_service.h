@@ -14,6 +14,7 @@
 #include "controller/cell_identity.h"
 #include "controller/dispatcher.h"
 #include "controller/lease_keeper.h"
+#include "controller/readiness.h"
 #include "controller/records.h"
 #include "controller/store/store.h"
 
@@ -55,6 +56,18 @@ class CellService {
   /// the state when the latest attempt has already ended.
   Result<CellDetail> CancelCell(const std::string& id, const std::string& reason);
 
+  /// Runs the cell again: a new attempt, queued, when its latest one ended without a verdict
+  /// (error, lost, cancelled, timed_out, blocked). The cells it waits for (reference.cell,
+  /// control) that ended the same way are retried first, so a cell blocked by a reference
+  /// cell's infrastructure error runs once that reference runs. Errors: NOT_FOUND as GetCell;
+  /// FAILED_PRECONDITION as Store::RetryCell, or when a cell it waits for ended failed (it
+  /// would be blocked again).
+  Result<CellDetail> RetryCell(const std::string& id);
+
+  /// ComputeReadiness (controller/readiness.h) over every stored cell. INTERNAL on a store
+  /// failure.
+  Result<std::vector<ReadinessCombination>> Readiness();
+
   /// The Markdown evidence report (controller/report.h). NOT_FOUND as GetCell.
   Result<std::string> Report(const std::string& id);
 
@@ -65,6 +78,8 @@ class CellService {
 
  private:
   Result<CellDetail> LoadDetail(const CellRecord& cell);
+  // RetryCell for cell `id` and, first, the cells it waits for; `depth` bounds the chain.
+  Status RetryWithPrerequisites(const std::string& id, int depth);
   // Stores `frozen` with its first attempt unless it exists; true when created.
   Result<bool> StoreCell(const FrozenCell& frozen, const std::string& submitter);
   // INVALID_ARGUMENT naming `field` unless cell `id` exists (and is a reference cell).

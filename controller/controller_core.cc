@@ -46,6 +46,10 @@ Result<std::vector<CellSummary>> ControllerCore::ListCells(int limit, int offset
 
 Result<CellDetail> ControllerCore::GetCell(const std::string& id) { return cells_.GetCell(id); }
 
+Result<CellDetail> ControllerCore::RetryCell(const std::string& id) { return cells_.RetryCell(id); }
+
+Result<std::vector<ReadinessCombination>> ControllerCore::Readiness() { return cells_.Readiness(); }
+
 Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::string& reason) {
   return cells_.CancelCell(id, reason);
 }

@@ -27,6 +27,7 @@
 #include "controller/dispatcher.h"
 #include "controller/lease_keeper.h"
 #include "controller/loops.h"
+#include "controller/readiness.h"
 #include "controller/records.h"
 #include "controller/scheduler.h"
 #include "controller/store/blob_store.h"
@@ -67,6 +68,10 @@ class ControllerCore {
   Result<std::vector<CellSummary>> ListCells(int limit, int offset);
   Result<CellDetail> GetCell(const std::string& id);
   Result<CellDetail> CancelCell(const std::string& id, const std::string& reason);
+  /// CellService::Readiness.
+  Result<std::vector<ReadinessCombination>> Readiness();
+  /// CellService::RetryCell, then schedules.
+  Result<CellDetail> RetryCell(const std::string& id);
   Result<std::string> Report(const std::string& id);
   Result<std::string> ReadLog(const std::string& id, const std::string& stream,
                               std::optional<int> number);

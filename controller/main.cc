@@ -19,9 +19,12 @@
 #include "controller/digest_cache.h"
 #include "controller/git_mirror.h"
 #include "controller/http_server.h"
+#include "controller/loops.h"
 #include "controller/options.h"
 #include "controller/rest_api.h"
 #include "controller/store/store.h"
+#include "controller/webhook.h"
+#include "controller/webhook_client.h"
 
 #ifndef GATEHOUSE_DEFAULT_WEB_DIR
 #define GATEHOUSE_DEFAULT_WEB_DIR "web"
@@ -120,6 +123,12 @@ int Run(int argc, char** argv) {
   // Attempts left queued by an earlier run are placed as agents connect; leases of agents that
   // stay away expire and time limits are enforced (both every second).
   core.StartBackgroundWork();
+  // Cell ends go to --webhook-url from the store's outbox, on a thread of their own: a receiver
+  // that is slow or down delays deliveries, never a verdict (protocols.md §8).
+  WebhookSender webhooks(**store, o.webhook, MakeHttpWebhookPoster(o.webhook_ca_file),
+                         SystemClock());
+  PeriodicLoop webhook_loop([&webhooks] { webhooks.RunOnce(); }, std::chrono::seconds(1));
+  webhook_loop.Start();
   Authenticator auth(**store, o.auth);
   if (o.auth.required) {
     auto existing = auth.ListTokens();
@@ -159,9 +168,10 @@ int Run(int argc, char** argv) {
             << "gatehouse-controller: grpc listening on " << o.grpc_host << ":"
             << (*rpc_server)->port() << std::endl;
   spdlog::info("database {}, mirrors {}, artifacts {}, web {}, torch pin {}, transformers pin {}, "
-               "auth {}{}, tls {}{}",
+               "webhook {}{}, auth {}{}, tls {}{}",
                o.db, o.mirror_dir, o.artifact_dir, o.web_dir, o.identity.torch_pin,
-               o.identity.transformers_pin,
+               o.identity.transformers_pin, o.webhook.url.empty() ? "none" : o.webhook.url,
+               o.webhook.url.empty() ? "" : (o.webhook.secret.empty() ? " (unsigned)" : " (signed)"),
                o.auth.required ? "tokens" : "none", o.auth.anonymous_read ? " (anonymous read)" : "",
                o.tls_cert.empty() ? "off" : "on", o.tls_client_ca.empty() ? "" : " (agents: mutual)");
 
@@ -169,6 +179,7 @@ int Run(int argc, char** argv) {
   sigwait(&signals, &signal);
   spdlog::info("signal {}: shutting down", signal);
   core.StopBackgroundWork();
+  webhook_loop.Stop();
   (*http_server)->Stop();
   (*rpc_server)->Shutdown();
   spdlog::info("stopped");

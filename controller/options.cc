@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/file_util.h"
+
 namespace gatehouse::controller {
 namespace {
 
@@ -141,6 +143,24 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
 
+  app.add_option("--webhook-url", o.webhook.url,
+                 "POST every cell end here (http:// or https://; docs/protocols.md §8)");
+  std::string webhook_secret_file;
+  app.add_option("--webhook-secret-file", webhook_secret_file,
+                 "file holding the HMAC-SHA256 key of the X-Gatehouse-Signature-256 header")
+      ->check(CLI::ExistingFile);
+  app.add_option("--webhook-ca-file", o.webhook_ca_file,
+                 "PEM CAs that sign an https receiver's certificate (default: the system's)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--webhook-max-tries", o.webhook.max_tries,
+                 "POSTs per delivery (backoff doubling from 2 s up to 10 min) before it fails")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  int64_t webhook_timeout_s = 10;
+  app.add_option("--webhook-timeout-s", webhook_timeout_s, "per try: connect, send and answer")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{600}));
+
   CLI::App* tokens = app.add_subcommand("tokens", "create, list or revoke API and agent tokens");
   tokens->require_subcommand(1);
   tokens->fallthrough();
@@ -184,6 +204,16 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
   o.limits.attempt = std::chrono::seconds(attempt_timeout_s);
   o.limits.phase = std::chrono::seconds(phase_timeout_s);
   o.auth.required = auth_mode == "tokens";
+  o.webhook.timeout = std::chrono::seconds(webhook_timeout_s);
+  if (!o.webhook.url.empty() && o.webhook.url.rfind("http://", 0) != 0 &&
+      o.webhook.url.rfind("https://", 0) != 0) {
+    return fail("--webhook-url '" + o.webhook.url + "': must start with http:// or https://");
+  }
+  if (!webhook_secret_file.empty()) {
+    auto secret = ReadSecretFile(webhook_secret_file, "--webhook-secret-file");
+    if (!secret.ok()) return fail(secret.status().message());
+    o.webhook.secret = std::move(*secret);
+  }
   if (Status s = Check(o); !s.ok()) return fail(s.message());
   return o;
 }

@@ -14,6 +14,7 @@
 #include "controller/controller_core.h"
 #include "controller/scheduler.h"
 #include "controller/store/blob_store.h"
+#include "controller/webhook.h"
 
 namespace gatehouse::controller {
 
@@ -55,6 +56,10 @@ struct ControllerOptions {
   SchedulingPolicy policy;  // --max-running-per-repository
   AuthConfig auth;          // --auth, --anonymous-read
   std::string tls_cert, tls_key, tls_client_ca;
+  /// --webhook-url, --webhook-max-tries, --webhook-timeout-s; the secret is read from
+  /// --webhook-secret-file (never taken from argv).
+  WebhookConfig webhook;
+  std::string webhook_ca_file;  // --webhook-ca-file: PEM CAs for an https receiver
   /// Set when the command line is `tokens ...` (the controller does not start).
   std::optional<TokenCommand> tokens;
 };
@@ -62,7 +67,8 @@ struct ControllerOptions {
 /// Parses and checks the command line. On success the options are complete and consistent:
 /// listen addresses parse, at least one family is named, --auth none only with both listeners
 /// on loopback, --tls-cert with --tls-key, --tls-client-ca only with both. When the command
-/// line ends the program here, returns the exit code after printing why to stderr: 0 for
+/// line ends the program here (also: --webhook-secret-file unreadable or empty, or
+/// --webhook-url not http(s)://), returns the exit code after printing why to stderr: 0 for
 /// --help, CLI11's own non-zero code for a flag it refuses (unknown, out of range, missing),
 /// 2 for a failed check above (the message names the flags).
 /// `default_web_dir` is the --web-dir default.

@@ -53,6 +53,30 @@ struct ArtifactRecord {
   std::string created_at;
 };
 
+/// The webhook delivery of one ended attempt (migrations/0008_webhooks.sql; protocols.md §8).
+struct WebhookDelivery {
+  int64_t id = 0;
+  int64_t attempt_id = 0;
+  std::string cell_id;
+  std::string created_at;   // when the attempt ended
+  std::string state;        // pending | delivered | failed | skipped
+  int tries = 0;            // POSTs made so far
+  std::string next_try_at;  // when a pending delivery is next due
+  int last_status = 0;      // HTTP status of the last try; 0 when nothing answered
+  std::string last_error;   // why the last try failed (or why it was skipped)
+  std::string delivered_at;
+  bool retried = false;     // the attempt was lost and retried: its cell has not ended
+};
+
+/// What one webhook try came to, to record (Store::RecordWebhookTry).
+struct WebhookTry {
+  std::string state;        // the delivery's state after this try
+  bool counts = true;       // a POST was made (false: skipped without one)
+  int status = 0;           // HTTP status; 0 when nothing answered
+  std::string error;        // empty when delivered
+  std::string next_try_at;  // for a delivery still pending
+};
+
 /// An attempt over one of its time limits (Store::ListOverdue).
 struct OverdueAttempt {
   enum class Limit { kQueued, kAttempt, kPhase };
@@ -149,6 +173,16 @@ struct EventEffect {
 
 namespace gatehouse::controller {
 
+/// A cell another one waits for (its reference cell or control), as it stands now.
+struct PrerequisiteStatus {
+  std::string role;     // "reference cell" | "control"
+  std::string cell_id;
+  bool found = false;   // false: no such cell is stored
+  AttemptState status = AttemptState::kQueued;  // its latest attempt's state
+  std::string reason;   // its latest attempt's reason
+  std::vector<PhaseRecord> phases;  // its latest attempt's, for the comparison in the report
+};
+
 /// A cell with everything the API and the report show about it.
 struct CellDetail {
   CellRecord cell;
@@ -160,6 +194,10 @@ struct CellDetail {
   std::string waiting_reason;
   /// The files every attempt stored (a failed attempt's are kept beside its retry's).
   std::vector<ArtifactRecord> artifacts;
+  /// The webhook delivery of every ended attempt (protocols.md §8), by attempt.
+  std::vector<WebhookDelivery> webhook_deliveries;
+  /// The cells this one waits for (its reference cell, its control) as they stand now.
+  std::vector<PrerequisiteStatus> prerequisites;
 };
 
 }  // namespace gatehouse::controller

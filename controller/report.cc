@@ -10,6 +10,7 @@
 
 #include "common/phases.h"
 #include "common/cell_spec.h"
+#include "controller/readiness.h"
 
 namespace gatehouse::controller {
 namespace {
@@ -72,6 +73,151 @@ std::vector<std::string> DecodedTextLines(const std::vector<PhaseRecord>& phases
   return lines;
 }
 
+std::string Short(const std::string& id) { return id.substr(0, 12); }
+
+/// "passed (attempt 2)", or why a cell it waits for cannot be read.
+std::string PrerequisiteText(const PrerequisiteStatus& p) {
+  if (!p.found) return fmt::format("{} `{}`: not stored", p.role, Short(p.cell_id));
+  std::string text = fmt::format("{} `{}`: **{}**", p.role, Short(p.cell_id),
+                                 AttemptStateName(p.status));
+  if (p.status != AttemptState::kPassed && !p.reason.empty()) text += " (" + p.reason + ")";
+  return text;
+}
+
+/// The fields a team hands in as evidence of an adaptation (model, source, adapter, claimed
+/// scope, the control and its result, this variant's result, extensions run or excluded,
+/// execution and readiness, unknowns and blockers, validator and date), one table row each,
+/// every phase that did not run or did not pass named.
+std::vector<std::string> EvidenceSummaryLines(const CellDetail& d, const CellSpec& c) {
+  std::vector<std::string> out;
+  auto row = [&out](std::string_view field, const std::string& value) {
+    out.push_back(fmt::format("| {} | {} |", field, Cell(value)));
+  };
+  out.push_back("## Evidence summary");
+  out.push_back("");
+  out.push_back("| field | value |");
+  out.push_back("|---|---|");
+  row("model", fmt::format("family `{}`; checkpoint {} (`{}`)", c.model_family, c.checkpoint.path,
+                           c.checkpoint.digest));
+  row("source", fmt::format("adapter repository {} at commit `{}` (branch {})", c.repository,
+                            c.commit, d.cell.branch.empty() ? "-" : d.cell.branch));
+  row("adapter", "the model-family plugin built from that commit by its gatehouse.recipe.json, "
+                 "run by the pinned worker (torch " + c.runtime.torch + ")");
+  std::string scope = fmt::format("device {}, precision {}, tp={} dp={} pp={} ep={}, mode {}",
+                                  c.runtime.device, c.precision, c.topology.tp, c.topology.dp,
+                                  c.topology.pp, c.topology.ep, c.mode);
+  if (!c.runtime.gpu_model.empty()) scope += ", GPU " + c.runtime.gpu_model;
+  if (!c.runtime.cuda.empty()) scope += ", CUDA " + c.runtime.cuda;
+  std::string phases;
+  for (const std::string& p : c.phases) phases += (phases.empty() ? "" : ", ") + p;
+  row("claimed scope", scope + "; phases " + phases);
+  std::string control;
+  if (c.reference.cell.empty()) {
+    control = "reference bundle " + c.reference.path + " (`" + c.reference.digest +
+              "`), made outside Gatehouse";
+  }
+  for (const PrerequisiteStatus& p : d.prerequisites) {
+    control += (control.empty() ? "" : "; ") + PrerequisiteText(p);
+  }
+  row("control", control);
+  int passed = 0, ran = 0;
+  for (const PhaseRecord& p : d.phases) {
+    if (p.status == "RUNNING" || p.status == "SKIPPED") continue;
+    ++ran;
+    passed += p.status == "PASS";
+  }
+  row("variant (this cell)",
+      fmt::format("**{}**: {} of {} phases that ran passed", AttemptStateName(d.status), passed, ran));
+  std::string extensions;
+  for (std::string_view name : kPhases) {
+    if (std::find(c.phases.begin(), c.phases.end(), name) == c.phases.end()) {
+      extensions += fmt::format("{}{}: excluded (not requested)", extensions.empty() ? "" : "; ", name);
+    }
+  }
+  for (const PhaseRecord& p : d.phases) {
+    if (p.status != "SKIPPED") continue;
+    extensions += fmt::format("{}{}: SKIPPED ({})", extensions.empty() ? "" : "; ", p.phase,
+                              p.reason.empty() ? "no reason given" : p.reason);
+  }
+  row("extensions", extensions.empty() ? "every phase requested and run" : extensions);
+  const std::string lane = c.runtime.device == "cuda" ? "GPU" : "CPU";
+  std::string execution = "not run";
+  if (d.status == AttemptState::kPassed) execution = "passed";
+  if (d.status == AttemptState::kFailed) execution = "failed";
+  if (d.status == AttemptState::kBlocked || d.status == AttemptState::kError ||
+      d.status == AttemptState::kLost || d.status == AttemptState::kTimedOut ||
+      d.status == AttemptState::kCancelled) {
+    execution = std::string(AttemptStateName(d.status));
+  }
+  const std::string other = lane == "GPU" ? "CPU" : "GPU";
+  row("execution", fmt::format("{}: {}; {}: not run in this cell", lane, execution, other));
+  row("readiness", fmt::format("{}: {}; {}: unverified by this cell (GET /api/v1/readiness "
+                               "lists every combination)",
+                               lane, ReadinessOf(d.status), other));
+  std::string blockers;
+  for (const PhaseRecord& p : d.phases) {
+    if (p.status != "BLOCKED" && p.status != "UNKNOWN" && p.status != "FAIL") continue;
+    blockers += fmt::format("{}{} {}: {}", blockers.empty() ? "" : "; ", p.phase, p.status,
+                            p.reason.empty() ? "no reason given" : p.reason);
+  }
+  for (const std::string& name : c.phases) {
+    const bool reported = std::any_of(d.phases.begin(), d.phases.end(),
+                                      [&](const PhaseRecord& p) { return p.phase == name; });
+    if (!reported && IsTerminal(d.status)) {
+      blockers += fmt::format("{}{}: not run", blockers.empty() ? "" : "; ", name);
+    }
+  }
+  if (!d.attempts.empty() && d.status != AttemptState::kPassed && !d.attempts.back().reason.empty()) {
+    blockers += (blockers.empty() ? "" : "; ") + d.attempts.back().reason;
+  }
+  row("unknowns and blockers", blockers.empty() ? "none" : blockers);
+  const AttemptRecord* last = d.attempts.empty() ? nullptr : &d.attempts.back();
+  row("validator and date",
+      last == nullptr || last->agent_id.empty()
+          ? "not run yet"
+          : fmt::format("Gatehouse agent `{}` (attempt {}), ended {}; submitted by {}",
+                        last->agent_id, last->number,
+                        last->ended_at.empty() ? "(still running)" : last->ended_at,
+                        d.cell.submitter.empty() ? "-" : d.cell.submitter));
+  out.push_back("");
+  return out;
+}
+
+/// The control's phases beside this cell's (status and first figures), for a cell whose
+/// control (a cell named by `control`) has phases; empty otherwise.
+std::vector<std::string> ControlComparisonLines(const CellDetail& d) {
+  auto control = std::find_if(d.prerequisites.begin(), d.prerequisites.end(),
+                              [](const PrerequisiteStatus& p) { return p.role == "control"; });
+  if (control == d.prerequisites.end() || control->phases.empty()) return {};
+  auto figures = [](const PhaseRecord& p) {
+    std::string text;
+    for (size_t i = 0; i < p.figures.size() && i < 2; ++i) {
+      text += (i ? ", " : "") + FigureText(p.figures[i]);
+    }
+    return text;
+  };
+  std::vector<std::string> out = {
+      fmt::format("## Control `{}` and this variant", Short(control->cell_id)), "",
+      "| phase | control | this cell |", "|---|---|---|"};
+  for (std::string_view name : kPhases) {
+    auto find = [&](const std::vector<PhaseRecord>& v) {
+      return std::find_if(v.begin(), v.end(), [&](const PhaseRecord& p) { return p.phase == name; });
+    };
+    auto theirs = find(control->phases);
+    auto ours = find(d.phases);
+    if (theirs == control->phases.end() && ours == d.phases.end()) continue;
+    auto text = [&](auto it, const std::vector<PhaseRecord>& v) {
+      if (it == v.end()) return std::string("not run");
+      const std::string f = figures(*it);
+      return it->status + (f.empty() ? "" : " (" + f + ")");
+    };
+    out.push_back(fmt::format("| {} | {} | {} |", name, Cell(text(theirs, control->phases)),
+                              Cell(text(ours, d.phases))));
+  }
+  out.push_back("");
+  return out;
+}
+
 }  // namespace
 
 std::string RenderReport(const CellDetail& d) {
@@ -132,6 +278,10 @@ std::string RenderReport(const CellDetail& d) {
   }
   line(fmt::format("| submitted | {} by {} |", d.cell.created_at, Cell(d.cell.submitter)));
   line("");
+  if (spec.ok() && !reference) {
+    for (const std::string& l : EvidenceSummaryLines(d, *spec)) line(l);
+    for (const std::string& l : ControlComparisonLines(d)) line(l);
+  }
 
   const AttemptRecord* latest = d.attempts.empty() ? nullptr : &d.attempts.back();
   line(latest ? fmt::format("## Phases (attempt {})", latest->number) : "## Phases");

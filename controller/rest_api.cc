@@ -102,6 +102,8 @@ const std::vector<Route>& RestApi::Routes() {
       {"POST", "/api/v1/cells", Scope::kSubmit, "submit_cell", &RestApi::SubmitCell},
       {"GET", "/api/v1/cells/{id}", Scope::kRead, "get_cell", &RestApi::GetCell},
       {"POST", "/api/v1/cells/{id}/cancel", Scope::kSubmit, "cancel_cell", &RestApi::CancelCell},
+      {"POST", "/api/v1/cells/{id}/retry", Scope::kSubmit, "retry_cell", &RestApi::RetryCell},
+      {"GET", "/api/v1/readiness", Scope::kRead, "readiness", &RestApi::Readiness},
       {"GET", "/api/v1/cells/{id}/report", Scope::kRead, "cell_report", &RestApi::CellReport},
       {"GET", "/api/v1/cells/{id}/log", Scope::kRead, "cell_log", &RestApi::CellLog},
       {"GET", "/api/v1/artifacts/{digest}", Scope::kRead, "get_artifact", &RestApi::GetArtifact},
@@ -245,6 +247,18 @@ HttpResponse RestApi::CancelCell(const RouteCall& call) {
   auto reason = ParseCancelReason(call.request.body);
   if (!reason.ok()) return ErrorResponse(reason.status());
   auto cell = core_.CancelCell(call.params.at(0), *reason);
+  if (!cell.ok()) return ErrorResponse(cell.status());
+  return JsonResponse(202, CellJson(*cell));
+}
+
+HttpResponse RestApi::Readiness(const RouteCall&) {
+  auto combinations = core_.Readiness();
+  if (!combinations.ok()) return ErrorResponse(combinations.status());
+  return JsonResponse(200, ReadinessJson(*combinations));
+}
+
+HttpResponse RestApi::RetryCell(const RouteCall& call) {
+  auto cell = core_.RetryCell(call.params.at(0));
   if (!cell.ok()) return ErrorResponse(cell.status());
   return JsonResponse(202, CellJson(*cell));
 }

@@ -70,6 +70,8 @@ class RestApi {
   HttpResponse ListCells(const RouteCall& call);
   HttpResponse GetCell(const RouteCall& call);
   HttpResponse CancelCell(const RouteCall& call);
+  HttpResponse RetryCell(const RouteCall& call);
+  HttpResponse Readiness(const RouteCall& call);
   HttpResponse CellReport(const RouteCall& call);
   HttpResponse CellLog(const RouteCall& call);
   HttpResponse GetArtifact(const RouteCall& call);

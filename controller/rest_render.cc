@@ -51,6 +51,16 @@ json CellJson(const CellDetail& d) {
                          {"size", a.size},
                          {"created_at", a.created_at}});
   }
+  json deliveries = json::array();
+  for (const WebhookDelivery& w : d.webhook_deliveries) {
+    deliveries.push_back({{"attempt_id", w.attempt_id},
+                          {"state", w.state},
+                          {"tries", w.tries},
+                          {"last_status", w.last_status},
+                          {"last_error", w.last_error},
+                          {"next_try_at", w.state == "pending" ? json(w.next_try_at) : json(nullptr)},
+                          {"delivered_at", NullIfEmpty(w.delivered_at)}});
+  }
   return {{"id", d.cell.id},
           {"status", AttemptStateName(d.status)},
           {"spec", spec.is_discarded() ? json(d.cell.spec_json) : spec},
@@ -60,7 +70,34 @@ json CellJson(const CellDetail& d) {
           {"attempts", attempts},
           {"phases", phases},
           {"waiting_reason", NullIfEmpty(d.waiting_reason)},
-          {"artifacts", artifacts}};
+          {"artifacts", artifacts},
+          {"webhook_deliveries", deliveries}};
+}
+
+json ReadinessJson(const std::vector<ReadinessCombination>& combinations) {
+  json out = json::array();
+  for (const ReadinessCombination& c : combinations) {
+    json commits = json::array();
+    for (const ReadinessCommit& r : c.commits) {
+      commits.push_back({{"repository", r.repository},
+                         {"branch", r.branch},
+                         {"commit", r.commit},
+                         {"readiness", r.readiness},
+                         {"status", AttemptStateName(r.status)},
+                         {"cell", r.cell_id},
+                         {"created_at", r.created_at}});
+    }
+    out.push_back({{"model_family", c.model_family},
+                   {"checkpoint", {{"path", c.checkpoint.path}, {"digest", c.checkpoint.digest}}},
+                   {"device", c.device},
+                   {"precision", c.precision},
+                   {"topology",
+                    {{"tp", c.topology.tp}, {"dp", c.topology.dp}, {"pp", c.topology.pp},
+                     {"ep", c.topology.ep}}},
+                   {"mode", c.mode},
+                   {"commits", commits}});
+  }
+  return {{"combinations", out}};
 }
 
 json TokenJson(const TokenRecord& t) {

@@ -22,6 +22,9 @@ nlohmann::json AgentJson(const AgentStatus& agent);
 /// One token of GET /api/v1/tokens: never its secret.
 nlohmann::json TokenJson(const TokenRecord& token);
 
+/// The readiness document (protocols.md §1): {"combinations": [...]}.
+nlohmann::json ReadinessJson(const std::vector<ReadinessCombination>& combinations);
+
 /// `body` as JSON with `status`; invalid UTF-8 in a stored string becomes U+FFFD rather than
 /// an exception (which would turn any answer into a 500). Cache-Control: no-store.
 HttpResponse JsonResponse(int status, const nlohmann::json& body);

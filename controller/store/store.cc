@@ -434,6 +434,78 @@ Result<std::vector<ArtifactRecord>> Store::ListArtifacts(int64_t attempt_id) {
   return out;
 }
 
+namespace {
+
+constexpr const char* kDeliveryColumns =
+    "d.id, d.attempt_id, d.cell_id, d.created_at, d.state, d.tries, d.next_try_at, "
+    "d.last_status, d.last_error, d.delivered_at, "
+    "EXISTS (SELECT 1 FROM attempts r WHERE r.retry_of = d.attempt_id) ";
+
+WebhookDelivery DeliveryFrom(Stmt& s) {
+  WebhookDelivery d;
+  d.id = s.Int(0);
+  d.attempt_id = s.Int(1);
+  d.cell_id = s.Text(2);
+  d.created_at = s.Text(3);
+  d.state = s.Text(4);
+  d.tries = static_cast<int>(s.Int(5));
+  d.next_try_at = s.Text(6);
+  d.last_status = static_cast<int>(s.Int(7));
+  d.last_error = s.Text(8);
+  d.delivered_at = s.Text(9);
+  d.retried = s.Int(10) != 0;
+  return d;
+}
+
+}  // namespace
+
+Result<std::vector<WebhookDelivery>> Store::DueWebhookDeliveries(const std::string& now,
+                                                                 int limit) {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_, std::string("SELECT ") + kDeliveryColumns +
+                           "FROM webhook_deliveries d WHERE d.state = 'pending' AND "
+                           "d.next_try_at <= ? ORDER BY d.next_try_at, d.id LIMIT ?");
+  s.Bind(1, now).Bind(2, int64_t{limit});
+  std::vector<WebhookDelivery> out;
+  while (s.Step()) out.push_back(DeliveryFrom(s));
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Status Store::RecordWebhookTry(int64_t id, const WebhookTry& t) {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_,
+         "UPDATE webhook_deliveries SET state = ?, tries = tries + ?, last_status = ?, "
+         "last_error = ?, next_try_at = CASE WHEN ? != '' THEN ? ELSE next_try_at END, "
+         "delivered_at = CASE WHEN ? = 'delivered' THEN ? ELSE delivered_at END WHERE id = ?");
+  const std::string now = Now();
+  s.Bind(1, t.state)
+      .Bind(2, int64_t{t.counts ? 1 : 0})
+      .Bind(3, int64_t{t.status})
+      .Bind(4, t.error)
+      .Bind(5, t.next_try_at)
+      .Bind(6, t.next_try_at)
+      .Bind(7, t.state)
+      .Bind(8, now)
+      .Bind(9, id);
+  GH_RETURN_IF_ERROR(s.Exec());
+  if (sqlite3_changes(db_) == 0) {
+    return Status::NotFound("webhook delivery " + std::to_string(id) + " not found");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<WebhookDelivery>> Store::ListWebhookDeliveries(const std::string& cell_id) {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_, std::string("SELECT ") + kDeliveryColumns +
+                           "FROM webhook_deliveries d WHERE d.cell_id = ? ORDER BY d.attempt_id");
+  s.Bind(1, cell_id);
+  std::vector<WebhookDelivery> out;
+  while (s.Step()) out.push_back(DeliveryFrom(s));
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
 Result<bool> Store::HasBlob(const std::string& digest) {
   std::lock_guard lock(mu_);
   Stmt s(*statements_, "SELECT 1 FROM artifact_blobs WHERE digest = ?");
@@ -561,6 +633,45 @@ Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std:
       retry = sqlite3_last_insert_rowid(db_);
     }
   }
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return retry;
+}
+
+Result<AttemptRecord> Store::RetryCell(const std::string& cell_id) {
+  std::lock_guard lock(mu_);
+  Transaction tx(*statements_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  Stmt last(*statements_, "SELECT id FROM attempts WHERE cell_id = ? ORDER BY number DESC LIMIT 1");
+  last.Bind(1, cell_id);
+  if (!last.Step()) {
+    GH_RETURN_IF_ERROR(last.status());
+    return Status::NotFound("cell '" + cell_id + "' has no attempt");
+  }
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(*statements_, last.Int(0)));
+  if (!IsTerminal(a.state)) {
+    return Status::FailedPrecondition("cell '" + cell_id + "': its attempt " +
+                                      std::to_string(a.number) + " is " +
+                                      std::string(AttemptStateName(a.state)) +
+                                      ", not ended: nothing to retry");
+  }
+  if (a.state == AttemptState::kPassed || a.state == AttemptState::kFailed) {
+    return Status::FailedPrecondition(
+        "cell '" + cell_id + "' has a verdict (" + std::string(AttemptStateName(a.state)) +
+        ", attempt " + std::to_string(a.number) +
+        "): its frozen inputs would give it again; change an input to make another cell");
+  }
+  const std::string now = Now();
+  Stmt insert(*statements_,
+              "INSERT INTO attempts(cell_id, number, state, created_at, retry_of) "
+              "VALUES (?, ?, ?, ?, ?)");
+  insert.Bind(1, cell_id)
+      .Bind(2, int64_t{a.number} + 1)
+      .Bind(3, AttemptStateName(AttemptState::kQueued))
+      .Bind(4, now)
+      .Bind(5, a.id);
+  GH_RETURN_IF_ERROR(insert.Exec().WithContext("retry of cell " + cell_id));
+  const int64_t id = sqlite3_last_insert_rowid(db_);
+  GH_ASSIGN_OR_RETURN(AttemptRecord retry, LoadAttempt(*statements_, id));
   GH_RETURN_IF_ERROR(tx.Commit());
   return retry;
 }

@@ -65,6 +65,19 @@ class Store {
   /// True when some attempt recorded blob `digest`.
   Result<bool> HasBlob(const std::string& digest);
 
+  // ---- webhook outbox (migrations/0008_webhooks.sql) ----
+
+  /// Pending deliveries due at `now` (next_try_at <= now), oldest first, at most `limit`.
+  Result<std::vector<WebhookDelivery>> DueWebhookDeliveries(const std::string& now, int limit);
+
+  /// Records a try of delivery `id`: its new state, the try counted when `t.counts`, the
+  /// status and error, next_try_at (pending) or delivered_at (delivered, stamped now).
+  /// NOT_FOUND for an unknown delivery.
+  Status RecordWebhookTry(int64_t id, const WebhookTry& t);
+
+  /// The deliveries of every attempt of cell `cell_id`, by attempt.
+  Result<std::vector<WebhookDelivery>> ListWebhookDeliveries(const std::string& cell_id);
+
   /// Rows of schema_migrations in version order.
   Result<std::vector<AppliedMigration>> AppliedMigrations();
 
@@ -98,6 +111,13 @@ class Store {
   /// loses whole). Returns false when it was not.
   Result<bool> CancelQueued(int64_t attempt_id, const std::string& reason,
                             AttemptState as = AttemptState::kCancelled);
+
+  /// Queues a new attempt of cell `cell_id` (number + 1, retry_of the latest) when its latest
+  /// attempt ended without a verdict: error, lost, cancelled, timed_out or blocked. Returns the
+  /// new attempt. FAILED_PRECONDITION naming the state otherwise (queued or running: it is
+  /// still going; passed or failed: a verdict, which the same inputs would give again);
+  /// NOT_FOUND for a cell without attempts.
+  Result<AttemptRecord> RetryCell(const std::string& cell_id);
 
   /// Records that a stop was requested for a leased or running attempt (cancel_reason, and
   /// `as`: cancelled for a cancel, timed_out for a time limit; the attempt ends in that state

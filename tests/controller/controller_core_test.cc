@@ -472,6 +472,59 @@ TEST_F(ReferenceCellTest, AReferenceThatFailsBlocksTheCellsWaitingForIt) {
   EXPECT_THAT(not_reference.status().message(), HasSubstr("is not a reference cell"));
 }
 
+TEST_F(ReferenceCellTest, ARetryRunsAReferenceThatEndedInErrorAndTheCellBlockedBehindIt) {
+  // Verifies RetryCell: a reference cell that ended `error` (an infrastructure failure, no
+  // verdict) blocked its validation cell; retrying the validation cell queues attempt 2 of the
+  // reference cell first (retry_of its attempt 1) and attempt 2 of the validation cell, which
+  // waits for it and runs once it passed. A verdict (passed, failed), a cell still running, or
+  // one waiting for a reference that FAILed is not retried (FAILED_PRECONDITION).
+  auto ref_agent = ConnectReferenceAgent("ref");
+  auto outcome = core_->Submit(AutoBody(), "ci");
+  ASSERT_TRUE(outcome.ok());
+  const std::string id = outcome->cell.cell.id;
+  const std::string ref_id = ParseCellSpecJson(outcome->cell.cell.spec_json)->reference.cell;
+  const int64_t ref_attempt = ref_agent->AssignedIds().at(0);
+  auto running = core_->RetryCell(ref_id);
+  EXPECT_EQ(running.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(running.status().message(), HasSubstr("is leased, not ended"));
+  ASSERT_TRUE(core_->EndAttempt("ref", ref_attempt, "error", "reference runner: venv missing", 0).ok());
+  ASSERT_EQ(Cell(ref_id).status, AttemptState::kError);
+  ASSERT_EQ(Cell(id).status, AttemptState::kBlocked);
+
+  auto retried = core_->RetryCell(id);
+  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+  const CellDetail ref = Cell(ref_id);
+  ASSERT_EQ(ref.attempts.size(), 2u);
+  EXPECT_EQ(ref.attempts[1].retry_of, ref_attempt);
+  EXPECT_EQ(ref.status, AttemptState::kLeased);  // placed again at once
+  ASSERT_EQ(retried->attempts.size(), 2u);
+  EXPECT_EQ(retried->status, AttemptState::kQueued);
+  EXPECT_THAT(retried->waiting_reason, HasSubstr("waiting for its reference cell"));
+  const int64_t ref_retry = ref_agent->AssignedIds().at(1);
+  ASSERT_TRUE(Upload("ref", ref_retry, "reference/reference.json", "{}").ok());
+  ASSERT_TRUE(Upload("ref", ref_retry, "reference/reference.safetensors", "tensors").ok());
+  Finish("ref", ref_retry, "PASS");
+  EXPECT_EQ(Cell(id).status, AttemptState::kLeased);
+  EXPECT_EQ(ref_agent->sent.back().attempt_id, Cell(id).attempts.back().id);
+  Finish("ref", ref_agent->sent.back().attempt_id, "PASS");
+
+  auto verdict = core_->RetryCell(id);
+  EXPECT_EQ(verdict.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(verdict.status().message(), HasSubstr("has a verdict (passed, attempt 2)"));
+  EXPECT_EQ(core_->RetryCell(std::string(64, 'f')).status().code(), StatusCode::kNotFound);
+
+  // A reference that FAILed is a verdict on the checkpoint: the cell behind it stays blocked.
+  auto other = core_->Submit(AutoBody(/*max_new_tokens=*/8), "ci");
+  ASSERT_TRUE(other.ok());
+  const std::string other_ref = ParseCellSpecJson(other->cell.cell.spec_json)->reference.cell;
+  Finish("ref", Cell(other_ref).attempts.back().id, "FAIL");
+  ASSERT_EQ(Cell(other->cell.cell.id).status, AttemptState::kBlocked);
+  auto blocked = core_->RetryCell(other->cell.cell.id);
+  EXPECT_EQ(blocked.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(blocked.status().message(), HasSubstr("which ended failed"));
+  EXPECT_EQ(Cell(other->cell.cell.id).attempts.size(), 1u);
+}
+
 TEST_F(ReferenceCellTest, ArtifactsAreCheckedBeforeTheyAreStored) {
   // Verifies an upload is refused whole when its bytes are not the announced digest or size,
   // when it is over the size limit, under a bad name, or from an agent the attempt is not

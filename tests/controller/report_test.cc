@@ -87,5 +87,85 @@ TEST(ReportTest, InputsAndReproduceBodyComeFromTheSpec) {
   EXPECT_NE(report.find(ReproduceBody(spec).dump(2)), std::string::npos) << report;
 }
 
+PhaseRecord Phase(const std::string& name, const std::string& status, const std::string& reason = "",
+                  std::vector<FigureRecord> figures = {}) {
+  PhaseRecord p;
+  p.phase = name;
+  p.status = status;
+  p.reason = reason;
+  p.figures = std::move(figures);
+  return p;
+}
+
+// Verifies the evidence summary a team files: model, source, adapter, claimed scope, the
+// control and its result, this variant's, extensions excluded or skipped with why, execution
+// and readiness, unknowns and blockers, validator and date; and the control's phases beside
+// the variant's.
+TEST(ReportTest, EvidenceSummaryNamesEveryFieldAndWhatDidNotRunOrPass) {
+  CellSpec spec = gatehouse::testing::SampleSpec();
+  spec.phases = {"config", "load", "inference", "decode", "training"};
+  spec.precision = "bf16";
+  spec.control = std::string(64, 'c');
+  CellDetail d;
+  d.cell.id = std::string(64, 'v');
+  d.cell.branch = "bf16-support";
+  d.cell.submitter = "ci";
+  d.cell.spec_json = CanonicalSpecJson(spec);
+  d.status = AttemptState::kFailed;
+  AttemptRecord a;
+  a.number = 1;
+  a.state = AttemptState::kFailed;
+  a.agent_id = "gpu-node-3";
+  a.ended_at = "2026-12-02T03:00:00.000Z";
+  d.attempts = {a};
+  d.phases = {Phase("config", "PASS"), Phase("load", "PASS"),
+              Phase("inference", "FAIL", "max_abs_diff 0.9 exceeds the bar 0.05",
+                    {{"max_abs_diff", "0.9", "logits"}}),
+              Phase("decode", "UNKNOWN", "near-tie at position 3"),
+              Phase("training", "SKIPPED", "not applicable to bf16 here")};
+  PrerequisiteStatus control{"control", spec.control, true, AttemptState::kPassed, ""};
+  control.phases = {Phase("config", "PASS"), Phase("inference", "PASS", "",
+                                                   {{"max_abs_diff", "0", "logits"}})};
+  d.prerequisites = {control};
+
+  const std::string r = RenderReport(d);
+  for (const char* field : {"| model | family `llama`", "| source | adapter repository",
+                            "| adapter |", "| claimed scope | device cpu, precision bf16",
+                            "control `cccccccccccc`: **passed**", "| control | reference bundle /data/llama-tiny/reference",
+                            "| variant (this cell) | **failed**: 2 of 4 phases that ran passed",
+                            "| execution | CPU: failed; GPU: not run in this cell",
+                            "| readiness | CPU: failed;", "| validator and date | Gatehouse agent `gpu-node-3` (attempt 1), ended 2026-12-02T03:00:00.000Z; submitted by ci"}) {
+    EXPECT_NE(r.find(field), std::string::npos) << field << "\n" << r;
+  }
+  // Excluded and skipped phases, and every blocker, by name and reason.
+  EXPECT_NE(r.find("performance: excluded (not requested)"), std::string::npos) << r;
+  EXPECT_NE(r.find("training: SKIPPED (not applicable to bf16 here)"), std::string::npos) << r;
+  EXPECT_NE(r.find("inference FAIL: max_abs_diff 0.9 exceeds the bar 0.05"), std::string::npos) << r;
+  EXPECT_NE(r.find("decode UNKNOWN: near-tie at position 3"), std::string::npos) << r;
+  // The comparison with the control.
+  EXPECT_NE(r.find("## Control `cccccccccccc` and this variant"), std::string::npos) << r;
+  EXPECT_NE(r.find("| inference | PASS (max_abs_diff=0 logits) | FAIL (max_abs_diff=0.9 logits) |"),
+            std::string::npos)
+      << r;
+  EXPECT_NE(r.find("| load | not run | PASS |"), std::string::npos) << r;
+
+  // A cell blocked behind its reference cell names it and why.
+  spec.control.clear();
+  spec.reference = {{"", ""}, std::string(64, 'e')};
+  d.cell.spec_json = CanonicalSpecJson(spec);
+  d.status = AttemptState::kBlocked;
+  d.attempts[0].state = AttemptState::kBlocked;
+  d.attempts[0].reason = "blocked: its reference cell eee ended failed";
+  d.phases.clear();
+  d.prerequisites = {{"reference cell", std::string(64, 'e'), true, AttemptState::kFailed,
+                      "transformers cannot load the checkpoint"}};
+  const std::string b = RenderReport(d);
+  EXPECT_NE(b.find("reference cell `eeeeeeeeeeee`: **failed** (transformers cannot load"),
+            std::string::npos) << b;
+  EXPECT_NE(b.find("| readiness | CPU: blocked;"), std::string::npos) << b;
+  EXPECT_NE(b.find("config: not run; load: not run"), std::string::npos) << b;
+  EXPECT_NE(b.find("blocked: its reference cell eee ended failed"), std::string::npos) << b;
+}
+
 }  // namespace
 }  // namespace gatehouse::controller

@@ -240,6 +240,31 @@ TEST_F(RestTest, CancelEndpoint) {
   const json ended = json::parse(Http(port_, "GET", "/api/v1/cells/" + s.id).body);
   EXPECT_EQ(ended["status"], "cancelled");
   EXPECT_EQ(Http(port_, "POST", path).status, 409);
+
+  // A cancelled cell can be run again: POST .../retry queues attempt 2 (202); retrying it
+  // while that attempt is queued is 409; unknown cell 404; GET 405.
+  const std::string retry = "/api/v1/cells/" + s.id + "/retry";
+  EXPECT_EQ(Http(port_, "GET", retry).status, 405);
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/cells/nope/retry").status, 404);
+  const Reply retried = Http(port_, "POST", retry);
+  ASSERT_EQ(retried.status, 202) << retried.body;
+  const json again = json::parse(retried.body);
+  ASSERT_EQ(again["attempts"].size(), 2u);
+  EXPECT_EQ(again["attempts"][1]["retry_of"], s.attempt);
+  EXPECT_EQ(Http(port_, "POST", retry).status, 409);
+  // The cancelled attempt's end was recorded for the webhook (none configured here).
+  EXPECT_EQ(again["webhook_deliveries"].size(), 1u);
+
+  // Readiness: each cell's combination, its commit unverified while nothing has a verdict.
+  const Reply readiness = Http(port_, "GET", "/api/v1/readiness");
+  ASSERT_EQ(readiness.status, 200) << readiness.body;
+  const json combinations = json::parse(readiness.body)["combinations"];
+  ASSERT_EQ(combinations.size(), 2u) << readiness.body;  // bf16 and fp32
+  EXPECT_EQ(combinations[1]["precision"], "fp32");
+  ASSERT_EQ(combinations[1]["commits"].size(), 1u);
+  EXPECT_EQ(combinations[1]["commits"][0]["cell"], s.id);
+  EXPECT_EQ(combinations[1]["commits"][0]["readiness"], "unverified");
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/readiness").status, 405);
 }
 
 TEST_F(RestTest, UnknownCellIs404WithItsId) {

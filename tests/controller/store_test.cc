@@ -23,17 +23,7 @@ Clock SteppingClock() {
   };
 }
 
-CellRecord MakeCell(const std::string& id) {
-  CellRecord c;
-  c.id = id;
-  c.spec_json = R"({"id":")" + id + R"("})";
-  c.repository = "/repos/adapt";
-  c.commit_sha = std::string(40, 'a');
-  c.branch = "main";
-  c.model_family = "llama";
-  c.submitter = "ci";
-  return c;
-}
+CellRecord MakeCell(const std::string& id) { return testing::MakeCellRecord(id); }
 
 // Runs SQL on a second connection to the same file (to plant failures, as a test would).
 void ExecOnFile(const std::filesystem::path& db, const std::string& sql) {

@@ -24,6 +24,20 @@ inline void WriteFile(const std::filesystem::path& p, const std::string& content
   std::ofstream(p, std::ios::binary) << content;
 }
 
+/// A stored cell row for store-level tests: `id`, a stand-in spec, /repos/adapt at 'a' x 40,
+/// branch main, family llama, submitter ci.
+inline CellRecord MakeCellRecord(const std::string& id) {
+  CellRecord c;
+  c.id = id;
+  c.spec_json = R"({"id":")" + id + R"("})";
+  c.repository = "/repos/adapt";
+  c.commit_sha = std::string(40, 'a');
+  c.branch = "main";
+  c.model_family = "llama";
+  c.submitter = "ci";
+  return c;
+}
+
 /// A checkpoint directory <root>/ckpt (config.json + weights) and <root>/reference.
 inline void MakeCheckpoint(const std::filesystem::path& root) {
   WriteFile(root / "ckpt" / "config.json", R"({"model_type":"llama"})");

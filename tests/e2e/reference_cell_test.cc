@@ -12,7 +12,9 @@
 //  - `gatehouse reference --wait --out` finds the same reference cell and downloads its bundle,
 //    which the worker's validator accepts;
 //  - a checkpoint transformers cannot load fails its reference cell with upstream's error, and
-//    the validation cell waiting for it ends blocked (exit 3) without running.
+//    the validation cell waiting for it ends blocked (exit 3) without running;
+//  - CI's webhook receiver gets a signed delivery for each of those cell ends (the first one
+//    after a retry: the receiver answers it 503), and each cell records its delivery.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -30,12 +32,14 @@
 #include "e2e_util.h"
 #include "http_client.h"
 #include "process_harness.h"
+#include "webhook_receiver.h"
 
 namespace gatehouse::testing {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 class ReferenceCellEndToEndTest : public ::testing::Test {
@@ -59,12 +63,18 @@ class ReferenceCellEndToEndTest : public ::testing::Test {
     const std::string agent_token = CreateToken(bin, db, {"--name", "node", "--kind", "agent"});
     ASSERT_FALSE(token_.empty() || agent_token.empty());
     WriteTextFile(root_ / "agent.token", agent_token + "\n");
+    // CI's webhook receiver: it answers the first delivery 503 (a retry must follow).
+    receiver_ = std::make_unique<WebhookReceiver>(/*fail_first=*/1);
+    WriteTextFile(root_ / "webhook.secret", std::string(kWebhookSecret) + "\n");
     controller_ = std::make_unique<Daemon>(
         bin + "/gatehouse-controller",
         std::vector<std::string>{"--db", db, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
                                  "--mirror-dir", (root_ / "mirrors").string(), "--artifact-dir",
                                  (root_ / "artifacts").string(), "--web-dir", GATEHOUSE_WEB_DIR,
-                                 "--torch-pin", GATEHOUSE_TORCH_VERSION},
+                                 "--torch-pin", GATEHOUSE_TORCH_VERSION, "--webhook-url",
+                                 "http://127.0.0.1:" + std::to_string(receiver_->port()) +
+                                     "/hooks/gatehouse",
+                                 "--webhook-secret-file", (root_ / "webhook.secret").string()},
         root_ / "logs" / "controller");
     auto ports = WaitForControllerPorts(*controller_);
     ASSERT_TRUE(ports) << controller_->Stderr();
@@ -177,6 +187,8 @@ class ReferenceCellEndToEndTest : public ::testing::Test {
   fs::path root_;
   std::string token_;
   int http_port_ = 0;
+  static constexpr char kWebhookSecret[] = "e2e-webhook-secret";
+  std::unique_ptr<WebhookReceiver> receiver_;
   std::unique_ptr<Daemon> controller_;
   std::unique_ptr<Daemon> agent_;
 };
@@ -283,6 +295,52 @@ TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
       << bad_phase->dump();
   EXPECT_NE(bad_phase->at("reason").get<std::string>().find("no_such_model"), std::string::npos)
       << bad_phase->dump();
+
+  // 6. The webhook: a signed delivery for every cell end, the first one retried after the
+  //    receiver's 503, each recorded on its cell.
+  const std::map<std::string, std::string> verdicts = {{ref_id, "passed"},
+                                                       {id, "passed"},
+                                                       {FirstId(broken.out), "failed"},
+                                                       {bad_ref, "failed"},
+                                                       {FirstId(blocked.out), "blocked"}};
+  std::map<std::string, json> delivered;  // cell id -> the body its 200 answered
+  std::vector<WebhookReceiver::Delivery> got;
+  for (int i = 0; i < 300 && delivered.size() < verdicts.size(); ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    got = receiver_->deliveries();
+    delivered.clear();
+    for (const auto& d : got) {
+      if (d.answered == 200) delivered[json::parse(d.body)["cell"]["id"]] = json::parse(d.body);
+    }
+  }
+  ASSERT_EQ(delivered.size(), verdicts.size()) << got.size() << " deliveries";
+  EXPECT_EQ(got.size(), verdicts.size() + 1);  // the 503'd one once more
+  for (const auto& d : got) {
+    EXPECT_EQ(d.headers.at("x-gatehouse-signature-256"), HmacSha256Header(kWebhookSecret, d.body));
+    EXPECT_EQ(d.headers.at("x-gatehouse-event"), "cell.ended");
+    EXPECT_EQ(d.headers.at("content-type"), "application/json");
+  }
+  EXPECT_EQ(got[0].answered, 503);
+  int same_delivery = 0;  // the retry carries the first try's delivery id and body
+  for (size_t i = 1; i < got.size(); ++i) {
+    if (got[i].headers.at("x-gatehouse-delivery") == got[0].headers.at("x-gatehouse-delivery")) {
+      ++same_delivery;
+      EXPECT_EQ(got[i].body, got[0].body);
+      EXPECT_EQ(got[i].answered, 200);
+    }
+  }
+  EXPECT_EQ(same_delivery, 1);
+  for (const auto& [cell_id, verdict] : verdicts) {
+    const json& body = delivered[cell_id];
+    EXPECT_EQ(body["verdict"], verdict) << cell_id;
+    EXPECT_EQ(body["cell"]["report_url"], "/api/v1/cells/" + cell_id + "/report");
+    const json record = Get("/api/v1/cells/" + cell_id)["webhook_deliveries"];
+    ASSERT_EQ(record.size(), 1u) << cell_id;
+    EXPECT_EQ(record[0]["state"], "delivered") << record.dump();
+    EXPECT_EQ(record[0]["last_status"], 200);
+  }
+  EXPECT_EQ(Get("/api/v1/cells/" + ref_id)["webhook_deliveries"][0]["tries"], 2);
+  EXPECT_EQ(delivered[ref_id]["cell"]["kind"], "reference");
 }
 
 }  // namespace

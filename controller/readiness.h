@@ -1,0 +1,49 @@
+// Readiness (GET /api/v1/readiness, docs/protocols.md §1): for each combination an adapter is
+// validated on (model family, checkpoint, device, precision, topology, mode), the latest verdict
+// of every adapter commit that has a cell for it. Pure: computed from the stored cells.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/cell_spec.h"
+#include "controller/records.h"
+
+namespace gatehouse::controller {
+
+/// One adapter commit's standing for one combination: its newest cell decides.
+struct ReadinessCommit {
+  std::string repository;
+  std::string branch;  // the newest cell's branch label
+  std::string commit;  // 40 hex
+  std::string readiness;  // ReadinessOf(status)
+  AttemptState status = AttemptState::kQueued;  // the newest cell's latest attempt
+  std::string cell_id;
+  std::string created_at;  // the newest cell's
+};
+
+/// One combination and every commit validated on it, newest cell first.
+struct ReadinessCombination {
+  std::string model_family;
+  DigestedPath checkpoint;
+  std::string device;
+  std::string precision;
+  CellSpec::Topology topology;
+  std::string mode;
+  std::vector<ReadinessCommit> commits;
+};
+
+/// "validated" (passed), "failed" (a gate FAILed: the adapter is wrong at that commit),
+/// "blocked" (the cell could not run: its reference cell or control did not pass), or
+/// "unverified" (no verdict: queued, running, error, lost, cancelled, timed_out).
+std::string_view ReadinessOf(AttemptState status);
+
+/// Groups the validation cells of `cells` (newest first, as Store::ListCells returns them;
+/// reference cells validate no adapter and are left out) by combination, sorted by family,
+/// checkpoint path, device, precision, topology and mode; per (repository, commit) the newest
+/// cell decides, whatever its other inputs (decode length, phases, ...). A cell whose stored
+/// spec does not parse is skipped.
+std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary>& cells);
+
+}  // namespace gatehouse::controller

@@ -1,0 +1,92 @@
+// Verifies readiness (controller/readiness.h): validation cells grouped by combination, the
+// newest cell of each adapter commit deciding, verdicts mapped to validated / failed / blocked /
+// unverified, reference cells left out.
+#include "controller/readiness.h"
+
+#include <gtest/gtest.h>
+
+namespace gatehouse::controller {
+namespace {
+
+CellSummary MakeSummary(const std::string& id, const std::string& commit, AttemptState status,
+                        const std::string& precision = "fp32", int64_t tp = 1,
+                        const std::string& kind = "validation") {
+  CellSpec spec;
+  spec.kind = kind;
+  spec.checkpoint = {"/data/llama-1b", "sha256:" + std::string(64, 'c')};
+  spec.runtime.torch = "2.11.0";
+  if (kind == "validation") {
+    spec.repository = "/srv/git/adapter";
+    spec.commit = commit;
+    spec.model_family = "llama";
+    spec.reference = {{"/data/llama-1b-ref", "sha256:" + std::string(64, 'e')}, ""};
+    spec.phases = {"config", "load", "inference"};
+    spec.precision = precision;
+    spec.topology.tp = tp;
+  } else {
+    spec.runtime.transformers = "5.24.0";
+    spec.phases = {"identity", "reference"};
+  }
+  CellSummary s;
+  s.cell.id = id;
+  s.cell.spec_json = CanonicalSpecJson(spec);
+  EXPECT_TRUE(ParseCellSpecJson(s.cell.spec_json).ok()) << s.cell.spec_json;
+  s.cell.branch = "main";
+  s.cell.created_at = "2026-12-02T00:00:0" + id.substr(id.size() - 1) + ".000Z";
+  s.status = status;
+  return s;
+}
+
+TEST(ReadinessTest, VerdictsMapToReadiness) {
+  EXPECT_EQ(ReadinessOf(AttemptState::kPassed), "validated");
+  EXPECT_EQ(ReadinessOf(AttemptState::kFailed), "failed");
+  EXPECT_EQ(ReadinessOf(AttemptState::kBlocked), "blocked");
+  for (AttemptState s : {AttemptState::kQueued, AttemptState::kRunning, AttemptState::kError,
+                         AttemptState::kLost, AttemptState::kCancelled, AttemptState::kTimedOut}) {
+    EXPECT_EQ(ReadinessOf(s), "unverified") << AttemptStateName(s);
+  }
+}
+
+TEST(ReadinessTest, TheNewestCellOfEachCommitDecidesPerCombination) {
+  const std::string a(40, 'a'), b(40, 'b');
+  // Newest first, as Store::ListCells returns them.
+  const std::vector<CellSummary> cells = {
+      MakeSummary("c6", a, AttemptState::kFailed, "bf16"),
+      MakeSummary("c5", a, AttemptState::kPassed, "fp32", /*tp=*/2),
+      MakeSummary("c4", b, AttemptState::kError),
+      MakeSummary("c3", a, AttemptState::kPassed),  // newer than c1: decides for commit a
+      MakeSummary("c2", "", AttemptState::kPassed, "fp32", 1, "reference"),
+      MakeSummary("c1", a, AttemptState::kFailed),
+  };
+  const std::vector<ReadinessCombination> r = ComputeReadiness(cells);
+  ASSERT_EQ(r.size(), 3u);  // bf16 tp1, fp32 tp1, fp32 tp2 (sorted by precision, then topology)
+  EXPECT_EQ(r[0].precision, "bf16");
+  ASSERT_EQ(r[0].commits.size(), 1u);
+  EXPECT_EQ(r[0].commits[0].readiness, "failed");
+  EXPECT_EQ(r[0].commits[0].cell_id, "c6");
+
+  EXPECT_EQ(r[1].precision, "fp32");
+  EXPECT_EQ(r[1].topology.tp, 1);
+  EXPECT_EQ(r[1].model_family, "llama");
+  EXPECT_EQ(r[1].checkpoint.path, "/data/llama-1b");
+  ASSERT_EQ(r[1].commits.size(), 2u);
+  EXPECT_EQ(r[1].commits[0].commit, b);
+  EXPECT_EQ(r[1].commits[0].readiness, "unverified");
+  EXPECT_EQ(r[1].commits[0].status, AttemptState::kError);
+  EXPECT_EQ(r[1].commits[1].commit, a);
+  EXPECT_EQ(r[1].commits[1].readiness, "validated");
+  EXPECT_EQ(r[1].commits[1].cell_id, "c3");
+
+  EXPECT_EQ(r[2].topology.tp, 2);
+  EXPECT_EQ(r[2].commits.at(0).cell_id, "c5");
+}
+
+TEST(ReadinessTest, AnUnreadableSpecIsSkipped) {
+  CellSummary broken;
+  broken.cell.id = "x";
+  broken.cell.spec_json = "{not json";
+  EXPECT_TRUE(ComputeReadiness({broken}).empty());
+}
+
+}  // namespace
+}  // namespace gatehouse::controller
