@@ -171,10 +171,24 @@ Result<CellDetail> CellService::CancelCell(const std::string& id, const std::str
   return LoadDetail(*cell);
 }
 
-Status CellService::RetryWithPrerequisites(const std::string& id, int depth) {
+Status CellService::PlanRetry(const std::string& id, int depth, std::vector<std::string>* plan) {
   if (depth > 8) return Status::FailedPrecondition("cell '" + id + "': prerequisites nest too deep");
   GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
   if (!cell) return CellNotFound(id);
+  GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> own, store_.ListAttempts(id));
+  if (!own.empty() && !IsTerminal(own.back().state)) {
+    return Status::FailedPrecondition("cell '" + id + "': its attempt " +
+                                      std::to_string(own.back().number) + " is " +
+                                      std::string(AttemptStateName(own.back().state)) +
+                                      ", not ended: nothing to retry");
+  }
+  if (!own.empty() && (own.back().state == AttemptState::kPassed ||
+                       own.back().state == AttemptState::kFailed)) {
+    return Status::FailedPrecondition(
+        "cell '" + id + "' has a verdict (" + std::string(AttemptStateName(own.back().state)) +
+        ", attempt " + std::to_string(own.back().number) +
+        "): its frozen inputs would give it again; change an input to make another cell");
+  }
   GH_ASSIGN_OR_RETURN(CellSpec spec, ParseCellSpecJson(cell->spec_json));
   for (const std::string& pre : {spec.reference.cell, spec.control}) {
     if (pre.empty()) continue;
@@ -185,17 +199,23 @@ Status CellService::RetryWithPrerequisites(const std::string& id, int depth) {
       return Status::FailedPrecondition("cell '" + id + "' waits for cell " + pre +
                                         ", which ended failed: it would be blocked again");
     }
-    if (IsTerminal(state) && state != AttemptState::kPassed) {
-      GH_RETURN_IF_ERROR(RetryWithPrerequisites(pre, depth + 1));
+    if (IsTerminal(state) && state != AttemptState::kPassed &&
+        std::find(plan->begin(), plan->end(), pre) == plan->end()) {
+      GH_RETURN_IF_ERROR(PlanRetry(pre, depth + 1, plan));
     }
   }
-  GH_ASSIGN_OR_RETURN(AttemptRecord retry, store_.RetryCell(id));
-  spdlog::info("cell {} retried as attempt {} (id {})", id, retry.number, retry.id);
+  plan->push_back(id);
   return Status::Ok();
 }
 
 Result<CellDetail> CellService::RetryCell(const std::string& id) {
-  GH_RETURN_IF_ERROR(RetryWithPrerequisites(id, 0));
+  // Every cell of the chain is checked before any is queued, so a refusal changes nothing.
+  std::vector<std::string> plan;
+  GH_RETURN_IF_ERROR(PlanRetry(id, 0, &plan));
+  for (const std::string& cell : plan) {
+    GH_ASSIGN_OR_RETURN(AttemptRecord retry, store_.RetryCell(cell));
+    spdlog::info("cell {} retried as attempt {} (id {})", cell, retry.number, retry.id);
+  }
   schedule_();
   return GetCell(id);
 }

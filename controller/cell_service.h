@@ -78,8 +78,9 @@ class CellService {
 
  private:
   Result<CellDetail> LoadDetail(const CellRecord& cell);
-  // RetryCell for cell `id` and, first, the cells it waits for; `depth` bounds the chain.
-  Status RetryWithPrerequisites(const std::string& id, int depth);
+  // Appends to `plan` the cells to retry for cell `id`, the ones it waits for first; refuses
+  // (changing nothing) when one of them cannot be; `depth` bounds the chain.
+  Status PlanRetry(const std::string& id, int depth, std::vector<std::string>* plan);
   // Stores `frozen` with its first attempt unless it exists; true when created.
   Result<bool> StoreCell(const FrozenCell& frozen, const std::string& submitter);
   // INVALID_ARGUMENT naming `field` unless cell `id` exists (and is a reference cell).

@@ -170,7 +170,7 @@ int Run(int argc, char** argv) {
   spdlog::info("database {}, mirrors {}, artifacts {}, web {}, torch pin {}, transformers pin {}, "
                "webhook {}{}, auth {}{}, tls {}{}",
                o.db, o.mirror_dir, o.artifact_dir, o.web_dir, o.identity.torch_pin,
-               o.identity.transformers_pin, o.webhook.url.empty() ? "none" : o.webhook.url,
+               o.identity.transformers_pin, o.webhook.url.empty() ? "none" : RedactedUrl(o.webhook.url),
                o.webhook.url.empty() ? "" : (o.webhook.secret.empty() ? " (unsigned)" : " (signed)"),
                o.auth.required ? "tokens" : "none", o.auth.anonymous_read ? " (anonymous read)" : "",
                o.tls_cert.empty() ? "off" : "on", o.tls_client_ca.empty() ? "" : " (agents: mutual)");
@@ -179,6 +179,7 @@ int Run(int argc, char** argv) {
   sigwait(&signals, &signal);
   spdlog::info("signal {}: shutting down", signal);
   core.StopBackgroundWork();
+  webhooks.RequestStop();
   webhook_loop.Stop();
   (*http_server)->Stop();
   (*rpc_server)->Shutdown();

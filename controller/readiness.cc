@@ -22,15 +22,17 @@ std::string_view ReadinessOf(AttemptState status) {
 
 std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary>& cells) {
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string,
-                         int64_t, int64_t, int64_t, int64_t, std::string>;
+                         int64_t, int64_t, int64_t, int64_t, std::string, std::string, std::string>;
   std::map<Key, ReadinessCombination> combinations;
   std::set<std::pair<Key, std::pair<std::string, std::string>>> seen;  // (key, (repo, commit))
   for (const CellSummary& c : cells) {
     auto spec = ParseCellSpecJson(c.cell.spec_json);
     if (!spec.ok() || spec->IsReference()) continue;
+    std::string phases;
+    for (const std::string& p : spec->phases) phases += (phases.empty() ? "" : ",") + p;
     const Key key{spec->model_family, spec->checkpoint.path, spec->checkpoint.digest,
                   spec->runtime.device, spec->precision, spec->topology.tp, spec->topology.dp,
-                  spec->topology.pp, spec->topology.ep, spec->mode};
+                  spec->topology.pp, spec->topology.ep, spec->mode, phases, spec->runtime.torch};
     if (!seen.insert({key, {spec->repository, spec->commit}}).second) continue;  // older cell
     ReadinessCombination& combination = combinations[key];
     if (combination.commits.empty()) {
@@ -40,6 +42,8 @@ std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary
       combination.precision = spec->precision;
       combination.topology = spec->topology;
       combination.mode = spec->mode;
+      combination.phases = spec->phases;
+      combination.torch = spec->runtime.torch;
     }
     combination.commits.push_back({spec->repository, c.cell.branch, spec->commit,
                                    std::string(ReadinessOf(c.status)), c.status, c.cell.id,

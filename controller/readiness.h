@@ -1,6 +1,8 @@
 // Readiness (GET /api/v1/readiness, docs/protocols.md §1): for each combination an adapter is
-// validated on (model family, checkpoint, device, precision, topology, mode), the latest verdict
-// of every adapter commit that has a cell for it. Pure: computed from the stored cells.
+// validated on (model family, checkpoint, device, precision, topology, mode, and the phases run
+// and torch pin, so a cell that ran fewer gates never stands for one that ran them all), the
+// latest verdict of every adapter commit that has a cell for it. Pure: computed from the stored
+// cells.
 #pragma once
 
 #include <string>
@@ -31,6 +33,8 @@ struct ReadinessCombination {
   std::string precision;
   CellSpec::Topology topology;
   std::string mode;
+  std::vector<std::string> phases;  // the gates the cells ran
+  std::string torch;                // the runtime pin
   std::vector<ReadinessCommit> commits;
 };
 
@@ -41,9 +45,9 @@ std::string_view ReadinessOf(AttemptState status);
 
 /// Groups the validation cells of `cells` (newest first, as Store::ListCells returns them;
 /// reference cells validate no adapter and are left out) by combination, sorted by family,
-/// checkpoint path, device, precision, topology and mode; per (repository, commit) the newest
-/// cell decides, whatever its other inputs (decode length, phases, ...). A cell whose stored
-/// spec does not parse is skipped.
+/// checkpoint, device, precision, topology, mode, phases and torch pin; per (repository,
+/// commit) the newest cell decides, whatever its remaining inputs (decode length, training
+/// knobs, env). A cell whose stored spec does not parse is skipped.
 std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary>& cells);
 
 }  // namespace gatehouse::controller

@@ -95,6 +95,8 @@ json ReadinessJson(const std::vector<ReadinessCombination>& combinations) {
                     {{"tp", c.topology.tp}, {"dp", c.topology.dp}, {"pp", c.topology.pp},
                      {"ep", c.topology.ep}}},
                    {"mode", c.mode},
+                   {"phases", c.phases},
+                   {"torch", c.torch},
                    {"commits", commits}});
   }
   return {{"combinations", out}};

@@ -41,6 +41,19 @@ std::string WebhookSignature(std::string_view secret, std::string_view body) {
   return "sha256=" + Hex(mac, mac_len);
 }
 
+std::string RedactedUrl(std::string_view url) {
+  std::string out(url);
+  const size_t scheme = out.find("://");
+  const size_t host_start = scheme == std::string::npos ? 0 : scheme + 3;
+  const size_t path_start = out.find_first_of("/?#", host_start);
+  const size_t at = out.rfind('@', path_start == std::string::npos ? out.size() : path_start);
+  if (at != std::string::npos && at >= host_start) out.replace(host_start, at - host_start, "***");
+  if (const size_t q = out.find_first_of("?#", host_start); q != std::string::npos) {
+    out.replace(q + 1, std::string::npos, "***");
+  }
+  return out;
+}
+
 std::chrono::milliseconds WebhookBackoff(const WebhookConfig& config, int tries_made) {
   auto wait = config.first_backoff;
   for (int i = 1; i < tries_made && wait < config.max_backoff; ++i) wait *= 2;
@@ -102,19 +115,31 @@ int WebhookSender::RunOnce() {
   }
   int handled = 0;
   for (const WebhookDelivery& d : *due) {
+    if (stopping_.load()) break;  // shutdown: the rest stay due for the next start
     ++handled;
     WebhookTry t;
+    // A try that fails: retried after the backoff until max_tries, then failed.
+    auto failed_try = [&](std::string error) {
+      const int tries = d.tries + 1;
+      t.error = std::move(error);
+      if (tries >= config_.max_tries) {
+        t.state = "failed";
+        spdlog::warn("webhook delivery {} (cell {}, attempt {}) failed after {} tries: {}", d.id,
+                     d.cell_id, d.attempt_id, tries, t.error);
+      } else {
+        t.state = "pending";
+        t.next_try_at = FormatTimestamp(clock_() + WebhookBackoff(config_, tries));
+      }
+    };
     if (config_.url.empty() || d.retried) {
       t.state = "skipped";
       t.counts = false;
       t.error = d.retried ? "attempt lost and retried: its cell goes on"
                           : "no webhook configured";
+    } else if (auto body = Payload(d); !body.ok()) {
+      // Counted like a failed POST, so an unreadable row cannot hold the queue's head.
+      failed_try("the delivery's body could not be built: " + body.status().ToString());
     } else {
-      auto body = Payload(d);
-      if (!body.ok()) {
-        spdlog::error("webhook delivery {}: {}", d.id, body.status().ToString());
-        continue;  // due again next pass
-      }
       WebhookRequest request;
       request.url = config_.url;
       request.body = *body;
@@ -128,21 +153,12 @@ int WebhookSender::RunOnce() {
                                      WebhookSignature(config_.secret, *body));
       }
       const Result<int> answer = post_(request);
-      const int tries = d.tries + 1;
       if (answer.ok()) t.status = *answer;
       if (answer.ok() && *answer >= 200 && *answer < 300) {
         t.state = "delivered";
       } else {
-        t.error = answer.ok() ? "receiver answered HTTP " + std::to_string(*answer)
-                              : answer.status().ToString();
-        if (tries >= config_.max_tries) {
-          t.state = "failed";
-          spdlog::warn("webhook delivery {} (cell {}, attempt {}) failed after {} tries: {}",
-                       d.id, d.cell_id, d.attempt_id, tries, t.error);
-        } else {
-          t.state = "pending";
-          t.next_try_at = FormatTimestamp(clock_() + WebhookBackoff(config_, tries));
-        }
+        failed_try(answer.ok() ? "receiver answered HTTP " + std::to_string(*answer)
+                               : answer.status().ToString());
       }
     }
     if (Status s = store_.RecordWebhookTry(d.id, t); !s.ok()) {

@@ -4,6 +4,7 @@
 // knows no transport.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -45,6 +46,10 @@ using WebhookPoster = std::function<Result<int>(const WebhookRequest&)>;
 /// (the form GitHub's X-Hub-Signature-256 uses, so receivers' verifiers apply unchanged).
 std::string WebhookSignature(std::string_view secret, std::string_view body);
 
+/// `url` without what may carry a credential, for logs: userinfo ("user:pass@") and the query
+/// and fragment are replaced by "***".
+std::string RedactedUrl(std::string_view url);
+
 /// The wait before try `tries_made + 1` after `tries_made` failed tries (>= 1):
 /// first_backoff * 2^(tries_made - 1), capped at max_backoff.
 std::chrono::milliseconds WebhookBackoff(const WebhookConfig& config, int tries_made);
@@ -56,19 +61,24 @@ class WebhookSender {
   WebhookSender(Store& store, WebhookConfig config, WebhookPoster post, Clock clock);
 
   /// Tries every delivery due now, oldest first, once each; returns how many it handled.
-  /// A 2xx answer delivers; any other answer or none is a failed try, retried after
-  /// WebhookBackoff until max_tries. Without a URL, or for a lost attempt that was retried
+  /// A 2xx answer delivers; any other answer or none (or a body the store cannot give) is a
+  /// failed try, retried after WebhookBackoff until max_tries. Without a URL, or for a lost attempt that was retried
   /// (its cell goes on), the delivery is recorded skipped with why. Store errors are logged.
   int RunOnce();
 
   /// The JSON body of `d` (protocols.md §8), built from the store. Errors: the store's.
   Result<std::string> Payload(const WebhookDelivery& d);
 
+  /// Makes a RunOnce in progress return after its current POST (call before stopping the
+  /// thread that runs it, so shutdown waits for one timeout at most). Thread-safe.
+  void RequestStop() { stopping_.store(true); }
+
  private:
   Store& store_;
   const WebhookConfig config_;
   const WebhookPoster post_;
   const Clock clock_;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace gatehouse::controller

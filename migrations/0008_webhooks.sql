@@ -9,7 +9,7 @@ CREATE TABLE webhook_deliveries (
   cell_id      TEXT NOT NULL REFERENCES cells(id),
   created_at   TEXT NOT NULL,
   -- pending | delivered | failed (tries used up) | skipped (no webhook configured, or a lost
-  -- attempt that was retried: its cell has not ended)
+  -- attempt that was retried automatically: its cell has not ended)
   state        TEXT NOT NULL DEFAULT 'pending',
   tries        INTEGER NOT NULL DEFAULT 0,
   next_try_at  TEXT NOT NULL,
@@ -18,6 +18,9 @@ CREATE TABLE webhook_deliveries (
   delivered_at TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries(state, next_try_at);
+CREATE INDEX webhook_deliveries_cell ON webhook_deliveries(cell_id);
+-- "was this lost attempt retried?" is asked per due delivery and per cell read.
+CREATE INDEX attempts_retry_of ON attempts(retry_of);
 
 CREATE TRIGGER attempts_ended_webhook AFTER UPDATE OF state ON attempts
 WHEN NEW.state IN ('passed', 'failed', 'error', 'lost', 'cancelled', 'timed_out', 'blocked')

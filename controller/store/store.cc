@@ -439,7 +439,8 @@ namespace {
 constexpr const char* kDeliveryColumns =
     "d.id, d.attempt_id, d.cell_id, d.created_at, d.state, d.tries, d.next_try_at, "
     "d.last_status, d.last_error, d.delivered_at, "
-    "EXISTS (SELECT 1 FROM attempts r WHERE r.retry_of = d.attempt_id) ";
+    "(SELECT a.state = 'lost' AND EXISTS (SELECT 1 FROM attempts r WHERE r.retry_of = a.id) "
+    "FROM attempts a WHERE a.id = d.attempt_id) ";
 
 WebhookDelivery DeliveryFrom(Stmt& s) {
   WebhookDelivery d;

@@ -523,6 +523,20 @@ TEST_F(ReferenceCellTest, ARetryRunsAReferenceThatEndedInErrorAndTheCellBlockedB
   EXPECT_EQ(blocked.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(blocked.status().message(), HasSubstr("which ended failed"));
   EXPECT_EQ(Cell(other->cell.cell.id).attempts.size(), 1u);
+
+  // A refusal changes nothing: a cell whose reference cell ended `error` (retryable) and whose
+  // control FAILed is refused, and its reference cell is not queued again either.
+  json body = json::parse(AutoBody(/*max_new_tokens=*/4));
+  body["control"] = other_ref;
+  auto both = core_->Submit(body.dump(), "ci");
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  const std::string both_ref = ParseCellSpecJson(both->cell.cell.spec_json)->reference.cell;
+  ASSERT_TRUE(core_->EndAttempt("ref", Cell(both_ref).attempts.back().id, "error", "oom", 0).ok());
+  ASSERT_EQ(Cell(both->cell.cell.id).status, AttemptState::kBlocked);
+  auto refused = core_->RetryCell(both->cell.cell.id);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Cell(both_ref).attempts.size(), 1u);
+  EXPECT_EQ(Cell(both->cell.cell.id).attempts.size(), 1u);
 }
 
 TEST_F(ReferenceCellTest, ArtifactsAreCheckedBeforeTheyAreStored) {

@@ -81,6 +81,22 @@ TEST(ReadinessTest, TheNewestCellOfEachCommitDecidesPerCombination) {
   EXPECT_EQ(r[2].commits.at(0).cell_id, "c5");
 }
 
+TEST(ReadinessTest, ACellThatRanFewerGatesIsAnotherCombination) {
+  // A later identity-only PASS must not stand for the full run's FAIL of the same commit.
+  const std::string a(40, 'a');
+  CellSummary partial = MakeSummary("c2", a, AttemptState::kPassed);
+  CellSpec spec = ParseCellSpecJson(partial.cell.spec_json).value();
+  spec.phases = {"config"};
+  partial.cell.spec_json = CanonicalSpecJson(spec);
+  const auto r = ComputeReadiness({partial, MakeSummary("c1", a, AttemptState::kFailed)});
+  ASSERT_EQ(r.size(), 2u);
+  for (const ReadinessCombination& c : r) {
+    ASSERT_EQ(c.commits.size(), 1u);
+    EXPECT_EQ(c.commits[0].readiness, c.phases.size() == 1 ? "validated" : "failed");
+    EXPECT_EQ(c.torch, "2.11.0");
+  }
+}
+
 TEST(ReadinessTest, AnUnreadableSpecIsSkipped) {
   CellSummary broken;
   broken.cell.id = "x";

@@ -67,16 +67,19 @@ class WebhookTest : public ::testing::Test {
   }
 
   /// A cell whose first attempt ended `to` (via lease when `to` needs one); its attempt id.
-  int64_t EndedAttempt(const std::string& cell_id, AttemptState to) {
+  int64_t EndedAttempt(const std::string& cell_id, AttemptState to, int retry_limit = 1) {
     EXPECT_TRUE(*store_->CreateCellIfAbsent(MakeCell(cell_id)));
     const int64_t id = (*store_->ListAttempts(cell_id)).front().id;
-    if (to == AttemptState::kCancelled) {
-      EXPECT_TRUE(*store_->CancelQueued(id, "cancelled by ci", to));
+    if (to == AttemptState::kCancelled || to == AttemptState::kBlocked) {
+      EXPECT_TRUE(*store_->CancelQueued(id, "stopped while queued", to));
       return id;
     }
     EXPECT_TRUE(store_->LeaseAttempts({{id, "node-1"}}).ok());
     if (to == AttemptState::kLost) {
-      EXPECT_TRUE(store_->LoseAttempt(id, "agent silent", /*retry_limit=*/1).ok());
+      EXPECT_TRUE(store_->LoseAttempt(id, "agent silent", retry_limit).ok());
+    } else if (to == AttemptState::kTimedOut) {
+      EXPECT_TRUE(*store_->RequestCancel(id, "over the attempt limit", to));
+      EXPECT_TRUE(store_->LoseAttempt(id, "agent silent", retry_limit).ok());  // ends as requested
     } else {
       EXPECT_TRUE(*store_->FinishAttempt(id, to, to == AttemptState::kPassed ? "" : "gate FAIL"));
     }
@@ -110,6 +113,10 @@ TEST_F(WebhookTest, EveryWayAnAttemptEndsLeavesOneDelivery) {
   const int64_t failed = EndedAttempt("c-failed", AttemptState::kFailed);
   const int64_t cancelled = EndedAttempt("c-cancelled", AttemptState::kCancelled);
   const int64_t lost = EndedAttempt("c-lost", AttemptState::kLost);
+  const int64_t error = EndedAttempt("c-error", AttemptState::kError);
+  const int64_t blocked = EndedAttempt("c-blocked", AttemptState::kBlocked);
+  const int64_t timed_out = EndedAttempt("c-timed-out", AttemptState::kTimedOut);
+  const int64_t lost_for_good = EndedAttempt("c-lost-last", AttemptState::kLost, /*retry_limit=*/0);
   ASSERT_TRUE(*store_->CreateCellIfAbsent(MakeCell("c-queued")));
 
   auto due = store_->DueWebhookDeliveries(FormatTimestamp(clock_.clock()()), 100);
@@ -121,7 +128,9 @@ TEST_F(WebhookTest, EveryWayAnAttemptEndsLeavesOneDelivery) {
     EXPECT_EQ(d.tries, 0);
     EXPECT_EQ(d.retried, d.attempt_id == lost) << d.attempt_id;
   }
-  EXPECT_EQ(attempts, (std::vector<int64_t>{passed, failed, cancelled, lost}));
+  EXPECT_EQ(attempts, (std::vector<int64_t>{passed, failed, cancelled, lost, error, blocked,
+                                             timed_out, lost_for_good}));
+  EXPECT_EQ((*store_->GetAttempt(timed_out)).state, AttemptState::kTimedOut);
   // The lost attempt's retry is queued, not ended: no delivery for it (nor for c-queued).
   EXPECT_EQ((*store_->ListWebhookDeliveries("c-lost")).size(), 1u);
   EXPECT_TRUE((*store_->ListWebhookDeliveries("c-queued")).empty());
@@ -221,6 +230,48 @@ TEST_F(WebhookTest, AReceiverThatStaysDownFailsTheDeliveryNotTheVerdict) {
   EXPECT_EQ(d.state, "failed");
   EXPECT_EQ(d.tries, 3);
   EXPECT_EQ((*store_->GetAttempt(attempt)).state, AttemptState::kPassed);
+}
+
+TEST_F(WebhookTest, AnEndRetriedByHandIsStillDelivered) {
+  // Only a lost attempt the controller retried itself is skipped: an error end that a user
+  // retried (POST .../retry) before its delivery went out was an end, and is delivered.
+  EndedAttempt("c1", AttemptState::kError);
+  ASSERT_TRUE(store_->RetryCell("c1").ok());
+  ScriptedPoster receiver;
+  WebhookConfig config;
+  config.url = "http://127.0.0.1:9/hook";
+  WebhookSender sender(*store_, config, receiver.poster(), clock_.clock());
+  EXPECT_EQ(sender.RunOnce(), 1);
+  ASSERT_EQ(receiver.requests.size(), 1u);
+  EXPECT_EQ(json::parse(receiver.requests[0].body)["verdict"], "error");
+  EXPECT_EQ((*store_->ListWebhookDeliveries("c1")).at(0).state, "delivered");
+}
+
+TEST_F(WebhookTest, AStopRequestEndsThePassBeforeTheNextPost) {
+  EndedAttempt("c1", AttemptState::kPassed);
+  EndedAttempt("c2", AttemptState::kPassed);
+  WebhookConfig config;
+  config.url = "http://127.0.0.1:9/hook";
+  WebhookSender* self = nullptr;
+  int posts = 0;
+  WebhookSender sender(*store_, config,
+                       [&](const WebhookRequest&) -> Result<int> {
+                         ++posts;
+                         self->RequestStop();  // shutdown arrives during the first POST
+                         return 200;
+                       },
+                       clock_.clock());
+  self = &sender;
+  EXPECT_EQ(sender.RunOnce(), 1);
+  EXPECT_EQ(posts, 1);
+  EXPECT_EQ((*store_->ListWebhookDeliveries("c2")).at(0).state, "pending");
+}
+
+TEST(WebhookRedactionTest, UserinfoAndQueryAreHiddenInLogs) {
+  EXPECT_EQ(RedactedUrl("https://ci.example/hook"), "https://ci.example/hook");
+  EXPECT_EQ(RedactedUrl("https://bot:s3cret@ci.example:8443/hook?token=abc"),
+            "https://***@ci.example:8443/hook?***");
+  EXPECT_EQ(RedactedUrl("http://ci.example/h#frag"), "http://ci.example/h#***");
 }
 
 TEST_F(WebhookTest, WithoutAUrlOrForARetriedLossTheDeliveryIsSkippedWithWhy) {
@@ -357,6 +408,22 @@ TEST(WebhookClientTest, HttpsVerifiesTheReceiverAgainstTheGivenCa) {
   EXPECT_NE(status.status().message().find("certificate verify failed"), std::string::npos)
       << status.status().ToString();
   EXPECT_EQ(receiver.requests().size(), 1u);
+
+  // A certificate the trusted CA signed for another name: refused too (host name checked).
+  testing::WriteFile(dir.path() / "other.ext", "subjectAltName=DNS:other.example\n");
+  ASSERT_NO_FATAL_FAILURE(openssl({"req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=other",
+                                   "-keyout", "other.key", "-out", "other.csr"}));
+  ASSERT_NO_FATAL_FAILURE(openssl({"x509", "-req", "-in", "other.csr", "-CA", "ca.pem", "-CAkey",
+                                   "ca.key", "-CAcreateserial", "-days", "2", "-out", "other.pem",
+                                   "-extfile", "other.ext"}));
+  HttpServer::Options other_tls;
+  other_tls.tls_cert_file = (dir.path() / "other.pem").string();
+  other_tls.tls_key_file = (dir.path() / "other.key").string();
+  Receiver impostor(202, 0ms, other_tls);
+  status = MakeHttpWebhookPoster((dir.path() / "ca.pem").string())(
+      Request("https://127.0.0.1:" + std::to_string(impostor.port()) + "/hook"));
+  EXPECT_EQ(status.status().code(), StatusCode::kUnavailable) << status.status().ToString();
+  EXPECT_TRUE(impostor.requests().empty());
 }
 
 }  // namespace

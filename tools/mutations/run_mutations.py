@@ -278,16 +278,20 @@ def main(argv=None):
                                                     m.get("precision", "fp32"))
         log(f"{len(cells)} cells submitted; {args.agents} agent(s) run them, one at a time each")
         if args.agents > 1:
-            first_build_deadline = time.time() + args.timeout_s
-            while time.time() < first_build_deadline:
+            first_build_deadline, built = time.time() + args.timeout_s, False
+            while time.time() < first_build_deadline and procs[1].poll() is None:
                 code, listing = http("GET", f"{api}/cells?limit=500", token=api_token)
                 if code == 200 and any(c.get("status") not in ("queued", "leased")
                                        for c in listing.get("cells", [])):
+                    built = True
                     break
                 time.sleep(2)
             for n in range(2, args.agents + 1):
                 start_agent(n)
-            log(f"agent 1 built main; agents 2..{args.agents} started")
+            log(f"agents 2..{args.agents} started: " +
+                ("agent 1 built main" if built else
+                 "agent 1 " + ("exited" if procs[1].poll() is not None else "still building") +
+                 f" (see {work / 'logs/agent-1.log'})"))
 
         results, deadline = {}, time.time() + args.timeout_s * len(cells)
         while len(results) < len(cells) and time.time() < deadline:
