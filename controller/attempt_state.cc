@@ -71,6 +71,20 @@ bool IsAllowedTransition(AttemptState from, AttemptState to) {
   return false;
 }
 
+Status CheckRetryable(std::string_view cell_id, int number, AttemptState state) {
+  const std::string cell(cell_id), name(AttemptStateName(state));
+  if (!IsTerminal(state)) {
+    return Status::FailedPrecondition("cell '" + cell + "': its attempt " + std::to_string(number) +
+                                      " is " + name + ", not ended: nothing to retry");
+  }
+  if (state == AttemptState::kPassed || state == AttemptState::kFailed) {
+    return Status::FailedPrecondition(
+        "cell '" + cell + "' has a verdict (" + name + ", attempt " + std::to_string(number) +
+        "): its frozen inputs would give it again; change an input to make another cell");
+  }
+  return Status::Ok();
+}
+
 Status CheckTransition(long long attempt_id, AttemptState from, AttemptState to) {
   if (IsAllowedTransition(from, to)) return Status::Ok();
   return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) +

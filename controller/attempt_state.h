@@ -38,6 +38,12 @@ bool IsTerminal(AttemptState s);
 /// True when the table allows `from` -> `to`.
 bool IsAllowedTransition(AttemptState from, AttemptState to);
 
+/// OK when a cell whose latest attempt is number `number` in `state` may be run again: it ended
+/// without a verdict (error, lost, cancelled, timed_out, blocked). Else FAILED_PRECONDITION
+/// naming the cell and why: still going (queued, leased, running), or a verdict (passed, failed)
+/// its frozen inputs would give again.
+Status CheckRetryable(std::string_view cell_id, int number, AttemptState state);
+
 /// OK when allowed, else FAILED_PRECONDITION "attempt <id>: illegal transition <from> -> <to>".
 Status CheckTransition(long long attempt_id, AttemptState from, AttemptState to);
 

@@ -176,19 +176,7 @@ Status CellService::PlanRetry(const std::string& id, int depth, std::vector<std:
   GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
   if (!cell) return CellNotFound(id);
   GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> own, store_.ListAttempts(id));
-  if (!own.empty() && !IsTerminal(own.back().state)) {
-    return Status::FailedPrecondition("cell '" + id + "': its attempt " +
-                                      std::to_string(own.back().number) + " is " +
-                                      std::string(AttemptStateName(own.back().state)) +
-                                      ", not ended: nothing to retry");
-  }
-  if (!own.empty() && (own.back().state == AttemptState::kPassed ||
-                       own.back().state == AttemptState::kFailed)) {
-    return Status::FailedPrecondition(
-        "cell '" + id + "' has a verdict (" + std::string(AttemptStateName(own.back().state)) +
-        ", attempt " + std::to_string(own.back().number) +
-        "): its frozen inputs would give it again; change an input to make another cell");
-  }
+  if (!own.empty()) GH_RETURN_IF_ERROR(CheckRetryable(id, own.back().number, own.back().state));
   GH_ASSIGN_OR_RETURN(CellSpec spec, ParseCellSpecJson(cell->spec_json));
   for (const std::string& pre : {spec.reference.cell, spec.control}) {
     if (pre.empty()) continue;

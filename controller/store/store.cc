@@ -649,18 +649,7 @@ Result<AttemptRecord> Store::RetryCell(const std::string& cell_id) {
     return Status::NotFound("cell '" + cell_id + "' has no attempt");
   }
   GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(*statements_, last.Int(0)));
-  if (!IsTerminal(a.state)) {
-    return Status::FailedPrecondition("cell '" + cell_id + "': its attempt " +
-                                      std::to_string(a.number) + " is " +
-                                      std::string(AttemptStateName(a.state)) +
-                                      ", not ended: nothing to retry");
-  }
-  if (a.state == AttemptState::kPassed || a.state == AttemptState::kFailed) {
-    return Status::FailedPrecondition(
-        "cell '" + cell_id + "' has a verdict (" + std::string(AttemptStateName(a.state)) +
-        ", attempt " + std::to_string(a.number) +
-        "): its frozen inputs would give it again; change an input to make another cell");
-  }
+  GH_RETURN_IF_ERROR(CheckRetryable(cell_id, a.number, a.state));
   const std::string now = Now();
   Stmt insert(*statements_,
               "INSERT INTO attempts(cell_id, number, state, created_at, retry_of) "
