@@ -32,6 +32,7 @@
 
 #include "cli/api_client.h"
 #include "cli/matrix.h"
+#include "cli/submit.h"
 #include "cli/verdict.h"
 #include "common/sha256.h"
 
@@ -131,14 +132,31 @@ struct WaitOptions {
   int timeout_s = 3600;
   int poll_ms = 2000;
   std::string junit;
+  /// When the command gives up: started + timeout_s (resolving a submit counts too).
+  std::chrono::steady_clock::time_point deadline;
 };
+
+/// POSTs a submit body, again while the controller is still digesting its checkpoint or
+/// reference (202 "resolving", each new reason printed to stderr), until o.deadline.
+Result<cli::ApiResponse> PostCell(const ApiClient& api, const json& body, const WaitOptions& o) {
+  cli::PostCellOptions post;
+  post.post = [&api, text = body.dump()] { return api.Call("POST", "/api/v1/cells", text); };
+  post.deadline = o.deadline;
+  return cli::PostCell(post, std::cerr);
+}
+
+/// The exit code of a submit or reference whose digests were not known by the deadline.
+int ResolvingTimedOut(const Status& s, const std::string& what, int timeout_s) {
+  std::cerr << "gatehouse: " << what << ": " << s.message() << " after " << timeout_s
+            << " s (--timeout-s)\n";
+  return cli::kExitTimeout;
+}
 
 /// Polls every cell until it ends or the deadline passes, printing each phase as it ends;
 /// writes JUnit XML when asked (also when the wait ends early: what was seen, the rest as
 /// unfinished); returns the exit code.
 int WaitForCells(const ApiClient& api, const std::vector<std::string>& ids, const WaitOptions& o) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
+  const auto deadline = o.deadline;
   std::map<std::string, json> last;
   std::map<std::string, std::set<std::string>> seen;
   std::map<std::string, std::string> waiting_said;
@@ -384,6 +402,8 @@ int main(int argc, char** argv) {
     return cli::kExitUsage;
   }
   const ApiClient api(*url, *token, ca_file);
+  wait_options.deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(wait_options.timeout_s);
 
   if (*submit) {
     std::vector<json> bodies = {json::object()};
@@ -434,7 +454,11 @@ int main(int argc, char** argv) {
       return cli::kExitUsage;
     }
     for (const json& body : bodies) {
-      auto r = api.Call("POST", "/api/v1/cells", body.dump());
+      auto r = PostCell(api, body, wait_options);
+      if (!r.ok() && r.status().code() == gatehouse::StatusCode::kDeadlineExceeded) {
+        return ResolvingTimedOut(r.status(), "submit (" + DescribeBody(body) + ")",
+                                 wait_options.timeout_s);
+      }
       if (!Ok(r)) {
         const int code = CallFailed(r, "submit (" + DescribeBody(body) + ")");
         if (code == cli::kExitUnreachable) return code;
@@ -482,7 +506,11 @@ int main(int argc, char** argv) {
       std::cerr << "gatehouse: " << s.message() << "\n";
       return cli::kExitUsage;
     }
-    auto r = api.Call("POST", "/api/v1/cells", body.dump());
+    auto r = PostCell(api, body, wait_options);
+    if (!r.ok() && r.status().code() == gatehouse::StatusCode::kDeadlineExceeded) {
+      return ResolvingTimedOut(r.status(), "reference (" + ref_checkpoint + ")",
+                               wait_options.timeout_s);
+    }
     if (!Ok(r)) return CallFailed(r, "reference (" + ref_checkpoint + ")");
     json cell = json::parse(r->body, nullptr, false);
     if (!cell.is_object() || !cell.contains("id") || !cell["id"].is_string()) {

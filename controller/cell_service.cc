@@ -62,14 +62,25 @@ Status CellService::CheckNamedCell(const std::string& id, std::string_view field
   return Status::Ok();
 }
 
+Status CellService::CheckNamedCells(const CellSpec& spec, bool auto_reference) {
+  if (!auto_reference && !spec.reference.cell.empty()) {
+    GH_RETURN_IF_ERROR(CheckNamedCell(spec.reference.cell, "reference.cell", true));
+  }
+  if (!spec.control.empty()) GH_RETURN_IF_ERROR(CheckNamedCell(spec.control, "control", false));
+  return Status::Ok();
+}
+
 Result<SubmitOutcome> CellService::Submit(std::string_view body, const std::string& submitter) {
-  GH_ASSIGN_OR_RETURN(FrozenCell frozen, freezer_.Freeze(body));
-  if (frozen.reference_cell == nullptr && !frozen.spec.reference.cell.empty()) {
-    GH_RETURN_IF_ERROR(CheckNamedCell(frozen.spec.reference.cell, "reference.cell", true));
+  GH_ASSIGN_OR_RETURN(FreezeOutcome outcome, freezer_.Freeze(body));
+  if (auto* pending = std::get_if<DigestPending>(&outcome)) {
+    // A pending spec has no reference cell of its own yet: a reference.cell came in the body.
+    GH_RETURN_IF_ERROR(CheckNamedCells(pending->spec, false));
+    SubmitOutcome answer;
+    answer.pending = std::move(*pending);
+    return answer;
   }
-  if (!frozen.spec.control.empty()) {
-    GH_RETURN_IF_ERROR(CheckNamedCell(frozen.spec.control, "control", false));
-  }
+  const FrozenCell& frozen = std::get<FrozenCell>(outcome);
+  GH_RETURN_IF_ERROR(CheckNamedCells(frozen.spec, frozen.reference_cell != nullptr));
   bool any_created = false;
   // The reference first: a validation cell is never stored without the cell it waits for.
   if (frozen.reference_cell != nullptr) {

@@ -20,14 +20,16 @@
 
 namespace gatehouse::controller {
 
-/// Result of a submission.
+/// Result of a submission: the cell, or (pending set) no cell yet because a directory digest is
+/// still being computed; nothing was stored then, and the same body is to be submitted again.
 struct SubmitOutcome {
   CellDetail cell;
   bool created = false;  // false: the same inputs were submitted before
+  std::optional<DigestPending> pending;
 };
 
-/// Threading: thread-safe (its state is the store's). Blocking: Submit fetches git and hashes
-/// directories; the rest does SQLite work.
+/// Threading: thread-safe (its state is the store's). Blocking: Submit fetches git (it hashes
+/// a small directory itself and never waits for a large one); the rest does SQLite work.
 class CellService {
  public:
   /// `schedule` asks for a scheduling pass (after a cell is created).
@@ -36,9 +38,10 @@ class CellService {
 
   /// Freezes the body (docs/protocols.md §1-2) and stores the cell with attempt 1 unless it
   /// exists (first its reference cell, when the body named no reference); a new cell's demand
-  /// goes to the dispatcher and a pass is asked for. Errors: as CellFreezer::Freeze;
-  /// INVALID_ARGUMENT when `reference.cell` names no reference cell or `control` no cell;
-  /// INTERNAL on a store failure.
+  /// goes to the dispatcher and a pass is asked for. While a digest is computed, answers
+  /// `pending` and stores nothing. Errors: as CellFreezer::Freeze; INVALID_ARGUMENT when
+  /// `reference.cell` names no reference cell or `control` no cell (checked before a pending
+  /// answer); INTERNAL on a store failure.
   Result<SubmitOutcome> Submit(std::string_view body, const std::string& submitter);
 
   /// Cells newest first. `limit` in [1, 500], `offset` >= 0.
@@ -85,6 +88,9 @@ class CellService {
   Result<bool> StoreCell(const FrozenCell& frozen, const std::string& submitter);
   // INVALID_ARGUMENT naming `field` unless cell `id` exists (and is a reference cell).
   Status CheckNamedCell(const std::string& id, std::string_view field, bool must_be_reference);
+  // CheckNamedCell for the spec's reference.cell (when the body named it: not
+  // `auto_reference`) and control.
+  Status CheckNamedCells(const CellSpec& spec, bool auto_reference);
 
   Store& store_;
   CellFreezer& freezer_;

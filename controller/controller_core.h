@@ -49,8 +49,9 @@ struct AgentStatus {
 /// Domain service of the controller.
 ///
 /// Threading: thread-safe; called from REST handler threads and gRPC callback threads. Blocking:
-/// Submit fetches git and hashes directories; the rest does SQLite work. Scheduling runs after
-/// every change that can free or need a slot; assignments are sent outside internal locks.
+/// Submit fetches git (directories are hashed on the digest cache's thread); the rest does
+/// SQLite work. Scheduling runs after every change that can free or need a slot; assignments
+/// are sent outside internal locks.
 class ControllerCore {
  public:
   /// `clock` stamps stored rows and time limits (wall time); `lease_clock` measures leases,

@@ -110,7 +110,12 @@ int Run(int argc, char** argv) {
     return 1;
   }
   GitMirror mirror(o.mirror_dir);
-  DigestCache digests;
+  // Checkpoints are hashed on the cache's thread (a submit waiting for one answers 202), each
+  // file once: its digest is kept in the store across restarts.
+  StoreDigestBook digest_book(**store);
+  DigestCache::Options digest_options = o.digests;
+  digest_options.book = &digest_book;
+  DigestCache digests(digest_options);
   CellFreezer freezer(o.identity, mirror, digests);
   ControllerCore core(**store, freezer, o.lease, SystemClock(), o.limits, o.policy,
                       SteadyClock());

@@ -90,6 +90,13 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
   app.add_option("--transformers-pin", o.identity.transformers_pin,
                  "default runtime.transformers of reference cells")
       ->capture_default_str();
+  int64_t digest_inline_mib = o.digests.inline_bytes >> 20;
+  app.add_option("--digest-inline-mib", digest_inline_mib,
+                 "a submit hashes up to this much of a checkpoint or reference not digested "
+                 "yet itself; more is hashed in the background and the submit answers 202 "
+                 "(0: always in the background)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1024}));
   int heartbeat_ms = static_cast<int>(o.lease.heartbeat_interval.count());
   app.add_option("--heartbeat-ms", heartbeat_ms, "agent heartbeat interval told at registration, ms")
       ->capture_default_str()
@@ -198,6 +205,7 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
     o.tokens = std::move(command);
     return o;
   }
+  o.digests.inline_bytes = digest_inline_mib << 20;
   o.lease.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.lease.restart_grace = std::chrono::milliseconds(restart_grace_ms);
   o.limits.queued = std::chrono::seconds(queued_timeout_s);

@@ -51,6 +51,7 @@ struct ControllerOptions {
   BlobLimits artifacts;                         // --artifact-max-bytes
   std::string web_dir;
   SubmitContext identity;  // --torch-pin
+  DigestCache::Options digests;  // --digest-inline-mib
   LeaseConfig lease;       // --heartbeat-ms, --missed-heartbeats, --retry-limit, --restart-grace-ms
   TimeLimits limits;       // --queued-timeout-s, --attempt-timeout-s, --phase-timeout-s
   SchedulingPolicy policy;  // --max-running-per-repository

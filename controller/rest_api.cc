@@ -23,6 +23,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// Seconds a submit answered 202 "resolving" asks the client to wait before posting again.
+constexpr int kSubmitRetryAfterS = 1;
+
 std::vector<std::string> Segments(std::string_view path) {
   std::vector<std::string> out;
   size_t at = path.empty() || path[0] != '/' ? 0 : 1;
@@ -222,6 +225,16 @@ HttpResponse RestApi::SubmitCell(const RouteCall& call) {
   }
   auto outcome = core_.Submit(call.request.body, submitter);
   if (!outcome.ok()) return ErrorResponse(outcome.status());
+  if (const std::optional<DigestPending>& pending = outcome->pending) {
+    // No cell yet: its id hashes the digests still being computed. The same body again later.
+    HttpResponse r = JsonResponse(202, {{"state", "resolving"},
+                                        {"reason", pending->reason},
+                                        {"bytes_hashed", pending->bytes_hashed},
+                                        {"bytes_total", pending->bytes_total},
+                                        {"retry_after_s", kSubmitRetryAfterS}});
+    r.headers["Retry-After"] = std::to_string(kSubmitRetryAfterS);
+    return r;
+  }
   json body = CellJson(outcome->cell);
   body["created"] = outcome->created;
   return JsonResponse(outcome->created ? 201 : 200, body);

@@ -46,10 +46,11 @@ struct Route {
 /// checks: route known (else 404 after the token check), token and scope (401/403), method
 /// (405 with Allow, only told to a caller who may use the path). Errors are JSON
 /// {"error": "<message>"} with 400/401/403/404/405/409/413/500/503; a 401 carries
-/// WWW-Authenticate: Bearer.
+/// WWW-Authenticate: Bearer. A submit whose directory digests are still being computed is a
+/// 202 {"state": "resolving", ...} with Retry-After, and stores nothing.
 ///
 /// Threading: thread-safe (stateless beside the core). Handle never throws. Blocking: a POST
-/// fetches git; run it on a worker thread, not an event loop.
+/// fetches git (never waits for hashing); run it on a worker thread, not an event loop.
 class RestApi {
  public:
   RestApi(ControllerCore& core, Authenticator& auth, std::filesystem::path web_dir);

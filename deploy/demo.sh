@@ -99,10 +99,22 @@ submit() {  # submit NAME [REFERENCE]: prints the new cell's id
       "$REPO" "$VAR/checkpoints/$1/checkpoint")
   fi
   log "POST $API/cells $body"
-  response=$(curl -sS -X POST -H "Authorization: Bearer $CI_TOKEN" \
-    -H 'Content-Type: application/json' -d "$body" "$API/cells")
+  # 202 "resolving": the controller is still digesting the checkpoint (the cell id hashes its
+  # content; docs/protocols.md §1). The same body again each second until it answers the cell.
+  local code reason said=""
+  for _ in $(seq 3600); do
+    response=$(curl -sS -X POST -H "Authorization: Bearer $CI_TOKEN" \
+      -H 'Content-Type: application/json' -d "$body" -w '\n%{http_code}' "$API/cells")
+    code=${response##*$'\n'}
+    response=${response%$'\n'*}
+    [ "$code" = 202 ] || break
+    reason=$(printf '%s' "$response" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["reason"])')
+    [ "$reason" = "$said" ] || log "resolving: $reason"
+    said=$reason
+    sleep 1
+  done
   printf '%s' "$response" | "$VENV/bin/python" -c 'import json,sys;print(json.load(sys.stdin)["id"])' || {
-    log "submit failed: $response"; return 1; }
+    log "submit failed: HTTP $code: $response"; return 1; }
 }
 wait_for() {  # wait_for ID: prints the final status
   local status=""

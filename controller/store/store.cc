@@ -1,5 +1,6 @@
 #include "controller/store/store.h"
 
+#include <spdlog/spdlog.h>
 #include <sqlite3.h>
 
 #include <map>
@@ -514,6 +515,60 @@ Result<bool> Store::HasBlob(const std::string& digest) {
   const bool found = s.Step();
   GH_RETURN_IF_ERROR(s.status());
   return found;
+}
+
+namespace {
+
+// Binds a file_digests row's key to parameters 1-6: path, size, mtime_ns, ctime_ns, inode and
+// device (the unsigned values' bits as SQLite's signed integers).
+Stmt& BindFileStamp(Stmt& s, const std::string& path, const FileStamp& stamp) {
+  return s.Bind(1, path)
+      .Bind(2, stamp.size)
+      .Bind(3, stamp.mtime_ns)
+      .Bind(4, stamp.ctime_ns)
+      .Bind(5, static_cast<int64_t>(stamp.inode))
+      .Bind(6, static_cast<int64_t>(stamp.device));
+}
+
+}  // namespace
+
+Result<std::optional<std::string>> Store::FindFileDigest(const std::string& path,
+                                                         const FileStamp& stamp) {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_,
+         "SELECT sha256 FROM file_digests WHERE path = ? AND size = ? AND mtime_ns = ? AND "
+         "ctime_ns = ? AND inode = ? AND device = ?");
+  BindFileStamp(s, path, stamp);
+  std::optional<std::string> found;
+  if (s.Step()) found = s.Text(0);
+  GH_RETURN_IF_ERROR(s.status());
+  return found;
+}
+
+Status Store::RecordFileDigest(const std::string& path, const FileStamp& stamp,
+                               const std::string& sha256_hex) {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_,
+         "INSERT OR REPLACE INTO file_digests (path, size, mtime_ns, ctime_ns, inode, device, "
+         "sha256, hashed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  BindFileStamp(s, path, stamp).Bind(7, sha256_hex).Bind(8, Now());
+  return s.Exec();
+}
+
+std::optional<std::string> StoreDigestBook::Find(const std::string& path,
+                                                 const FileStamp& stamp) {
+  Result<std::optional<std::string>> found = store_.FindFileDigest(path, stamp);
+  if (found.ok()) return *found;
+  spdlog::warn("file digest of '{}' not read from the store: {}", path,
+               found.status().ToString());
+  return std::nullopt;
+}
+
+void StoreDigestBook::Record(const std::string& path, const FileStamp& stamp,
+                             const std::string& sha256_hex) {
+  if (Status s = store_.RecordFileDigest(path, stamp, sha256_hex); !s.ok()) {
+    spdlog::warn("file digest of '{}' not stored: {}", path, s.ToString());
+  }
 }
 
 Result<std::vector<QueuedAttempt>> Store::ListQueuedAttempts(bool with_specs) {

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "controller/clock.h"
+#include "controller/digest_cache.h"
 #include "controller/records.h"
 #include "controller/store/migrations.h"
 
@@ -185,6 +186,16 @@ class Store {
   /// Every agent that ever registered, by id.
   Result<std::vector<AgentRecord>> ListAgents();
 
+  // ---- file digests (migrations/0009_file_digests.sql, controller/digest_cache.h) ----
+
+  /// The hex SHA-256 recorded for the file at `path` with exactly `stamp`; nullopt when none
+  /// (or the file's stat is another now).
+  Result<std::optional<std::string>> FindFileDigest(const std::string& path,
+                                                    const FileStamp& stamp);
+  /// Records the digest of the file at `path` with `stamp`, replacing the path's row.
+  Status RecordFileDigest(const std::string& path, const FileStamp& stamp,
+                          const std::string& sha256_hex);
+
   // ---- tokens (controller/auth.h) ----
 
   /// Stores a token (name, kind, scopes; created_at set here) by the SHA-256 hex of its
@@ -208,6 +219,19 @@ class Store {
   sqlite3* db_;
   std::unique_ptr<StatementCache> statements_;  // prepared statements of db_
   Clock clock_;
+};
+
+/// The store as a DigestCache's book of file digests, so they outlive a restart. A failure is
+/// logged and costs a rehash, never a wrong digest. Threading: thread-safe, as the store.
+class StoreDigestBook : public FileDigestBook {
+ public:
+  explicit StoreDigestBook(Store& store) : store_(store) {}
+  std::optional<std::string> Find(const std::string& path, const FileStamp& stamp) override;
+  void Record(const std::string& path, const FileStamp& stamp,
+              const std::string& sha256_hex) override;
+
+ private:
+  Store& store_;
 };
 
 }  // namespace gatehouse::controller

@@ -58,8 +58,9 @@ Result<std::shared_ptr<worker::CausalLM>> DecoderFamily::ConstructParallel(
     if (!tp.comm) return Status::InvalidArgument("tensor-parallel size > 1 without a communicator");
   }
   try {
-    auto model = std::make_shared<DecoderModel>(d->spec(), tp);
-    model->to(device, dtype);
+    const ParamOptions po{torch::TensorOptions().dtype(dtype).device(device),
+                          /*init=*/!worker::WeightInitSkipped()};
+    auto model = std::make_shared<DecoderModel>(d->spec(), tp, po);
     return std::shared_ptr<worker::CausalLM>(std::move(model));
   } catch (const c10::Error& e) {
     return Status::Internal("constructing the " + name_ + " model: " + e.what_without_backtrace());

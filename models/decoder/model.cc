@@ -16,13 +16,19 @@ using nlohmann::json;
 /// Standard deviation of upstream's fresh-weight init (initializer_range default).
 constexpr double kInitStd = 0.02;
 
-Linear MakeLinear(int64_t in, int64_t out, bool bias) {
-  Linear linear(torch::nn::LinearOptions(in, out).bias(bias));
-  torch::NoGradGuard no_grad;
-  linear->weight.normal_(0.0, kInitStd);
-  if (bias) linear->bias.zero_();
-  return linear;
+/// A parameter of `shape` as `po` says: `fill` draws its init, or it is left uninitialised.
+template <typename Fill>
+torch::Tensor NewParameter(torch::IntArrayRef shape, const ParamOptions& po, Fill fill) {
+  torch::Tensor t = torch::empty(shape, po.options);
+  if (po.init) {
+    torch::NoGradGuard no_grad;
+    fill(t);
+  }
+  return t;
 }
+
+void InitNormal(torch::Tensor& t) { t.normal_(0.0, kInitStd); }
+
 
 /// Megatron's RowParallelLinear: this rank's partial x W_local^T, summed over the ranks, then
 /// the (replicated) bias once. At TP size 1 it is the plain layer (bias inside the GEMM).
@@ -189,13 +195,34 @@ json DecoderSpec::ToJson() const {
   return j;
 }
 
+// --- Linear and embedding -----------------------------------------------------------------
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, const ParamOptions& po) {
+  weight = register_parameter("weight", NewParameter({out, in}, po, InitNormal));
+  if (with_bias) {
+    bias = register_parameter("bias", NewParameter({out}, po, [](torch::Tensor& t) { t.zero_(); }));
+  }
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim,
+                             std::optional<int64_t> padding_idx, const ParamOptions& po)
+    : padding_idx_(padding_idx) {
+  const auto init = [&](torch::Tensor& t) {
+    InitNormal(t);
+    if (padding_idx) t[*padding_idx].zero_();  // upstream zeroes the padding row
+  };
+  weight = register_parameter("weight", NewParameter({num_embeddings, dim}, po, init));
+}
+
 // --- RMSNorm ------------------------------------------------------------------------------
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps, NormKind kind, TensorParallel grad_sum)
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, NormKind kind, TensorParallel grad_sum,
+                         const ParamOptions& po)
     : eps_(eps), kind_(kind), grad_sum_(std::move(grad_sum)) {
   // Identity at init: weight 1 for weight * x, weight 0 for x * (1 + weight).
+  const double identity = kind == NormKind::kLlama ? 1.0 : 0.0;
   weight_ = register_parameter(
-      "weight", kind == NormKind::kLlama ? torch::ones({dim}) : torch::zeros({dim}));
+      "weight", NewParameter({dim}, po, [&](torch::Tensor& t) { t.fill_(identity); }));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
@@ -208,7 +235,8 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 
 // --- Attention ----------------------------------------------------------------------------
 
-AttentionImpl::AttentionImpl(const DecoderSpec& spec, const TensorParallel& tp)
+AttentionImpl::AttentionImpl(const DecoderSpec& spec, const TensorParallel& tp,
+                             const ParamOptions& po)
     : num_heads_(Local(spec.num_attention_heads, tp)),
       num_kv_heads_(Local(spec.num_key_value_heads, tp)),
       head_dim_(spec.head_dim),
@@ -218,18 +246,18 @@ AttentionImpl::AttentionImpl(const DecoderSpec& spec, const TensorParallel& tp)
   const int64_t hidden = spec.hidden_size;
   const int64_t q_out = num_heads_ * head_dim_, kv_out = num_kv_heads_ * head_dim_;
   if (spec.fused_qkv) {
-    wqkv_ = register_module("wqkv", MakeLinear(hidden, q_out + 2 * kv_out, spec.qkv_bias));
+    wqkv_ = register_module("wqkv", Linear(hidden, q_out + 2 * kv_out, spec.qkv_bias, po));
   } else {
-    wq_ = register_module("wq", MakeLinear(hidden, q_out, spec.qkv_bias));
-    wk_ = register_module("wk", MakeLinear(hidden, kv_out, spec.qkv_bias));
-    wv_ = register_module("wv", MakeLinear(hidden, kv_out, spec.qkv_bias));
+    wq_ = register_module("wq", Linear(hidden, q_out, spec.qkv_bias, po));
+    wk_ = register_module("wk", Linear(hidden, kv_out, spec.qkv_bias, po));
+    wv_ = register_module("wv", Linear(hidden, kv_out, spec.qkv_bias, po));
   }
-  wo_ = register_module("wo", MakeLinear(q_out, hidden, spec.o_bias));
+  wo_ = register_module("wo", Linear(q_out, hidden, spec.o_bias, po));
   if (spec.qk_norm) {
     // One weight over head_dim shared by all heads: each rank sees only its heads' share of
     // the gradient, so it is summed over the ranks.
-    q_norm_ = register_module("q_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm, tp));
-    k_norm_ = register_module("k_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm, tp));
+    q_norm_ = register_module("q_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm, tp, po));
+    k_norm_ = register_module("k_norm", RMSNorm(head_dim_, spec.rms_norm_eps, spec.norm, tp, po));
   }
 }
 
@@ -288,17 +316,17 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
 // --- Feed-forward -------------------------------------------------------------------------
 
 FeedForwardImpl::FeedForwardImpl(const DecoderSpec& spec, int64_t full_intermediate_size,
-                                 const TensorParallel& tp)
+                                 const TensorParallel& tp, const ParamOptions& po)
     : act_(spec.hidden_act), tp_(tp) {
   const int64_t hidden = spec.hidden_size;
   const int64_t intermediate_size = Local(full_intermediate_size, tp);
   if (spec.fused_gate_up) {
-    w13_ = register_module("w13", MakeLinear(hidden, 2 * intermediate_size, spec.mlp_bias));
+    w13_ = register_module("w13", Linear(hidden, 2 * intermediate_size, spec.mlp_bias, po));
   } else {
-    w1_ = register_module("w1", MakeLinear(hidden, intermediate_size, spec.mlp_bias));
-    w3_ = register_module("w3", MakeLinear(hidden, intermediate_size, spec.mlp_bias));
+    w1_ = register_module("w1", Linear(hidden, intermediate_size, spec.mlp_bias, po));
+    w3_ = register_module("w3", Linear(hidden, intermediate_size, spec.mlp_bias, po));
   }
-  w2_ = register_module("w2", MakeLinear(intermediate_size, hidden, spec.mlp_bias));
+  w2_ = register_module("w2", Linear(intermediate_size, hidden, spec.mlp_bias, po));
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
@@ -312,7 +340,7 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
 
 // --- MoE ----------------------------------------------------------------------------------
 
-MoEImpl::MoEImpl(const DecoderSpec& spec, const TensorParallel& tp)
+MoEImpl::MoEImpl(const DecoderSpec& spec, const TensorParallel& tp, const ParamOptions& po)
     : tp_(tp),
       num_experts_(spec.num_experts),
       top_k_(spec.num_experts_per_tok),
@@ -320,12 +348,11 @@ MoEImpl::MoEImpl(const DecoderSpec& spec, const TensorParallel& tp)
       act_(spec.hidden_act) {
   const int64_t e = spec.num_experts, h = spec.hidden_size;
   const int64_t i = Local(spec.moe_intermediate_size, tp);
-  router_ = register_module("router", MakeLinear(h, e, false));
+  router_ = register_module("router", Linear(h, e, false, po));
   auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
-  torch::NoGradGuard no_grad;
-  w1_ = experts->register_parameter("w1", torch::empty({e, i, h}).normal_(0.0, kInitStd));
-  w2_ = experts->register_parameter("w2", torch::empty({e, h, i}).normal_(0.0, kInitStd));
-  w3_ = experts->register_parameter("w3", torch::empty({e, i, h}).normal_(0.0, kInitStd));
+  w1_ = experts->register_parameter("w1", NewParameter({e, i, h}, po, InitNormal));
+  w2_ = experts->register_parameter("w2", NewParameter({e, h, i}, po, InitNormal));
+  w3_ = experts->register_parameter("w3", NewParameter({e, i, h}, po, InitNormal));
 }
 
 torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
@@ -367,23 +394,25 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
 // --- Decoder layer ------------------------------------------------------------------------
 
 TransformerBlockImpl::TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer,
-                                           const TensorParallel& tp) {
+                                           const TensorParallel& tp, const ParamOptions& po) {
   const int64_t h = spec.hidden_size;
-  attention_norm_ = register_module("attention_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
-  attention_ = register_module("attention", Attention(spec, tp));
+  const double eps = spec.rms_norm_eps;
+  const TensorParallel whole;  // layer norms see the whole hidden state on every rank
+  attention_norm_ = register_module("attention_norm", RMSNorm(h, eps, spec.norm, whole, po));
+  attention_ = register_module("attention", Attention(spec, tp, po));
   if (spec.sandwich_norm) {
     attention_post_norm_ =
-        register_module("attention_post_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
+        register_module("attention_post_norm", RMSNorm(h, eps, spec.norm, whole, po));
   }
-  ffn_norm_ = register_module("ffn_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
+  ffn_norm_ = register_module("ffn_norm", RMSNorm(h, eps, spec.norm, whole, po));
   if (layer.moe) {
-    moe_ = register_module("moe", MoE(spec, tp));
+    moe_ = register_module("moe", MoE(spec, tp, po));
   } else {
     feed_forward_ =
-        register_module("feed_forward", FeedForward(spec, spec.intermediate_size, tp));
+        register_module("feed_forward", FeedForward(spec, spec.intermediate_size, tp, po));
   }
   if (spec.sandwich_norm) {
-    ffn_post_norm_ = register_module("ffn_post_norm", RMSNorm(h, spec.rms_norm_eps, spec.norm));
+    ffn_post_norm_ = register_module("ffn_post_norm", RMSNorm(h, eps, spec.norm, whole, po));
   }
 }
 
@@ -401,31 +430,26 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotary
 
 // --- Causal LM ----------------------------------------------------------------------------
 
-DecoderModel::DecoderModel(const DecoderSpec& spec, TensorParallel tp)
+DecoderModel::DecoderModel(const DecoderSpec& spec, TensorParallel tp, const ParamOptions& po)
     : spec_(spec), tp_(std::move(tp)), vocab_parallel_(VocabParallel(spec, tp_.size)) {
   TORCH_CHECK(!tp_.enabled() || tp_.comm, "tensor-parallel size ", tp_.size,
               " needs a communicator");
   // Vocabulary-parallel: this rank holds rows [rank * V_local, (rank + 1) * V_local).
   const int64_t vocab_rows = vocab_parallel_ ? spec.vocab_size / tp_.size : spec.vocab_size;
   const int64_t first_row = vocab_parallel_ ? tp_.rank * vocab_rows : 0;
-  auto emb_opts = torch::nn::EmbeddingOptions(vocab_rows, spec.hidden_size);
   std::optional<int64_t> pad_row;  // the padding row, when this rank holds it
   if (spec.pad_token_id.has_value() && *spec.pad_token_id >= first_row &&
       *spec.pad_token_id < first_row + vocab_rows) {
     pad_row = *spec.pad_token_id - first_row;
-    emb_opts.padding_idx(*pad_row);
   }
-  tok_embeddings_ = register_module("tok_embeddings", torch::nn::Embedding(emb_opts));
-  {
-    torch::NoGradGuard no_grad;
-    tok_embeddings_->weight.normal_(0.0, kInitStd);
-    if (pad_row) tok_embeddings_->weight[*pad_row].zero_();
-  }
+  tok_embeddings_ =
+      register_module("tok_embeddings", Embedding(vocab_rows, spec.hidden_size, pad_row, po));
   layers_ = register_module("layers", torch::nn::ModuleList());
-  for (const auto& layer : spec.layers) layers_->push_back(TransformerBlock(spec, layer, tp_));
-  norm_ = register_module("norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm));
+  for (const auto& layer : spec.layers) layers_->push_back(TransformerBlock(spec, layer, tp_, po));
+  norm_ = register_module(
+      "norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm, TensorParallel{}, po));
   if (!spec.tie_word_embeddings) {
-    output_ = register_module("output", MakeLinear(spec.hidden_size, vocab_rows, false));
+    output_ = register_module("output", Linear(spec.hidden_size, vocab_rows, false, po));
   }
 }
 

@@ -151,12 +151,23 @@ class DecoderArgs : public worker::ModelArgs {
   DecoderSpec spec_;
 };
 
+/// How a DecoderModel makes its parameters: the dtype and device of every one, and whether to
+/// draw upstream's fresh-weight init (_init_weights: normal(0, 0.02) for linears and
+/// embeddings, zero biases, norms at their identity) or leave them uninitialised because a
+/// checkpoint load overwrites them next (worker::SkipWeightInit). Parameters are made where
+/// they live: no fp32 CPU copy first.
+struct ParamOptions {
+  torch::TensorOptions options = torch::TensorOptions().dtype(torch::kFloat32);
+  bool init = true;
+};
+
 /// RMSNorm over the last dimension, weight [dim] (see NormKind for the two upstream forms).
 class RMSNormImpl : public torch::nn::Module {
  public:
   /// `grad_sum`: set (size > 1) when each rank applies the norm to only its own heads (q_norm /
   /// k_norm under TP): the weight's gradient is then summed over the ranks.
-  RMSNormImpl(int64_t dim, double eps, NormKind kind, TensorParallel grad_sum = {});
+  RMSNormImpl(int64_t dim, double eps, NormKind kind, TensorParallel grad_sum = {},
+              const ParamOptions& po = {});
   /// x: [..., dim] -> [..., dim], in x's dtype.
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -172,13 +183,32 @@ TORCH_MODULE(RMSNorm);
 /// which folds a contiguous [B, T, in] input to 2-D and adds the bias inside the GEMM (addmm).
 /// The C++ frontend's torch::nn::Linear instead computes matmul, then adds the bias
 /// (torch/nn/functional/linear.h): in bf16 that rounds twice and moves the top-1 of 2-4 % of
-/// tokens against transformers' bf16 forward. x: [..., in] -> [..., out], dtype of the weight.
-class LinearImpl : public torch::nn::LinearImpl {
+/// tokens against transformers' bf16 forward; its constructor also draws a kaiming init in
+/// fp32 on the CPU that upstream's _init_weights then replaces. weight [out, in], bias [out]
+/// (undefined without bias). x: [..., in] -> [..., out], dtype of the weight.
+class LinearImpl : public torch::nn::Module {
  public:
-  using torch::nn::LinearImpl::LinearImpl;
+  LinearImpl(int64_t in, int64_t out, bool bias, const ParamOptions& po);
   torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight, bias); }
+  torch::Tensor weight, bias;
 };
 TORCH_MODULE(Linear);
+
+/// torch.nn.Embedding's lookup: weight [num_embeddings, dim]; the padding row, when there is
+/// one, gets no gradient (padding_idx). tokens [...] int64 -> [..., dim].
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim, std::optional<int64_t> padding_idx,
+                const ParamOptions& po);
+  torch::Tensor forward(const torch::Tensor& tokens) {
+    return torch::embedding(weight, tokens, padding_idx_.value_or(-1));
+  }
+  torch::Tensor weight;
+
+ private:
+  std::optional<int64_t> padding_idx_;
+};
+TORCH_MODULE(Embedding);
 
 /// Self-attention with grouped KV heads (repeat_kv), optional q/k norm, RoPE, sliding window
 /// and soft-capping; eager softmax in fp32 (eager_attention_forward).
@@ -186,7 +216,7 @@ class AttentionImpl : public torch::nn::Module {
  public:
   /// Under TP this rank holds num_attention_heads / tp.size query heads and
   /// num_key_value_heads / tp.size KV heads.
-  AttentionImpl(const DecoderSpec& spec, const TensorParallel& tp);
+  AttentionImpl(const DecoderSpec& spec, const TensorParallel& tp, const ParamOptions& po = {});
   /// x: [B, T, hidden]; mask: [T, S] bool, true = may attend (S = cached prefix + T), or
   /// [B, 1, 1, S] for a static step; cache: when non-null, this layer's new K/V are appended
   /// at `layer`, or, when `slots` ([B] int64) is defined, written at row b's slot slots[b]
@@ -212,7 +242,8 @@ TORCH_MODULE(Attention);
 class FeedForwardImpl : public torch::nn::Module {
  public:
   /// Under TP this rank holds intermediate_size / tp.size features.
-  FeedForwardImpl(const DecoderSpec& spec, int64_t intermediate_size, const TensorParallel& tp);
+  FeedForwardImpl(const DecoderSpec& spec, int64_t intermediate_size, const TensorParallel& tp,
+                  const ParamOptions& po = {});
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
@@ -229,7 +260,7 @@ class MoEImpl : public torch::nn::Module {
  public:
   /// Under TP every rank holds every expert with moe_intermediate_size / tp.size features
   /// (the router is replicated, so every rank routes the same way).
-  MoEImpl(const DecoderSpec& spec, const TensorParallel& tp);
+  MoEImpl(const DecoderSpec& spec, const TensorParallel& tp, const ParamOptions& po = {});
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
@@ -247,7 +278,8 @@ TORCH_MODULE(MoE);
 /// h = x + post(attention(attention_norm(x))); out = h + post(mlp(ffn_norm(h))).
 class TransformerBlockImpl : public torch::nn::Module {
  public:
-  TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer, const TensorParallel& tp);
+  TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer, const TensorParallel& tp,
+                       const ParamOptions& po = {});
   /// As AttentionImpl::forward.
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
                         const torch::Tensor& mask, worker::KVCache* cache, int64_t layer,
@@ -266,12 +298,13 @@ TORCH_MODULE(TransformerBlock);
 /// logits with tok_embeddings.weight, as upstream's tied lm_head does.
 class DecoderModel : public worker::CausalLM {
  public:
-  /// Builds fp32 CPU parameters initialised like upstream's _init_weights (normal(0, 0.02) for
-  /// linears and embeddings, zero biases, norms at their identity). `spec` must be valid.
-  /// Throws c10::Error. `tp`: this rank's part of a tensor-parallel model (parameters are the
-  /// local shards of DecoderTpPlan(spec, tp.size); Forward still returns full logits on every
-  /// rank). The plan must be valid for the spec (DecoderTpPlan returns no error).
-  explicit DecoderModel(const DecoderSpec& spec, TensorParallel tp = {});
+  /// Builds the parameters as `po` says (default: fp32 on the CPU, initialised like upstream's
+  /// _init_weights). `spec` must be valid. Throws c10::Error. `tp`: this rank's part of a
+  /// tensor-parallel model (parameters are the local shards of DecoderTpPlan(spec, tp.size);
+  /// Forward still returns full logits on every rank). The plan must be valid for the spec
+  /// (DecoderTpPlan returns no error).
+  explicit DecoderModel(const DecoderSpec& spec, TensorParallel tp = {},
+                        const ParamOptions& po = {});
 
   /// tokens, positions: [B, T] int64. Returns logits [B, T, vocab] in the model dtype.
   /// See worker::CausalLM::Forward for the cache contract. Throws c10::Error on bad shapes or
@@ -298,7 +331,7 @@ class DecoderModel : public worker::CausalLM {
   DecoderSpec spec_;
   TensorParallel tp_;
   bool vocab_parallel_ = false;  // tok_embeddings / output hold vocab_size / tp.size rows
-  torch::nn::Embedding tok_embeddings_{nullptr};
+  Embedding tok_embeddings_{nullptr};
   torch::nn::ModuleList layers_{nullptr};
   RMSNorm norm_{nullptr};
   Linear output_{nullptr};  // null when tie_word_embeddings

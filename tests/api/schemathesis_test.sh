@@ -123,8 +123,10 @@ if [[ -n "${GATEHOUSE_SCHEMA_TOKEN:-}" ]]; then
   SCHEMATHESIS_AUTH=(-H "Authorization: Bearer $GATEHOUSE_SCHEMA_TOKEN")
 fi
 
+# --digest-inline-mib 0: every directory not digested yet is a 202 "resolving" first, so the
+# run checks that answer against the document too.
 "$CONTROLLER" --http 127.0.0.1:0 --grpc 127.0.0.1:0 --db "$WORK/db.sqlite" \
-  --mirror-dir "$WORK/mirrors" --web-dir "$ROOT/web" \
+  --mirror-dir "$WORK/mirrors" --web-dir "$ROOT/web" --digest-inline-mib 0 \
   >"$WORK/controller.stdout.log" 2>"$WORK/controller.stderr.log" &
 CONTROLLER_PID=$!
 
@@ -164,9 +166,14 @@ echo 'reference' >"$SEED_DIR/reference/reference.safetensors"
 SUBMIT_BODY="$("$PYTHON" -c 'import json, sys
 print(json.dumps({"repository": sys.argv[1] + "/repo", "branch": "main", "model_family": "llama",
                   "checkpoint": sys.argv[1] + "/ckpt", "phases": ["identity", "config"]}))' "$SEED_DIR")"
-SUBMIT_OUT="$(api POST /api/v1/cells "$SUBMIT_BODY")" || {
-  echo "$0: seeding a cell: POST /api/v1/cells failed" >&2; exit 2; }
-SUBMIT_STATUS="${SUBMIT_OUT##*$'\n'}"
+# A 202 answers while the controller digests the checkpoint: the same body again (60 tries).
+for _ in $(seq 60); do
+  SUBMIT_OUT="$(api POST /api/v1/cells "$SUBMIT_BODY")" || {
+    echo "$0: seeding a cell: POST /api/v1/cells failed" >&2; exit 2; }
+  SUBMIT_STATUS="${SUBMIT_OUT##*$'\n'}"
+  [[ "$SUBMIT_STATUS" == "202" ]] || break
+  sleep 1
+done
 if [[ "$SUBMIT_STATUS" != "201" ]]; then
   echo "$0: seeding a cell: POST /api/v1/cells answered $SUBMIT_STATUS:" >&2
   echo "${SUBMIT_OUT%$'\n'*}" >&2

@@ -1,20 +1,30 @@
 // The `gatehouse` CLI's parts that need no controller: controller URLs, the exit code CI acts
-// on, progress lines, JUnit XML (checked well-formed by Python's XML parser), and an
-// unreachable controller named in the error. The CLI against a real controller, agent and
-// worker is in tests/e2e/e2e_test.cc.
+// on, progress lines, JUnit XML (checked well-formed by Python's XML parser), an unreachable
+// controller named in the error, and a submit posted again while the controller answers 202
+// "resolving" (PostCell, and the binary against a fake controller of canned answers). The CLI
+// against a real controller, agent and worker is in tests/e2e/e2e_test.cc.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <deque>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/api_client.h"
 #include "cli/matrix.h"
+#include "cli/submit.h"
 #include "cli/verdict.h"
 #include "tests/common/temp_dir.h"
 
@@ -173,6 +183,210 @@ TEST(ApiClient, AnUnreachableControllerIsNamed) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
   EXPECT_THAT(r.status().message(), HasSubstr("http://127.0.0.1:1"));
+}
+
+// A 202 "resolving" answer of POST /api/v1/cells (docs/protocols.md §1).
+ApiResponse Resolving(const std::string& reason, int retry_after_s = 1) {
+  return {202, json{{"state", "resolving"}, {"reason", reason}, {"bytes_hashed", 0},
+                    {"bytes_total", 2000000000}, {"retry_after_s", retry_after_s}}
+                   .dump()};
+}
+
+// PostCell with canned answers and a fake clock that `sleep` advances.
+struct FakePoster {
+  std::vector<ApiResponse> answers;
+  size_t posts = 0;
+  std::vector<std::chrono::seconds> slept;
+  std::chrono::steady_clock::time_point clock{};
+
+  PostCellOptions Options(std::chrono::seconds timeout = std::chrono::hours(1)) {
+    PostCellOptions o;
+    o.post = [this]() -> Result<ApiResponse> {
+      return answers.at(std::min(posts++, answers.size() - 1));
+    };
+    o.sleep = [this](std::chrono::milliseconds d) {
+      slept.push_back(std::chrono::duration_cast<std::chrono::seconds>(d));
+      clock += d;
+    };
+    o.now = [this] { return clock; };
+    o.deadline = clock + timeout;
+    return o;
+  }
+};
+
+TEST(PostCell, PostsAgainWhileResolvingAndSaysEachNewReasonOnce) {
+  // Verifies a 202 "resolving" is posted again after its retry_after_s, its reason written
+  // once per change, and the first other answer (the cell) returned.
+  FakePoster fake;
+  fake.answers = {Resolving("digesting checkpoint '/c': 0.0 of 2.0 GB hashed (0 of 1 file)", 2),
+                  Resolving("digesting checkpoint '/c': 0.0 of 2.0 GB hashed (0 of 1 file)"),
+                  Resolving("digesting checkpoint '/c': 1.0 of 2.0 GB hashed (0 of 1 file)", 0),
+                  {201, Cell("queued").dump()}};
+  std::ostringstream progress;
+  auto r = PostCell(fake.Options(), progress);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 201);
+  EXPECT_EQ(fake.posts, 4u);
+  using std::chrono::seconds;
+  EXPECT_THAT(fake.slept, ElementsAre(seconds(2), seconds(1), seconds(1)));  // 0 means 1
+  EXPECT_EQ(progress.str(),
+            "gatehouse: resolving: digesting checkpoint '/c': 0.0 of 2.0 GB hashed (0 of 1 file)\n"
+            "gatehouse: resolving: digesting checkpoint '/c': 1.0 of 2.0 GB hashed (0 of 1 file)\n");
+}
+
+TEST(PostCell, GivesUpAtTheDeadlineNamingTheReason) {
+  FakePoster fake;
+  fake.answers = {Resolving("digesting reference '/r': 0 of 10 B hashed (0 of 1 file)")};
+  std::ostringstream progress;
+  auto r = PostCell(fake.Options(std::chrono::seconds(5)), progress);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(r.status().message(), HasSubstr("still resolving: digesting reference '/r'"));
+  EXPECT_EQ(fake.posts, 6u);  // at 0, 1, ..., 5 s; a sixth wait would pass the deadline
+}
+
+TEST(PostCell, AnyOtherAnswerIsReturnedAsIs) {
+  for (const ApiResponse& answer :
+       {ApiResponse{400, R"({"error": "unknown field 'x'"})"}, ApiResponse{200, "{}"},
+        ApiResponse{202, R"({"id": "a"})"}, ApiResponse{202, "not json"}}) {
+    FakePoster fake;
+    fake.answers = {answer};
+    std::ostringstream progress;
+    auto r = PostCell(fake.Options(), progress);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, answer.status);
+    EXPECT_EQ(fake.posts, 1u);
+    EXPECT_EQ(progress.str(), "");
+  }
+  PostCellOptions unreachable;
+  unreachable.post = [] { return Result<ApiResponse>(Status::Unavailable("controller down")); };
+  std::ostringstream progress;
+  EXPECT_EQ(PostCell(unreachable, progress).status().code(), StatusCode::kUnavailable);
+}
+
+// A controller on 127.0.0.1 that answers each request with the next canned answer (the last
+// one again when they run out) and records the requests' bodies.
+class CannedController {
+ public:
+  explicit CannedController(std::vector<ApiResponse> answers) : answers_(std::move(answers)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(fd_, 8), 0);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~CannedController() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+  std::vector<std::string> bodies() {
+    std::lock_guard lock(mu_);
+    return bodies_;
+  }
+
+ private:
+  void Serve() {
+    for (size_t n = 0;; ++n) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string in;
+      char buf[4096];
+      size_t end = std::string::npos, length = 0;
+      while (end == std::string::npos || in.size() < end + 4 + length) {
+        const ssize_t got = ::recv(c, buf, sizeof(buf), 0);
+        if (got <= 0) break;
+        in.append(buf, static_cast<size_t>(got));
+        if (end == std::string::npos && (end = in.find("\r\n\r\n")) != std::string::npos) {
+          const size_t at = in.find("Content-Length: ");
+          if (at != std::string::npos && at < end) length = std::stoul(in.substr(at + 16));
+        }
+      }
+      const ApiResponse& a = answers_[std::min(n, answers_.size() - 1)];
+      {
+        std::lock_guard lock(mu_);
+        bodies_.push_back(end == std::string::npos ? "" : in.substr(end + 4));
+      }
+      const std::string out = "HTTP/1.1 " + std::to_string(a.status) +
+                              " X\r\nContent-Type: application/json\r\nContent-Length: " +
+                              std::to_string(a.body.size()) + "\r\nConnection: close\r\n\r\n" +
+                              a.body;
+      ::send(c, out.data(), out.size(), MSG_NOSIGNAL);
+      ::close(c);
+    }
+  }
+
+  std::vector<ApiResponse> answers_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::string> bodies_;
+};
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs the `gatehouse` binary against 127.0.0.1:`port` with `args`.
+CliRun RunCli(int port, const std::string& args) {
+  test_util::TempDir dir("gatehouse-cli");
+  const std::string cmd = "GATEHOUSE_TOKEN=t '" + std::string(GATEHOUSE_CLI) +
+                          "' --controller http://127.0.0.1:" + std::to_string(port) + " " + args +
+                          " >" + (dir.path() / "out").string() + " 2>" +
+                          (dir.path() / "err").string();
+  const int rc = std::system(cmd.c_str());
+  CliRun run;
+  run.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  std::stringstream out, err;
+  out << std::ifstream(dir.path() / "out").rdbuf();
+  err << std::ifstream(dir.path() / "err").rdbuf();
+  run.out = out.str();
+  run.err = err.str();
+  return run;
+}
+
+TEST(SubmitCommand, PostsTheSameBodyAgainUntilTheCellIsResolved) {
+  // Verifies `gatehouse submit` and `gatehouse reference` post the same body again after a
+  // 202 "resolving", print each reason once on stderr (stdout keeps the id line first), and
+  // print the cell once the controller answers it.
+  json cell = Cell("queued");
+  cell["created"] = true;
+  for (const char* args : {"submit --repository /r --branch main --family llama --checkpoint /c",
+                           "reference --checkpoint /c"}) {
+    CannedController controller({Resolving("digesting checkpoint '/c': 0 of 9 B hashed (0 of 1 file)"),
+                                 Resolving("digesting checkpoint '/c': 4 of 9 B hashed (0 of 1 file)"),
+                                 {201, cell.dump()}});
+    const CliRun run = RunCli(controller.port(), args);
+    EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+    EXPECT_EQ(run.out, std::string(64, 'a') + " created queued\n");
+    EXPECT_EQ(run.err,
+              "gatehouse: resolving: digesting checkpoint '/c': 0 of 9 B hashed (0 of 1 file)\n"
+              "gatehouse: resolving: digesting checkpoint '/c': 4 of 9 B hashed (0 of 1 file)\n");
+    const std::vector<std::string> bodies = controller.bodies();
+    ASSERT_EQ(bodies.size(), 3u);
+    EXPECT_EQ(json::parse(bodies[0])["checkpoint"], "/c");
+    EXPECT_EQ(bodies[1], bodies[0]);
+    EXPECT_EQ(bodies[2], bodies[0]);
+  }
+}
+
+TEST(SubmitCommand, StillResolvingAtTimeoutExits4) {
+  CannedController controller({Resolving("digesting checkpoint '/c': 0 of 9 B hashed (0 of 1 file)")});
+  const CliRun run = RunCli(controller.port(),
+                            "submit --repository /r --branch main --family llama --checkpoint /c "
+                            "--timeout-s 1");
+  EXPECT_EQ(run.exit_code, kExitTimeout) << run.out << run.err;
+  EXPECT_EQ(run.out, "");
+  EXPECT_THAT(run.err, HasSubstr("still resolving: digesting checkpoint '/c'"));
+  EXPECT_THAT(run.err, HasSubstr("after 1 s (--timeout-s)"));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Verifies cell identity: submit-body validation, defaults, canonical hashing of the frozen
-// spec (docs/protocols.md §1-2), and the directory digest cache.
+// spec (docs/protocols.md §1-2), and a submit answered pending while a digest is computed.
 #include "controller/cell_identity.h"
 
 #include <gmock/gmock.h>
@@ -43,15 +43,15 @@ class IdentityTest : public ::testing::Test {
   }
 
   std::string IdOf(const json& body) {
-    auto cell = freezer_.Freeze(body.dump());
+    auto cell = freezer_.FreezeAndWait(body.dump());
     EXPECT_TRUE(cell.ok()) << cell.status().ToString() << " for " << body.dump();
     return cell.ok() ? cell->id : "";
   }
 
-  Status ErrorOf(const json& body) { return freezer_.Freeze(body.dump()).status(); }
+  Status ErrorOf(const json& body) { return freezer_.FreezeAndWait(body.dump()).status(); }
 
   json Freeze(const json& body) {
-    auto cell = freezer_.Freeze(body.dump());
+    auto cell = freezer_.FreezeAndWait(body.dump());
     EXPECT_TRUE(cell.ok()) << cell.status().ToString() << " for " << body.dump();
     return cell.ok() ? json::parse(cell->spec_json) : json::object();
   }
@@ -70,8 +70,8 @@ TEST_F(IdentityTest, SameInputsGiveSameIdWhateverTheFieldOrder) {
       R"(","model_family":"llama","training":{"seed":1234,"lr":0.001,"steps":2},)"
       R"("branch":"main","repository":"/repos/adapt","precision":"fp32","reference":")" +
       (dir_.path() / "reference").string() + R"("})";
-  auto a = freezer_.Freeze(BaseBody().dump());
-  auto b = freezer_.Freeze(reordered);
+  auto a = freezer_.FreezeAndWait(BaseBody().dump());
+  auto b = freezer_.FreezeAndWait(reordered);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ(a->id, b->id);
@@ -152,8 +152,8 @@ TEST_F(IdentityTest, GpuModelPinIsFrozenOnlyWhenGivenAndNeedsCuda) {
 TEST_F(IdentityTest, PriorityIsALabelNotIdentity) {
   json urgent = BaseBody();
   urgent["priority"] = 50;
-  auto a = freezer_.Freeze(BaseBody().dump());
-  auto b = freezer_.Freeze(urgent.dump());
+  auto a = freezer_.FreezeAndWait(BaseBody().dump());
+  auto b = freezer_.FreezeAndWait(urgent.dump());
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->id, b->id);
   EXPECT_EQ(a->priority, 0);
@@ -177,8 +177,8 @@ TEST_F(IdentityTest, BranchAndSubmitterAreLabelsNotIdentity) {
   // Verifies the branch is a label: two branches at one commit give one cell id.
   json dev = BaseBody();
   dev["branch"] = "dev";
-  auto a = freezer_.Freeze(BaseBody().dump());
-  auto b = freezer_.Freeze(dev.dump());
+  auto a = freezer_.FreezeAndWait(BaseBody().dump());
+  auto b = freezer_.FreezeAndWait(dev.dump());
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->id, b->id);
   EXPECT_EQ(b->branch, "dev");
@@ -187,7 +187,7 @@ TEST_F(IdentityTest, BranchAndSubmitterAreLabelsNotIdentity) {
 
 TEST_F(IdentityTest, DefaultsAreFilledExactlyAsTheProtocolSays) {
   // Verifies a minimal body freezes to exactly the spec of protocols.md §2, canonically.
-  auto cell = freezer_.Freeze(BaseBody().dump());
+  auto cell = freezer_.FreezeAndWait(BaseBody().dump());
   ASSERT_TRUE(cell.ok()) << cell.status().ToString();
   json spec = json::parse(cell->spec_json);
   const std::string ckpt = (dir_.path() / "ckpt").string();
@@ -280,10 +280,10 @@ TEST_F(IdentityTest, AFamilyNoneOfOursHasIsTheAdaptersClaim) {
   // "olmo2" is the worker's config gate to say. The family is part of the identity.
   json body = BaseBody();
   body["model_family"] = "olmo2";
-  auto olmo = freezer_.Freeze(body.dump());
+  auto olmo = freezer_.FreezeAndWait(body.dump());
   ASSERT_TRUE(olmo.ok()) << olmo.status().ToString();
   EXPECT_EQ(olmo->spec.model_family, "olmo2");
-  auto llama = freezer_.Freeze(BaseBody().dump());
+  auto llama = freezer_.FreezeAndWait(BaseBody().dump());
   ASSERT_TRUE(llama.ok());
   EXPECT_NE(olmo->id, llama->id);
 }
@@ -291,7 +291,7 @@ TEST_F(IdentityTest, AFamilyNoneOfOursHasIsTheAdaptersClaim) {
 TEST_F(IdentityTest, MalformedOrIncompleteBodiesAreRejected) {
   // Verifies non-objects, bad JSON and missing required fields are rejected by name.
   EXPECT_EQ(ErrorOf(json::array()).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(freezer_.Freeze("{not json").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(freezer_.FreezeAndWait("{not json").status().code(), StatusCode::kInvalidArgument);
   json body = BaseBody();
   body.erase("branch");
   Status s = ErrorOf(body);
@@ -398,7 +398,7 @@ TEST_F(IdentityTest, ABodyNamingNoReferenceGetsItsReferenceCell) {
   // decode length gets another.
   json body = BaseBody();
   body.erase("reference");
-  auto cell = freezer_.Freeze(body.dump());
+  auto cell = freezer_.FreezeAndWait(body.dump());
   ASSERT_TRUE(cell.ok()) << cell.status().ToString();
   ASSERT_NE(cell->reference_cell, nullptr);
   const FrozenCell& ref = *cell->reference_cell;
@@ -412,13 +412,13 @@ TEST_F(IdentityTest, ABodyNamingNoReferenceGetsItsReferenceCell) {
 
   json bf16 = body;
   bf16["precision"] = "bf16";
-  auto variant = freezer_.Freeze(bf16.dump());
+  auto variant = freezer_.FreezeAndWait(bf16.dump());
   ASSERT_TRUE(variant.ok());
   EXPECT_NE(variant->id, cell->id);
   EXPECT_EQ(variant->reference_cell->id, ref.id);
   json shorter = body;
   shorter["decode"] = {{"max_new_tokens", 4}};
-  EXPECT_NE(freezer_.Freeze(shorter.dump())->reference_cell->id, ref.id);
+  EXPECT_NE(freezer_.FreezeAndWait(shorter.dump())->reference_cell->id, ref.id);
 }
 
 TEST_F(IdentityTest, AReferenceBodyFreezesTheCheckpointOnly) {
@@ -428,7 +428,7 @@ TEST_F(IdentityTest, AReferenceBodyFreezesTheCheckpointOnly) {
   const int calls = resolver_.calls;
   json body = {{"kind", "reference"}, {"checkpoint", (dir_.path() / "ckpt").string()},
                {"prompts", {{{"ids", {1, 2, 3}}}}}};
-  auto cell = freezer_.Freeze(body.dump());
+  auto cell = freezer_.FreezeAndWait(body.dump());
   ASSERT_TRUE(cell.ok()) << cell.status().ToString();
   EXPECT_EQ(resolver_.calls, calls);
   EXPECT_TRUE(cell->spec.IsReference());
@@ -443,7 +443,7 @@ TEST_F(IdentityTest, AReferenceBodyFreezesTheCheckpointOnly) {
             std::string::npos)
       << s.message();
   testing::WriteFile(dir_.path() / "ckpt" / "tokenizer.json", "{}");
-  EXPECT_TRUE(freezer_.Freeze(body.dump()).ok());
+  EXPECT_TRUE(freezer_.FreezeAndWait(body.dump()).ok());
 
   // The same check for the prompts of a validation body's reference cell.
   json validation = BaseBody();
@@ -476,28 +476,84 @@ TEST_F(IdentityTest, TheReportsReproduceBodyGivesTheSameCell) {
   json body = BaseBody();
   body["topology"] = {{"tp", 2}};
   body["env"] = {{"OMP_NUM_THREADS", "1"}};
-  auto cell = freezer_.Freeze(body.dump());
+  auto cell = freezer_.FreezeAndWait(body.dump());
   ASSERT_TRUE(cell.ok());
   json again = ReproduceBody(ParseCellSpecJson(cell->spec_json).value());
   EXPECT_EQ(again.count("branch"), 0u);
   EXPECT_EQ(IdOf(again), cell->id);
 }
 
-TEST(DigestCacheTest, ReusesADigestUntilAFileChanges) {
-  // Verifies digests are cached by file size/mtime and recomputed when a file changes.
+TEST(FreezePendingTest, AValidBodyIsPendingWhileItsDigestsAreComputedThenFrozen) {
+  // Verifies Freeze never waits for hashing: while the checkpoint's digest is computed it
+  // answers DigestPending naming each directory and its progress (the reference queued behind
+  // the checkpoint), with the commit resolved; every check that needs no digest still fails at
+  // once (bad field, unknown branch, no config.json, text prompts without a tokenizer); once
+  // the digests are known the same body freezes to the cell FreezeAndWait gives.
   TempDir dir;
-  testing::WriteFile(dir.path() / "a.txt", "one");
-  DigestCache cache;
-  auto first = cache.Digest(dir.path());
-  ASSERT_TRUE(first.ok());
-  EXPECT_EQ(*cache.Digest(dir.path()), *first);
-  EXPECT_EQ(cache.computations(), 1);
-  testing::WriteFile(dir.path() / "a.txt", "two!");  // new size (and mtime)
-  auto second = cache.Digest(dir.path());
-  ASSERT_TRUE(second.ok());
-  EXPECT_NE(*second, *first);
-  EXPECT_EQ(cache.computations(), 2);
-  EXPECT_EQ(*second, *DirectoryDigest(dir.path()));
+  testing::MakeCheckpoint(dir.path());
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  testing::WriteBigFile(dir.path() / "ckpt" / "model.safetensors", 3 * kMiB);
+  testing::WriteBigFile(dir.path() / "reference" / "reference.safetensors", 2 * kMiB);
+  testing::Backdate(dir.path());
+  testing::HashingGate gate;
+  DigestCache::Options options;
+  options.inline_bytes = 0;
+  options.before_block = [&gate](const std::filesystem::path&) { gate.Pass(); };
+  DigestCache digests(options);
+  FakeCommitResolver resolver;
+  SubmitContext context;
+  context.torch_pin = "2.11.0";
+  CellFreezer freezer(context, resolver, digests);
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  const std::string ref = (dir.path() / "reference").string();
+  const json body = {{"repository", "/repos/adapt"}, {"branch", "main"},
+                     {"model_family", "llama"},      {"checkpoint", ckpt},
+                     {"reference", ref}};
+
+  auto outcome = freezer.Freeze(body.dump());
+  ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+  ASSERT_TRUE(std::holds_alternative<DigestPending>(*outcome));
+  const DigestPending& pending = std::get<DigestPending>(*outcome);
+  EXPECT_EQ(pending.reason, "digesting checkpoint '" + ckpt +
+                                "': 0.0 of 3.1 MB hashed (0 of 2 files); digesting reference '" +
+                                ref + "': queued behind another directory (2.1 MB in 2 files "
+                                      "to hash)");
+  EXPECT_EQ(pending.bytes_hashed, 0);
+  EXPECT_EQ(pending.bytes_total,
+            static_cast<int64_t>(std::filesystem::file_size(dir.path() / "ckpt" / "config.json") +
+                                 std::filesystem::file_size(dir.path() / "reference" /
+                                                            "reference.json")) +
+                5 * kMiB);
+  EXPECT_EQ(pending.spec.commit, FakeCommitResolver::kSha);
+  EXPECT_TRUE(pending.spec.checkpoint.digest.empty());
+
+  json bad = body;
+  bad["flavour"] = 1;
+  EXPECT_EQ(freezer.Freeze(bad.dump()).status().code(), StatusCode::kInvalidArgument);
+  bad = body;
+  bad["branch"] = "missing";
+  EXPECT_EQ(freezer.Freeze(bad.dump()).status().code(), StatusCode::kNotFound);
+  bad = body;
+  bad["checkpoint"] = ref;  // no config.json
+  EXPECT_EQ(freezer.Freeze(bad.dump()).status().code(), StatusCode::kNotFound);
+  const json text_prompt = {{"kind", "reference"}, {"checkpoint", ckpt},
+                            {"prompts", {{{"text", "Hello"}}}}};
+  EXPECT_EQ(freezer.Freeze(text_prompt.dump()).status().code(), StatusCode::kInvalidArgument);
+  // A reference cell of the checkpoint joins its job.
+  auto reference_cell = freezer.Freeze(json{{"kind", "reference"}, {"checkpoint", ckpt}}.dump());
+  ASSERT_TRUE(reference_cell.ok());
+  EXPECT_TRUE(std::holds_alternative<DigestPending>(*reference_cell));
+
+  gate.Open();
+  auto waited = freezer.FreezeAndWait(body.dump());
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_EQ(waited->spec.checkpoint.digest, DirectoryDigest(ckpt).value());
+  EXPECT_EQ(waited->spec.reference.digest, DirectoryDigest(ref).value());
+  auto frozen = freezer.Freeze(body.dump());
+  ASSERT_TRUE(frozen.ok());
+  ASSERT_TRUE(std::holds_alternative<FrozenCell>(*frozen));
+  EXPECT_EQ(std::get<FrozenCell>(*frozen).id, waited->id);
+  EXPECT_EQ(digests.computations(), 4);  // each file once
 }
 
 }  // namespace

@@ -37,13 +37,14 @@ TEST(ControllerOptionsTest, Defaults) {
   EXPECT_FALSE(o.auth.anonymous_read);
   EXPECT_EQ(o.lease.heartbeat_interval, std::chrono::milliseconds(kHeartbeatIntervalMs));
   EXPECT_EQ(o.limits.queued, std::chrono::hours(24));
+  EXPECT_EQ(o.digests.inline_bytes, 16 << 20);
   EXPECT_FALSE(o.tokens.has_value());
 }
 
 TEST(ControllerOptionsTest, ValuesAreConvertedToTheirUnits) {
   auto parsed = Parse({"--http", "127.0.0.1:0", "--heartbeat-ms", "250", "--restart-grace-ms",
                        "500", "--queued-timeout-s", "60", "--phase-timeout-s", "0",
-                       "--max-running-per-repository", "3",
+                       "--max-running-per-repository", "3", "--digest-inline-mib", "0",
                        "--auth", "none", "--anonymous-read"});
   ASSERT_TRUE(std::holds_alternative<ControllerOptions>(parsed));
   const ControllerOptions& o = std::get<ControllerOptions>(parsed);
@@ -53,6 +54,7 @@ TEST(ControllerOptionsTest, ValuesAreConvertedToTheirUnits) {
   EXPECT_EQ(o.limits.queued, std::chrono::seconds(60));
   EXPECT_EQ(o.limits.phase, std::chrono::seconds(0));
   EXPECT_EQ(o.policy.max_running_per_repository, 3);
+  EXPECT_EQ(o.digests.inline_bytes, 0);
   EXPECT_FALSE(o.auth.required);
   EXPECT_TRUE(o.auth.anonymous_read);
 }

@@ -181,6 +181,46 @@ TEST_F(RestTest, SubmitCreatesOnceThenReturnsTheSameCell) {
   EXPECT_EQ(json::parse(got.body)["spec"], cell["spec"]);
 }
 
+TEST_F(RestTest, ASubmitIs202WhileItsCheckpointIsDigestedThenTheCell) {
+  // Verifies a checkpoint with more to hash than the inline limit (16 MiB) answers 202
+  // {"state": "resolving", reason, bytes, retry_after_s} with Retry-After and stores nothing
+  // (a body naming an unknown control is still a 400); once its digest is known the same body
+  // is 201 created, then 200.
+  const std::filesystem::path ckpt = dir_.path() / "ckpt";
+  {
+    std::ofstream(ckpt / "model-00002.safetensors");
+  }
+  std::filesystem::resize_file(ckpt / "model-00002.safetensors", 17 << 20);  // sparse
+  testing::Backdate(ckpt);
+  json unknown_control = json::parse(SubmitBody());
+  unknown_control["control"] = std::string(64, 'f');  // refused before any digest is known
+  const Reply refused = Http(port_, "POST", "/api/v1/cells", unknown_control.dump());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("field 'control'"), std::string::npos) << refused.body;
+  const Reply pending = Http(port_, "POST", "/api/v1/cells", SubmitBody());
+  ASSERT_EQ(pending.status, 202) << pending.body;
+  EXPECT_NE(pending.head.find("Retry-After: 1"), std::string::npos) << pending.head;
+  const json answer = json::parse(pending.body);
+  EXPECT_EQ(answer["state"], "resolving");
+  EXPECT_EQ(answer["reason"].get<std::string>().rfind("digesting checkpoint '" + ckpt.string() + "': ", 0),
+            0u)
+      << answer.dump();
+  EXPECT_GE(answer["bytes_total"].get<int64_t>(), 17 << 20);
+  EXPECT_LE(answer["bytes_hashed"].get<int64_t>(), answer["bytes_total"].get<int64_t>());
+  EXPECT_EQ(answer["retry_after_s"], 1);
+  EXPECT_TRUE(json::parse(Http(port_, "GET", "/api/v1/cells").body)["cells"].empty());
+
+  ASSERT_TRUE(digests_.Digest(ckpt).ok());  // the job ended
+  const Reply created = Http(port_, "POST", "/api/v1/cells", SubmitBody());
+  ASSERT_EQ(created.status, 201) << created.body;
+  const json cell = json::parse(created.body);
+  EXPECT_EQ(cell["spec"]["checkpoint"]["digest"], DirectoryDigest(ckpt).value());
+  const Reply again = Http(port_, "POST", "/api/v1/cells", SubmitBody());
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(json::parse(again.body)["id"], cell["id"]);
+  EXPECT_EQ(json::parse(Http(port_, "GET", "/api/v1/cells").body)["cells"].size(), 1u);
+}
+
 TEST_F(RestTest, BadSubmissionsAreRejectedWithMessagesNamingTheProblem) {
   // Verifies bad JSON/fields/values are 400 and unknown branch/path 404, naming the culprit.
   Reply malformed = Http(port_, "POST", "/api/v1/cells", "{\"repository\": ");

@@ -118,6 +118,31 @@ TEST_F(StoreTest, AFailingMigrationLeavesNothingBehind) {
   EXPECT_EQ((*(*fixed)->AppliedMigrations()).size(), more.size());
 }
 
+TEST_F(StoreTest, FileDigestsAreFoundOnlyForTheirExactStamp) {
+  // Verifies a recorded file digest is found for the same path and stamp only (each stamp
+  // field, inode and device past 2^63 included) and that recording a path again replaces it.
+  const FileStamp stamp{12, 1'700'000'000'123'456'789, 1'700'000'001'000'000'000,
+                        uint64_t{1} << 63 | 5, ~uint64_t{0}};
+  ASSERT_TRUE(store_->RecordFileDigest("/data/x/model.safetensors", stamp, "ab12").ok());
+  EXPECT_EQ(store_->FindFileDigest("/data/x/model.safetensors", stamp).value(), "ab12");
+  EXPECT_FALSE(store_->FindFileDigest("/data/y/model.safetensors", stamp)->has_value());
+  for (int field = 0; field < 5; ++field) {
+    FileStamp other = stamp;
+    if (field == 0) other.size += 1;
+    if (field == 1) other.mtime_ns += 1;
+    if (field == 2) other.ctime_ns += 1;
+    if (field == 3) other.inode += 1;
+    if (field == 4) other.device -= 1;
+    EXPECT_FALSE(store_->FindFileDigest("/data/x/model.safetensors", other)->has_value())
+        << "field " << field;
+  }
+  FileStamp rewritten = stamp;
+  rewritten.mtime_ns += 10;
+  ASSERT_TRUE(store_->RecordFileDigest("/data/x/model.safetensors", rewritten, "cd34").ok());
+  EXPECT_EQ(store_->FindFileDigest("/data/x/model.safetensors", rewritten).value(), "cd34");
+  EXPECT_FALSE(store_->FindFileDigest("/data/x/model.safetensors", stamp)->has_value());
+}
+
 TEST_F(StoreTest, CreatesACellWithAQueuedFirstAttemptOnce) {
   // Verifies a cell is stored once, with attempt 1 queued.
   EXPECT_TRUE(*store_->CreateCellIfAbsent(MakeCell("c1")));

@@ -1,6 +1,9 @@
 // Helpers shared by the controller tests: temporary directories, files, fixtures.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +26,75 @@ inline void WriteFile(const std::filesystem::path& p, const std::string& content
   std::filesystem::create_directories(p.parent_path());
   std::ofstream(p, std::ios::binary) << content;
 }
+
+/// A file of `bytes` bytes of a repeating pattern (not sparse: real blocks to read).
+inline void WriteBigFile(const std::filesystem::path& p, int64_t bytes) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(p, std::ios::binary);
+  std::string block(1 << 16, '\0');
+  for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>(i * 31 % 251);
+  for (int64_t left = bytes; left > 0; left -= static_cast<int64_t>(block.size())) {
+    out.write(block.data(), static_cast<std::streamsize>(std::min<int64_t>(left, block.size())));
+  }
+}
+
+/// Sets the mtime of `path` (a file, or every file under a directory) an hour back, as if
+/// written long before: a DigestCache reuses digests of settled files only.
+inline void Backdate(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  const auto then = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  if (!fs::is_directory(path)) {
+    fs::last_write_time(path, then);
+    return;
+  }
+  for (const auto& entry : fs::recursive_directory_iterator(path)) {
+    if (entry.is_regular_file() && !entry.is_symlink()) fs::last_write_time(entry.path(), then);
+  }
+}
+
+/// Holds a DigestCache's hashing thread at its before_block hook (Options::before_block =
+/// [&gate](auto&) { gate.Pass(); }), so a test sees a job pending at a known block. The thread
+/// passes the hook once before each file and once after each block it hashed. Open() before the
+/// cache is destroyed.
+class HashingGate {
+ public:
+  /// On the hashing thread: counts the arrival, waits until a pass is allowed.
+  void Pass() {
+    std::unique_lock lock(mu_);
+    ++arrivals_;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return open_ || allowed_ > 0; });
+    if (!open_) --allowed_;
+  }
+  /// Lets `n` more arrivals through.
+  void Allow(int n) {
+    std::lock_guard lock(mu_);
+    allowed_ += n;
+    cv_.notify_all();
+  }
+  /// Lets every arrival through from now on.
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  /// Waits (at most 30 s) until the hook was reached `n` times in all; false on timeout.
+  bool WaitForArrivals(int n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return arrivals_ >= n; });
+  }
+  int arrivals() {
+    std::lock_guard lock(mu_);
+    return arrivals_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrivals_ = 0;
+  int allowed_ = 0;
+  bool open_ = false;
+};
 
 /// A stored cell row for store-level tests: `id`, a stand-in spec, /repos/adapt at 'a' x 40,
 /// branch main, family llama, submitter ci.

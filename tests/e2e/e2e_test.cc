@@ -92,9 +92,10 @@ class EndToEndTest : public ::testing::Test {
                 {"reference", (data / "reference").string()}};
   }
 
-  /// POSTs a cell and returns the response JSON; expects 200 or 201.
+  /// POSTs a cell (again while the controller answers 202 "resolving") and returns the
+  /// response JSON; expects 200 or 201.
   json Submit(const json& body) {
-    HttpResponse r = HttpRequest(http_port_, "POST", "/api/v1/cells", body.dump(), token_);
+    HttpResponse r = SubmitCell(http_port_, body.dump(), token_);
     EXPECT_TRUE(r.status == 200 || r.status == 201) << r.status << " " << r.body << r.error;
     return json::parse(r.body, nullptr, false);
   }

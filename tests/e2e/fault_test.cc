@@ -126,7 +126,7 @@ class FaultTest : public ::testing::Test {
                        {"reference", (data / "reference").string()},
                        {"training", {{"seed", seed}}},
                        {"phases", {"identity", "config", "construct", "load", "inference", "decode"}}};
-    HttpResponse r = HttpRequest(http_port_, "POST", "/api/v1/cells", body.dump());
+    HttpResponse r = SubmitCell(http_port_, body.dump());
     EXPECT_EQ(r.status, 201) << r.body << r.error;
     return json::parse(r.body, nullptr, false);
   }

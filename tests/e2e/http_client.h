@@ -1,6 +1,7 @@
 // A minimal blocking HTTP/1.1 client for tests (Boost.Beast), 127.0.0.1 only.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace gatehouse::testing {
@@ -16,6 +17,13 @@ struct HttpResponse {
 /// transport failure leaves status 0 and sets error. Timeout 30 s.
 HttpResponse HttpRequest(int port, const std::string& method, const std::string& target,
                          const std::string& body = "", const std::string& bearer = "");
+
+/// POST /api/v1/cells of `body` as the CLI posts it (cli/submit.h): the same body again, each
+/// Retry-After, while the controller answers 202 "resolving" (still digesting the checkpoint or
+/// reference: docs/protocols.md §1); the first other answer. Still resolving after `timeout`:
+/// status 0 and error set.
+HttpResponse SubmitCell(int port, const std::string& body, const std::string& bearer = "",
+                        std::chrono::seconds timeout = std::chrono::seconds(600));
 
 /// The same over TLS, verifying the server's certificate against the PEM `ca_file` and the
 /// name 127.0.0.1. A failed handshake (wrong CA, plain HTTP server) leaves status 0 and error.

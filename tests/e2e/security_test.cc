@@ -216,7 +216,7 @@ TEST_F(SecurityTest, HostileStringsInEverySubmitFieldAreDataNeverCommands) {
   const json base = {{"repository", (root_ / "adapter").string()}, {"branch", "main"},
                      {"model_family", "llama"},
                      {"checkpoint", (root_ / "ckpt" / "checkpoint").string()}};
-  const HttpResponse seeded = HttpRequest(http_port_, "POST", "/api/v1/cells", base.dump(), token);
+  const HttpResponse seeded = SubmitCell(http_port_, base.dump(), token);
   ASSERT_EQ(seeded.status, 201) << seeded.body;
   const std::vector<json::json_pointer> fields = {
       json::json_pointer("/repository"), json::json_pointer("/branch"),

@@ -89,7 +89,7 @@ TEST(CellSpecPathsTest, ControllerAgentAndWorkerReadTheSameSpec) {
     SCOPED_TRACE(body.dump());
     // Controller: the body as read, and the cell it freezes.
     const SubmitRequest request = ParseSubmitBody(body.dump(), context).value();
-    const controller::FrozenCell cell = freezer.Freeze(body.dump()).value();
+    const controller::FrozenCell cell = freezer.FreezeAndWait(body.dump()).value();
     CellSpec expected = request.spec;
     expected.checkpoint.digest = digests.Digest(checkpoint).value();
     if (!expected.IsReference()) expected.commit = kCommit;

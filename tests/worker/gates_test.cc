@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 
 #include "common/sha256.h"
 #include "gatehouse/worker/gates.h"
@@ -14,6 +15,7 @@
 #include "gatehouse/worker/reference.h"
 #include "gatehouse/worker/safetensors_torch.h"
 #include "gates_fixture.h"
+#include "worker_lib/src/gates_internal.h"
 
 namespace gatehouse::worker {
 namespace {
@@ -555,6 +557,17 @@ TEST(LoadGateTest, NanWeightBlocked) {
   EXPECT_STATUS(out, GateStatus::kBlocked);
   EXPECT_THAT(out.reason, HasSubstr("model.layers.0.proj.weight"));
   EXPECT_THAT(out.reason, HasSubstr("1 NaN"));
+}
+
+// Verifies huge finite weights whose sum overflows to Inf are not taken for non-finite ones
+// (the one-reduction check falls back to counting).
+TEST(LoadGateTest, HugeFiniteWeightsPass) {
+  Fixture fx;
+  fx.tensors["model.layers.0.proj.weight"].fill_(3.0e38f);
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "load");
+  EXPECT_STATUS(out, GateStatus::kPass);
 }
 
 // Verifies a tied checkpoint that still ships lm_head.weight equal to the embedding loads,
@@ -1192,6 +1205,27 @@ TEST(PerformanceGateTest, BlockedWithFigures) {
   EXPECT_GT(Real(out, "train_step_ms"), 0.0);
 }
 
+// --- float64 statistics by slices ---------------------------------------------------------------
+
+// Verifies StatsOf over slices (3 elements at a time, a last short slice) equals the whole
+// tensor's float64 sum and sum of squares, and finds a non-finite or all-zero slice anywhere.
+TEST(StatsOfTest, SlicesAddUpToTheWhole) {
+  torch::manual_seed(3);
+  const torch::Tensor t = torch::randn({5, 7}, torch::kBFloat16);
+  const torch::Tensor d = t.to(torch::kDouble);
+  const internal::Float64Stats s = internal::StatsOf(t, /*chunk=*/3);
+  EXPECT_NEAR(s.sum, d.sum().item<double>(), 1e-12);
+  EXPECT_NEAR(s.sum_sq, d.pow(2).sum().item<double>(), 1e-12);
+  EXPECT_TRUE(s.finite);
+  EXPECT_TRUE(s.any_nonzero);
+  torch::Tensor late = torch::zeros({10});
+  EXPECT_FALSE(internal::StatsOf(late, 3).any_nonzero);
+  late[9] = std::numeric_limits<float>::infinity();
+  const internal::Float64Stats inf = internal::StatsOf(late, 3);
+  EXPECT_FALSE(inf.finite);
+  EXPECT_TRUE(inf.any_nonzero);
+}
+
 // --- runner -----------------------------------------------------------------------------------
 
 std::vector<nlohmann::json> PhaseEnds(const MemoryEventSink& sink) {
@@ -1292,6 +1326,40 @@ TEST(RunnerTest, GateExceptionsBecomeFail) {
   ends = PhaseEnds(sink2);
   EXPECT_EQ(ends[0]["classification"], "unknown");
   EXPECT_THAT(ends[0]["reason"].get<std::string>(), HasSubstr("plain boom"));
+}
+
+// Verifies each phase reports its own peak resident memory (the peak is reset when a phase
+// starts): a phase that touches 256 MiB peaks at least that far above the phase after it,
+// which allocates nothing.
+TEST(RunnerTest, PeakRssIsPerPhase) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.spec.phases = {"identity", "config"};
+  constexpr int64_t kBytes = int64_t{256} << 20;
+  const std::vector<GateDef> gates = {
+      {"identity",
+       [](GateContext&) -> GateOutcome {
+         torch::Tensor t = torch::ones({kBytes}, torch::kUInt8);  // every page touched
+         GateOutcome out;
+         out.Count("sum_low_byte", t.sum().item<int64_t>() & 0xff);
+         return out;
+       }},
+      {"config", [](GateContext&) -> GateOutcome { return {}; }}};
+  MemoryEventSink sink;
+  EventWriter events(sink);
+  EXPECT_EQ(RunGates(ctx, events, gates), GateStatus::kPass);
+  std::map<std::string, std::map<std::string, int64_t>> figures;  // phase -> name -> value
+  for (const auto& e : sink.events()) {
+    if (e["event"] == "figure" && e["value"].is_number_integer()) {
+      figures[e["phase"].get<std::string>()][e["name"].get<std::string>()] = e["value"].get<int64_t>();
+    }
+  }
+  ASSERT_TRUE(figures["identity"].count("peak_rss_bytes")) << "no peak_rss_bytes figure";
+  ASSERT_TRUE(figures["config"].count("peak_rss_bytes"));
+  ASSERT_TRUE(figures["config"].count("rss_end_bytes"));
+  EXPECT_GE(figures["identity"]["peak_rss_bytes"],
+            figures["config"]["peak_rss_bytes"] + kBytes * 9 / 10);
+  EXPECT_LT(figures["config"]["rss_end_bytes"], figures["identity"]["peak_rss_bytes"]);
 }
 
 // --- plugin loading ---------------------------------------------------------------------------

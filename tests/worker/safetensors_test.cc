@@ -483,5 +483,48 @@ TEST_F(SafetensorsTest, WriteTensorsRejectsUnmappedDtype) {
   EXPECT_TRUE(Contains(s.message(), "tensor 'z': torch dtype ComplexDouble has no safetensors"));
 }
 
+// ViewTensor reads the mapped bytes in place (no copy) when they are aligned to the element
+// size, copies them when not, and both read the stored values; Release drops the pages without
+// changing what a later read sees.
+TEST_F(SafetensorsTest, ViewTensorIsZeroCopyWhenAligned) {
+  std::string header = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');  // the buffer starts 8-aligned: b is not
+  std::string buffer(9, '\0');
+  buffer[0] = 7;
+  const float values[2] = {1.5f, -2.25f};
+  std::memcpy(buffer.data() + 1, values, sizeof(values));
+  Result<File> file = File::Open(WriteRaw(header, buffer));
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const TensorInfo& a = *file->Find("a");
+  const TensorInfo& b = *file->Find("b");
+
+  Result<torch::Tensor> va = ViewTensor(*file, a);
+  ASSERT_TRUE(va.ok()) << va.status().ToString();
+  EXPECT_EQ(va->data_ptr(), static_cast<const void*>(file->Bytes(a).data()));  // in place
+  EXPECT_EQ(va->item<uint8_t>(), 7);
+
+  Result<torch::Tensor> vb = ViewTensor(*file, b);
+  ASSERT_TRUE(vb.ok()) << vb.status().ToString();
+  EXPECT_NE(vb->data_ptr(), static_cast<const void*>(file->Bytes(b).data()));  // copied
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(vb->data_ptr()) % 4, 0u);
+  EXPECT_FLOAT_EQ(vb->index({0}).item<float>(), 1.5f);
+  EXPECT_FLOAT_EQ(vb->index({1}).item<float>(), -2.25f);
+
+  // A page-sized aligned tensor: Release, then the view still reads the file's values.
+  std::vector<std::pair<std::string, torch::Tensor>> big = {
+      {"w", torch::arange(0, 8192, torch::kFloat32).reshape({8, 1024})}};
+  const fs::path path = dir_ / "big.safetensors";
+  ASSERT_TRUE(WriteTensors(path, big).ok());
+  Result<File> bigf = File::Open(path);
+  ASSERT_TRUE(bigf.ok()) << bigf.status().ToString();
+  Result<torch::Tensor> w = ViewTensor(*bigf, *bigf->Find("w"));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->data_ptr(), static_cast<const void*>(bigf->Bytes(*bigf->Find("w")).data()));
+  EXPECT_TRUE(torch::equal(*w, big[0].second));
+  bigf->Release(*bigf->Find("w"));
+  EXPECT_TRUE(torch::equal(*w, big[0].second));
+}
+
 }  // namespace
 }  // namespace gatehouse::worker::safetensors

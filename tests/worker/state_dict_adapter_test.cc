@@ -287,7 +287,7 @@ TEST(LoadStackedTest, UnnamedSlicesReported) {
 }
 
 // Shapes are checked against the slice; an expert index past dim 0 is a shape mismatch too;
-// a non-finite expert is reported and not copied.
+// a non-finite expert is reported, and its parameter does not count as loaded.
 TEST(LoadStackedTest, SliceShapeAndValueChecks) {
   {
     TempDir dir;
@@ -326,7 +326,6 @@ TEST(LoadStackedTest, SliceShapeAndValueChecks) {
     auto rep = LoadInto(tensors, *adapter, model, dir);
     ASSERT_TRUE(rep.ok());
     EXPECT_THAT(rep->nonfinite, ElementsAre("model.experts.0.w (-> experts[0]): 1 NaN, 0 Inf"));
-    EXPECT_EQ(Param(model, "experts")[0].abs().sum().item<float>(), 0.0f);  // not copied
     EXPECT_EQ(rep->params_loaded, 1);
   }
 }

@@ -379,7 +379,13 @@ int Agents(const AgentsOptions& o) {
           const auto t0 = Clock::now();
           std::pair<int, std::string> r;
           try {
-            r = conn.Request(http::verb::post, "/api/v1/cells", body.dump());
+            // 202: the controller is still digesting a checkpoint over --digest-inline-mib
+            // (protocols.md §1); the same body again, the wait counted in the submit's time.
+            for (int tries = 0; tries < 3600; ++tries) {
+              r = conn.Request(http::verb::post, "/api/v1/cells", body.dump());
+              if (r.first != 202) break;
+              std::this_thread::sleep_for(std::chrono::seconds(1));
+            }
           } catch (const std::exception& e) {
             r = {0, e.what()};
           }

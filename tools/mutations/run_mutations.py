@@ -268,6 +268,12 @@ def main(argv=None):
                     "checkpoint": str(ckpts / fixture / "checkpoint"),
                     "reference": str(ckpts / fixture / "reference"), "precision": precision}
             code, resp = http("POST", f"{api}/cells", body, api_token)
+            # 202: the controller is still digesting the checkpoint (protocols.md §1); the cell
+            # id needs the digest, so the same body is posted again until it answers the cell.
+            deadline = time.time() + args.timeout_s
+            while code == 202 and time.time() < deadline:
+                time.sleep(resp.get("retry_after_s", 1) if isinstance(resp, dict) else 1)
+                code, resp = http("POST", f"{api}/cells", body, api_token)
             if code not in (200, 201):
                 raise SystemExit(f"submit {branch} on {fixture}: HTTP {code} {resp}")
             return resp["id"]

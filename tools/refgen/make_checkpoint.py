@@ -70,6 +70,7 @@ CLI
 
 import argparse
 import copy
+import gc
 import json
 import shutil
 import sys
@@ -310,7 +311,10 @@ def training_trace(checkpoint_dir, model_class, prompts, dtype, steps=TRAIN_STEP
     # named by checkpoint key at the end through one save (a fused tensor's experts may first
     # change at different steps).
     initial = [p.detach().clone() for p in params]
-    first = [torch.zeros(p.shape, dtype=torch.float32) for p in params]
+    # A step number per element: one byte each while the steps fit (a quarter of the fp32
+    # model's bytes instead of all of them).
+    step_dtype = torch.uint8 if steps <= 255 else torch.int32
+    first = [torch.zeros(p.shape, dtype=step_dtype) for p in params]
     losses, grad_norms, grad_sums = [], {}, {}
     for step in range(1, steps + 1):
         ids = usable[(step - 1) % len(usable)]
@@ -369,7 +373,8 @@ def training_floor(checkpoint_dir, model_class, prompts, dtype, trace, steps=TRA
 
 def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_extra=None,
                    min_distinct=MIN_DISTINCT_TOKENS, max_new_tokens=MAX_NEW_TOKENS,
-                   train_steps=TRAIN_STEPS, train_lr=TRAIN_LR, train_seed=TRAIN_SEED):
+                   train_steps=TRAIN_STEPS, train_lr=TRAIN_LR, train_seed=TRAIN_SEED,
+                   release_model=False):
     """Writes reference.safetensors and reference.json (the bundle of the module docstring) for
     `model` (fp32, saved in checkpoint_dir) into out_dir.
 
@@ -380,7 +385,10 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
     more reference.json fields. A greedy continuation with fewer than min_distinct distinct
     tokens raises (None: no check). max_new_tokens, train_steps, train_lr, train_seed: the
     decode length and the training trace's AdamW steps, lr and seed (defaults: this module's
-    MAX_NEW_TOKENS, TRAIN_STEPS, TRAIN_LR, TRAIN_SEED)."""
+    MAX_NEW_TOKENS, TRAIN_STEPS, TRAIN_LR, TRAIN_SEED). release_model: free `model`'s weights
+    (to_empty on the meta device) once the forwards are done, so the training traces, which load
+    their own copies, do not run beside it; the caller must not use `model` afterwards."""
+    device_type = next(model.parameters()).device.type
     tensors = {}
     described = []
     distinct = {"fp32": [], "bf16": []}
@@ -405,6 +413,11 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
             distinct[precision].append(len(set(new_ids.tolist())))
             if precision == "fp32" and describe is not None:
                 described.append(describe(i, new_ids))
+    # The forwards are done: neither model is needed by the training traces below.
+    del model_bf16
+    if release_model:
+        model.to_empty(device="meta")
+    gc.collect()
     if min_distinct is not None:
         bad = [f"{prec} prompt {i}: {n} distinct token(s)" for prec, counts in distinct.items()
                for i, n in enumerate(counts) if n < min_distinct]
@@ -436,7 +449,7 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         # Where the forwards ran: bf16 near-ties move with the kernels, and the gates choose
         # their bars by the pair (bundle device, run device); on the CPU also by the kernel
         # family torch dispatched to.
-        "device": next(model.parameters()).device.type,
+        "device": device_type,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "num_threads": torch.get_num_threads(),
         "continuation_distinct_tokens": distinct,

@@ -793,7 +793,8 @@ def _make_bundle(job, out):
             make_checkpoint.make_reference(
                 model, ckpt, bundle, [ids for ids, *_ in prompts], describe=describe,
                 meta_extra=meta_extra, min_distinct=None, max_new_tokens=job.max_new_tokens,
-                train_steps=job.train_steps, train_lr=job.train_lr, train_seed=job.train_seed)
+                train_steps=job.train_steps, train_lr=job.train_lr, train_seed=job.train_seed,
+                release_model=True)
         except (torch.OutOfMemoryError, MemoryError) as e:
             return out.fail(exception_text(e), "resource")
         except Exception as e:

@@ -33,7 +33,9 @@ void UpstreamAdamW::Step() {
     const double bias_correction2 = 1 - std::pow(o.beta2, step);
     const double step_size = o.lr / bias_correction1;
     const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);
-    const torch::Tensor denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
+    // Upstream's (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) with the division in
+    // place: the same values, one parameter-sized temporary instead of two.
+    const torch::Tensor denom = s.exp_avg_sq.sqrt().div_(bias_correction2_sqrt).add_(o.eps);
     param.addcdiv_(s.exp_avg, denom, -step_size);
   }
 }

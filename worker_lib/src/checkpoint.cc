@@ -184,6 +184,21 @@ Result<torch::Tensor> Checkpoint::Load(const std::string& key) const {
   return safetensors::ReadTensor(files_[slot], *info);
 }
 
+Result<torch::Tensor> Checkpoint::View(const std::string& key) const {
+  auto it = index_.find(key);
+  if (it == index_.end()) {
+    return Status::NotFound("checkpoint " + Quote(dir_.string()) + " has no tensor " +
+                            Quote(key));
+  }
+  const auto& [slot, info] = it->second;
+  return safetensors::ViewTensor(files_[slot], *info);
+}
+
+void Checkpoint::Release(const std::string& key) const {
+  auto it = index_.find(key);
+  if (it != index_.end()) files_[it->second.first].Release(*it->second.second);
+}
+
 uint64_t Checkpoint::total_bytes() const {
   uint64_t total = 0;
   for (const auto& [key, entry] : index_) total += entry.second->end - entry.second->begin;

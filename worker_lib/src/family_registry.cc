@@ -1,6 +1,17 @@
 #include "gatehouse/worker/model_family.h"
 
 namespace gatehouse::worker {
+namespace {
+
+thread_local bool skip_weight_init = false;
+
+}  // namespace
+
+SkipWeightInit::SkipWeightInit() : previous_(skip_weight_init) { skip_weight_init = true; }
+
+SkipWeightInit::~SkipWeightInit() { skip_weight_init = previous_; }
+
+bool WeightInitSkipped() { return skip_weight_init; }
 
 Status FamilyRegistry::Register(std::unique_ptr<ModelFamily> family) {
   if (FindByName(family->name()) != nullptr) {

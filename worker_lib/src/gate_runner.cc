@@ -4,7 +4,10 @@
 #include "gatehouse/worker/gates.h"
 
 #include <algorithm>
+#include <fstream>
 #include <iterator>
+#include <optional>
+#include <string>
 
 #include "gatehouse/worker/log.h"
 
@@ -37,6 +40,39 @@ std::vector<GateDef> DefaultGates() {
 }
 
 namespace {
+
+// Resident memory of this process from /proc/self/status (proc(5)): VmHWM, the peak resident
+// set since the process started or since the last ResetPeakRss, and VmRSS, the current one.
+struct ResidentMemory {
+  std::optional<int64_t> peak_bytes;
+  std::optional<int64_t> current_bytes;
+};
+
+ResidentMemory ReadResidentMemory() {
+  ResidentMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::optional<int64_t>* field = line.rfind("VmHWM:", 0) == 0   ? &m.peak_bytes
+                                    : line.rfind("VmRSS:", 0) == 0 ? &m.current_bytes
+                                                                   : nullptr;
+    if (field == nullptr) continue;
+    try {
+      *field = std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+    } catch (const std::exception&) {
+    }
+  }
+  return m;
+}
+
+// Resets VmHWM to the current resident set: "5" written to /proc/self/clear_refs (Linux 4.0,
+// proc(5)). False where that is not possible (then the phase's peak is not reported).
+bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
 
 GateOutcome RunOneGate(const GateDef& def, GateContext& ctx) {
   GateOutcome out;
@@ -78,7 +114,11 @@ GateStatus RunGates(GateContext& ctx, EventWriter& events, const std::vector<Gat
     events.PhaseStart(def.phase);
     log::Info("phase " + std::string(def.phase) + ": start");
     const int64_t t0 = events.NowMs();
+    const bool peak_reset = ResetPeakRss();
     GateOutcome out = RunOneGate(def, ctx);
+    const ResidentMemory memory = ReadResidentMemory();
+    if (peak_reset && memory.peak_bytes) out.Bytes("peak_rss_bytes", *memory.peak_bytes);
+    if (memory.current_bytes) out.Bytes("rss_end_bytes", *memory.current_bytes);
     for (const Figure& f : out.figures) events.EmitFigure(def.phase, f);
     for (const Artifact& a : out.artifacts) events.EmitArtifact(def.phase, a);
     if (out.status != GateStatus::kPass && out.reason.empty()) {

@@ -239,7 +239,10 @@ GateOutcome SaveGate(GateContext& ctx) {
   if (!reopened.ok()) {
     return out.Fail(FailureClass::kUnknown, "reopening the saved checkpoint: " + reopened.status().ToString());
   }
-  Result<std::shared_ptr<CausalLM>> fresh = ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
+  Result<std::shared_ptr<CausalLM>> fresh = [&] {
+    const SkipWeightInit loaded_next;  // the reload below overwrites every parameter
+    return ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
+  }();
   if (!fresh.ok() || !*fresh) {
     return out.Fail(FailureClass::kAdapterContract,
                     "Construct (fresh model for reload): " +

@@ -434,10 +434,10 @@ double RelDiff(double ours, double upstream) {
 /// element at the middle): equal before and after the steps means the parameter did not change.
 std::array<double, 3> Fingerprint(const torch::Tensor& t) {
   torch::NoGradGuard no_grad;
-  const torch::Tensor d = t.detach().to(torch::kDouble);
-  const torch::Tensor flat = d.reshape({-1});
-  return {d.sum().item<double>(), d.pow(2).sum().item<double>(),
-          flat.numel() ? flat[flat.numel() / 2].item<double>() : 0.0};
+  const torch::Tensor flat = t.detach().reshape({-1});
+  const internal::Float64Stats s = internal::StatsOf(flat);
+  return {s.sum, s.sum_sq,
+          flat.numel() ? flat[flat.numel() / 2].to(torch::kDouble).item<double>() : 0.0};
 }
 
 }  // namespace
@@ -530,10 +530,16 @@ GateOutcome TrainingGate(GateContext& ctx) {
   adamw.lr = ctx.spec.training.lr;
   UpstreamAdamW optimizer(params, adamw);
   model.train();
+  // On every way out: eval mode again, and the gradients freed (the optimizer's state goes with
+  // it), so the phases after this one hold the model's bytes only.
   struct EvalOnExit {
     CausalLM& m;
-    ~EvalOnExit() { m.eval(); }
-  } eval_on_exit{model};
+    UpstreamAdamW& optimizer;
+    ~EvalOnExit() {
+      m.eval();
+      optimizer.ZeroGrad();
+    }
+  } eval_on_exit{model, optimizer};
 
   const bool same_lr = ctx.spec.training.lr == reference.lr;
   std::vector<std::string> failed;
@@ -566,13 +572,13 @@ GateOutcome TrainingGate(GateContext& ctx) {
           bad.push_back(g->names[0] + " (no gradient)");
           continue;
         }
-        const torch::Tensor gd = grad.to(torch::kDouble);
-        if (!torch::isfinite(gd).all().item<bool>()) {
+        const internal::Float64Stats gs = internal::StatsOf(grad);
+        if (!gs.finite) {
           bad.push_back(g->names[0] + " (non-finite gradient)");
-        } else if (!(gd != 0).any().item<bool>()) {
+        } else if (!gs.any_nonzero) {
           bad.push_back(g->names[0] + " (all-zero gradient)");
         }
-        norm_sq += gd.pow(2).sum().item<double>();
+        norm_sq += gs.sum_sq;
       }
     }
     out.Real("grad_norm_step_" + k, std::sqrt(norm_sq), "l2_norm");
@@ -612,6 +618,10 @@ GateOutcome TrainingGate(GateContext& ctx) {
         auto want = trace.grad_norms.find(key);
         if (want == trace.grad_norms.end()) continue;  // not trainable: the set check says so
         const torch::Tensor grad = groups[slot.first].tensor.grad();
+        // Upstream's own ops on the whole float64 tensor (t.to(float64).norm() and .sum()):
+        // the bar is 0 on the same CPU kernels, and a sum taken slice by slice rounds
+        // differently. At step 1 no optimizer state exists yet, so this one float64 copy of a
+        // key's gradient is not the gate's peak.
         const torch::Tensor g = (slot.second >= 0 ? grad.select(0, slot.second) : grad)
                                     .to(torch::kDouble);
         const double norm = g.norm().item<double>();

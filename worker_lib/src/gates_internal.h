@@ -2,7 +2,9 @@
 // Not SDK API.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -30,6 +32,36 @@ inline std::string Num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.4g", v);
   return buf;
+}
+
+/// Float64 statistics of a tensor's elements (a gradient, a weight).
+struct Float64Stats {
+  double sum = 0;
+  double sum_sq = 0;
+  bool finite = true;        // no NaN or Inf
+  bool any_nonzero = false;
+};
+
+/// Elements per slice of StatsOf: a float64 slice is 32 MB, where the whole [151936, 896]
+/// embedding gradient of Qwen2.5-0.5B is 1.1 GB in float64, and a few such temporaries per
+/// training step would be the training gate's peak memory.
+inline constexpr int64_t kStatsChunk = int64_t{1} << 22;
+
+/// Float64Stats of `t` (any dtype and device), converted to float64 one slice of `chunk`
+/// elements at a time; sums accumulate across slices in float64.
+inline Float64Stats StatsOf(const torch::Tensor& t, int64_t chunk = kStatsChunk) {
+  torch::NoGradGuard no_grad;
+  Float64Stats s;
+  const torch::Tensor flat = t.detach().reshape({-1});
+  for (int64_t begin = 0; begin < flat.numel(); begin += chunk) {
+    const torch::Tensor d =
+        flat.slice(0, begin, std::min(begin + chunk, flat.numel())).to(torch::kDouble);
+    s.finite = s.finite && torch::isfinite(d).all().item<bool>();
+    s.any_nonzero = s.any_nonzero || (d != 0).any().item<bool>();
+    s.sum += d.sum().item<double>();
+    s.sum_sq += d.pow(2).sum().item<double>();
+  }
+  return s;
 }
 
 /// Steady-clock milliseconds (for durations).

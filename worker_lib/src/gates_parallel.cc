@@ -169,8 +169,10 @@ GateOutcome ParallelGate(GateContext& ctx) {
   // Exceptions (e.g. out of memory) become this rank's problem, so the agreement below still
   // runs on every rank and no rank is left waiting in a collective.
   try {
-    Result<std::shared_ptr<CausalLM>> built =
-        ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp);
+    Result<std::shared_ptr<CausalLM>> built = [&] {
+      const SkipWeightInit loaded_next;  // the sharded load below overwrites every parameter
+      return ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp);
+    }();
     if (!built.ok() || !*built) {
       problem = "ConstructParallel: " + (built.ok() ? std::string("returned no model") : built.status().ToString());
     } else {
@@ -187,7 +189,10 @@ GateOutcome ParallelGate(GateContext& ctx) {
       }
     }
     if (problem.empty() && rank0) {
-      Result<std::shared_ptr<CausalLM>> c = ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
+      Result<std::shared_ptr<CausalLM>> c = [&] {
+        const SkipWeightInit loaded_next;  // LoadStateDict below overwrites every parameter
+        return ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
+      }();
       Result<LoadReport> loaded = c.ok() && *c ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, **c)
                                                : Result<LoadReport>(c.ok() ? Status::Internal("no model") : c.status());
       if (!loaded.ok() || !loaded->ok()) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -260,7 +261,14 @@ GateOutcome ConstructGate(GateContext& ctx) {
   ctx.device = ctx.spec.runtime.device == "cuda"
                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ctx.device_index))
                    : torch::Device(torch::kCPU);
+  // When the load phase follows, it overwrites every parameter (or FAILs naming the ones no
+  // key reaches, and the phases that compute are skipped): no fresh-weight init is drawn.
+  std::optional<SkipWeightInit> skip_init;
+  if (ctx.spec.Requested("load")) skip_init.emplace();
   Result<std::shared_ptr<CausalLM>> built = ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
+  skip_init.reset();
+  out.Text("weight_init", ctx.spec.Requested("load") ? "skipped: phase load overwrites every parameter"
+                                                    : "fresh (phase load not requested)");
   if (!built.ok()) {
     return out.Fail(FailureClass::kAdapterContract, "Construct: " + built.status().ToString());
   }

@@ -3,6 +3,7 @@
 // in float64 on log-softmax, top-1 agreement. docs/gate-facts.md "Comparing logits".
 #include "gatehouse/worker/gates.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -12,10 +13,26 @@ namespace gatehouse::worker {
 
 using internal::ShapeString;
 
+namespace {
+
+// Positions compared at a time. Every reduction is per position, so the figures do not depend
+// on it; it bounds the float64 temporaries (about eight of [rows, V]) to some 40 MB each at
+// V = 151936, instead of eight of the whole [T, V] (3 GB for 300 positions).
+constexpr int64_t kRowsPerChunk = 32;
+
+}  // namespace
+
 void LogitComparison::Add(const torch::Tensor& ref, const torch::Tensor& ours) {
   TORCH_CHECK(ref.dim() == 2 && ref.sizes() == ours.sizes(), "LogitComparison: reference ",
               ShapeString(ref.sizes()), " vs ours ", ShapeString(ours.sizes()),
               "; both must be [T, V]");
+  for (int64_t begin = 0; begin < ref.size(0); begin += kRowsPerChunk) {
+    const int64_t end = std::min(begin + kRowsPerChunk, ref.size(0));
+    AddRows(ref.slice(0, begin, end), ours.slice(0, begin, end));
+  }
+}
+
+void LogitComparison::AddRows(const torch::Tensor& ref, const torch::Tensor& ours) {
   torch::NoGradGuard no_grad;
   const torch::Tensor r = ref.detach().to(torch::kCPU, torch::kDouble);
   const torch::Tensor o = ours.detach().to(torch::kCPU, torch::kDouble);

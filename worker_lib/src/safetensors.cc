@@ -493,6 +493,16 @@ std::string_view File::Bytes(const TensorInfo& info) const {
   return {impl_->buffer + info.begin, static_cast<size_t>(info.end - info.begin)};
 }
 
+void File::Release(const TensorInfo& info) const {
+  if (info.end <= info.begin || info.end > impl_->buffer_bytes) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(impl_->buffer + info.begin);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(impl_->buffer + info.end);
+  const uintptr_t first = (begin + page - 1) / page * page;  // pages wholly inside [begin, end)
+  const uintptr_t last = end / page * page;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Writer
 

@@ -88,6 +88,31 @@ Result<torch::Tensor> ReadTensor(const File& file, const TensorInfo& info) {
   }
 }
 
+Result<torch::Tensor> ViewTensor(const File& file, const TensorInfo& info) {
+  const std::string where =
+      "safetensors file '" + file.path().string() + "': tensor '" + info.name + "'";
+  Result<torch::Dtype> dtype = ToTorchDtype(info.dtype);
+  if (!dtype.ok()) return dtype.status().WithContext(where);
+  const std::string_view bytes = file.Bytes(info);
+  const size_t element = c10::elementSize(*dtype);
+  if (bytes.size() != info.end - info.begin || bytes.empty() ||
+      reinterpret_cast<uintptr_t>(bytes.data()) % element != 0) {
+    return ReadTensor(file, info);  // its errors name the offsets; empty and unaligned copy
+  }
+  try {
+    torch::Tensor t = torch::from_blob(const_cast<char*>(bytes.data()), info.shape,
+                                       torch::TensorOptions().dtype(*dtype));
+    if (static_cast<uint64_t>(t.nbytes()) != bytes.size()) {
+      return Status::Internal(where + ": tensor of shape " + ShapeString(t.sizes()) + " has " +
+                              std::to_string(t.nbytes()) + " bytes but the file holds " +
+                              std::to_string(bytes.size()));
+    }
+    return t;
+  } catch (const std::exception& e) {
+    return Status::Internal(where + ": cannot view the tensor: " + e.what());
+  }
+}
+
 Status WriteTensors(const std::filesystem::path& path,
                     const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                     const std::map<std::string, std::string>& metadata) {

@@ -5,6 +5,7 @@
 #include "gatehouse/worker/gates.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -19,6 +20,20 @@ namespace gatehouse::worker {
 using internal::JoinFew;
 using internal::Num;
 using internal::ShapeString;
+
+namespace {
+
+// (NaN count, Inf count) of a floating tensor. A finite sum proves every element finite (a
+// NaN or an Inf makes the sum NaN or infinite), so the common case costs one reduction and
+// allocates nothing of the tensor's size; only a non-finite sum (or an overflowing one) counts
+// element by element.
+std::pair<int64_t, int64_t> CountNonFinite(const torch::Tensor& t) {
+  if (!t.is_floating_point() || t.numel() == 0) return {0, 0};
+  if (std::isfinite(t.sum().item<double>())) return {0, 0};
+  return {t.isnan().sum().item<int64_t>(), t.isinf().sum().item<int64_t>()};
+}
+
+}  // namespace
 
 std::vector<ParamGroup> UniqueParameters(const torch::nn::Module& module) {
   std::vector<ParamGroup> groups;
@@ -115,20 +130,23 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
       reported[g] = true;
       continue;
     }
-    GH_ASSIGN_OR_RETURN(torch::Tensor t, checkpoint.Load(key));
+    // From the mapped file straight into the parameter: one pass that converts dtype and
+    // device, no intermediate tensor; then the file's pages leave the resident set, so peak
+    // memory stays near the model's bytes (docs/gate-facts.md "Loading at real sizes").
+    GH_ASSIGN_OR_RETURN(torch::Tensor t, checkpoint.View(key));
     if (rule != nullptr) {
       GH_ASSIGN_OR_RETURN(t, shard->plan->Shard(*rule, t, shard->rank, leading));
     }
-    t = t.to(param.scalar_type());
-    const int64_t nans = t.isnan().sum().item<int64_t>();
-    const int64_t infs = t.isinf().sum().item<int64_t>();
+    dest.copy_(t);
+    t = torch::Tensor();
+    checkpoint.Release(key);
+    const auto [nans, infs] = CountNonFinite(dest);  // as the model holds it, after conversion
     if (nans || infs) {
       rep.nonfinite.push_back(key + " (-> " + target + "): " + std::to_string(nans) +
                               " NaN, " + std::to_string(infs) + " Inf");
       reported[g] = true;
       continue;
     }
-    dest.copy_(t);
     int* count = &whole_loads[g];
     if (slot->slice >= 0) {
       if (slice_loads[g].empty()) slice_loads[g].assign(static_cast<size_t>(param.size(0)), 0);

@@ -101,6 +101,28 @@ TEST(DecoderFamily, ConstructsAdaptsAndPlansFromItsOwnArgs) {
             "tensor-parallel size > 1 without a communicator");
 }
 
+// Under SkipWeightInit the family builds the parameters in the requested dtype without drawing
+// any init (the RNG stream is untouched); without it, the init draws from the stream.
+TEST(DecoderFamily, SkipWeightInitDrawsNoInit) {
+  auto parsed = Tiny().ParseConfig(Config());
+  ASSERT_TRUE(parsed.ok());
+  torch::manual_seed(7);
+  const torch::Tensor first_draw = torch::rand({8});
+  torch::manual_seed(7);
+  {
+    const worker::SkipWeightInit skip;
+    EXPECT_TRUE(worker::WeightInitSkipped());
+    auto model = Tiny().Construct(*parsed->args, torch::kBFloat16, torch::kCPU);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    for (const auto& p : (*model)->parameters()) EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_FALSE(worker::WeightInitSkipped());
+  EXPECT_TRUE(torch::equal(torch::rand({8}), first_draw));
+  torch::manual_seed(7);
+  ASSERT_TRUE(Tiny().Construct(*parsed->args, torch::kBFloat16, torch::kCPU).ok());
+  EXPECT_FALSE(torch::equal(torch::rand({8}), first_draw));
+}
+
 TEST(DecoderFamily, RefusesArgsOfAnotherFamily) {
   class OtherArgs : public worker::ModelArgs {
    public:

@@ -48,6 +48,11 @@ class Checkpoint {
   /// Copies the tensor into an owned CPU tensor of its stored dtype.
   /// Errors: NOT_FOUND naming the key; INVALID_ARGUMENT for a dtype LibTorch lacks.
   Result<torch::Tensor> Load(const std::string& key) const;
+  /// The tensor as a read-only view of the mapped file, without a copy
+  /// (safetensors::ViewTensor): valid while this Checkpoint lives. Errors as Load.
+  Result<torch::Tensor> View(const std::string& key) const;
+  /// Drops the tensor's pages from this process's resident set (safetensors::File::Release).
+  void Release(const std::string& key) const;
   /// Sum of tensor byte lengths.
   uint64_t total_bytes() const;
   /// Shard file names (one entry for an unsharded checkpoint).

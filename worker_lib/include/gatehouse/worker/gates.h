@@ -203,6 +203,8 @@ class LogitComparison {
   double mean_abs_diff() const;           // mean over all T x V elements
 
  private:
+  /// Add over a slice of positions (Add cuts [T, V] into such slices).
+  void AddRows(const torch::Tensor& ref, const torch::Tensor& ours);
   double kl_sum_ = 0;
   double kl_max_ = 0;
   int64_t tokens_ = 0;
@@ -335,7 +337,10 @@ inline constexpr std::string_view kPhasesOnEveryRank[] = {"identity", "config", 
 
 /// Runs `gates` in order and reports each phase:
 ///  - requested and no earlier requested phase stopped the run: phase_start, the gate's
-///    figures and artifacts, phase_end (a non-PASS status without a reason gets one);
+///    figures and artifacts, the runner's memory figures (peak_rss_bytes: the process's peak
+///    resident set during the phase, VmHWM reset at its start; rss_end_bytes: VmRSS at its
+///    end; Linux only, left out where /proc cannot say), phase_end (a non-PASS status without
+///    a reason gets one);
 ///  - requested after a phase ended FAIL/BLOCKED/UNKNOWN: phase_end SKIPPED
 ///    "skipped: earlier phase <name> ended <STATUS>";
 ///  - not requested: phase_end SKIPPED "not requested".

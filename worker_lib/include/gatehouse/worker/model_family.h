@@ -90,6 +90,28 @@ class CausalLM : public torch::nn::Module {
   }
 };
 
+/// While one lives on a thread, ModelFamily::Construct and ConstructParallel called on that
+/// thread may leave parameters uninitialised (torch::empty) instead of drawing upstream's
+/// fresh-weight init: the caller loads every parameter from a checkpoint next, and the load
+/// gate FAILs a parameter that no checkpoint key reaches (key coverage), so no uninitialised
+/// value reaches a computation. This is transformers' `no_init_weights` during
+/// from_pretrained. Initialising anyway is correct, only slower: for a 0.5B-parameter model the
+/// init costs seconds and touches every page before the load overwrites it. Buffers computed
+/// at construction (tables, masks) must still be computed. Scopes nest.
+class SkipWeightInit {
+ public:
+  SkipWeightInit();
+  ~SkipWeightInit();
+  SkipWeightInit(const SkipWeightInit&) = delete;
+  SkipWeightInit& operator=(const SkipWeightInit&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// True while a SkipWeightInit lives on the calling thread.
+bool WeightInitSkipped();
+
 /// Result of ParseConfig: the args and the field-by-field report.
 struct ParsedConfig {
   std::shared_ptr<const ModelArgs> args;
@@ -108,7 +130,8 @@ class ModelFamily {
   /// missing required field, a wrong type, or a value the family cannot honour (e.g. an
   /// unknown rope_scaling type). Fields it does not know end up in report.unmapped.
   virtual Result<ParsedConfig> ParseConfig(const nlohmann::json& config) const = 0;
-  /// Builds the model with freshly initialised parameters of `dtype` on `device`.
+  /// Builds the model with parameters of `dtype` on `device`, freshly initialised unless a
+  /// SkipWeightInit is alive on the calling thread (then they may be left uninitialised).
   virtual Result<std::shared_ptr<CausalLM>> Construct(const ModelArgs& args, torch::Dtype dtype,
                                                       torch::Device device) const = 0;
   /// The HF <-> internal name table for these args.
@@ -125,7 +148,8 @@ class ModelFamily {
                                       "' has no tensor-parallel plan");
   }
   /// Builds this rank's part of the model for `tp`: parameters hold the local shards the plan
-  /// of Parallelize(args, tp.size) describes (freshly initialised; the caller loads them), and
+  /// of Parallelize(args, tp.size) describes (initialised as Construct's; the caller loads
+  /// them), and
   /// Forward returns the full logits [B, T, vocab_size] on every rank. Collectives go through
   /// tp.comm; every rank must call Forward (and backward) together. Errors as Construct, and
   /// FAILED_PRECONDITION when the family has no tensor-parallel support (the default).

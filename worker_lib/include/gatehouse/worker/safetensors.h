@@ -73,6 +73,11 @@ class File {
   const TensorInfo* Find(std::string_view name) const;
   /// The raw little-endian bytes of a tensor of this file.
   std::string_view Bytes(const TensorInfo& info) const;
+  /// Drops the pages that lie wholly inside the tensor's bytes from this process's resident
+  /// set (madvise MADV_DONTNEED on the private, read-only mapping): the page cache keeps
+  /// them and a later read maps them again. A loader calls it once a tensor is copied out, so
+  /// reading a whole checkpoint does not leave every page of it resident beside the model.
+  void Release(const TensorInfo& info) const;
 
  private:
   struct Impl;

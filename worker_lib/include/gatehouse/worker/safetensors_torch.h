@@ -22,6 +22,13 @@ Result<Dtype> FromTorchDtype(torch::Dtype dtype);
 /// Copies a tensor's bytes out of a file into an owned, contiguous CPU tensor.
 Result<torch::Tensor> ReadTensor(const File& file, const TensorInfo& info);
 
+/// A contiguous CPU tensor over the file's mapped bytes, without a copy: reading it reads the
+/// page cache. Read-only (the mapping is PROT_READ: writing to it faults) and valid only while
+/// `file` lives; for copying into a destination (`dest.copy_(view)`, which converts dtype and
+/// device in the same pass). Bytes not aligned to the element size are copied instead
+/// (ReadTensor), since kernels may assume aligned elements. Errors as ReadTensor.
+Result<torch::Tensor> ViewTensor(const File& file, const TensorInfo& info);
+
 /// Writes CPU-copied, contiguous tensors (any device/layout accepted) with WriteFile.
 Status WriteTensors(const std::filesystem::path& path,
                     const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
