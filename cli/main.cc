@@ -286,6 +286,7 @@ Status CheckJUnitPath(const std::string& path) {
 
 int main(int argc, char** argv) {
   CLI::App app{"gatehouse: submit validation cells and wait for their verdicts"};
+  app.set_version_flag("--version", std::string("gatehouse ") + GATEHOUSE_VERSION);
   app.require_subcommand(1);
   app.fallthrough();  // the global options may follow the subcommand too
   std::string controller = Env("GATEHOUSE_URL").empty() ? "http://127.0.0.1:8080"
@@ -588,7 +589,8 @@ int main(int argc, char** argv) {
     if (cli::IsFinalStatus(CellStatus(json::parse(cell->body, nullptr, false)))) {
       // One last read: chunks that arrived with the end.
       auto tail = api.Call("GET", target);
-      if (Ok(tail) && tail->body.size() > printed) std::cout << tail->body.substr(printed);
+      if (!Ok(tail)) return CallFailed(tail, "logs");  // e.g. the ended attempt lacks the stream
+      if (tail->body.size() > printed) std::cout << tail->body.substr(printed);
       return cli::kExitPass;
     }
     std::this_thread::sleep_for(std::chrono::seconds(1));

@@ -249,7 +249,16 @@ Result<std::string> CellService::ReadLog(const std::string& id, const std::strin
     return Status::NotFound("cell '" + id + "' has no attempt " +
                             (number ? std::to_string(*number) : std::string("yet")));
   }
-  return store_.ReadLog(chosen->id, stream);
+  GH_ASSIGN_OR_RETURN(std::string log, store_.ReadLog(chosen->id, stream));
+  if (!log.empty() || !IsTerminal(chosen->state)) return log;  // a running one may still write it
+  // An ended attempt without that stream: a misspelt name reads as an empty log otherwise.
+  GH_ASSIGN_OR_RETURN(std::vector<std::string> streams, store_.ListLogStreams(chosen->id));
+  if (std::find(streams.begin(), streams.end(), stream) != streams.end()) return log;
+  std::string have;
+  for (const std::string& name : streams) have += (have.empty() ? "" : ", ") + name;
+  return Status::NotFound("cell '" + id + "' attempt " + std::to_string(chosen->number) +
+                          " has no log stream '" + stream + "' (it has " +
+                          (have.empty() ? std::string("none") : have) + ")");
 }
 
 }  // namespace gatehouse::controller

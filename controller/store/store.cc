@@ -935,6 +935,16 @@ Result<std::string> Store::ReadLog(int64_t attempt_id, const std::string& stream
   return out;
 }
 
+Result<std::vector<std::string>> Store::ListLogStreams(int64_t attempt_id) {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_, "SELECT DISTINCT stream FROM logs WHERE attempt_id = ? ORDER BY stream");
+  s.Bind(1, attempt_id);
+  std::vector<std::string> out;
+  while (s.Step()) out.push_back(s.Text(0));
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
 Status Store::UpsertAgent(const AgentRecord& agent) {
   std::lock_guard lock(mu_);
   const std::string now = Now();

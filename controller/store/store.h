@@ -172,6 +172,8 @@ class Store {
 
   /// The chunks of one stream concatenated in offset order.
   Result<std::string> ReadLog(int64_t attempt_id, const std::string& stream);
+  /// The names of the streams an attempt has chunks of, sorted.
+  Result<std::vector<std::string>> ListLogStreams(int64_t attempt_id);
 
   // ---- agents ----
 

@@ -7,11 +7,99 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 
 namespace gatehouse::models {
 namespace {
 
 using nlohmann::json;
+
+// Training a tied model without vocabulary-sized temporaries. Upstream's backward makes three
+// [V, hidden] tensors for the shared weight: the lm_head's gradient, the embedding's dense
+// gradient (zeros, then each id's row added: embedding_dense_backward), and their sum, which
+// autograd then keeps as the gradient: 1.1 GB beyond the gradient itself at Qwen2.5-0.5B's
+// 151936 words in fp32, at the end of every backward, when every other gradient exists too.
+// TiedHead and TiedEmbeddingLookup make the same forward and compute every element of the
+// gradient as upstream does (a + e, each addend by upstream's own kernel in its order):
+// TiedHead's backward puts the lm_head's gradient in a slot shared with the lookup, and the
+// lookup's backward adds its rows to it in place (only the rows the ids touched; an untouched
+// element stays a, where upstream's a + 0.0 differs only for a == -0.0, in the sign of a zero)
+// and returns it as the weight's one gradient.
+
+/// logits = linear(hidden, weight): hidden [..., hidden_size], weight [V, hidden_size].
+/// Backward returns upstream's input gradient and leaves the weight's in `slot`.
+struct TiedHead : public torch::autograd::Function<TiedHead> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const torch::Tensor& slot) {
+    ctx->save_for_backward({hidden, weight});
+    ctx->saved_data["slot"] = slot;
+    return torch::linear(hidden, weight);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& hidden = saved[0];
+    const torch::Tensor& weight = saved[1];
+    const torch::Tensor grad = grads[0].reshape({-1, weight.size(0)});  // [N, V]
+    const torch::Tensor h = hidden.reshape({-1, weight.size(1)});          // [N, hidden]
+    // linear(hidden, W) is matmul(hidden, W.t()), folded to mm(h, W.t()); upstream's
+    // MmBackward0 then gives grad.mm(W) for h and, W.t() being column-major,
+    // grad.t().mm(h) (transposed twice) for W: the same calls here.
+    torch::Tensor slot = ctx->saved_data["slot"].toTensor();
+    slot.set_(grad.t().mm(h));
+    return {grad.mm(weight).view(hidden.sizes()), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+/// torch.nn.functional.embedding(tokens, weight): tokens int64 [...] -> [..., hidden_size].
+/// Backward adds each touched row's sum (embedding_dense_backward over the unique ids: the
+/// same kernel and order as upstream's) into the lm_head's gradient that TiedHead left in
+/// `slot`, in place, and returns it; with an empty slot it returns upstream's dense gradient.
+struct TiedEmbeddingLookup : public torch::autograd::Function<TiedEmbeddingLookup> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& weight,
+                               const torch::Tensor& tokens, int64_t padding_idx,
+                               const torch::Tensor& slot) {
+    ctx->save_for_backward({tokens});
+    ctx->saved_data["rows"] = weight.size(0);
+    ctx->saved_data["padding_idx"] = padding_idx;
+    ctx->saved_data["slot"] = slot;
+    return torch::embedding(weight, tokens, padding_idx);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor ids = ctx->get_saved_variables()[0].reshape({-1});
+    const int64_t rows = ctx->saved_data["rows"].toInt();
+    const int64_t padding_idx = ctx->saved_data["padding_idx"].toInt();
+    const torch::Tensor grad = grads[0].reshape({ids.numel(), grads[0].size(-1)});
+    torch::Tensor slot = ctx->saved_data["slot"].toTensor();
+    const torch::autograd::variable_list none = {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (slot.dim() != 2 || slot.size(0) != rows) {  // no TiedHead in this graph
+      torch::autograd::variable_list out = {
+          at::embedding_dense_backward(grad, ids, rows, padding_idx, false)};
+      out.insert(out.end(), none.begin(), none.end());
+      return out;
+    }
+    const auto [unique, inverse, counts] =
+        at::_unique2(ids, /*sorted=*/true, /*return_inverse=*/true, /*return_counts=*/false);
+    int64_t local_padding = -1;  // the padding row's index among the unique ids
+    if (padding_idx >= 0) {
+      const torch::Tensor hit = unique.eq(padding_idx).nonzero();
+      if (hit.numel() > 0) local_padding = hit.item<int64_t>();
+    }
+    const torch::Tensor sums = at::embedding_dense_backward(grad, inverse, unique.size(0),
+                                                            local_padding, false);
+    slot.index_add_(0, unique, sums);
+    torch::autograd::variable_list out = {slot.detach()};  // a fresh handle: autograd keeps it
+    slot.set_();  // the slot lets go of the gradient's storage
+    out.insert(out.end(), none.begin(), none.end());
+    return out;
+  }
+};
+
+// The slot from this thread's last Embed for its Head (both run in one forward, in order).
+thread_local torch::Tensor tied_grad_slot;
 
 /// Standard deviation of upstream's fresh-weight init (initializer_range default).
 constexpr double kInitStd = 0.02;
@@ -454,6 +542,7 @@ DecoderModel::DecoderModel(const DecoderSpec& spec, TensorParallel tp, const Par
 }
 
 torch::Tensor DecoderModel::Embed(const torch::Tensor& tokens) {
+  tied_grad_slot = torch::Tensor();
   torch::Tensor h;  // [B, T, hidden]
   if (vocab_parallel_) {
     // VocabParallelEmbedding: ids outside this rank's rows look up row 0 and are zeroed; the
@@ -463,6 +552,17 @@ torch::Tensor DecoderModel::Embed(const torch::Tensor& tokens) {
     const auto outside = local.lt(0).logical_or(local.ge(rows));
     h = tok_embeddings_(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
     h = worker::ReduceFromTensorParallelRegion(h, tp_);
+  } else if (!output_ && !tp_.enabled() && torch::GradMode::is_enabled() &&
+             tok_embeddings_->weight.requires_grad() && tok_embeddings_->weight.device().is_cpu()) {
+    // Tied and training: no vocabulary-sized temporaries in backward (TiedEmbeddingLookup).
+    // CPU only so far: CUDA's dense backward sums rows in another order.
+    const int64_t rows = tok_embeddings_->weight.size(0);
+    const int64_t padding = spec_.pad_token_id && *spec_.pad_token_id >= 0 &&
+                                    *spec_.pad_token_id < rows
+                                ? *spec_.pad_token_id
+                                : -1;
+    tied_grad_slot = torch::empty({0}, tok_embeddings_->weight.options());
+    h = TiedEmbeddingLookup::apply(tok_embeddings_->weight, tokens, padding, tied_grad_slot);
   } else {
     h = tok_embeddings_(tokens);
   }
@@ -485,7 +585,10 @@ torch::Tensor DecoderModel::Head(const torch::Tensor& hidden) {
     logits = torch::linear(worker::CopyToTensorParallelRegion(h, tp_), lm_head);
     logits = worker::GatherFromTensorParallelRegion(logits, tp_);
   } else {
-    logits = output_ ? output_(h) : torch::linear(h, lm_head);
+    torch::Tensor slot = std::exchange(tied_grad_slot, torch::Tensor());
+    logits = output_         ? output_(h)
+             : slot.defined() ? TiedHead::apply(h, lm_head, slot)  // training, tied: see above
+                              : torch::linear(h, lm_head);
   }
   if (spec_.final_logit_softcapping) logits = SoftCap(logits, *spec_.final_logit_softcapping);
   return logits;

@@ -389,5 +389,21 @@ TEST(SubmitCommand, StillResolvingAtTimeoutExits4) {
   EXPECT_THAT(run.err, HasSubstr("after 1 s (--timeout-s)"));
 }
 
+TEST(LogsCommand, AStreamTheEndedAttemptNeverWroteIsAnErrorNamingTheOnesItHas) {
+  CannedController controller(
+      {{404, R"json({"error":"cell 'x' attempt 1 has no log stream 'nope' (it has build, worker)"})json"}});
+  const CliRun run = RunCli(controller.port(), "logs " + std::string(64, 'a') + " --stream nope");
+  EXPECT_EQ(run.exit_code, kExitUsage) << run.out << run.err;
+  EXPECT_EQ(run.out, "");
+  EXPECT_THAT(run.err, HasSubstr("HTTP 404"));
+  EXPECT_THAT(run.err, HasSubstr("has no log stream 'nope' (it has build, worker)"));
+}
+
+TEST(VersionFlag, PrintsTheProjectVersion) {
+  const CliRun run = RunCli(1, "--version");
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.out, ::testing::MatchesRegex("gatehouse [0-9]+\\.[0-9]+\\.[0-9]+\n"));
+}
+
 }  // namespace
 }  // namespace gatehouse::cli

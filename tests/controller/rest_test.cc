@@ -443,7 +443,13 @@ TEST_F(RestTest, AnAttemptsEvidenceShowsInCellReportAndLog) {
   Reply log = Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker");
   ASSERT_EQ(log.status, 200);
   EXPECT_EQ(log.body, "line1\nline 2\n");
-  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=build").body, "");
+  // The attempt ended without a build stream: a 404 naming the streams it has, not an empty
+  // log that reads like a silent build.
+  Reply missing = Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=build");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_NE(missing.body.find("attempt 1 has no log stream 'build' (it has worker)"),
+            std::string::npos)
+      << missing.body;
   EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?attempt=2").status, 404);
 }
 

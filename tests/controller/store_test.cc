@@ -242,6 +242,8 @@ TEST_F(StoreTest, LogChunksKeepOffsetOrderAndIgnoreResends) {
   EXPECT_EQ(*store_->ReadLog(id, "worker"), "hello world\n");
   EXPECT_EQ(*store_->ReadLog(id, "build"), "cmake\n");
   EXPECT_EQ(*store_->ReadLog(id, "none"), "");
+  EXPECT_EQ(*store_->ListLogStreams(id), (std::vector<std::string>{"build", "worker"}));
+  EXPECT_TRUE(store_->ListLogStreams(id + 1000)->empty());
 }
 
 TEST_F(StoreTest, LogChunksAfterTheAttemptEndedAreFlaggedStale) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -10,6 +12,7 @@
 #include <map>
 
 #include "common/sha256.h"
+#include "gatehouse/worker/adamw.h"
 #include "gatehouse/worker/gates.h"
 #include "gatehouse/worker/plugin_loader.h"
 #include "gatehouse/worker/reference.h"
@@ -982,6 +985,13 @@ TEST(TrainingGateTest, MatchesUpstreamsTrace) {
   EXPECT_EQ(Real(out, "bar_grad_norm_rel"), 0.0);
   EXPECT_EQ(Count(out, "trainable_keys"), Count(out, "upstream_trainable_keys"));
   EXPECT_EQ(Count(out, "weights_unchanged"), 0);
+  // Load adopted the fixture's fp32 tensors from the mapped file; training copied the
+  // trainable ones into private memory before its first step.
+  ASSERT_TRUE(ctx.load_report.has_value());
+  EXPECT_GT(ctx.load_report->bytes_adopted, 0u);
+  EXPECT_GT(Count(out, "adopted_bytes_copied"), 0);
+  EXPECT_LE(Count(out, "adopted_bytes_copied"),
+            static_cast<int64_t>(ctx.load_report->bytes_adopted));
 }
 
 // Verifies a parameter upstream trains that the adapter freezes fails, naming its key.
@@ -1362,6 +1372,55 @@ TEST(RunnerTest, PeakRssIsPerPhase) {
   EXPECT_LT(figures["config"]["rss_end_bytes"], figures["identity"]["peak_rss_bytes"]);
 }
 
+#if defined(__GLIBC__)
+// Memory a phase freed but glibc's malloc still holds in its heap (blocks below the mmap
+// threshold, between live blocks, so the heap cannot shrink) is returned before
+// rss_end_bytes is read, so it counts in no later phase's peak.
+TEST(RunnerTest, FreedHeapIsReturnedAfterEachPhase) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.spec.phases = {"identity"};
+  constexpr size_t kBlock = size_t{4} << 20, kBlocks = 128;  // 512 MiB in the heap
+  std::vector<void*> kept;  // every other block, alive until the phase has ended
+  const std::vector<GateDef> gates = {
+      {"identity", [&kept](GateContext&) -> GateOutcome {
+         // (Escape: the compiler may not drop a malloc whose memory nothing reads.)
+         const auto escape = [](void* p) { asm volatile("" : : "g"(p) : "memory"); };
+         // Freeing a 24 MiB mmapped block raises glibc's mmap threshold above 4 MiB, so the
+         // blocks below come from the heap, as most of a layer's tensors do.
+         void* raise = std::malloc(size_t{24} << 20);
+         std::memset(raise, 1, size_t{24} << 20);
+         escape(raise);
+         std::free(raise);
+         std::vector<void*> blocks;
+         for (size_t i = 0; i < kBlocks; ++i) {
+           blocks.push_back(std::malloc(kBlock));
+           std::memset(blocks.back(), 1, kBlock);
+           escape(blocks.back());
+         }
+         for (size_t i = 0; i < kBlocks; ++i) {
+           if (i % 2 == 0) std::free(blocks[i]);
+           else kept.push_back(blocks[i]);
+         }
+         return GateOutcome{};
+       }}};
+  MemoryEventSink sink;
+  EventWriter events(sink);
+  EXPECT_EQ(RunGates(ctx, events, gates), GateStatus::kPass);
+  for (void* b : kept) std::free(b);
+  std::map<std::string, int64_t> figures;
+  for (const auto& e : sink.events()) {
+    if (e["event"] == "figure" && e["phase"] == "identity" && e["value"].is_number_integer()) {
+      figures[e["name"].get<std::string>()] = e["value"].get<int64_t>();
+    }
+  }
+  ASSERT_TRUE(figures.count("peak_rss_bytes") && figures.count("rss_end_bytes"));
+  // Half the blocks were freed: their 256 MiB must have left the resident set.
+  EXPECT_LT(figures["rss_end_bytes"],
+            figures["peak_rss_bytes"] - static_cast<int64_t>(kBlock * kBlocks / 2 * 3 / 4));
+}
+#endif
+
 // --- plugin loading ---------------------------------------------------------------------------
 
 // Verifies a plugin that cannot be opened reports the path and dlerror.
@@ -1379,6 +1438,30 @@ TEST(PluginLoaderTest, FakePluginRegisters) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(registry.Names(), std::vector<std::string>{"fake"});
   EXPECT_NE(registry.FindByModelType("fake_lm"), nullptr);
+}
+
+// UpstreamAdamW computes the denominator by 32 MiB slices of a large parameter: the values
+// are bit-identical to upstream's whole-tensor sequence (torch.optim.adamw._single_tensor_adamw)
+// written out here, over two steps, on a parameter of three slices.
+TEST(UpstreamAdamWTest, SlicedStepEqualsUpstreamsWholeTensorSequence) {
+  torch::manual_seed(7);
+  const torch::Tensor start = torch::randn({80000, 256});  // 78 MiB: slices of 32768 rows
+  torch::Tensor ours = start.clone().requires_grad_(true);
+  UpstreamAdamW::Options o;
+  UpstreamAdamW optimizer({ours}, o);
+  torch::Tensor want = start.clone(), m = torch::zeros_like(start), v = torch::zeros_like(start);
+  for (int step = 1; step <= 2; ++step) {
+    const torch::Tensor grad = torch::randn_like(start);
+    ours.mutable_grad() = grad.clone();
+    optimizer.Step();
+    want.mul_(1 - o.lr * o.weight_decay);
+    m.lerp_(grad, 1 - o.beta1);
+    v.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+    const double bc1 = 1 - std::pow(o.beta1, step), bc2 = 1 - std::pow(o.beta2, step);
+    const torch::Tensor denom = (v.sqrt() / std::pow(bc2, 0.5)).add_(o.eps);
+    want.addcdiv_(m, denom, -o.lr / bc1);
+  }
+  EXPECT_TRUE(torch::equal(ours.detach(), want));
 }
 
 }  // namespace

@@ -330,6 +330,66 @@ TEST(LoadStackedTest, SliceShapeAndValueChecks) {
   }
 }
 
+// --- adopting the mapped file as a parameter ------------------------------------------------
+
+// A whole CPU parameter of the stored dtype becomes the checkpoint's mapped bytes: counted as
+// adopted, still holding the values after the Checkpoint is gone (the view keeps the mapping),
+// and writable without changing the file (private copy-on-write). The stacked parameter is
+// loaded slice by slice, so it is copied.
+TEST(LoadAdoptTest, WholeParameterOfTheStoredDtypeIsTheMappedFile) {
+  TempDir dir;
+  auto adapter = StackedAdapter();
+  ASSERT_TRUE(adapter.ok());
+  StackedLM model;
+  const auto tensors = CheckpointTensors();
+  auto rep = LoadInto(tensors, *adapter, model, dir);  // the Checkpoint is destroyed inside
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_TRUE(rep->ok());
+  EXPECT_EQ(rep->bytes_adopted, static_cast<uint64_t>(kVocab * kHidden * 4));
+  EXPECT_LT(rep->bytes_adopted, rep->bytes_loaded);
+  torch::Tensor embed = Param(model, "embed");
+  EXPECT_TRUE(torch::equal(embed, tensors.at("model.embed.weight")));
+  {
+    torch::NoGradGuard no_grad;
+    embed.add_(1.0f);
+  }
+  EXPECT_TRUE(torch::equal(embed, tensors.at("model.embed.weight") + 1.0f));
+  // The model's forward reads the adopted bytes too (its own handle shares the parameter).
+  EXPECT_TRUE(model.Forward(torch::tensor({{1, 2}}), torch::Tensor(), nullptr).isfinite().all().item<bool>());
+  auto reopened = Checkpoint::Open(dir.path() / "ckpt");
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  auto stored = reopened->View("model.embed.weight");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(torch::equal(*stored, tensors.at("model.embed.weight")));
+}
+
+// A parameter of another dtype, or one whose storage another tensor views, gets a copy, and
+// the view sees the loaded values.
+TEST(LoadAdoptTest, ConvertedOrViewedParametersAreCopied) {
+  const auto tensors = CheckpointTensors();
+  auto adapter = StackedAdapter();
+  ASSERT_TRUE(adapter.ok());
+  {
+    TempDir dir;
+    StackedLM model;
+    model.to(torch::kDouble);
+    auto rep = LoadInto(tensors, *adapter, model, dir);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    EXPECT_EQ(rep->bytes_adopted, 0u);
+    EXPECT_TRUE(torch::equal(Param(model, "embed"),
+                             tensors.at("model.embed.weight").to(torch::kDouble)));
+  }
+  {
+    TempDir dir;
+    StackedLM model;
+    const torch::Tensor alias = Param(model, "embed").view({-1});
+    auto rep = LoadInto(tensors, *adapter, model, dir);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    EXPECT_EQ(rep->bytes_adopted, 0u);
+    EXPECT_TRUE(torch::equal(alias, tensors.at("model.embed.weight").view({-1})));
+  }
+}
+
 /// A loaded StackedLM in a gate context whose attempt dir is `dir`/attempt.
 struct SaveSetup {
   TempDir dir;

@@ -194,6 +194,11 @@ Result<torch::Tensor> Checkpoint::View(const std::string& key) const {
   return safetensors::ViewTensor(files_[slot], *info);
 }
 
+bool Checkpoint::CopyOnWrite(const std::string& key) const {
+  auto it = index_.find(key);
+  return it != index_.end() && files_[it->second.first].copy_on_write();
+}
+
 void Checkpoint::Release(const std::string& key) const {
   auto it = index_.find(key);
   if (it != index_.end()) files_[it->second.first].Release(*it->second.second);

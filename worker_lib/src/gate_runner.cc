@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gatehouse/worker/log.h"
+#include "gates_internal.h"
 
 namespace gatehouse::worker {
 
@@ -114,8 +115,10 @@ GateStatus RunGates(GateContext& ctx, EventWriter& events, const std::vector<Gat
     events.PhaseStart(def.phase);
     log::Info("phase " + std::string(def.phase) + ": start");
     const int64_t t0 = events.NowMs();
+    internal::ReturnFreedMemory();
     const bool peak_reset = ResetPeakRss();
     GateOutcome out = RunOneGate(def, ctx);
+    internal::ReturnFreedMemory();  // rss_end_bytes: what the phase left alive
     const ResidentMemory memory = ReadResidentMemory();
     if (peak_reset && memory.peak_bytes) out.Bytes("peak_rss_bytes", *memory.peak_bytes);
     if (memory.current_bytes) out.Bytes("rss_end_bytes", *memory.current_bytes);

@@ -89,6 +89,8 @@ GateOutcome LoadGate(GateContext& ctx) {
   out.Count("params_loaded", rep.params_loaded);
   out.Count("params_total", rep.params_total);
   out.Bytes("bytes_loaded", static_cast<int64_t>(rep.bytes_loaded));
+  out.Bytes("bytes_adopted", static_cast<int64_t>(rep.bytes_adopted));
+  out.Real("finite_check_ms", rep.finite_check_ms, "ms");
   out.Text("tied", tied ? "true" : "false");
 
   // A tied model's checkpoint that still ships lm_head.weight. Upstream (transformers 5.24

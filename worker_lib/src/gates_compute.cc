@@ -446,15 +446,20 @@ GateOutcome TrainingGate(GateContext& ctx) {
   GateOutcome out;
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
   if (!ctx.adapter) return out.Unknown("no state-dict adapter from phase load");
-  std::vector<const ReferencePrompt*> usable;
+  std::vector<torch::Tensor> usable;  // int64 [T] ids of the prompts with 2 or more tokens
   for (const auto& p : ctx.reference->prompts) {
-    if (p.input_ids.size(0) >= 2) usable.push_back(&p);
+    if (p.input_ids.size(0) >= 2) usable.push_back(p.input_ids);
   }
   if (usable.empty()) return out.Unknown("no reference prompt has 2 or more tokens to train on");
   const internal::ReferenceThreads threads(ctx, *ctx.reference);
-  const TrainingReference& reference = ctx.reference->training;
+  const TrainingReference reference = ctx.reference->training;  // a copy: the bundle goes next
   const TrainingTrace& trace = reference.For(ctx.spec.precision);
   const ComparisonSite site = SiteOf(ctx, *ctx.reference);
+  // This gate needs the ids and the trace only. The bundle's logits (prompts x vocabulary
+  // floats per precision: 0.65 GB at Qwen2.5-0.5B's 151936 words) go before the gradients and
+  // the optimizer's state are made; a later gate that needs them reads the bundle again
+  // (RequireReference). docs/gate-facts.md "Loading at real sizes".
+  ctx.reference.reset();
   double floor_loss_rel = 0;
   for (double l : trace.floor_loss_rel) floor_loss_rel = std::max(floor_loss_rel, l);
   const TrainingBars bars = TrainingBarsFor(site, trace.floor_grad_norm_rel, floor_loss_rel);
@@ -521,6 +526,27 @@ GateOutcome TrainingGate(GateContext& ctx) {
     const torch::Tensor& t = groups[slot.first].tensor;
     return slot.second >= 0 ? t.select(0, slot.second) : t;
   };
+  // A parameter that load adopted from the checkpoint's mapping is still the file's pages, and
+  // the first step writes every trainable one: one sequential copy into private memory now
+  // costs less than a copy-on-write fault per page then (10 us a page where measured:
+  // docs/gate-facts.md "Loading at real sizes"), and the file's pages leave the resident set.
+  if (ctx.load_report) {
+    torch::NoGradGuard no_grad;
+    const double copy_start = NowMsSteady();
+    int64_t copied = 0;
+    for (const std::string& key : ctx.load_report->adopted_keys) {
+      auto it = key_slot.find(key);
+      if (it == key_slot.end() || it->second.second >= 0) continue;
+      const torch::Tensor& param = groups[it->second.first].tensor;
+      if (!param.requires_grad()) continue;
+      param.set_data(param.clone());
+      copied += static_cast<int64_t>(param.nbytes());
+      if (ctx.checkpoint) ctx.checkpoint->Release(key);
+    }
+    out.Bytes("adopted_bytes_copied", copied);
+    out.Real("adopted_copy_ms", NowMsSteady() - copy_start, "ms");
+  }
+  internal::ReturnFreedMemory();  // the bundle's logits, mostly tensors below glibc's threshold
   std::map<std::string, std::array<double, 3>> before;
   for (const auto& [key, slot] : key_slot) before[key] = Fingerprint(key_tensor(slot));
   out.Count("trainable_tensors", static_cast<int64_t>(trainable.size()));
@@ -545,9 +571,9 @@ GateOutcome TrainingGate(GateContext& ctx) {
   std::vector<std::string> failed;
   double step_ms_sum = 0;
   for (int64_t step = 1; step <= ctx.spec.training.steps; ++step) {
-    const ReferencePrompt& p = *usable[static_cast<size_t>(step - 1) % usable.size()];
-    const int64_t t = p.input_ids.size(0);
-    const torch::Tensor ids = p.input_ids.to(ctx.device);
+    const torch::Tensor& prompt_ids = usable[static_cast<size_t>(step - 1) % usable.size()];
+    const int64_t t = prompt_ids.size(0);
+    const torch::Tensor ids = prompt_ids.to(ctx.device);
     const torch::Tensor inputs = ids.slice(0, 0, t - 1).unsqueeze(0);  // [1, T-1]
     const torch::Tensor labels = ids.slice(0, 1, t);                    // [T-1]
     SyncDevice(ctx.device);
@@ -660,6 +686,10 @@ GateOutcome TrainingGate(GateContext& ctx) {
       }
     }
     optimizer.Step();
+    // The step's temporaries (step 1's float64 norms, the adopted parameters' file copies)
+    // leave holes in malloc's heap that the next step's gradients do not fill: returned, the
+    // cell's peak is 0.2 GB lower at Qwen2.5-0.5B (docs/real-size.md).
+    internal::ReturnFreedMemory();
     SyncDevice(ctx.device);
     step_ms_sum += NowMsSteady() - t0;
   }

@@ -11,6 +11,10 @@
 
 #include "gatehouse/worker/gates.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace gatehouse::worker::internal {
 
 /// "a, b, c" or "a, b, c, ... (12 in all)" when there are more than `max` items.
@@ -65,6 +69,17 @@ inline Float64Stats StatsOf(const torch::Tensor& t, int64_t chunk = kStatsChunk)
 }
 
 /// Steady-clock milliseconds (for durations).
+/// Hands the allocator's free memory back to the kernel (glibc malloc_trim(3)). Tensors below
+/// glibc's mmap threshold (up to 32 MiB: most of a layer's weights, gradients and optimizer
+/// state) live in malloc's heap, and freeing them does not shrink the resident set: the runner
+/// calls this between phases, so one phase's freed tensors do not count in the next one's
+/// peak, and the training gate between steps.
+inline void ReturnFreedMemory() {
+#if defined(__GLIBC__)
+  ::malloc_trim(0);
+#endif
+}
+
 inline double NowMsSteady() {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now().time_since_epoch())

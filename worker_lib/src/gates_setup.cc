@@ -263,12 +263,13 @@ GateOutcome ConstructGate(GateContext& ctx) {
                    : torch::Device(torch::kCPU);
   // When the load phase follows, it overwrites every parameter (or FAILs naming the ones no
   // key reaches, and the phases that compute are skipped): no fresh-weight init is drawn.
+  const bool load_follows = ctx.spec.Requested("load");
   std::optional<SkipWeightInit> skip_init;
-  if (ctx.spec.Requested("load")) skip_init.emplace();
+  if (load_follows) skip_init.emplace();
   Result<std::shared_ptr<CausalLM>> built = ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
   skip_init.reset();
-  out.Text("weight_init", ctx.spec.Requested("load") ? "skipped: phase load overwrites every parameter"
-                                                    : "fresh (phase load not requested)");
+  out.Text("weight_init", load_follows ? "skipped: phase load overwrites every parameter"
+                                       : "fresh (phase load not requested)");
   if (!built.ok()) {
     return out.Fail(FailureClass::kAdapterContract, "Construct: " + built.status().ToString());
   }

@@ -382,16 +382,13 @@ Result<std::vector<TensorInfo>> ParseHeader(std::string_view header_json, uint64
 
 struct File::Impl {
   std::filesystem::path path;
-  void* map = nullptr;  // whole file, read-only
+  std::shared_ptr<void> mapping;  // whole file; munmap when the last holder goes
   size_t map_bytes = 0;
+  bool copy_on_write = false;  // PROT_WRITE granted (MAP_PRIVATE either way)
   const char* buffer = nullptr;  // start of the data buffer inside the mapping
   uint64_t buffer_bytes = 0;
   std::vector<TensorInfo> tensors;  // sorted by name
   std::map<std::string, std::string> metadata;
-
-  ~Impl() {
-    if (map != nullptr) ::munmap(map, map_bytes);
-  }
 };
 
 Result<File> File::Open(const std::filesystem::path& path) {
@@ -420,14 +417,19 @@ Result<File> File::Open(const std::filesystem::path& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->map_bytes = static_cast<size_t>(file_bytes);
-  void* map = ::mmap(nullptr, impl->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Writable and private, so a tensor of it can become a parameter that training updates in
+  // place (copy-on-write: the file never changes); read-only where that is refused.
+  void* map = ::mmap(nullptr, impl->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  impl->copy_on_write = map != MAP_FAILED;
+  if (map == MAP_FAILED) map = ::mmap(nullptr, impl->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_err = errno;
   ::close(fd);  // the mapping keeps the file alive
   if (map == MAP_FAILED) {
     return Status::DataLoss(where + ": mmap of " + std::to_string(file_bytes) +
                             " bytes failed: " + Errno(map_err));
   }
-  impl->map = map;
+  const size_t map_bytes = impl->map_bytes;
+  impl->mapping = std::shared_ptr<void>(map, [map_bytes](void* p) { ::munmap(p, map_bytes); });
   const char* base = static_cast<const char*>(map);
 
   uint64_t header_bytes = 0;
@@ -492,6 +494,9 @@ std::string_view File::Bytes(const TensorInfo& info) const {
   if (info.end < info.begin || info.end > impl_->buffer_bytes) return {};
   return {impl_->buffer + info.begin, static_cast<size_t>(info.end - info.begin)};
 }
+
+bool File::copy_on_write() const { return impl_->copy_on_write; }
+std::shared_ptr<void> File::SharedMapping() const { return impl_->mapping; }
 
 void File::Release(const TensorInfo& info) const {
   if (info.end <= info.begin || info.end > impl_->buffer_bytes) return;

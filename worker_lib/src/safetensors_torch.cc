@@ -100,8 +100,12 @@ Result<torch::Tensor> ViewTensor(const File& file, const TensorInfo& info) {
     return ReadTensor(file, info);  // its errors name the offsets; empty and unaligned copy
   }
   try {
-    torch::Tensor t = torch::from_blob(const_cast<char*>(bytes.data()), info.shape,
-                                       torch::TensorOptions().dtype(*dtype));
+    // The deleter holds the mapping, so the view outlives `file` (a parameter adopted from it).
+    std::shared_ptr<void> mapping = file.SharedMapping();
+    torch::Tensor t = torch::from_blob(
+        const_cast<char*>(bytes.data()), info.shape,
+        [mapping = std::move(mapping)](void*) mutable { mapping.reset(); },
+        torch::TensorOptions().dtype(*dtype));
     if (static_cast<uint64_t>(t.nbytes()) != bytes.size()) {
       return Status::Internal(where + ": tensor of shape " + ShapeString(t.sizes()) + " has " +
                               std::to_string(t.nbytes()) + " bytes but the file holds " +

@@ -5,6 +5,7 @@
 #include "gatehouse/worker/gates.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -31,6 +32,21 @@ std::pair<int64_t, int64_t> CountNonFinite(const torch::Tensor& t) {
   if (!t.is_floating_point() || t.numel() == 0) return {0, 0};
   if (std::isfinite(t.sum().item<double>())) return {0, 0};
   return {t.isnan().sum().item<int64_t>(), t.isinf().sum().item<int64_t>()};
+}
+
+// Whether `param` may become `view` (a tensor of the checkpoint's mapping) instead of a copy
+// of it, as transformers' from_pretrained hands out mapped tensors: same dtype, shape and
+// strides on the CPU, a whole parameter (not a slice of a stacked one, not a TP shard), a
+// mapping that training may write (private copy-on-write), and no other tensor viewing the
+// parameter's storage (a view made at construction would keep the old bytes). Then load costs
+// no copy and no second resident copy of the weights.
+bool CanAdopt(const torch::Tensor& param, const torch::Tensor& view, bool partial,
+              bool copy_on_write) {
+  return !partial && copy_on_write && param.device().is_cpu() && view.device().is_cpu() &&
+         param.scalar_type() == view.scalar_type() && param.sizes() == view.sizes() &&
+         param.strides() == view.strides() && param.layout() == torch::kStrided &&
+         param.storage_offset() == 0 && param.has_storage() &&
+         param.storage().use_count() == 1;
 }
 
 }  // namespace
@@ -130,17 +146,30 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
       reported[g] = true;
       continue;
     }
-    // From the mapped file straight into the parameter: one pass that converts dtype and
-    // device, no intermediate tensor; then the file's pages leave the resident set, so peak
-    // memory stays near the model's bytes (docs/gate-facts.md "Loading at real sizes").
     GH_ASSIGN_OR_RETURN(torch::Tensor t, checkpoint.View(key));
     if (rule != nullptr) {
       GH_ASSIGN_OR_RETURN(t, shard->plan->Shard(*rule, t, shard->rank, leading));
     }
-    dest.copy_(t);
-    t = torch::Tensor();
-    checkpoint.Release(key);
+    const bool adopted = CanAdopt(dest, t, slot->slice >= 0 || rule != nullptr,
+                                  checkpoint.CopyOnWrite(key));
+    if (adopted) {
+      // The parameter becomes the mapped bytes (docs/gate-facts.md "Loading at real sizes").
+      dest.set_data(t);
+      rep.bytes_adopted += info->end - info->begin;
+      rep.adopted_keys.push_back(key);  // keys come sorted
+    } else {
+      // From the mapped file straight into the parameter: one pass that converts dtype and
+      // device, no intermediate tensor; then the file's pages leave the resident set, so
+      // peak memory stays near the model's bytes.
+      dest.copy_(t);
+      t = torch::Tensor();
+      checkpoint.Release(key);
+    }
+    const auto check_start = std::chrono::steady_clock::now();
     const auto [nans, infs] = CountNonFinite(dest);  // as the model holds it, after conversion
+    rep.finite_check_ms += std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - check_start)
+                               .count();
     if (nans || infs) {
       rep.nonfinite.push_back(key + " (-> " + target + "): " + std::to_string(nans) +
                               " NaN, " + std::to_string(infs) + " Inf");

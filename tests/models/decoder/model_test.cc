@@ -221,6 +221,52 @@ TEST(DecoderModel, TiedHeadIsTheEmbeddingMatrix) {
   EXPECT_GT(grad.narrow(0, 1, 63).abs().sum().item<double>(), 0.0);
 }
 
+// Training a tied model on the CPU takes the decoder's own backward for the shared weight
+// (TiedHead, TiedEmbeddingLookup: no vocabulary-sized temporaries). Its gradient must be, bit
+// for bit, upstream's: the lm_head's gradient plus the lookup's dense gradient, which an
+// untied twin with the same weights computes with torch's own backward (then summed as
+// autograd sums them). Repeated ids and the padding row (no gradient) included, fp32 and bf16.
+TEST(DecoderModel, TiedGradientIsTheUntiedTwinsSumBitForBit) {
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::manual_seed(3);
+    DecoderSpec spec = test_util::TinySpec();
+    spec.pad_token_id = 5;
+    spec.tie_word_embeddings = true;
+    DecoderModel tied(spec);
+    spec.tie_word_embeddings = false;
+    DecoderModel untied(spec);
+    {
+      torch::NoGradGuard no_grad;
+      auto from = tied.named_parameters();
+      for (auto& to : untied.named_parameters()) {
+        to.value().copy_(from[to.key() == "output.weight" ? "tok_embeddings.weight" : to.key()]);
+      }
+    }
+    tied.to(dtype);
+    untied.to(dtype);
+    const auto tokens = torch::tensor({{7, 5, 7, 1, 63, 7, 5, 2, 1}}, torch::kLong);
+    const auto positions = torch::arange(tokens.size(1), torch::kLong).unsqueeze(0);
+    const auto labels = torch::tensor({5, 7, 1, 63, 7, 5, 2, 1, 9}, torch::kLong);
+    for (DecoderModel* m : {&tied, &untied}) {
+      const auto logits = m->Forward(tokens, positions, nullptr).to(torch::kFloat);
+      torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), labels).backward();
+    }
+    const auto grad = Param(tied, "tok_embeddings.weight").grad();
+    ASSERT_TRUE(grad.defined());
+    EXPECT_EQ(grad.layout(), torch::kStrided);
+    const auto want = Param(untied, "output.weight").grad() + Param(untied, "tok_embeddings.weight").grad();
+    EXPECT_TRUE(torch::equal(grad, want)) << dtype << ": max abs diff "
+                                          << (grad.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
+    EXPECT_EQ(Param(untied, "tok_embeddings.weight").grad()[5].abs().sum().item<double>(), 0.0);
+    // Every other parameter's gradient is the twin's too.
+    auto theirs = untied.named_parameters();
+    for (const auto& ours : tied.named_parameters()) {
+      if (ours.key() == "tok_embeddings.weight") continue;
+      EXPECT_TRUE(torch::equal(ours.value().grad(), theirs[ours.key()].grad())) << ours.key();
+    }
+  }
+}
+
 /// Copies every parameter of `from` into `to` (same names otherwise), fusing wq/wk/wv into wqkv and w1/w3 into w13
 /// where `to` has the fused projection (rows q, k, v and gate, up: upstream's layout).
 void CopyFusing(DecoderModel& from, DecoderModel& to) {

@@ -48,9 +48,13 @@ class Checkpoint {
   /// Copies the tensor into an owned CPU tensor of its stored dtype.
   /// Errors: NOT_FOUND naming the key; INVALID_ARGUMENT for a dtype LibTorch lacks.
   Result<torch::Tensor> Load(const std::string& key) const;
-  /// The tensor as a read-only view of the mapped file, without a copy
-  /// (safetensors::ViewTensor): valid while this Checkpoint lives. Errors as Load.
+  /// The tensor as a view of the mapped file, without a copy (safetensors::ViewTensor): it
+  /// holds its file's mapping, so it outlives this Checkpoint. Errors as Load.
   Result<torch::Tensor> View(const std::string& key) const;
+  /// True when writing the key's View is private copy-on-write (safetensors::File::
+  /// copy_on_write), so the view may become a parameter that training updates; false for a
+  /// read-only mapping or an unknown key.
+  bool CopyOnWrite(const std::string& key) const;
   /// Drops the tensor's pages from this process's resident set (safetensors::File::Release).
   void Release(const std::string& key) const;
   /// Sum of tensor byte lengths.

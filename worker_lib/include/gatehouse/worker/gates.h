@@ -126,6 +126,13 @@ struct LoadReport {
   /// Parameters written in full: a stacked one only when every slice along dim 0 was.
   int64_t params_loaded = 0;
   uint64_t bytes_loaded = 0;  // checkpoint bytes of the used tensors
+  /// Of bytes_loaded, those whose parameter now is the mapped file itself, copy-on-write
+  /// (a CPU parameter of the stored dtype and shape that no other tensor views): no copy made.
+  uint64_t bytes_adopted = 0;
+  /// The checkpoint keys of those parameters, sorted.
+  std::vector<std::string> adopted_keys;
+  /// Wall time of the finiteness checks (one read of every loaded weight), in ms.
+  double finite_check_ms = 0;
   /// "hf_name (-> internal)" the adapter expects but the checkpoint lacks (a missing expert
   /// is named by its own key), and parameters (or slices of a stacked one) no checkpoint key
   /// loaded.

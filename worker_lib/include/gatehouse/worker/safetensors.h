@@ -52,8 +52,10 @@ struct TensorInfo {
 Result<std::vector<TensorInfo>> ParseHeader(std::string_view header_json, uint64_t buffer_bytes,
                                             std::map<std::string, std::string>* metadata);
 
-/// A memory-mapped, validated safetensors file. Movable, not copyable; the mapping lives as
-/// long as the File. Thread-safe for concurrent reads.
+/// A memory-mapped, validated safetensors file. Movable, not copyable. The mapping is private
+/// (MAP_PRIVATE) and, where the kernel allows, writable: a write changes this process's copy
+/// of the page only (copy-on-write), never the file. It lives as long as the File or the
+/// longest-lived holder of SharedMapping(). Thread-safe for concurrent reads.
 class File {
  public:
   /// Opens and validates `path`: at least 8 bytes, header length <= kMaxHeaderBytes and within
@@ -74,10 +76,19 @@ class File {
   /// The raw little-endian bytes of a tensor of this file.
   std::string_view Bytes(const TensorInfo& info) const;
   /// Drops the pages that lie wholly inside the tensor's bytes from this process's resident
-  /// set (madvise MADV_DONTNEED on the private, read-only mapping): the page cache keeps
-  /// them and a later read maps them again. A loader calls it once a tensor is copied out, so
-  /// reading a whole checkpoint does not leave every page of it resident beside the model.
+  /// set (madvise MADV_DONTNEED on the private mapping): the page cache keeps them and a later
+  /// read maps them again. A loader calls it once a tensor is copied out, so reading a whole
+  /// checkpoint does not leave every page of it resident beside the model. Only for a tensor
+  /// nothing wrote: a page written copy-on-write would lose the write.
   void Release(const TensorInfo& info) const;
+  /// True when the mapping is writable copy-on-write (PROT_READ | PROT_WRITE, MAP_PRIVATE);
+  /// false when only a read-only mapping could be made (a strict overcommit policy can refuse
+  /// a large writable private mapping): then a tensor viewing it must never be written.
+  bool copy_on_write() const;
+  /// The whole-file mapping, shared: a tensor that views it holds this, so the bytes outlive
+  /// the File (a parameter adopted from the checkpoint, docs/gate-facts.md "Loading at real
+  /// sizes").
+  std::shared_ptr<void> SharedMapping() const;
 
  private:
   struct Impl;

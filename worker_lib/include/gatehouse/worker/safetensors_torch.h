@@ -23,9 +23,11 @@ Result<Dtype> FromTorchDtype(torch::Dtype dtype);
 Result<torch::Tensor> ReadTensor(const File& file, const TensorInfo& info);
 
 /// A contiguous CPU tensor over the file's mapped bytes, without a copy: reading it reads the
-/// page cache. Read-only (the mapping is PROT_READ: writing to it faults) and valid only while
-/// `file` lives; for copying into a destination (`dest.copy_(view)`, which converts dtype and
-/// device in the same pass). Bytes not aligned to the element size are copied instead
+/// page cache. It holds the mapping (File::SharedMapping), so it stays valid after `file` is
+/// gone. Writing it is private copy-on-write when file.copy_on_write() (the file never
+/// changes) and faults otherwise. Two uses: copying into a destination (`dest.copy_(view)`,
+/// which converts dtype and device in the same pass), or becoming a CPU parameter of the same
+/// dtype as it is (LoadStateDict). Bytes not aligned to the element size are copied instead
 /// (ReadTensor), since kernels may assume aligned elements. Errors as ReadTensor.
 Result<torch::Tensor> ViewTensor(const File& file, const TensorInfo& info);
 
