@@ -643,6 +643,9 @@ TEST(InferenceGateTest, PassesOnOwnReference) {
   EXPECT_EQ(Real(out, "max_abs_diff"), 0.0);
   EXPECT_EQ(Real(out, "bar_max_abs_diff"), 0.0);
   EXPECT_THAT(Text(out, "bars"), HasSubstr("bit-exact"));
+  // The gate's two costs, timed apart (the real-size benchmark sets them beside transformers').
+  EXPECT_GT(Real(out, "forward_ms"), 0.0);
+  EXPECT_GT(Real(out, "comparison_ms"), 0.0);
 }
 
 // Verifies perturbed weights fail with the KL figure and threshold in the reason.

@@ -685,6 +685,9 @@ def summarize(cell, build, peers, ckpt_bytes, threads):
     c, l = s["phases_s"].get("construct"), s["phases_s"].get("load")
     s["construct_load_s"] = c + l if c is not None and l is not None else None
     s["bytes_adopted"] = figure(vp.get("load"), "bytes_adopted")
+    for name in ("forward_ms", "comparison_ms"):
+        v = figure(vp.get("inference"), name)
+        s["inference_" + name[:-3] + "_s"] = v / 1000.0 if isinstance(v, (int, float)) else None
     check_ms = figure(vp.get("load"), "finite_check_ms")
     s["finite_check_s"] = check_ms / 1000.0 if isinstance(check_ms, (int, float)) else None
     s["train_step_ms"] = figure(vp.get("training"), "step_ms")
@@ -795,7 +798,8 @@ def print_table(s, meta):
     row("inference gate vs forwards", phase_s("inference"), fmt_s(g("hf_forward_s")),
         fmt_x(ratio(ph.get("inference"), g("hf_forward_s"))),
         f"<= {fmt_s(g('inference_budget_s'))}", verdict(1),
-        f"budget 1.2 x forwards + comparison {fmt_s(g('hf_comparison_s'))}; "
+        f"budget 1.2 x forwards + comparison {fmt_s(g('hf_comparison_s'))}; of the gate: forwards "
+        f"{fmt_s(g('inference_forward_s'))}, comparison {fmt_s(g('inference_comparison_s'))}; "
         f"cpu share {share('validation', 'inference')} vs {fmt_share(g('hf_forward_cpu_share'))}")
     row("decode gate", phase_s("decode"))
     row("training gate vs transformers' steps", phase_s("training"), fmt_s(g("hf_train_s")),

@@ -148,11 +148,16 @@ GateOutcome InferenceGate(GateContext& ctx) {
   // cell is reported beside it.
   const bool bf16 = ctx.spec.precision == "bf16";
   LogitComparison cmp, vs_fp32;
+  double forward_ms = 0, comparison_ms = 0;  // the gate's two costs, timed apart
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const ReferencePrompt& p = ref.prompts[i];
     const int64_t t = p.input_ids.size(0);
     const torch::Tensor tokens = p.input_ids.unsqueeze(0).to(ctx.device);
+    SyncDevice(ctx.device);
+    const double forward_start = NowMsSteady();
     const torch::Tensor logits = model.Forward(tokens, Positions(0, t, ctx.device), nullptr);
+    SyncDevice(ctx.device);
+    forward_ms += NowMsSteady() - forward_start;
     if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != t ||
         logits.size(2) != ref.vocab_size) {
       return out.Fail(FailureClass::kAdapterContract,
@@ -160,10 +165,14 @@ GateOutcome InferenceGate(GateContext& ctx) {
                           ShapeString(logits.sizes()) + ", expected [1, " + std::to_string(t) +
                           ", " + std::to_string(ref.vocab_size) + "] (reference vocabulary)");
     }
+    const double comparison_start = NowMsSteady();
     const torch::Tensor ours = logits[0].to(torch::kFloat);
     cmp.Add(p.For(ctx.spec.precision).logits, ours);
     if (bf16) vs_fp32.Add(p.fp32.logits, ours);
+    comparison_ms += NowMsSteady() - comparison_start;
   }
+  out.Real("forward_ms", forward_ms, "ms");
+  out.Real("comparison_ms", comparison_ms, "ms");
   const ComparisonSite site = SiteOf(ctx, ref);
   const LogitBars bars = LogitBarsFor(site);
   out.Text("reference", bf16 ? "transformers bf16 forward (same precision)"
