@@ -115,10 +115,11 @@ GateStatus RunGates(GateContext& ctx, EventWriter& events, const std::vector<Gat
     events.PhaseStart(def.phase);
     log::Info("phase " + std::string(def.phase) + ": start");
     const int64_t t0 = events.NowMs();
-    internal::ReturnFreedMemory();
     const bool peak_reset = ResetPeakRss();
     GateOutcome out = RunOneGate(def, ctx);
-    internal::ReturnFreedMemory();  // rss_end_bytes: what the phase left alive
+    // After every phase (so also before the next one): rss_end_bytes counts what the phase
+    // left alive, and its freed heap does not count in the next phase's peak.
+    internal::ReturnFreedMemory();
     const ResidentMemory memory = ReadResidentMemory();
     if (peak_reset && memory.peak_bytes) out.Bytes("peak_rss_bytes", *memory.peak_bytes);
     if (memory.current_bytes) out.Bytes("rss_end_bytes", *memory.current_bytes);

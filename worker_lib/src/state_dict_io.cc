@@ -5,7 +5,6 @@
 #include "gatehouse/worker/gates.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -165,11 +164,9 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
       t = torch::Tensor();
       checkpoint.Release(key);
     }
-    const auto check_start = std::chrono::steady_clock::now();
+    const double check_start = internal::NowMsSteady();
     const auto [nans, infs] = CountNonFinite(dest);  // as the model holds it, after conversion
-    rep.finite_check_ms += std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - check_start)
-                               .count();
+    rep.finite_check_ms += internal::NowMsSteady() - check_start;
     if (nans || infs) {
       rep.nonfinite.push_back(key + " (-> " + target + "): " + std::to_string(nans) +
                               " NaN, " + std::to_string(infs) + " Inf");
