@@ -16,6 +16,10 @@ namespace gatehouse::controller {
 ///                         PASS: it never runs, and its reason names that cell
 ///   leased  -> running    the agent relayed the first phase_start
 ///   leased|running -> passed | failed | error   the agent ended it (AttemptEnd)
+///   leased|running -> blocked    the worker's run ended BLOCKED: an input from outside the
+///                                adapter was unusable (a reference bundle that does not
+///                                validate or could not be fetched, a pin the node lacks), so
+///                                there is no verdict on the adapter
 ///   leased|running -> lost       its agent missed its heartbeats (the lease expired); the
 ///                                cell gets a new attempt when its retries allow
 ///   leased|running -> cancelled  a cancel was requested and the agent stopped it (or was lost)

@@ -31,6 +31,14 @@ ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig l
           [this] {
             ExpireLeases();
             EnforceTimeLimits();
+            if (retention_.count() > 0 &&
+                (last_retention_pass_ == std::chrono::steady_clock::time_point{} ||
+                 lease_clock_() - last_retention_pass_ >= kRetentionInterval)) {
+              last_retention_pass_ = lease_clock_();
+              if (auto n = ExpireArtifacts(); !n.ok()) {
+                spdlog::error("artifact retention: {}", n.status().ToString());
+              }
+            }
           },
           std::chrono::seconds(1)) {}
 
@@ -203,7 +211,11 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
     } else if (a.run_status == "PASS") {
       to = AttemptState::kPassed;
     } else {
-      to = AttemptState::kFailed;
+      // FAIL is the verdict. BLOCKED: an input from outside the adapter could not be used;
+      // UNKNOWN: a gate could not decide. Neither is a verdict on the adapter.
+      to = a.run_status == "BLOCKED"   ? AttemptState::kBlocked
+           : a.run_status == "UNKNOWN" ? AttemptState::kError
+                                       : AttemptState::kFailed;
       why = "run_end status " + a.run_status;
       GH_ASSIGN_OR_RETURN(std::vector<PhaseRecord> phases, store_.ListPhases(attempt_id));
       std::stable_sort(phases.begin(), phases.end(), [](const auto& x, const auto& y) {
@@ -275,8 +287,16 @@ Result<bool> ControllerCore::RecordArtifact(const std::string& agent_id, int64_t
     return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) + " already ended (" +
                                       std::string(AttemptStateName(a.state)) + ")");
   }
+  // Under blob_mu_: a retention pass may have removed an older copy of these bytes between
+  // the upload's commit (which kept the file it found) and now.
+  std::lock_guard lock(blob_mu_);
+  if (blobs_ == nullptr || !blobs_->Path(digest).ok()) {
+    return Status::Unavailable("artifact '" + name + "' (" + digest +
+                               ") was removed by artifact retention while it was uploaded; "
+                               "upload it again");
+  }
   GH_ASSIGN_OR_RETURN(bool created,
-                      store_.RecordArtifact({attempt_id, name, digest, size, ""}));
+                      store_.RecordArtifact({attempt_id, name, digest, size, "", ""}));
   if (created) spdlog::info("attempt {}: artifact '{}' stored ({}, {} bytes)", attempt_id, name, digest, size);
   return created;
 }
@@ -287,9 +307,30 @@ Result<std::filesystem::path> ControllerCore::ArtifactPath(const std::string& di
     return Status::InvalidArgument("artifact digest '" + digest.substr(0, 80) +
                                    "': expected sha256:<64 lower-case hex>");
   }
-  GH_ASSIGN_OR_RETURN(bool known, store_.HasBlob(digest));
-  if (!known) return Status::NotFound("artifact " + digest + " is not stored");
-  return blobs_->Path(digest);
+  GH_ASSIGN_OR_RETURN(std::optional<BlobRecord> blob, store_.GetBlob(digest));
+  if (!blob) return Status::NotFound("artifact " + digest + " is not stored");
+  if (!blob->expired_at.empty()) {
+    return Status::NotFound("artifact " + digest + " was removed at " + blob->expired_at +
+                            " by artifact retention (unused since " + blob->last_used_at + ")");
+  }
+  GH_ASSIGN_OR_RETURN(std::filesystem::path path, blobs_->Path(digest));
+  GH_RETURN_IF_ERROR(store_.TouchBlobs({digest}));
+  return path;
+}
+
+Result<int> ControllerCore::ExpireArtifacts() {
+  if (blobs_ == nullptr || retention_.count() <= 0) return 0;
+  std::lock_guard lock(blob_mu_);
+  const std::string cutoff = FormatTimestamp(clock_() - retention_);
+  GH_ASSIGN_OR_RETURN(std::vector<BlobRecord> expired, store_.ExpireBlobs(cutoff));
+  for (const BlobRecord& b : expired) {
+    spdlog::info("artifact retention: {} ({} bytes) removed, unused since {}", b.digest, b.size,
+                 b.last_used_at);
+  }
+  // Every expired blob's file, including those a pass cut short left behind.
+  GH_ASSIGN_OR_RETURN(std::vector<std::string> all, store_.ListExpiredBlobs());
+  for (const std::string& digest : all) GH_RETURN_IF_ERROR(blobs_->Remove(digest));
+  return static_cast<int>(expired.size());
 }
 
 Result<std::vector<ArtifactRecord>> ControllerCore::ListCellArtifacts(const std::string& id) {

@@ -154,8 +154,20 @@ class ControllerCore {
   /// Store::RecordArtifact.
   Result<bool> RecordArtifact(const std::string& agent_id, int64_t attempt_id,
                               const std::string& name, const std::string& digest, int64_t size);
-  /// The file of a blob some attempt stored. NOT_FOUND otherwise.
+  /// The file of a blob some attempt stored, counted as used now. NOT_FOUND otherwise, and for
+  /// a blob retention removed (the message says when and why).
   Result<std::filesystem::path> ArtifactPath(const std::string& digest);
+  /// Artifact retention (protocols.md §7, --artifact-retention-days): a blob not used for
+  /// `keep` is removed; zero (the default) keeps every blob as long as the database. Set once,
+  /// before the background work starts.
+  void SetArtifactRetention(std::chrono::hours keep) { retention_ = keep; }
+  /// One retention pass: marks expired every blob unused for the retention time (Store::
+  /// ExpireBlobs) and removes the files of every expired blob. Returns how many blobs it
+  /// expired; 0 without retention or a blob store. The maintenance thread runs it every
+  /// kRetentionInterval. A cell that needs an expired bundle later runs its reference cell
+  /// again (Dispatcher).
+  Result<int> ExpireArtifacts();
+  static constexpr std::chrono::minutes kRetentionInterval{10};
   /// The artifacts of every attempt of cell `id`, by attempt. NOT_FOUND for an unknown cell.
   Result<std::vector<ArtifactRecord>> ListCellArtifacts(const std::string& id);
 
@@ -193,6 +205,11 @@ class ControllerCore {
   LeaseKeeper leases_;
   CellService cells_;
   BlobStore* blobs_ = nullptr;
+  std::chrono::hours retention_{0};
+  /// Held while a retention pass removes files and while an upload is recorded, so a blob
+  /// stored again is never removed behind its new record.
+  std::mutex blob_mu_;
+  std::chrono::steady_clock::time_point last_retention_pass_{};
 
   /// Schedule()'s passes, on whichever thread runs them.
   void RunSchedulingPasses();

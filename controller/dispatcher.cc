@@ -34,10 +34,30 @@ Dispatcher::Prerequisites Dispatcher::CheckPrerequisites(const Demand& demand) {
                       " are not readable: " + files.status().message();
         continue;
       }
+      std::string expired;  // a bundle file retention removed, and when
       for (const ArtifactRecord& f : *files) {
         constexpr std::string_view kPrefix = "reference/";
         if (f.name.rfind(kPrefix, 0) != 0) continue;
+        if (!f.expired_at.empty()) expired = f.name + " (" + f.digest + ") at " + f.expired_at;
         out.inputs.push_back({"reference", f.name.substr(kPrefix.size()), f.digest, f.size});
+      }
+      if (!expired.empty()) {
+        // The bundle is gone but the inputs that made it are frozen: make it again.
+        out.inputs.clear();
+        auto again = store_.RunAgainForExpiredArtifacts(id, last.id);
+        if (!again.ok()) {
+          out.waiting = "the bundle of " + what + " " + Short(id) + " was removed by artifact "
+                        "retention and it cannot run again: " + again.status().message();
+          continue;
+        }
+        if (again->has_value()) {
+          spdlog::info("cell {}: artifact retention removed {}; attempt {} makes the bundle "
+                       "again", id, expired, (*again)->number);
+          out.queued_again = true;
+        }
+        out.waiting = "waiting for " + what + " " + Short(id) + ": it makes its bundle again "
+                      "(artifact retention removed " + expired + ")";
+        continue;
       }
       const auto has = [&](std::string_view name) {
         return std::any_of(out.inputs.begin(), out.inputs.end(),
@@ -59,6 +79,14 @@ Dispatcher::Prerequisites Dispatcher::CheckPrerequisites(const Demand& demand) {
     }
     out.waiting = "waiting for " + what + " " + Short(id) + " (" +
                   std::string(AttemptStateName(last.state)) + ")";
+    // The only attempt that follows a passed one makes an expired bundle again.
+    const auto before = std::find_if(attempts->begin(), attempts->end(), [&](const AttemptRecord& a) {
+      return a.id == last.retry_of;
+    });
+    if (before != attempts->end() && before->state == AttemptState::kPassed) {
+      out.waiting += ": it makes its bundle again (artifact retention removed attempt " +
+                     std::to_string(before->number) + "'s)";
+    }
   }
   return out;
 }
@@ -133,6 +161,7 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
       // Controls before variants: held back until the cells it waits for PASSed; blocked for
       // good when one ended otherwise.
       Prerequisites pre = CheckPrerequisites(*demand);
+      if (pre.queued_again) *again = true;  // place the reference cell's new attempt
       if (!pre.blocked.empty()) {
         auto changed = store_.CancelQueued(q.attempt_id, "blocked: " + pre.blocked,
                                            AttemptState::kBlocked);
@@ -176,6 +205,16 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
     if (s.code() == StatusCode::kFailedPrecondition) *again = true;
     spdlog::warn("schedule: {}", s.ToString());
     return sends;
+  }
+  {
+    // The bundles handed out are in use: artifact retention counts from now.
+    std::vector<std::string> used;
+    for (const Placement& p : placements) {
+      auto it = inputs.find(p.attempt_id);
+      if (it == inputs.end()) continue;
+      for (const InputArtifact& in : it->second) used.push_back(in.digest);
+    }
+    if (Status t = store_.TouchBlobs(used); !t.ok()) spdlog::warn("schedule: {}", t.ToString());
   }
   // The channels of the agents placed on. ControllerCore::AttachAgent swaps a channel only
   // while no pass runs; an agent that detached meanwhile keeps its lease, as a failed

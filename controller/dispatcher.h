@@ -45,11 +45,14 @@ class Dispatcher {
  private:
   /// What the cells a queued cell waits for (Demand::waits_for) allow: `blocked` (one ended
   /// without PASS; names it and why), else `waiting` (one has not ended; says which), else the
-  /// reference bundle's files of a passed reference cell as `inputs`.
+  /// reference bundle's files of a passed reference cell as `inputs`. A passed reference cell
+  /// whose bundle retention removed runs again (a new attempt; `queued_again`), and the cell
+  /// waits for it.
   struct Prerequisites {
     std::string blocked;
     std::string waiting;
     std::vector<InputArtifact> inputs;
+    bool queued_again = false;
   };
   Prerequisites CheckPrerequisites(const Demand& demand);
 

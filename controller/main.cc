@@ -125,6 +125,7 @@ int Run(int argc, char** argv) {
     return 1;
   }
   core.SetBlobStore(blobs->get());
+  core.SetArtifactRetention(std::chrono::hours(24) * o.artifact_retention_days);
   // Attempts left queued by an earlier run are placed as agents connect; leases of agents that
   // stay away expire and time limits are enforced (both every second).
   core.StartBackgroundWork();

@@ -85,6 +85,12 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
                  "largest artifact file an agent may store, bytes")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
+  app.add_option("--artifact-retention-days", o.artifact_retention_days,
+                 "remove an artifact not stored, handed to an attempt or fetched for this many "
+                 "days (a reference cell whose bundle is removed runs again when a cell needs "
+                 "it); 0 keeps every artifact")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 36500));
   app.add_option("--torch-pin", o.identity.torch_pin, "default runtime.torch of submitted cells")
       ->capture_default_str();
   app.add_option("--transformers-pin", o.identity.transformers_pin,

@@ -49,6 +49,7 @@ struct ControllerOptions {
   std::string mirror_dir = "var/mirrors";
   std::string artifact_dir = "var/artifacts";  // the blob store (protocols.md §7)
   BlobLimits artifacts;                         // --artifact-max-bytes
+  int artifact_retention_days = 0;              // --artifact-retention-days; 0: keep
   std::string web_dir;
   SubmitContext identity;  // --torch-pin
   DigestCache::Options digests;  // --digest-inline-mib

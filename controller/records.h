@@ -51,6 +51,18 @@ struct ArtifactRecord {
   std::string digest;  // "sha256:<hex>" of its bytes: the blob it names
   int64_t size = 0;    // bytes
   std::string created_at;
+  /// When retention removed the blob's bytes (migrations/0010_artifact_retention.sql); empty
+  /// while they are stored.
+  std::string expired_at;
+};
+
+/// One blob of the artifact store: its bytes, however many attempts named them (protocols.md §7).
+struct BlobRecord {
+  std::string digest;        // "sha256:<hex>"
+  int64_t size = 0;          // bytes
+  std::string created_at;
+  std::string last_used_at;  // stored, handed to an attempt as an input, or fetched
+  std::string expired_at;    // when retention removed the bytes; empty while stored
 };
 
 /// The webhook delivery of one ended attempt (migrations/0008_webhooks.sql; protocols.md §8).

@@ -319,14 +319,16 @@ std::string RenderReport(const CellDetail& d) {
   if (!d.artifacts.empty()) {
     line("## Artifacts");
     line("");
-    line("| attempt | name | digest | bytes |");
-    line("|---|---|---|---|");
+    line("| attempt | name | digest | bytes | stored |");
+    line("|---|---|---|---|---|");
     for (const ArtifactRecord& a : d.artifacts) {
       const auto attempt = std::find_if(d.attempts.begin(), d.attempts.end(),
                                         [&](const AttemptRecord& r) { return r.id == a.attempt_id; });
-      line(fmt::format("| {} | {} | `{}` | {} |",
+      line(fmt::format("| {} | {} | `{}` | {} | {} |",
                        attempt == d.attempts.end() ? 0 : attempt->number, Cell(a.name), a.digest,
-                       a.size));
+                       a.size,
+                       a.expired_at.empty() ? std::string("yes")
+                                            : "removed by artifact retention at " + a.expired_at));
     }
     line("");
   }

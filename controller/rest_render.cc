@@ -49,7 +49,8 @@ json CellJson(const CellDetail& d) {
                          {"name", a.name},
                          {"digest", a.digest},
                          {"size", a.size},
-                         {"created_at", a.created_at}});
+                         {"created_at", a.created_at},
+                         {"expired_at", NullIfEmpty(a.expired_at)}});
   }
   json deliveries = json::array();
   for (const WebhookDelivery& w : d.webhook_deliveries) {

@@ -143,4 +143,15 @@ Result<fs::path> BlobStore::Path(const std::string& digest) const {
   return p;
 }
 
+Status BlobStore::Remove(const std::string& digest) {
+  if (!IsBlobDigest(digest)) {
+    return Status::InvalidArgument("artifact digest '" + digest.substr(0, 80) +
+                                   "': expected sha256:<64 lower-case hex>");
+  }
+  std::error_code ec;
+  fs::remove(PathOf(digest), ec);
+  if (ec) return Status::Internal("removing artifact " + digest + ": " + ec.message());
+  return Status::Ok();
+}
+
 }  // namespace gatehouse::controller

@@ -70,6 +70,10 @@ class BlobStore {
   /// The file of blob `digest`. NOT_FOUND when it is not stored.
   Result<std::filesystem::path> Path(const std::string& digest) const;
 
+  /// Removes blob `digest`'s file (retention); a blob not stored is no error. INVALID_ARGUMENT
+  /// for a malformed digest; INTERNAL when the file cannot be removed.
+  Status Remove(const std::string& digest);
+
   const BlobLimits& limits() const { return limits_; }
 
  private:

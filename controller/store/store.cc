@@ -249,6 +249,34 @@ Result<AttemptRecord> LoadAttempt(StatementCache& db, int64_t attempt_id) {
   return AttemptFromRow(s);
 }
 
+// The latest attempt of cell `cell_id`; NOT_FOUND for a cell without one. Caller holds mu_.
+Result<AttemptRecord> LatestAttempt(StatementCache& db, const std::string& cell_id) {
+  Stmt last(db, "SELECT id FROM attempts WHERE cell_id = ? ORDER BY number DESC LIMIT 1");
+  last.Bind(1, cell_id);
+  if (!last.Step()) {
+    GH_RETURN_IF_ERROR(last.status());
+    return Status::NotFound("cell '" + cell_id + "' has no attempt");
+  }
+  return LoadAttempt(db, last.Int(0));
+}
+
+// Inserts attempt `number` of cell `cell_id`, queued at `now`, retry_of `retry_of`; returns
+// its id. Errors name `what`. Caller holds mu_, in a transaction.
+Result<int64_t> QueueAttempt(StatementCache& db, sqlite3* handle, const std::string& cell_id,
+                             int64_t number, int64_t retry_of, const std::string& now,
+                             const std::string& what) {
+  Stmt insert(db,
+              "INSERT INTO attempts(cell_id, number, state, created_at, retry_of) "
+              "VALUES (?, ?, ?, ?, ?)");
+  insert.Bind(1, cell_id)
+      .Bind(2, number)
+      .Bind(3, AttemptStateName(AttemptState::kQueued))
+      .Bind(4, now)
+      .Bind(5, retry_of);
+  GH_RETURN_IF_ERROR(insert.Exec().WithContext(what));
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(handle));
+}
+
 }  // namespace
 
 Store::Store(sqlite3* db, Clock clock)
@@ -408,8 +436,11 @@ Result<bool> Store::RecordArtifact(const ArtifactRecord& a) {
   }
   const std::string now = Now();
   {
+    // A blob retention removed is stored again: its bytes are back in place.
     Stmt s(*statements_,
-           "INSERT OR IGNORE INTO artifact_blobs(digest, size, created_at) VALUES (?, ?, ?)");
+           "INSERT INTO artifact_blobs(digest, size, created_at, last_used_at) "
+           "VALUES (?1, ?2, ?3, ?3) ON CONFLICT(digest) DO UPDATE SET last_used_at = ?3, "
+           "expired_at = ''");
     s.Bind(1, a.digest).Bind(2, a.size).Bind(3, now);
     GH_RETURN_IF_ERROR(s.Exec());
   }
@@ -427,10 +458,13 @@ Result<bool> Store::RecordArtifact(const ArtifactRecord& a) {
 Result<std::vector<ArtifactRecord>> Store::ListArtifacts(int64_t attempt_id) {
   std::lock_guard lock(mu_);
   Stmt s(*statements_,
-         "SELECT name, digest, size, created_at FROM artifacts WHERE attempt_id = ? ORDER BY name");
+         "SELECT a.name, a.digest, a.size, a.created_at, b.expired_at FROM artifacts a "
+         "JOIN artifact_blobs b ON b.digest = a.digest WHERE a.attempt_id = ? ORDER BY a.name");
   s.Bind(1, attempt_id);
   std::vector<ArtifactRecord> out;
-  while (s.Step()) out.push_back({attempt_id, s.Text(0), s.Text(1), s.Int(2), s.Text(3)});
+  while (s.Step()) {
+    out.push_back({attempt_id, s.Text(0), s.Text(1), s.Int(2), s.Text(3), s.Text(4)});
+  }
   GH_RETURN_IF_ERROR(s.status());
   return out;
 }
@@ -508,13 +542,91 @@ Result<std::vector<WebhookDelivery>> Store::ListWebhookDeliveries(const std::str
   return out;
 }
 
-Result<bool> Store::HasBlob(const std::string& digest) {
+namespace {
+
+constexpr const char* kBlobColumns = "digest, size, created_at, last_used_at, expired_at";
+
+BlobRecord BlobFrom(Stmt& s) {
+  return {s.Text(0), s.Int(1), s.Text(2), s.Text(3), s.Text(4)};
+}
+
+}  // namespace
+
+Result<std::optional<BlobRecord>> Store::GetBlob(const std::string& digest) {
   std::lock_guard lock(mu_);
-  Stmt s(*statements_, "SELECT 1 FROM artifact_blobs WHERE digest = ?");
+  Stmt s(*statements_,
+         std::string("SELECT ") + kBlobColumns + " FROM artifact_blobs WHERE digest = ?");
   s.Bind(1, digest);
-  const bool found = s.Step();
+  if (s.Step()) return std::optional<BlobRecord>(BlobFrom(s));
   GH_RETURN_IF_ERROR(s.status());
-  return found;
+  return std::optional<BlobRecord>();
+}
+
+Status Store::TouchBlobs(const std::vector<std::string>& digests) {
+  if (digests.empty()) return Status::Ok();
+  std::lock_guard lock(mu_);
+  Transaction tx(*statements_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  const std::string now = Now();
+  for (const std::string& d : digests) {
+    Stmt s(*statements_,
+           "UPDATE artifact_blobs SET last_used_at = ? WHERE digest = ? AND expired_at = ''");
+    s.Bind(1, now).Bind(2, d);
+    GH_RETURN_IF_ERROR(s.Exec());
+  }
+  return tx.Commit();
+}
+
+Result<std::vector<BlobRecord>> Store::ExpireBlobs(const std::string& used_before) {
+  std::lock_guard lock(mu_);
+  Transaction tx(*statements_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  // A blob an attempt still going recorded may be waited for: that attempt's cell has not
+  // handed it to anyone yet.
+  Stmt pick(*statements_,
+            std::string("SELECT ") + kBlobColumns +
+                " FROM artifact_blobs b WHERE b.expired_at = '' AND b.last_used_at < ? AND "
+                "NOT EXISTS (SELECT 1 FROM artifacts f JOIN attempts a ON a.id = f.attempt_id "
+                "WHERE f.digest = b.digest AND a.state IN ('queued', 'leased', 'running')) "
+                "ORDER BY b.last_used_at");
+  pick.Bind(1, used_before);
+  std::vector<BlobRecord> out;
+  while (pick.Step()) out.push_back(BlobFrom(pick));
+  GH_RETURN_IF_ERROR(pick.status());
+  const std::string now = Now();
+  for (BlobRecord& b : out) {
+    Stmt s(*statements_, "UPDATE artifact_blobs SET expired_at = ? WHERE digest = ?");
+    s.Bind(1, now).Bind(2, b.digest);
+    GH_RETURN_IF_ERROR(s.Exec());
+    b.expired_at = now;
+  }
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return out;
+}
+
+Result<std::vector<std::string>> Store::ListExpiredBlobs() {
+  std::lock_guard lock(mu_);
+  Stmt s(*statements_, "SELECT digest FROM artifact_blobs WHERE expired_at != '' ORDER BY digest");
+  std::vector<std::string> out;
+  while (s.Step()) out.push_back(s.Text(0));
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<std::optional<AttemptRecord>> Store::RunAgainForExpiredArtifacts(
+    const std::string& cell_id, int64_t passed_attempt_id) {
+  std::lock_guard lock(mu_);
+  Transaction tx(*statements_);
+  GH_RETURN_IF_ERROR(tx.begin_status());
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LatestAttempt(*statements_, cell_id));
+  if (a.id != passed_attempt_id || a.state != AttemptState::kPassed) {
+    return std::optional<AttemptRecord>();
+  }
+  GH_ASSIGN_OR_RETURN(int64_t id, QueueAttempt(*statements_, db_, cell_id, int64_t{a.number} + 1,
+                                               a.id, Now(), "new attempt of cell " + cell_id));
+  GH_ASSIGN_OR_RETURN(AttemptRecord again, LoadAttempt(*statements_, id));
+  GH_RETURN_IF_ERROR(tx.Commit());
+  return std::optional<AttemptRecord>(std::move(again));
 }
 
 namespace {
@@ -677,16 +789,9 @@ Result<std::optional<int64_t>> Store::LoseAttempt(int64_t attempt_id, const std:
     const int64_t last_number = count.Int(0);
     const int64_t lost_so_far = count.Int(1);  // this one included
     if (lost_so_far <= retry_limit) {
-      Stmt insert(*statements_,
-                  "INSERT INTO attempts(cell_id, number, state, created_at, retry_of) "
-                  "VALUES (?, ?, ?, ?, ?)");
-      insert.Bind(1, a.cell_id)
-          .Bind(2, last_number + 1)
-          .Bind(3, AttemptStateName(AttemptState::kQueued))
-          .Bind(4, now)
-          .Bind(5, attempt_id);
-      GH_RETURN_IF_ERROR(insert.Exec().WithContext("retry of attempt " + std::to_string(attempt_id)));
-      retry = sqlite3_last_insert_rowid(db_);
+      GH_ASSIGN_OR_RETURN(retry, QueueAttempt(*statements_, db_, a.cell_id, last_number + 1,
+                                              attempt_id, now,
+                                              "retry of attempt " + std::to_string(attempt_id)));
     }
   }
   GH_RETURN_IF_ERROR(tx.Commit());
@@ -697,25 +802,10 @@ Result<AttemptRecord> Store::RetryCell(const std::string& cell_id) {
   std::lock_guard lock(mu_);
   Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
-  Stmt last(*statements_, "SELECT id FROM attempts WHERE cell_id = ? ORDER BY number DESC LIMIT 1");
-  last.Bind(1, cell_id);
-  if (!last.Step()) {
-    GH_RETURN_IF_ERROR(last.status());
-    return Status::NotFound("cell '" + cell_id + "' has no attempt");
-  }
-  GH_ASSIGN_OR_RETURN(AttemptRecord a, LoadAttempt(*statements_, last.Int(0)));
+  GH_ASSIGN_OR_RETURN(AttemptRecord a, LatestAttempt(*statements_, cell_id));
   GH_RETURN_IF_ERROR(CheckRetryable(cell_id, a.number, a.state));
-  const std::string now = Now();
-  Stmt insert(*statements_,
-              "INSERT INTO attempts(cell_id, number, state, created_at, retry_of) "
-              "VALUES (?, ?, ?, ?, ?)");
-  insert.Bind(1, cell_id)
-      .Bind(2, int64_t{a.number} + 1)
-      .Bind(3, AttemptStateName(AttemptState::kQueued))
-      .Bind(4, now)
-      .Bind(5, a.id);
-  GH_RETURN_IF_ERROR(insert.Exec().WithContext("retry of cell " + cell_id));
-  const int64_t id = sqlite3_last_insert_rowid(db_);
+  GH_ASSIGN_OR_RETURN(int64_t id, QueueAttempt(*statements_, db_, cell_id, int64_t{a.number} + 1,
+                                               a.id, Now(), "retry of cell " + cell_id));
   GH_ASSIGN_OR_RETURN(AttemptRecord retry, LoadAttempt(*statements_, id));
   GH_RETURN_IF_ERROR(tx.Commit());
   return retry;

@@ -55,16 +55,36 @@ class Store {
   // ---- artifacts (protocols.md §7) ----
 
   /// Records that attempt `a.attempt_id` stored file `a.name` as blob `a.digest` of `a.size`
-  /// bytes (the blob's file is already in place). Returns false for a resend of the same
+  /// bytes (the blob's file is already in place); the blob counts as used now, and an expired
+  /// blob whose bytes came again is stored again. Returns false for a resend of the same
   /// record. ALREADY_EXISTS when the attempt named another blob by that name; NOT_FOUND for an
   /// unknown attempt.
   Result<bool> RecordArtifact(const ArtifactRecord& a);
 
-  /// The artifacts of an attempt, by name.
+  /// The artifacts of an attempt, by name, each with its blob's expired_at.
   Result<std::vector<ArtifactRecord>> ListArtifacts(int64_t attempt_id);
 
-  /// True when some attempt recorded blob `digest`.
-  Result<bool> HasBlob(const std::string& digest);
+  /// Blob `digest` when some attempt recorded it (expired or not); nullopt otherwise.
+  Result<std::optional<BlobRecord>> GetBlob(const std::string& digest);
+
+  /// Stamps last_used_at = now on each stored (not expired) blob of `digests`: it was handed to
+  /// an attempt or fetched. Unknown digests are ignored.
+  Status TouchBlobs(const std::vector<std::string>& digests);
+
+  /// Artifact retention, in one transaction: marks expired (expired_at = now) every stored blob
+  /// last used before `used_before` (a timestamp as stored) that no attempt still queued,
+  /// leased or running recorded, and returns them. The caller then removes their files.
+  Result<std::vector<BlobRecord>> ExpireBlobs(const std::string& used_before);
+
+  /// The digests of every expired blob (the caller removes any file left of them).
+  Result<std::vector<std::string>> ListExpiredBlobs();
+
+  /// Queues attempt number + 1 of cell `cell_id` (retry_of `passed_attempt_id`) when that
+  /// attempt is still the cell's latest and passed: its artifacts expired and a cell needs them
+  /// again. Returns the new attempt, or nullopt when another attempt already follows it (made
+  /// by an earlier call) or it did not pass.
+  Result<std::optional<AttemptRecord>> RunAgainForExpiredArtifacts(const std::string& cell_id,
+                                                                   int64_t passed_attempt_id);
 
   // ---- webhook outbox (migrations/0008_webhooks.sql) ----
 

@@ -292,6 +292,40 @@ TEST_F(ControllerCoreTest, CancelledAttemptWhoseAgentIsLostIsNotRetried) {
   EXPECT_THAT(d.attempts[0].reason, HasSubstr("cancelled: stop; agent 'a' unreachable"));
 }
 
+TEST_F(ControllerCoreTest, TheRunsEndStatusDecidesTheAttemptsState) {
+  // Verifies the agent's end maps the worker's run_end: PASS -> passed, FAIL -> failed (a
+  // verdict, not retryable), BLOCKED -> blocked (an input from outside the adapter was
+  // unusable: no verdict, retryable), UNKNOWN -> error (no verdict), and no run_end -> error.
+  auto agent = Connect("a");
+  const std::string id = Submit();
+  struct Case {
+    std::string run_status;
+    AttemptState want;
+    bool retryable;
+  };
+  const std::vector<Case> cases = {{"BLOCKED", AttemptState::kBlocked, true},
+                                   {"UNKNOWN", AttemptState::kError, true},
+                                   {"", AttemptState::kError, true},
+                                   {"FAIL", AttemptState::kFailed, false}};
+  for (const Case& c : cases) {
+    const int64_t attempt = agent->AssignedIds().back();
+    if (!c.run_status.empty()) {
+      ASSERT_TRUE(core_->RecordEvent("a", attempt, 1,
+                                     json{{"event", "run_end"}, {"status", c.run_status}}.dump())
+                      .ok());
+    }
+    ASSERT_TRUE(core_->EndAttempt("a", attempt, "finished", "", 0).ok());
+    const CellDetail d = Cell(id);
+    EXPECT_EQ(d.status, c.want) << c.run_status;
+    if (!c.run_status.empty()) {
+      EXPECT_THAT(d.attempts.back().reason, HasSubstr("run_end status " + c.run_status));
+    }
+    auto retry = core_->RetryCell(id);
+    EXPECT_EQ(retry.ok(), c.retryable) << c.run_status << ": " << retry.status().ToString();
+  }
+  EXPECT_EQ(agent->AssignedIds().size(), 4u) << "each retry placed once";
+}
+
 TEST_F(ControllerCoreTest, QueuedCellSaysWhyItWaits) {
   // Verifies a cell no agent can run carries the scheduler's reason, and a cell with no agent
   // at all says so.
@@ -364,6 +398,13 @@ class ReferenceCellTest : public ControllerCoreTest {
                                    json{{"event", "run_end"}, {"status", status}}.dump())
                     .ok());
     ASSERT_TRUE(core_->EndAttempt(agent, attempt, "finished", "", 0).ok());
+  }
+
+  /// One artifact retention pass; the count of blobs it expired (-1 on an error).
+  int Expire() {
+    auto n = core_->ExpireArtifacts();
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    return n.ok() ? *n : -1;
   }
 
   std::unique_ptr<BlobStore> blobs_;
@@ -600,6 +641,104 @@ TEST_F(ReferenceCellTest, ArtifactsAreCheckedBeforeTheyAreStored) {
                 .code(),
             StatusCode::kFailedPrecondition);
   (void)validation;
+}
+
+TEST_F(ReferenceCellTest, AnUnusedBundleIsRemovedAndMadeAgainWhenACellNeedsIt) {
+  // Verifies artifact retention (--artifact-retention-days): a bundle is kept while used
+  // (stored, handed to a cell, fetched), removed once unused for the retention time (the rows
+  // stay, naming when), a fetch then says why it is gone, and a new cell needing it runs the
+  // reference cell again (attempt 2, retry_of the passed attempt 1) and gets the bundle it
+  // stores. A blob that an attempt still going stored is never removed.
+  core_->SetArtifactRetention(24h);
+  auto agent = ConnectReferenceAgent("ref");
+  auto first = core_->Submit(AutoBody(), "ci");
+  ASSERT_TRUE(first.ok());
+  const std::string ref_id = ParseCellSpecJson(first->cell.cell.spec_json)->reference.cell;
+  const int64_t ref1 = agent->AssignedIds().at(0);
+  const std::string json_digest = "sha256:" + Sha256Hex("{\"format\":1}");
+  ASSERT_TRUE(Upload("ref", ref1, "reference/reference.json", "{\"format\":1}").ok());
+  ASSERT_TRUE(Upload("ref", ref1, "reference/reference.safetensors", "tensors").ok());
+  Advance(25h);  // stored long ago, but its attempt is still going
+  ASSERT_TRUE(core_->Heartbeat("ref").ok());
+  EXPECT_EQ(Expire(), 0);
+  Finish("ref", ref1, "PASS");
+  ASSERT_EQ(agent->sent.size(), 2u);  // the validation cell, handed the bundle now
+  Finish("ref", agent->sent[1].attempt_id, "PASS");
+
+  Advance(23h);
+  ASSERT_TRUE(core_->Heartbeat("ref").ok());
+  EXPECT_EQ(Expire(), 0) << "used 23 h ago";
+  ASSERT_TRUE(core_->ArtifactPath(json_digest).ok());  // a fetch is a use
+  Advance(23h);
+  ASSERT_TRUE(core_->Heartbeat("ref").ok());
+  EXPECT_EQ(Expire(), 1) << "the safetensors file, unused 46 h";
+  Advance(2h);
+  ASSERT_TRUE(core_->Heartbeat("ref").ok());
+  EXPECT_EQ(Expire(), 1) << "the json, unused 25 h";
+  EXPECT_EQ(blobs_->Path(json_digest).status().code(), StatusCode::kNotFound) << "file removed";
+  auto gone = core_->ArtifactPath(json_digest);
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(gone.status().message(), HasSubstr("removed at"));
+  EXPECT_THAT(gone.status().message(), HasSubstr("by artifact retention"));
+  const CellDetail ref = Cell(ref_id);
+  ASSERT_EQ(ref.artifacts.size(), 2u) << "the record of what attempt 1 stored stays";
+  EXPECT_FALSE(ref.artifacts[0].expired_at.empty());
+  EXPECT_EQ(Expire(), 0) << "expired once";
+
+  // A new cell on the same reference: the reference cell runs again first.
+  json body = json::parse(AutoBody());
+  body["precision"] = "bf16";
+  auto second = core_->Submit(body.dump(), "ci");
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_EQ(ParseCellSpecJson(second->cell.cell.spec_json)->reference.cell, ref_id);
+  ASSERT_EQ(agent->sent.size(), 3u);
+  EXPECT_EQ(agent->sent[2].cell_id, ref_id);
+  const CellDetail again = Cell(ref_id);
+  ASSERT_EQ(again.attempts.size(), 2u);
+  EXPECT_EQ(again.attempts[1].retry_of, ref1);
+  EXPECT_EQ(again.attempts[1].state, AttemptState::kLeased);
+  EXPECT_THAT(Cell(second->cell.cell.id).waiting_reason,
+              HasSubstr("it makes its bundle again (artifact retention removed attempt 1's)"));
+  const int64_t ref2 = agent->sent[2].attempt_id;
+  ASSERT_TRUE(Upload("ref", ref2, "reference/reference.json", "{\"format\":1}").ok());
+  ASSERT_TRUE(Upload("ref", ref2, "reference/reference.safetensors", "tensors").ok());
+  EXPECT_TRUE(core_->ArtifactPath(json_digest).ok()) << "the same bytes are stored again";
+  Finish("ref", ref2, "PASS");
+  ASSERT_EQ(agent->sent.size(), 4u);
+  const AssignmentMessage& a = agent->sent[3];
+  EXPECT_EQ(a.cell_id, second->cell.cell.id);
+  ASSERT_EQ(a.inputs.size(), 2u);
+  EXPECT_EQ(a.inputs[0].digest, json_digest);
+}
+
+TEST_F(ReferenceCellTest, ABlobRemovedWhileItWasUploadedAgainIsUploadedOnceMore) {
+  // Verifies the race between retention and an upload of bytes already stored: the upload's
+  // commit keeps the file it finds, retention then removes it (no record of the new attempt
+  // yet), and recording the artifact is UNAVAILABLE (the agent uploads again) rather than a
+  // record of a file that is gone.
+  core_->SetArtifactRetention(24h);
+  auto agent = ConnectReferenceAgent("ref");
+  auto first = core_->Submit(AutoBody(32), "ci");
+  ASSERT_TRUE(first.ok());
+  const int64_t a32 = agent->AssignedIds().at(0);
+  ASSERT_TRUE(Upload("ref", a32, "reference/reference.json", "same").ok());
+  Finish("ref", a32, "PASS");  // half a bundle: its validation cell is blocked
+  auto second = core_->Submit(AutoBody(8), "ci");
+  ASSERT_TRUE(second.ok());
+  const int64_t a8 = agent->sent.back().attempt_id;
+  const std::string digest = "sha256:" + Sha256Hex("same");
+  auto writer = core_->BeginArtifact("ref", a8, "reference/reference.json", digest, 4);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  ASSERT_TRUE((*writer)->Append("same").ok());
+  ASSERT_TRUE((*writer)->Commit().ok());
+  Advance(25h);
+  ASSERT_TRUE(core_->Heartbeat("ref").ok());
+  EXPECT_EQ(Expire(), 1);
+  auto recorded = core_->RecordArtifact("ref", a8, "reference/reference.json", digest, 4);
+  EXPECT_EQ(recorded.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(recorded.status().message(), HasSubstr("upload it again"));
+  ASSERT_TRUE(Upload("ref", a8, "reference/reference.json", "same").ok());
+  EXPECT_TRUE(core_->ArtifactPath(digest).ok());
 }
 
 TEST_F(ReferenceCellTest, OnlyTheCellsOwnReferenceBringsItsBundle) {

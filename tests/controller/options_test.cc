@@ -38,6 +38,7 @@ TEST(ControllerOptionsTest, Defaults) {
   EXPECT_EQ(o.lease.heartbeat_interval, std::chrono::milliseconds(kHeartbeatIntervalMs));
   EXPECT_EQ(o.limits.queued, std::chrono::hours(24));
   EXPECT_EQ(o.digests.inline_bytes, 16 << 20);
+  EXPECT_EQ(o.artifact_retention_days, 0) << "artifacts are kept unless asked";
   EXPECT_FALSE(o.tokens.has_value());
 }
 
@@ -45,7 +46,7 @@ TEST(ControllerOptionsTest, ValuesAreConvertedToTheirUnits) {
   auto parsed = Parse({"--http", "127.0.0.1:0", "--heartbeat-ms", "250", "--restart-grace-ms",
                        "500", "--queued-timeout-s", "60", "--phase-timeout-s", "0",
                        "--max-running-per-repository", "3", "--digest-inline-mib", "0",
-                       "--auth", "none", "--anonymous-read"});
+                       "--auth", "none", "--anonymous-read", "--artifact-retention-days", "30"});
   ASSERT_TRUE(std::holds_alternative<ControllerOptions>(parsed));
   const ControllerOptions& o = std::get<ControllerOptions>(parsed);
   EXPECT_EQ(o.http_address.port, 0);
@@ -57,6 +58,7 @@ TEST(ControllerOptionsTest, ValuesAreConvertedToTheirUnits) {
   EXPECT_EQ(o.digests.inline_bytes, 0);
   EXPECT_FALSE(o.auth.required);
   EXPECT_TRUE(o.auth.anonymous_read);
+  EXPECT_EQ(o.artifact_retention_days, 30);
 }
 
 TEST(ControllerOptionsTest, BadValuesAndInconsistentFlagsEndTheProgram) {
@@ -73,6 +75,7 @@ TEST(ControllerOptionsTest, BadValuesAndInconsistentFlagsEndTheProgram) {
   EXPECT_EQ(ExitCode({"--tls-cert", pem}), 2) << "a certificate without its key";
   EXPECT_EQ(ExitCode({"--tls-client-ca", pem}), 2) << "a client CA without TLS";
   EXPECT_GT(ExitCode({"--no-such-flag"}), 0);
+  EXPECT_GT(ExitCode({"--artifact-retention-days", "-1"}), 0);
   EXPECT_EQ(ExitCode({"--help"}), 0);
 }
 

@@ -48,6 +48,27 @@ TEST(ReportTest, DecodedTextSectionShowsFullText) {
   EXPECT_LT(report.find("prompt 0 upstream:", section), report.find("prompt 1 ours:", section));
 }
 
+// Verifies the artifacts table names each attempt's files and which of them artifact retention
+// removed, and when.
+TEST(ReportTest, ArtifactsSayWhichRetentionRemoved) {
+  CellDetail d = DetailWithDecodeFigures({});
+  AttemptRecord first;
+  first.id = 7;
+  first.number = 1;
+  d.attempts.push_back(first);
+  d.artifacts.push_back({7, "reference/reference.json", "sha256:aa", 12, "t0", ""});
+  d.artifacts.push_back(
+      {7, "reference/reference.safetensors", "sha256:bb", 34, "t0", "2026-01-02T00:00:00.000Z"});
+  const std::string report = RenderReport(d);
+  EXPECT_NE(report.find("| 1 | reference/reference.json | `sha256:aa` | 12 | yes |"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("| 1 | reference/reference.safetensors | `sha256:bb` | 34 | removed by "
+                        "artifact retention at 2026-01-02T00:00:00.000Z |"),
+            std::string::npos)
+      << report;
+}
+
 // Verifies no section appears when the decode phase showed no generated text (no tokenizer).
 TEST(ReportTest, NoDecodedTextSectionWithoutGeneratedText) {
   const std::string report = RenderReport(DetailWithDecodeFigures({

@@ -109,7 +109,7 @@ class EndToEndTest : public ::testing::Test {
       cell = json::parse(r.body, nullptr, false);
       if (r.status == 200 && cell.is_object()) {
         const std::string s = cell.value("status", "");
-        if (s == "passed" || s == "failed" || s == "error") return cell;
+        if (s == "passed" || s == "failed" || s == "error" || s == "blocked") return cell;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }

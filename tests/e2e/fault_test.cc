@@ -156,7 +156,7 @@ class FaultTest : public ::testing::Test {
   static bool Final(const json& cell) {
     const std::string s = cell.value("status", "");
     return s == "passed" || s == "failed" || s == "error" || s == "lost" || s == "cancelled" ||
-           s == "timed_out";
+           s == "timed_out" || s == "blocked";
   }
 
   struct Trial {

@@ -92,6 +92,7 @@ GateOutcome RunOneGate(const GateDef& def, GateContext& ctx) {
 }  // namespace
 
 GateStatus RunGates(GateContext& ctx, EventWriter& events, const std::vector<GateDef>& gates) {
+  internal::UseFixedMmapThreshold();  // each phase's peak is its own (gates_internal.h)
   bool any_fail = false, any_blocked = false, any_unknown = false;
   std::string stopped_by;  // "<phase> ended <STATUS>"
   for (const GateDef& def : gates) {
