@@ -307,6 +307,9 @@ Result<std::filesystem::path> ControllerCore::ArtifactPath(const std::string& di
     return Status::InvalidArgument("artifact digest '" + digest.substr(0, 80) +
                                    "': expected sha256:<64 lower-case hex>");
   }
+  // Under blob_mu_: a retention pass between the check and the touch could remove a blob
+  // about to be served; once touched, no pass removes it for the retention time.
+  std::lock_guard lock(blob_mu_);
   GH_ASSIGN_OR_RETURN(std::optional<BlobRecord> blob, store_.GetBlob(digest));
   if (!blob) return Status::NotFound("artifact " + digest + " is not stored");
   if (!blob->expired_at.empty()) {

@@ -206,8 +206,8 @@ class ControllerCore {
   CellService cells_;
   BlobStore* blobs_ = nullptr;
   std::chrono::hours retention_{0};
-  /// Held while a retention pass removes files and while an upload is recorded, so a blob
-  /// stored again is never removed behind its new record.
+  /// Held while a retention pass removes files, while an upload is recorded and while a fetch
+  /// is checked and counted as a use, so no blob is removed behind a new record or a fetch.
   std::mutex blob_mu_;
   std::chrono::steady_clock::time_point last_retention_pass_{};
 
