@@ -19,8 +19,8 @@ namespace net = boost::asio;
 namespace ssl = net::ssl;
 
 template <class Stream>
-ApiResponse Exchange(Stream& stream, const std::string& host, std::string_view method,
-                     std::string_view target, std::string_view body, const std::string& token) {
+void WriteRequest(Stream& stream, const std::string& host, std::string_view method,
+                  std::string_view target, std::string_view body, const std::string& token) {
   http::request<http::string_body> req{http::string_to_verb(method), target, 11};
   req.set(http::field::host, host);
   req.set(http::field::user_agent, "gatehouse-cli");
@@ -31,11 +31,49 @@ ApiResponse Exchange(Stream& stream, const std::string& host, std::string_view m
   }
   req.prepare_payload();
   http::write(stream, req);
+}
+
+template <class Stream>
+ApiResponse Exchange(Stream& stream, const std::string& host, std::string_view method,
+                     std::string_view target, std::string_view body, const std::string& token) {
+  WriteRequest(stream, host, method, target, body, token);
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(256u << 20);  // logs and reports can be large; not unbounded
   http::read(stream, buffer, parser);
   return ApiResponse{static_cast<int>(parser.get().result_int()), parser.get().body()};
+}
+
+/// GET with the body read piece by piece (Beast's buffer_body): a 2xx body goes to `sink`,
+/// any other is kept (up to 1 MiB) as the error text.
+template <class Stream>
+Result<ApiResponse> StreamExchange(Stream& stream, const std::string& host,
+                                   std::string_view target, const std::string& token,
+                                   std::chrono::seconds idle,
+                                   const std::function<Status(std::string_view)>& sink) {
+  WriteRequest(stream, host, "GET", target, {}, token);
+  beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(boost::none);
+  http::read_header(stream, buffer, parser);
+  ApiResponse r{static_cast<int>(parser.get().result_int()), ""};
+  const bool ok = r.status >= 200 && r.status < 300;
+  std::string piece(size_t{1} << 20, '\0');
+  while (!parser.is_done()) {
+    parser.get().body().data = piece.data();
+    parser.get().body().size = piece.size();
+    beast::get_lowest_layer(stream).expires_after(idle);  // bounds silence, not the transfer
+    beast::error_code ec;
+    http::read(stream, buffer, parser, ec);
+    if (ec && ec != http::error::need_buffer) throw boost::system::system_error(ec);
+    const std::string_view got(piece.data(), piece.size() - parser.get().body().size);
+    if (ok) {
+      GH_RETURN_IF_ERROR(sink(got));
+    } else if (r.body.size() < piece.size()) {
+      r.body.append(got.substr(0, piece.size() - r.body.size()));
+    }
+  }
+  return r;
 }
 
 }  // namespace
@@ -80,6 +118,20 @@ std::string ApiClient::Describe() const {
 
 Result<ApiResponse> ApiClient::Call(std::string_view method, std::string_view target,
                                     std::string_view body) const {
+  return Connected([&](auto& stream) -> Result<ApiResponse> {
+    return Exchange(stream, url_.host, method, target, body, token_);
+  });
+}
+
+Result<ApiResponse> ApiClient::Fetch(std::string_view target,
+                                     const std::function<Status(std::string_view)>& sink) const {
+  return Connected([&](auto& stream) {
+    return StreamExchange(stream, url_.host, target, token_, timeout_, sink);
+  });
+}
+
+template <class Exchanging>
+Result<ApiResponse> ApiClient::Connected(Exchanging&& exchange) const {
   try {
     net::io_context ioc;
     net::ip::tcp::resolver resolver(ioc);
@@ -88,7 +140,7 @@ Result<ApiResponse> ApiClient::Call(std::string_view method, std::string_view ta
       beast::tcp_stream stream(ioc);
       stream.expires_after(timeout_);
       stream.connect(endpoints);
-      ApiResponse r = Exchange(stream, url_.host, method, target, body, token_);
+      Result<ApiResponse> r = exchange(stream);
       beast::error_code ec;
       stream.socket().shutdown(net::ip::tcp::socket::shutdown_both, ec);
       return r;
@@ -108,7 +160,7 @@ Result<ApiResponse> ApiClient::Call(std::string_view method, std::string_view ta
     beast::get_lowest_layer(stream).expires_after(timeout_);
     beast::get_lowest_layer(stream).connect(endpoints);
     stream.handshake(ssl::stream_base::client);
-    ApiResponse r = Exchange(stream, url_.host, method, target, body, token_);
+    Result<ApiResponse> r = exchange(stream);
     beast::error_code ec;
     beast::get_lowest_layer(stream).socket().shutdown(net::ip::tcp::socket::shutdown_both, ec);
     return r;

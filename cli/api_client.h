@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -48,10 +49,23 @@ class ApiClient {
   Result<ApiResponse> Call(std::string_view method, std::string_view target,
                            std::string_view body = {}) const;
 
+  /// GET `target` and hand a 2xx answer's body to `sink` in pieces as it arrives (at most
+  /// 1 MiB each, in order; no size limit, nothing held in memory): an artifact can be larger
+  /// than memory should hold. The timeout bounds each piece's wait, not the whole transfer. The returned body is empty for a 2xx answer and the error text
+  /// (at most 1 MiB) for any other. A sink error stops the transfer and is returned.
+  /// UNAVAILABLE as Call.
+  Result<ApiResponse> Fetch(std::string_view target,
+                            const std::function<Status(std::string_view)>& sink) const;
+
   /// "http://host:port", for messages.
   std::string Describe() const;
 
  private:
+  /// Connects (TLS when the URL says https), runs `exchange(stream)` and closes; UNAVAILABLE
+  /// naming the controller when any step fails.
+  template <class Exchanging>
+  Result<ApiResponse> Connected(Exchanging&& exchange) const;
+
   ControllerUrl url_;
   std::string token_;
   std::string ca_file_;

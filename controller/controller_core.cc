@@ -31,7 +31,7 @@ ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig l
           [this] {
             ExpireLeases();
             EnforceTimeLimits();
-            if (retention_.count() > 0 &&
+            if ((retention_.count() > 0 || max_total_bytes_ > 0) &&
                 (last_retention_pass_ == std::chrono::steady_clock::time_point{} ||
                  lease_clock_() - last_retention_pass_ >= kRetentionInterval)) {
               last_retention_pass_ = lease_clock_();
@@ -322,10 +322,14 @@ Result<std::filesystem::path> ControllerCore::ArtifactPath(const std::string& di
 }
 
 Result<int> ControllerCore::ExpireArtifacts() {
-  if (blobs_ == nullptr || retention_.count() <= 0) return 0;
+  if (blobs_ == nullptr || (retention_.count() <= 0 && max_total_bytes_ <= 0)) return 0;
   std::lock_guard lock(blob_mu_);
-  const std::string cutoff = FormatTimestamp(clock_() - retention_);
-  GH_ASSIGN_OR_RETURN(std::vector<BlobRecord> expired, store_.ExpireBlobs(cutoff));
+  const auto now = clock_();
+  Store::BlobRetention r;
+  if (retention_.count() > 0) r.used_before = FormatTimestamp(now - retention_);
+  r.max_total_bytes = max_total_bytes_;
+  r.kept_since = FormatTimestamp(now - kCapKeepsRecent);
+  GH_ASSIGN_OR_RETURN(std::vector<BlobRecord> expired, store_.ExpireBlobs(r));
   for (const BlobRecord& b : expired) {
     spdlog::info("artifact retention: {} ({} bytes) removed, unused since {}", b.digest, b.size,
                  b.last_used_at);

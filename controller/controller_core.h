@@ -157,17 +157,23 @@ class ControllerCore {
   /// The file of a blob some attempt stored, counted as used now. NOT_FOUND otherwise, and for
   /// a blob retention removed (the message says when and why).
   Result<std::filesystem::path> ArtifactPath(const std::string& digest);
-  /// Artifact retention (protocols.md §7, --artifact-retention-days): a blob not used for
-  /// `keep` is removed; zero (the default) keeps every blob as long as the database. Set once,
-  /// before the background work starts.
-  void SetArtifactRetention(std::chrono::hours keep) { retention_ = keep; }
-  /// One retention pass: marks expired every blob unused for the retention time (Store::
-  /// ExpireBlobs) and removes the files of every expired blob. Returns how many blobs it
-  /// expired; 0 without retention or a blob store. The maintenance thread runs it every
+  /// Artifact retention (protocols.md §7): a blob not used for `keep`
+  /// (--artifact-retention-days) is removed, and while the stored blobs hold more than
+  /// `max_total_bytes` (--artifact-max-total-bytes) the least recently used are, except one used
+  /// within kCapKeepsRecent. Zero turns either off (the default: every blob is kept as long as
+  /// the database). Set once, before the background work starts.
+  void SetArtifactRetention(std::chrono::hours keep, int64_t max_total_bytes = 0) {
+    retention_ = keep;
+    max_total_bytes_ = max_total_bytes;
+  }
+  /// One retention pass: marks expired what the retention settings remove (Store::ExpireBlobs)
+  /// and removes the files of every expired blob. Returns how many blobs it expired; 0
+  /// without a setting or a blob store. The maintenance thread runs it every
   /// kRetentionInterval. A cell that needs an expired bundle later runs its reference cell
   /// again (Dispatcher).
   Result<int> ExpireArtifacts();
   static constexpr std::chrono::minutes kRetentionInterval{10};
+  static constexpr std::chrono::hours kCapKeepsRecent{1};
   /// The artifacts of every attempt of cell `id`, by attempt. NOT_FOUND for an unknown cell.
   Result<std::vector<ArtifactRecord>> ListCellArtifacts(const std::string& id);
 
@@ -206,6 +212,7 @@ class ControllerCore {
   CellService cells_;
   BlobStore* blobs_ = nullptr;
   std::chrono::hours retention_{0};
+  int64_t max_total_bytes_ = 0;
   /// Held while a retention pass removes files, while an upload is recorded and while a fetch
   /// is checked and counted as a use, so no blob is removed behind a new record or a fetch.
   std::mutex blob_mu_;

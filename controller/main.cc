@@ -125,7 +125,8 @@ int Run(int argc, char** argv) {
     return 1;
   }
   core.SetBlobStore(blobs->get());
-  core.SetArtifactRetention(std::chrono::hours(24) * o.artifact_retention_days);
+  core.SetArtifactRetention(std::chrono::hours(24) * o.artifact_retention_days,
+                            o.artifact_max_total_bytes);
   // Attempts left queued by an earlier run are placed as agents connect; leases of agents that
   // stay away expire and time limits are enforced (both every second).
   core.StartBackgroundWork();

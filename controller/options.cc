@@ -91,6 +91,12 @@ std::variant<ControllerOptions, int> ParseControllerOptions(int argc, const char
                  "it); 0 keeps every artifact")
       ->capture_default_str()
       ->check(CLI::Range(0, 36500));
+  app.add_option("--artifact-max-total-bytes", o.artifact_max_total_bytes,
+                 "while the stored artifacts hold more bytes than this, remove the least "
+                 "recently used (never one used within the last hour or held by an attempt "
+                 "still going); 0: no cap")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 60));
   app.add_option("--torch-pin", o.identity.torch_pin, "default runtime.torch of submitted cells")
       ->capture_default_str();
   app.add_option("--transformers-pin", o.identity.transformers_pin,

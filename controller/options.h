@@ -50,6 +50,7 @@ struct ControllerOptions {
   std::string artifact_dir = "var/artifacts";  // the blob store (protocols.md §7)
   BlobLimits artifacts;                         // --artifact-max-bytes
   int artifact_retention_days = 0;              // --artifact-retention-days; 0: keep
+  int64_t artifact_max_total_bytes = 0;         // --artifact-max-total-bytes; 0: no cap
   std::string web_dir;
   SubmitContext identity;  // --torch-pin
   DigestCache::Options digests;  // --digest-inline-mib

@@ -577,21 +577,37 @@ Status Store::TouchBlobs(const std::vector<std::string>& digests) {
   return tx.Commit();
 }
 
-Result<std::vector<BlobRecord>> Store::ExpireBlobs(const std::string& used_before) {
+Result<std::vector<BlobRecord>> Store::ExpireBlobs(const BlobRetention& r) {
   std::lock_guard lock(mu_);
   Transaction tx(*statements_);
   GH_RETURN_IF_ERROR(tx.begin_status());
+  int64_t stored = 0;  // bytes of every stored blob, removable or not
+  {
+    Stmt total(*statements_, "SELECT COALESCE(SUM(size), 0) FROM artifact_blobs WHERE expired_at = ''");
+    if (!total.Step()) {
+      GH_RETURN_IF_ERROR(total.status());
+      return Status::Internal("artifact_blobs: no total");
+    }
+    stored = total.Int(0);
+  }
   // A blob an attempt still going recorded may be waited for: that attempt's cell has not
   // handed it to anyone yet.
   Stmt pick(*statements_,
             std::string("SELECT ") + kBlobColumns +
-                " FROM artifact_blobs b WHERE b.expired_at = '' AND b.last_used_at < ? AND "
+                " FROM artifact_blobs b WHERE b.expired_at = '' AND "
                 "NOT EXISTS (SELECT 1 FROM artifacts f JOIN attempts a ON a.id = f.attempt_id "
                 "WHERE f.digest = b.digest AND a.state IN ('queued', 'leased', 'running')) "
-                "ORDER BY b.last_used_at");
-  pick.Bind(1, used_before);
+                "ORDER BY b.last_used_at, b.digest");
   std::vector<BlobRecord> out;
-  while (pick.Step()) out.push_back(BlobFrom(pick));
+  while (pick.Step()) {
+    BlobRecord b = BlobFrom(pick);
+    const bool too_old = !r.used_before.empty() && b.last_used_at < r.used_before;
+    const bool over_cap = r.max_total_bytes > 0 && stored > r.max_total_bytes &&
+                          (r.kept_since.empty() || b.last_used_at < r.kept_since);
+    if (!too_old && !over_cap) continue;
+    stored -= b.size;
+    out.push_back(std::move(b));
+  }
   GH_RETURN_IF_ERROR(pick.status());
   const std::string now = Now();
   for (BlobRecord& b : out) {

@@ -71,10 +71,18 @@ class Store {
   /// an attempt or fetched. Unknown digests are ignored.
   Status TouchBlobs(const std::vector<std::string>& digests);
 
-  /// Artifact retention, in one transaction: marks expired (expired_at = now) every stored blob
-  /// last used before `used_before` (a timestamp as stored) that no attempt still queued,
-  /// leased or running recorded, and returns them. The caller then removes their files.
-  Result<std::vector<BlobRecord>> ExpireBlobs(const std::string& used_before);
+  /// What one retention pass removes (ExpireBlobs); timestamps as stored.
+  struct BlobRetention {
+    std::string used_before;      // every blob last used before this; empty: no age limit
+    int64_t max_total_bytes = 0;  // then the least recently used until the stored bytes are at
+                                  // most this; 0: no cap
+    std::string kept_since;       // the cap never removes a blob used at or after this
+  };
+
+  /// Artifact retention, in one transaction: marks expired (expired_at = now) the stored blobs
+  /// `r` removes, never one that an attempt still queued, leased or running recorded, and
+  /// returns them, least recently used first. The caller then removes their files.
+  Result<std::vector<BlobRecord>> ExpireBlobs(const BlobRetention& r);
 
   /// The digests of every expired blob (the caller removes any file left of them).
   Result<std::vector<std::string>> ListExpiredBlobs();

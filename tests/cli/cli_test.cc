@@ -353,6 +353,47 @@ CliRun RunCli(int port, const std::string& args) {
   return run;
 }
 
+// Verifies Fetch hands a 2xx body to the sink in pieces of at most 1 MiB, in order, keeping
+// none of it; another status's body comes back as the error text without reaching the sink;
+// a sink error stops the transfer and is returned.
+TEST(ApiClient, FetchHandsTheBodyOverInPieces) {
+  std::string blob(size_t{3} << 20, '\0');
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 7 + i / 4096);
+  CannedController fake({{200, blob}, {404, R"({"error":"artifact sha256:00 is not stored"})"},
+                         {200, blob}});
+  const ApiClient api(ControllerUrl{false, "127.0.0.1", fake.port()}, "t");
+  std::string got;
+  size_t pieces = 0, largest = 0;
+  auto ok = api.Fetch("/api/v1/artifacts/x", [&](std::string_view piece) {
+    got.append(piece);
+    ++pieces;
+    largest = std::max(largest, piece.size());
+    return Status::Ok();
+  });
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_TRUE(ok->body.empty());
+  EXPECT_TRUE(got == blob) << got.size() << " of " << blob.size() << " bytes";
+  EXPECT_GE(pieces, 3u);
+  EXPECT_LE(largest, size_t{1} << 20);
+
+  bool called = false;
+  auto missing = api.Fetch("/api/v1/artifacts/y", [&](std::string_view) {
+    called = true;
+    return Status::Ok();
+  });
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_THAT(missing->body, HasSubstr("is not stored"));
+  EXPECT_FALSE(called);
+
+  auto refused = api.Fetch("/api/v1/artifacts/z", [](std::string_view) {
+    return Status::Internal("disk full");
+  });
+  EXPECT_EQ(refused.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(refused.status().message(), HasSubstr("disk full"));
+}
+
 TEST(SubmitCommand, PostsTheSameBodyAgainUntilTheCellIsResolved) {
   // Verifies `gatehouse submit` and `gatehouse reference` post the same body again after a
   // 202 "resolving", print each reason once on stderr (stdout keeps the id line first), and

@@ -711,6 +711,39 @@ TEST_F(ReferenceCellTest, AnUnusedBundleIsRemovedAndMadeAgainWhenACellNeedsIt) {
   EXPECT_EQ(a.inputs[0].digest, json_digest);
 }
 
+TEST_F(ReferenceCellTest, OverTheCapTheLeastRecentlyUsedBundleGoesFirst) {
+  // Verifies --artifact-max-total-bytes: while the stored blobs hold more bytes than the cap,
+  // the least recently used are removed first and only until the store is under it; a blob
+  // used within the last hour is never removed by the cap, even over it.
+  core_->SetArtifactRetention(std::chrono::hours(0), /*max_total_bytes=*/150);
+  auto agent = ConnectReferenceAgent("ref");
+  std::vector<std::string> refs;
+  for (int tokens : {32, 8}) {
+    auto v = core_->Submit(AutoBody(tokens), "ci");
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    refs.push_back(ParseCellSpecJson(v->cell.cell.spec_json)->reference.cell);
+    const int64_t ref_attempt = agent->sent.back().attempt_id;
+    const std::string tag = std::to_string(tokens);
+    ASSERT_TRUE(Upload("ref", ref_attempt, "reference/reference.json",
+                       "json-" + tag + std::string(10 - 5 - tag.size(), '.'))
+                    .ok());
+    ASSERT_TRUE(
+        Upload("ref", ref_attempt, "reference/reference.safetensors", tag + std::string(98, 'x'))
+            .ok());
+    Finish("ref", ref_attempt, "PASS");
+    Finish("ref", agent->sent.back().attempt_id, "PASS");  // its validation cell
+    Advance(10min);
+    ASSERT_TRUE(core_->Heartbeat("ref").ok());
+  }
+  EXPECT_EQ(Expire(), 0) << "219 bytes over a cap of 150, but all used within the hour";
+  Advance(2h);
+  ASSERT_TRUE(core_->Heartbeat("ref").ok());
+  EXPECT_EQ(Expire(), 2) << "the first bundle's two blobs (110 bytes): 109 left, under 150";
+  for (const ArtifactRecord& a : Cell(refs[0]).artifacts) EXPECT_FALSE(a.expired_at.empty()) << a.name;
+  for (const ArtifactRecord& a : Cell(refs[1]).artifacts) EXPECT_TRUE(a.expired_at.empty()) << a.name;
+  EXPECT_EQ(Expire(), 0) << "under the cap now";
+}
+
 TEST_F(ReferenceCellTest, ABlobRemovedWhileItWasUploadedAgainIsUploadedOnceMore) {
   // Verifies the race between retention and an upload of bytes already stored: the upload's
   // commit keeps the file it finds, retention then removes it (no record of the new attempt

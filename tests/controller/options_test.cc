@@ -46,7 +46,8 @@ TEST(ControllerOptionsTest, ValuesAreConvertedToTheirUnits) {
   auto parsed = Parse({"--http", "127.0.0.1:0", "--heartbeat-ms", "250", "--restart-grace-ms",
                        "500", "--queued-timeout-s", "60", "--phase-timeout-s", "0",
                        "--max-running-per-repository", "3", "--digest-inline-mib", "0",
-                       "--auth", "none", "--anonymous-read", "--artifact-retention-days", "30"});
+                       "--auth", "none", "--anonymous-read", "--artifact-retention-days", "30",
+                       "--artifact-max-total-bytes", "1000000"});
   ASSERT_TRUE(std::holds_alternative<ControllerOptions>(parsed));
   const ControllerOptions& o = std::get<ControllerOptions>(parsed);
   EXPECT_EQ(o.http_address.port, 0);
@@ -59,6 +60,7 @@ TEST(ControllerOptionsTest, ValuesAreConvertedToTheirUnits) {
   EXPECT_FALSE(o.auth.required);
   EXPECT_TRUE(o.auth.anonymous_read);
   EXPECT_EQ(o.artifact_retention_days, 30);
+  EXPECT_EQ(o.artifact_max_total_bytes, 1000000);
 }
 
 TEST(ControllerOptionsTest, BadValuesAndInconsistentFlagsEndTheProgram) {
