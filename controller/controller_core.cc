@@ -289,8 +289,9 @@ Result<bool> ControllerCore::RecordArtifact(const std::string& agent_id, int64_t
   }
   // Under blob_mu_: a retention pass may have removed an older copy of these bytes between
   // the upload's commit (which kept the file it found) and now.
+  if (blobs_ == nullptr) return Status::Unavailable("this controller stores no artifacts");
   std::lock_guard lock(blob_mu_);
-  if (blobs_ == nullptr || !blobs_->Path(digest).ok()) {
+  if (!blobs_->Path(digest).ok()) {
     return Status::Unavailable("artifact '" + name + "' (" + digest +
                                ") was removed by artifact retention while it was uploaded; "
                                "upload it again");
@@ -334,9 +335,16 @@ Result<int> ControllerCore::ExpireArtifacts() {
     spdlog::info("artifact retention: {} ({} bytes) removed, unused since {}", b.digest, b.size,
                  b.last_used_at);
   }
-  // Every expired blob's file, including those a pass cut short left behind.
-  GH_ASSIGN_OR_RETURN(std::vector<std::string> all, store_.ListExpiredBlobs());
-  for (const std::string& digest : all) GH_RETURN_IF_ERROR(blobs_->Remove(digest));
+  // The files of this pass's blobs; on the first pass also those of every blob expired
+  // before (a pass that a crash cut short between its commit and its removals).
+  std::vector<std::string> remove;
+  if (!swept_expired_) {
+    GH_ASSIGN_OR_RETURN(remove, store_.ListExpiredBlobs());
+  } else {
+    for (const BlobRecord& b : expired) remove.push_back(b.digest);
+  }
+  for (const std::string& digest : remove) GH_RETURN_IF_ERROR(blobs_->Remove(digest));
+  swept_expired_ = true;
   return static_cast<int>(expired.size());
 }
 

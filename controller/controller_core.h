@@ -167,7 +167,7 @@ class ControllerCore {
     max_total_bytes_ = max_total_bytes;
   }
   /// One retention pass: marks expired what the retention settings remove (Store::ExpireBlobs)
-  /// and removes the files of every expired blob. Returns how many blobs it expired; 0
+  /// and removes their files (the first pass also any file left of blobs expired before). Returns how many blobs it expired; 0
   /// without a setting or a blob store. The maintenance thread runs it every
   /// kRetentionInterval. A cell that needs an expired bundle later runs its reference cell
   /// again (Dispatcher).
@@ -217,6 +217,7 @@ class ControllerCore {
   /// is checked and counted as a use, so no blob is removed behind a new record or a fetch.
   std::mutex blob_mu_;
   std::chrono::steady_clock::time_point last_retention_pass_{};
+  bool swept_expired_ = false;  // under blob_mu_: a pass removed every expired blob's file once
 
   /// Schedule()'s passes, on whichever thread runs them.
   void RunSchedulingPasses();

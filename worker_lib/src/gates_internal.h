@@ -1,9 +1,11 @@
-// Helpers shared by the gate sources (gates_*.cc, state_dict_io.cc, logit_comparison.cc).
+// Helpers shared by the gate sources (gates_*.cc, state_dict_io.cc, logit_comparison.cc,
+// reference.cc).
 // Not SDK API.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -66,6 +68,13 @@ inline Float64Stats StatsOf(const torch::Tensor& t, int64_t chunk = kStatsChunk)
     s.sum_sq += d.pow(2).sum().item<double>();
   }
   return s;
+}
+
+/// True when one sum over `t` (floating) proves every element finite: a NaN or an Inf makes
+/// the sum NaN or infinite. One reduction, nothing of t's size allocated. False does not prove
+/// a non-finite element (huge finite values can overflow the sum): count them then. Empty: true.
+inline bool SumProvesFinite(const torch::Tensor& t) {
+  return t.numel() == 0 || std::isfinite(t.sum().item<double>());
 }
 
 /// Hands the allocator's free memory back to the kernel (glibc malloc_trim(3)). Tensors below

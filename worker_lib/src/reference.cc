@@ -1,12 +1,12 @@
 // Reference bundle reader (format in reference.h).
 #include "gatehouse/worker/reference.h"
 
-#include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "gatehouse/worker/safetensors.h"
 #include "gatehouse/worker/safetensors_torch.h"
+#include "gates_internal.h"
 
 namespace gatehouse::worker {
 namespace {
@@ -43,9 +43,8 @@ Result<torch::Tensor> ReadChecked(const safetensors::File& file, const std::stri
 /// offending position and its value: a NaN in upstream's logits would fail every bar and blame
 /// the adapter for the reference's fault.
 Status RequireFinite(const torch::Tensor& t, const std::string& name) {
-  // A finite sum proves every element finite, in one pass and without a temporary of t's size;
-  // only a non-finite sum (or an overflowing one) looks element by element.
-  if (t.numel() == 0 || std::isfinite(t.sum().item<double>())) return Status::Ok();
+  // One reduction in the common case; element by element only when the sum is not finite.
+  if (internal::SumProvesFinite(t)) return Status::Ok();
   const auto bad = torch::isfinite(t).logical_not();
   if (!bad.any().item<bool>()) return Status::Ok();
   const auto at = bad.nonzero()[0].contiguous();  // the first offending element's index

@@ -5,7 +5,6 @@
 #include "gatehouse/worker/gates.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -23,13 +22,10 @@ using internal::ShapeString;
 
 namespace {
 
-// (NaN count, Inf count) of a floating tensor. A finite sum proves every element finite (a
-// NaN or an Inf makes the sum NaN or infinite), so the common case costs one reduction and
-// allocates nothing of the tensor's size; only a non-finite sum (or an overflowing one) counts
-// element by element.
+// (NaN count, Inf count) of a floating tensor: one reduction in the common case
+// (internal::SumProvesFinite), element by element only when the sum is not finite.
 std::pair<int64_t, int64_t> CountNonFinite(const torch::Tensor& t) {
-  if (!t.is_floating_point() || t.numel() == 0) return {0, 0};
-  if (std::isfinite(t.sum().item<double>())) return {0, 0};
+  if (!t.is_floating_point() || internal::SumProvesFinite(t)) return {0, 0};
   return {t.isnan().sum().item<int64_t>(), t.isinf().sum().item<int64_t>()};
 }
 
