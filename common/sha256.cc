@@ -43,7 +43,10 @@ std::string Sha256Hex(std::string_view bytes) {
   return h.FinalHex();
 }
 
-Result<std::string> Sha256FileHex(const std::filesystem::path& path) {
+namespace {
+
+// The file's SHA-256, each 1 MiB block also handed to `observer` (when given) after hashing.
+Result<std::string> HashFile(const std::filesystem::path& path, DigestObserver* observer) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound("cannot open file '" + path.string() + "'");
   Sha256 h;
@@ -51,13 +54,22 @@ Result<std::string> Sha256FileHex(const std::filesystem::path& path) {
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     std::streamsize n = in.gcount();
-    if (n > 0) h.Update(std::string_view(buf.data(), static_cast<size_t>(n)));
+    if (n <= 0) continue;
+    const std::string_view block(buf.data(), static_cast<size_t>(n));
+    h.Update(block);
+    if (observer != nullptr) observer->Bytes(block);
   }
   if (in.bad()) return Status::DataLoss("read error in '" + path.string() + "'");
   return h.FinalHex();
 }
 
-Result<std::string> DirectoryDigest(const std::filesystem::path& dir) {
+}  // namespace
+
+Result<std::string> Sha256FileHex(const std::filesystem::path& path) {
+  return HashFile(path, nullptr);
+}
+
+Result<std::string> DirectoryDigest(const std::filesystem::path& dir, DigestObserver* observer) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -75,8 +87,10 @@ Result<std::string> DirectoryDigest(const std::filesystem::path& dir) {
             [](const fs::path& a, const fs::path& b) { return a.generic_string() < b.generic_string(); });
   Sha256 tree;
   for (const fs::path& rel : files) {
-    GH_ASSIGN_OR_RETURN(std::string file_hex, Sha256FileHex(dir / rel));
     auto size = fs::file_size(dir / rel, ec);
+    if (observer != nullptr) observer->BeginFile(rel.generic_string(), ec ? 0 : size);
+    GH_ASSIGN_OR_RETURN(std::string file_hex, HashFile(dir / rel, observer));
+    if (observer != nullptr) observer->EndFile();
     tree.Update(rel.generic_string() + "\t" + std::to_string(size) + "\t" + file_hex + "\n");
   }
   return "sha256:" + tree.FinalHex();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,6 +31,19 @@ class Sha256 {
 /// Lower-case hex SHA-256 of `bytes`.
 std::string Sha256Hex(std::string_view bytes);
 
+/// Sees the bytes of each file as DirectoryDigest hashes them, so a reader that needs the same
+/// bytes (the worker's finiteness scan of safetensors files) takes them from the one read.
+/// Calls come in order: BeginFile, Bytes for each block in file order, EndFile (not called when
+/// the read failed).
+class DigestObserver {
+ public:
+  virtual ~DigestObserver() = default;
+  /// `relative` is the name the digest lists the file under (generic form); `size` in bytes.
+  virtual void BeginFile(const std::filesystem::path& relative, uint64_t size) = 0;
+  virtual void Bytes(std::string_view block) = 0;
+  virtual void EndFile() = 0;
+};
+
 /// Lower-case hex SHA-256 of a file's contents, read in 1 MiB blocks.
 /// Errors: NOT_FOUND if the file cannot be opened, DATA_LOSS on a read error.
 Result<std::string> Sha256FileHex(const std::filesystem::path& path);
@@ -38,6 +52,8 @@ Result<std::string> Sha256FileHex(const std::filesystem::path& path);
 /// symlinked file counts under its own name with its target's bytes): SHA-256 over the
 /// lines "<relative path>\t<size in bytes>\t<sha256 of contents>\n" in byte order of the paths.
 /// Returns "sha256:<hex>". Errors: NOT_FOUND when `dir` is not a directory, or it holds no file.
-Result<std::string> DirectoryDigest(const std::filesystem::path& dir);
+/// `observer`, when given, sees every file's bytes as they are hashed.
+Result<std::string> DirectoryDigest(const std::filesystem::path& dir,
+                                    DigestObserver* observer = nullptr);
 
 }  // namespace gatehouse

@@ -35,6 +35,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -320,6 +321,12 @@ class DecoderModel : public worker::CausalLM {
   torch::Tensor DecodeStep(const torch::Tensor& tokens, const torch::Tensor& positions,
                            worker::KVCache& cache) override;
 
+  /// True: every decoder packs (a block-diagonal causal mask; dynamic RoPE per sequence).
+  bool SupportsPacked() const override { return true; }
+  /// See worker::CausalLM::ForwardPacked. Throws c10::Error on bad shapes or cu_seqlens.
+  torch::Tensor ForwardPacked(const torch::Tensor& tokens, const torch::Tensor& positions,
+                              const torch::Tensor& cu_seqlens) override;
+
   const DecoderSpec& spec() const { return spec_; }
 
  private:
@@ -327,6 +334,10 @@ class DecoderModel : public worker::CausalLM {
   torch::Tensor Embed(const torch::Tensor& tokens);
   /// Final norm, lm_head (gathered under TP) and soft-capping: [B, T, hidden] -> logits.
   torch::Tensor Head(const torch::Tensor& h);
+  /// The layers over embeddings `h` [B, T, hidden] under `masks` (one per sliding window) and
+  /// `ropes` (one per RoPE setting), then the head: what Forward and ForwardPacked share.
+  torch::Tensor Run(torch::Tensor h, const std::vector<RotaryTables>& ropes,
+                    const std::map<int64_t, torch::Tensor>& masks, worker::KVCache* cache);
 
   DecoderSpec spec_;
   TensorParallel tp_;

@@ -30,8 +30,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using std::chrono::seconds;
 
-constexpr const char* kCpuGates[] = {"identity", "config",  "construct", "load",
-                                     "inference", "decode", "training",  "save"};
+constexpr const char* kCpuGates[] = {"identity", "config", "construct", "load",    "inference",
+                                     "decode",   "packing", "training",  "save"};
 
 class EndToEndTest : public ::testing::Test {
  protected:
@@ -246,7 +246,7 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
   auto kl = Figure(*inference, "kl_mean");
   ASSERT_TRUE(kl);
   EXPECT_GT(*kl, 1e-6);
-  for (const char* later : {"decode", "training", "save"}) {
+  for (const char* later : {"decode", "packing", "training", "save"}) {
     const json* p = FindPhase(bug_cell, later);
     ASSERT_NE(p, nullptr) << later;
     EXPECT_EQ(p->at("status"), "SKIPPED") << later;

@@ -137,6 +137,14 @@ TEST(Families, EveryGatePassesOnEveryFixtureInBothPrecisions) {
           ASSERT_NE(distinct, nullptr);
           EXPECT_GE(std::get<int64_t>(distinct->value), 3) << variant << " " << precision;
         }
+        if (phase == "packing") {
+          // Every probe prompt packed, and the packed training step compared.
+          const Figure* sequences = out.Find("sequences");
+          ASSERT_NE(sequences, nullptr);
+          EXPECT_GE(std::get<int64_t>(sequences->value), 2) << variant << " " << precision;
+          EXPECT_NE(out.Find("loss_rel_diff"), nullptr) << variant << " " << precision;
+          EXPECT_NE(out.Find("grad_rel_diff_max"), nullptr) << variant << " " << precision;
+        }
         if (phase == "training") {
           EXPECT_EQ(Real(out, "loss_rel_diff_step_1"), 0.0) << variant << " " << precision;
           EXPECT_EQ(Real(out, "loss_rel_diff_step_2"), Real(out, "upstream_floor_loss_rel") > 0

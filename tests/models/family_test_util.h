@@ -106,7 +106,8 @@ inline worker::RunSpec FixtureRunSpec(const std::filesystem::path& variant_dir,
       {"decode", {{"max_new_tokens", 32}, {"sampling", "greedy"}}},
       {"training", {{"steps", 2}, {"lr", 0.001}, {"seed", 1234}}},
       {"env", nlohmann::json::object()},
-      {"phases", {"config", "construct", "load", "inference", "decode", "training", "save"}},
+      {"phases",
+       {"config", "construct", "load", "inference", "decode", "packing", "training", "save"}},
       {"attempt",
        {{"id", 1},
         {"dir", attempt_dir.string()},
@@ -129,8 +130,8 @@ inline std::vector<NamedGate> GatesThrough(std::string_view last) {
   const NamedGate all[] = {
       {"config", worker::ConfigGate},       {"construct", worker::ConstructGate},
       {"load", worker::LoadGate},           {"inference", worker::InferenceGate},
-      {"decode", worker::DecodeGate},       {"training", worker::TrainingGate},
-      {"save", worker::SaveGate}};
+      {"decode", worker::DecodeGate},       {"packing", worker::PackingGate},
+      {"training", worker::TrainingGate},   {"save", worker::SaveGate}};
   std::vector<NamedGate> out;
   for (const NamedGate& g : all) {
     out.push_back(g);

@@ -22,6 +22,11 @@ namespace gatehouse::worker::testing {
 struct FakeOptions {
   /// Registers a parameter "unused.weight" that Forward never reads (it gets no gradient).
   bool unused_param = false;
+  /// The packed forward: absent (SupportsPacked false), running means that cross sequence
+  /// boundaries, or positions counted along the whole row instead of the given ones.
+  bool no_packed_forward = false;
+  bool packed_crosses_sequences = false;
+  bool packed_ignores_positions = false;
 };
 
 class FakeArgs : public ModelArgs {
@@ -63,7 +68,7 @@ struct FakeLayer : torch::nn::Module {
 class FakeLM : public CausalLM {
  public:
   FakeLM(const FakeArgs& args, const FakeOptions& options, torch::Dtype dtype, torch::Device device)
-      : args_(args) {
+      : args_(args), options_(options) {
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
     embed_ = register_module("embed", std::make_shared<FakeWeight>(torch::randn({args.vocab, args.hidden}, f32)));
     layers_ = register_module("layers", torch::nn::ModuleList());
@@ -106,8 +111,27 @@ class FakeLM : public CausalLM {
     return std::make_unique<KVCache>(args_.layers, batch, 1, max_len, args_.hidden, dtype_, device_);
   }
 
+  bool SupportsPacked() const override { return !options_.no_packed_forward; }
+
+  /// Each sequence's own Forward, concatenated (unless an option breaks it).
+  torch::Tensor ForwardPacked(const torch::Tensor& tokens, const torch::Tensor& positions,
+                              const torch::Tensor& cu_seqlens) override {
+    if (options_.packed_crosses_sequences) return Forward(tokens, positions, nullptr);
+    const torch::Tensor along_row =
+        torch::arange(tokens.size(1), positions.options()).unsqueeze(0);
+    const torch::Tensor& pos = options_.packed_ignores_positions ? along_row : positions;
+    const torch::Tensor b = cu_seqlens.to(torch::kCPU);
+    std::vector<torch::Tensor> parts;
+    for (int64_t s = 0; s + 1 < b.size(0); ++s) {
+      const int64_t begin = b[s].item<int64_t>(), end = b[s + 1].item<int64_t>();
+      parts.push_back(Forward(tokens.slice(1, begin, end), pos.slice(1, begin, end), nullptr));
+    }
+    return torch::cat(parts, 1);
+  }
+
  private:
   FakeArgs args_;
+  FakeOptions options_;
   torch::Dtype dtype_ = torch::kFloat32;
   torch::Device device_ = torch::kCPU;
   std::shared_ptr<FakeWeight> embed_, norm_, output_, unused_;

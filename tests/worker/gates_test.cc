@@ -32,6 +32,7 @@ using testing::Fixture;
 using testing::FixtureOptions;
 using testing::RunThrough;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const Figure& Fig(const GateOutcome& out, std::string_view name) {
   const Figure* f = out.Find(name);
@@ -287,6 +288,24 @@ TEST(IdentityGateTest, PassesOnMatchingCleanCheckout) {
   EXPECT_EQ(Text(out, "sha"), std::string(40, 'a'));
   EXPECT_EQ(Text(out, "tree_clean"), "true");
   EXPECT_EQ(Text(out, "torch_version"), StripLocalVersion(TORCH_VERSION));
+  // The checkpoint's floating tensors were counted for NaN/Inf as they were hashed.
+  ASSERT_NE(ctx.checkpoint_scan, nullptr);
+  EXPECT_GT(Count(out, "checkpoint_bytes_scanned_finite"), 0);
+  EXPECT_EQ(static_cast<uint64_t>(Count(out, "checkpoint_bytes_scanned_finite")),
+            ctx.checkpoint_scan->bytes_counted());
+}
+
+// Verifies the scan is kept only for the frozen bytes: a checkpoint whose digest differs from
+// the cell's leaves no scan for load to use.
+TEST(IdentityGateTest, ScanOnlyOfTheFrozenCheckpoint) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  ctx.spec.checkpoint.digest = "sha256:" + std::string(64, '0');
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
+  EXPECT_EQ(ctx.checkpoint_scan, nullptr);
+  EXPECT_EQ(out.Find("checkpoint_bytes_scanned_finite"), nullptr);
 }
 
 // Verifies a checkout at another SHA fails naming both SHAs.
@@ -563,6 +582,37 @@ TEST(LoadGateTest, NanWeightBlocked) {
   EXPECT_STATUS(out, GateStatus::kBlocked);
   EXPECT_THAT(out.reason, HasSubstr("model.layers.0.proj.weight"));
   EXPECT_THAT(out.reason, HasSubstr("1 NaN"));
+}
+
+// Verifies the load gate takes an adopted weight's NaN/Inf count from the identity gate's scan
+// of the same bytes (no second read of them), and without a scan counts the weights itself:
+// both ways the NaN BLOCKs load, named with its count.
+TEST(LoadGateTest, AdoptedWeightsAreCountedByTheIdentityScan) {
+  Fixture fx;
+  fx.tensors["model.layers.0.proj.weight"][3][5] = std::nanf("");
+  fx.Write();
+  {
+    GateContext ctx = fx.Context();
+    GateOutcome out = RunThrough(ctx, "load");  // identity scanned the checkpoint
+    EXPECT_STATUS(out, GateStatus::kBlocked);
+    EXPECT_THAT(out.reason,
+                HasSubstr("model.layers.0.proj.weight (-> layers.0.proj.weight): 1 NaN"));
+    ASSERT_NE(ctx.checkpoint_scan, nullptr);
+    ASSERT_TRUE(ctx.load_report.has_value());
+    EXPECT_GT(ctx.load_report->bytes_adopted, 0u);
+    EXPECT_EQ(ctx.load_report->bytes_finite_from_scan, ctx.load_report->bytes_adopted);
+    EXPECT_EQ(Count(out, "bytes_finite_from_scan"), Count(out, "bytes_adopted"));
+  }
+  {
+    GateContext ctx = fx.Context();
+    RunThrough(ctx, "construct");
+    ctx.checkpoint_scan.reset();
+    GateOutcome out = LoadGate(ctx);
+    EXPECT_STATUS(out, GateStatus::kBlocked);
+    EXPECT_THAT(out.reason,
+                HasSubstr("model.layers.0.proj.weight (-> layers.0.proj.weight): 1 NaN"));
+    EXPECT_EQ(Count(out, "bytes_finite_from_scan"), 0);
+  }
 }
 
 // Verifies huge finite weights whose sum overflows to Inf are not taken for non-finite ones
@@ -959,6 +1009,62 @@ TEST(DecodeGateTest, ShortReferenceUnknown) {
   EXPECT_THAT(out.reason, HasSubstr("has 6 greedy ids; the cell decodes 9"));
 }
 
+// --- packing --------------------------------------------------------------------------------
+
+// Verifies a model whose packed forward is each sequence's own forward passes, with every
+// sequence bit-equal to its forward alone and the packed step's loss and gradients equal to
+// the unpacked batch's, the bars beside the figures.
+TEST(PackingGateTest, PackedEqualsAlone) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "packing");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Count(out, "sequences"), 3);
+  EXPECT_EQ(Count(out, "sequences_bit_equal"), 3);
+  EXPECT_EQ(Count(out, "packed_tokens"), 5 + 7 + 4);
+  EXPECT_EQ(Real(out, "max_abs_diff"), 0.0);
+  // One mean over 13 tokens vs three sums divided by 13: equal up to the order of the sums.
+  EXPECT_LE(Real(out, "loss_rel_diff"), 1e-6);
+  EXPECT_LE(Real(out, "grad_rel_diff_max"), 1e-5);
+  EXPECT_GT(Count(out, "parameters_compared"), 0);
+  EXPECT_EQ(Real(out, "bar_kl_max"), 1e-9);
+  EXPECT_EQ(Real(out, "bar_grad_rel"), 1e-4);
+  // Packing leaves no gradient behind and the model in eval mode.
+  for (const auto& p : ctx.model->parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_FALSE(ctx.model->is_training());
+}
+
+// Verifies the gate catches a packed forward whose attention crosses sequence boundaries and
+// one that counts positions along the row instead of restarting them, naming the sequence,
+// and FAILs a model without a packed forward.
+TEST(PackingGateTest, BrokenPackingFails) {
+  for (const auto& [name, fake] :
+       std::vector<std::pair<std::string, FakeOptions>>{
+           {"crosses sequences", FakeOptions{.packed_crosses_sequences = true}},
+           {"positions not restarted", FakeOptions{.packed_ignores_positions = true}},
+           {"no packed forward", FakeOptions{.no_packed_forward = true}}}) {
+    SCOPED_TRACE(name);
+    Fixture fx(FixtureOptions{.fake = fake});
+    fx.Write();
+    GateContext ctx = fx.Context();
+    ASSERT_EQ(RunThrough(ctx, "decode").status, GateStatus::kPass);
+    GateOutcome out = PackingGate(ctx);
+    EXPECT_STATUS(out, GateStatus::kFail);
+    EXPECT_EQ(FailureClassName(out.classification), "adapter_contract");
+    if (fake.no_packed_forward) {
+      EXPECT_THAT(out.reason, HasSubstr("no packed forward"));
+      continue;
+    }
+    // The first sequence starts at position 0 and has nothing before it: it is its own
+    // forward; the second is not.
+    EXPECT_THAT(out.reason, HasSubstr("sequence 1 (7 tokens, columns 5..12)"));
+    EXPECT_THAT(out.reason, Not(HasSubstr("sequence 0 ")));
+    EXPECT_THAT(out.reason, HasSubstr("training loss packed"));
+    EXPECT_EQ(Count(out, "sequences_bit_equal"), 1);
+  }
+}
+
 // --- training -------------------------------------------------------------------------------
 
 // Verifies two AdamW steps run with finite losses and gradient norms, and change the weights.
@@ -1265,10 +1371,10 @@ TEST(RunnerTest, FullRunPasses) {
   EXPECT_EQ(RunGates(ctx, events), GateStatus::kPass);
   const auto ends = PhaseEnds(sink);
   ASSERT_EQ(ends.size(), kPhases.size());
-  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(ends[i]["status"], "PASS") << ends[i].dump();
-  EXPECT_EQ(ends[8]["status"], "SKIPPED");
-  EXPECT_EQ(ends[9]["reason"], "no CUDA device: torch::cuda::is_available() is false");
-  EXPECT_EQ(ends[10]["reason"], "not requested");
+  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(ends[i]["status"], "PASS") << ends[i].dump();
+  EXPECT_EQ(ends[9]["status"], "SKIPPED");
+  EXPECT_EQ(ends[10]["reason"], "no CUDA device: torch::cuda::is_available() is false");
+  EXPECT_EQ(ends[11]["reason"], "not requested");
   EXPECT_EQ(sink.events().front()["event"], "phase_start");
   EXPECT_EQ(sink.events().back()["event"], "run_end");
   EXPECT_EQ(sink.events().back()["status"], "PASS");
@@ -1291,11 +1397,11 @@ TEST(RunnerTest, LaterPhasesSkippedAfterFail) {
   EXPECT_EQ(ends[3]["phase"], "load");
   EXPECT_EQ(ends[3]["status"], "FAIL");
   EXPECT_EQ(ends[3]["classification"], "adapter_contract");
-  for (size_t i = 4; i < 10; ++i) {
+  for (size_t i = 4; i < 11; ++i) {
     EXPECT_EQ(ends[i]["status"], "SKIPPED");
     EXPECT_EQ(ends[i]["reason"], "skipped: earlier phase load ended FAIL");
   }
-  EXPECT_EQ(ends[10]["reason"], "not requested");
+  EXPECT_EQ(ends[11]["reason"], "not requested");
   EXPECT_EQ(sink.events().back()["status"], "FAIL");
 }
 

@@ -126,6 +126,10 @@ def key_figure(phase):
         return f"KL {num(figs['kl_mean'], '.3g')} nats, top-1 {num(figs.get('top1_agreement'), '.1f')} %"
     if name == "decode" and "tokens_matched" in figs:
         return f"{figs['tokens_matched']}/{figs.get('tokens_total')} greedy tokens"
+    if name == "packing" and "kl_max" in figs:
+        return (f"packed vs alone: KL max {num(figs['kl_max'], '.3g')} nats (bar "
+                f"{num(figs.get('bar_kl_max'), '.3g')}), top-1 {num(figs.get('top1_agreement'), '.1f')} %, "
+                f"loss rel diff {num(figs.get('loss_rel_diff'), '.3g')}")
     if name == "load":
         return (f"keys used {figs.get('keys_used', '?')}/{figs.get('keys_total', '?')}, "
                 f"missing {figs.get('keys_missing', '?')}, unexpected {figs.get('keys_unexpected', '?')}")

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "refgen"))
 
-PHASES = ["config", "construct", "load", "inference", "decode", "training", "save"]
+PHASES = ["config", "construct", "load", "inference", "decode", "packing", "training", "save"]
 
 
 def run_spec(variant_dir, family, dtype, attempt_dir):
@@ -141,6 +141,7 @@ def main(argv=None):
         for dtype in args.dtypes:
             ph = run_one(worker, plugin, folder, family, dtype)
             inf, dec, tr = ph.get("inference", {}), ph.get("decode", {}), ph.get("training", {})
+            pk = ph.get("packing", {})
             ok = all(ph.get(p, {}).get("status") == "PASS" for p in PHASES)
             failures += not ok
             first_bad = next((f"{p}: {ph[p].get('reason', '')}" for p in PHASES
@@ -154,6 +155,8 @@ def main(argv=None):
             rows.append([family, name, dtype, fmt(inf.get("max_abs_diff"), ".2g"),
                          fmt(inf.get("kl_mean"), ".2e"), fmt(inf.get("top1_agreement"), ".2f"),
                          steps, decode, fmt(dec.get("reference_distinct_tokens_min"), ".0f"),
+                         fmt(pk.get("kl_max"), ".2g"),
+                         f"{fmt(pk.get('loss_rel_diff'), '.2g')} / {fmt(pk.get('grad_rel_diff_max'), '.2g')}",
                          fmt(tr.get("loss_rel_diff_step_1"), ".2g"), fmt(later, ".2g"),
                          fmt(tr.get("grad_norm_max_rel_diff"), ".2g"),
                          "PASS" if ok else "FAIL", first_bad[:160]])
@@ -162,7 +165,8 @@ def main(argv=None):
     import torch
     import transformers
     header = ["family", "variant", "dtype", "logits max abs", "KL mean (nats/token)", "top-1 %",
-              "decode steps max abs / bar", "greedy ids", "distinct (min)", "loss step 1 (rel)",
+              "decode steps max abs / bar", "greedy ids", "distinct (min)",
+              "packed vs alone KL max", "packed step loss / grads (rel)", "loss step 1 (rel)",
               "later losses (rel)", "grad norms (rel, worst)", "verdict", "reason"]
     lines = [
         "# Parity with transformers, per family and precision",
@@ -180,7 +184,9 @@ def main(argv=None):
         "losses and gradient norms; decode steps within 4x upstream's own dynamic-vs-static "
         "KV-cache spread (0 in bf16); MoE training within 4x upstream's spread between its "
         "experts implementations. 'distinct' is the fewest distinct tokens in a reference "
-        "continuation.",
+        "continuation. The packing columns compare the model with itself (the packing gate: the "
+        "three prompts packed into one row against each alone, and the packed training step "
+        "against the unpacked batch; bars in docs/bars.md \"Packed batches\").",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -204,6 +204,11 @@ void Checkpoint::Release(const std::string& key) const {
   if (it != index_.end()) files_[it->second.first].Release(*it->second.second);
 }
 
+std::string Checkpoint::FileOf(const std::string& key) const {
+  auto it = index_.find(key);
+  return it == index_.end() ? std::string() : files_[it->second.first].path().filename().string();
+}
+
 uint64_t Checkpoint::total_bytes() const {
   uint64_t total = 0;
   for (const auto& [key, entry] : index_) total += entry.second->end - entry.second->begin;

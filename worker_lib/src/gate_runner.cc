@@ -35,7 +35,8 @@ const Figure* GateOutcome::Find(std::string_view name) const {
 std::vector<GateDef> DefaultGates() {
   return {{"identity", IdentityGate}, {"config", ConfigGate},   {"construct", ConstructGate},
           {"load", LoadGate},         {"inference", InferenceGate},
-          {"decode", DecodeGate},     {"training", TrainingGate}, {"save", SaveGate},
+          {"decode", DecodeGate},     {"packing", PackingGate},   {"training", TrainingGate},
+          {"save", SaveGate},
           {"parallel", ParallelGate}, {"cuda_graph", CudaGraphGate},
           {"performance", PerformanceGate}};
 }

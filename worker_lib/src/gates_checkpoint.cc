@@ -73,7 +73,8 @@ GateOutcome LoadGate(GateContext& ctx) {
     return out.Fail(FailureClass::kAdapterContract, "Adapter: " + adapter.status().ToString());
   }
   ctx.adapter.emplace(std::move(adapter).value());
-  Result<LoadReport> loaded = LoadStateDict(checkpoint, *ctx.adapter, *ctx.model);
+  Result<LoadReport> loaded = LoadStateDict(checkpoint, *ctx.adapter, *ctx.model,
+                                            /*shard=*/nullptr, ctx.checkpoint_scan.get());
   if (!loaded.ok()) {
     const std::string why = where + ": reading a tensor: " + loaded.status().ToString();
     if (IsCheckpointDataError(loaded.status())) return out.Blocked(why);
@@ -91,6 +92,7 @@ GateOutcome LoadGate(GateContext& ctx) {
   out.Bytes("bytes_loaded", static_cast<int64_t>(rep.bytes_loaded));
   out.Bytes("bytes_adopted", static_cast<int64_t>(rep.bytes_adopted));
   out.Real("finite_check_ms", rep.finite_check_ms, "ms");
+  out.Bytes("bytes_finite_from_scan", static_cast<int64_t>(rep.bytes_finite_from_scan));
   out.Text("tied", tied ? "true" : "false");
 
   // A tied model's checkpoint that still ships lm_head.weight. Upstream (transformers 5.24

@@ -37,8 +37,7 @@ namespace {
 // flip the allowed logit difference can cause), or by kNearTieGapNats where there is no max-abs
 // bar; later tokens of that prompt are not compared (vLLM's model tests treat greedy divergence
 // the same way: check_logprobs_close). The step logits are compared along upstream's tokens
-// whatever the ids do.
-constexpr double kNearTieGapNats = 0.1;
+// whatever the ids do. kNearTieGapNats: bars.h.
 
 std::string DeviceKind(const torch::Device& device) { return device.is_cuda() ? "cuda" : "cpu"; }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "common/sha256.h"
@@ -110,10 +111,16 @@ GateOutcome IdentityGate(GateContext& ctx) {
   // missing) since the cell was frozen would make the evidence belong to other inputs.
   // A reference cell's bundle (reference.cell) was fetched by the agent, digest-checked, to
   // reference.path; its digest is that directory's.
-  for (const auto& [name, input] :
-       {std::pair<const char*, const DigestedPath*>{"checkpoint", &spec.checkpoint},
-        std::pair<const char*, const DigestedPath*>{"reference", &spec.reference}}) {
-    Result<std::string> digest = DirectoryDigest(input->path);
+  // The checkpoint's bytes are counted for NaN/Inf as they are hashed (safetensors_scan.h):
+  // the load gate takes an adopted weight's count from here instead of reading it again.
+  auto scan = std::make_shared<safetensors::FiniteScan>();
+  ctx.checkpoint_scan.reset();
+  for (const auto& [name, input, observer] :
+       {std::tuple<const char*, const DigestedPath*, DigestObserver*>{"checkpoint",
+                                                                      &spec.checkpoint, scan.get()},
+        std::tuple<const char*, const DigestedPath*, DigestObserver*>{"reference",
+                                                                      &spec.reference, nullptr}}) {
+    Result<std::string> digest = DirectoryDigest(input->path, observer);
     if (!digest.ok()) {
       blocks.push_back(std::string(name) + " " + input->path + ": " + digest.status().message());
       continue;
@@ -122,6 +129,9 @@ GateOutcome IdentityGate(GateContext& ctx) {
     if (*digest != input->digest) {
       blocks.push_back(std::string(name) + " " + input->path + " has digest " + *digest +
                        " on this node but the cell is frozen with " + input->digest);
+    } else if (observer != nullptr) {
+      ctx.checkpoint_scan = scan;  // counts of the frozen bytes only
+      out.Bytes("checkpoint_bytes_scanned_finite", static_cast<int64_t>(scan->bytes_counted()));
     }
   }
   if (!blocks.empty()) return out.Blocked(JoinFew(blocks));

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "gatehouse/worker/safetensors_torch.h"
@@ -59,7 +60,8 @@ std::vector<ParamGroup> UniqueParameters(const torch::nn::Module& module) {
 }
 
 Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
-                                 CausalLM& model, const ShardedLoad* shard) {
+                                 CausalLM& model, const ShardedLoad* shard,
+                                 const safetensors::FiniteScan* scan) {
   LoadReport rep;
   const auto groups = UniqueParameters(model);
   std::unordered_map<std::string, size_t> group_of;
@@ -160,9 +162,22 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
       t = torch::Tensor();
       checkpoint.Release(key);
     }
-    const double check_start = internal::NowMsSteady();
-    const auto [nans, infs] = CountNonFinite(dest);  // as the model holds it, after conversion
-    rep.finite_check_ms += internal::NowMsSteady() - check_start;
+    // An adopted parameter is the file's bytes, which the identity gate's scan counted while
+    // hashing them; any other is counted as the model holds it, after conversion.
+    std::optional<safetensors::NonFiniteCount> scanned;
+    if (adopted && scan != nullptr) {
+      scanned = scan->Find(checkpoint.FileOf(key), key, info->begin, info->end);
+    }
+    int64_t nans = 0, infs = 0;
+    if (scanned) {
+      nans = scanned->nan;
+      infs = scanned->inf;
+      rep.bytes_finite_from_scan += info->end - info->begin;
+    } else {
+      const double check_start = internal::NowMsSteady();
+      std::tie(nans, infs) = CountNonFinite(dest);
+      rep.finite_check_ms += internal::NowMsSteady() - check_start;
+    }
     if (nans || infs) {
       rep.nonfinite.push_back(key + " (-> " + target + "): " + std::to_string(nans) +
                               " NaN, " + std::to_string(infs) + " Inf");

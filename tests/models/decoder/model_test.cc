@@ -169,6 +169,72 @@ TEST(DecoderModel, SlidingWindowBoundsWhatAPositionSees) {
   EXPECT_FALSE(torch::allclose(Logits(full, a).select(1, 7), Logits(full, b).select(1, 7)));
 }
 
+// Each sequence of a packed row gets the logits of its own forward: with a sliding window and
+// with dynamic NTK RoPE (whose tables depend on the sequence's own length, past
+// max_position_embeddings here), in fp32 within rounding of the order of sums.
+TEST(DecoderModel, PackedRowGivesEachSequenceItsOwnForward) {
+  for (const bool dynamic : {false, true}) {
+    SCOPED_TRACE(dynamic ? "dynamic RoPE" : "plain RoPE, window 3");
+    DecoderSpec spec = test_util::TinySpec();
+    spec.layers = {LayerSpec{.sliding_window = dynamic ? 0 : 3}, LayerSpec{}};
+    spec.num_hidden_layers = 2;
+    if (dynamic) {
+      spec.max_position_embeddings = 6;
+      spec.ropes[0].rope_type = "dynamic";
+      spec.ropes[0].factor = 2.0;
+    }
+    ASSERT_TRUE(spec.Validate().ok());
+    torch::manual_seed(6);
+    DecoderModel model(spec);
+    model.eval();
+    torch::NoGradGuard no_grad;
+    const std::vector<int64_t> lengths = {9, 4, 7};
+    std::vector<torch::Tensor> seqs, positions;
+    std::vector<int64_t> bounds = {0};
+    for (int64_t n : lengths) {
+      seqs.push_back(torch::randint(0, 64, {n}, torch::kLong));
+      positions.push_back(torch::arange(n, torch::kLong));
+      bounds.push_back(bounds.back() + n);
+    }
+    const torch::Tensor packed = model.ForwardPacked(
+        torch::cat(seqs).unsqueeze(0), torch::cat(positions).unsqueeze(0), torch::tensor(bounds));
+    ASSERT_EQ(packed.sizes(), (std::vector<int64_t>{1, bounds.back(), 64}));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const torch::Tensor alone = model.Forward(
+          seqs[i].unsqueeze(0), torch::arange(lengths[i], torch::kLong).unsqueeze(0), nullptr);
+      const torch::Tensor in_pack = packed.slice(1, bounds[i], bounds[i + 1]);
+      EXPECT_TRUE(torch::allclose(alone, in_pack, 0, 1e-5)) << "sequence " << i;
+    }
+    // The same row forwarded as one sequence differs after the first sequence.
+    const torch::Tensor as_one = model.Forward(torch::cat(seqs).unsqueeze(0),
+                                               torch::arange(bounds.back()).unsqueeze(0), nullptr);
+    EXPECT_FALSE(torch::allclose(as_one.slice(1, bounds[1], bounds[2]),
+                                 packed.slice(1, bounds[1], bounds[2]), 0, 1e-3));
+  }
+}
+
+// cu_seqlens that do not run from 0 to T without decreasing are refused, naming the values.
+TEST(DecoderModel, PackedRefusesBadCuSeqlens) {
+  torch::manual_seed(7);
+  DecoderModel model(test_util::TinySpec());
+  torch::NoGradGuard no_grad;
+  const auto tokens = torch::zeros({1, 5}, torch::kLong);
+  const auto positions = torch::zeros({1, 5}, torch::kLong);
+  auto message = [&](std::vector<int64_t> cu) {
+    try {
+      model.ForwardPacked(tokens, positions, torch::tensor(cu));
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_THAT(message({0, 3, 4}), HasSubstr("must run from 0 to T = 5, got 0 .. 4"));
+  EXPECT_THAT(message({1, 5}), HasSubstr("must run from 0 to T = 5, got 1 .. 5"));
+  EXPECT_THAT(message({0, 4, 2, 5}), HasSubstr("must not decrease, got 4 then 2"));
+  EXPECT_THAT(message({5}), HasSubstr("must be [S + 1] with S >= 1"));
+  EXPECT_EQ(message({0, 2, 2, 5}), "(accepted)");  // an empty sequence is allowed
+}
+
 TEST(DecoderModel, TopOneMoeIsTheChosenExpertAlone) {
   // num_experts_per_tok 1 with norm_topk_prob: the routing weight is 1, so each token's MoE
   // output is exactly the SwiGLU output of the expert its router logit ranks first.

@@ -84,4 +84,40 @@ LogitBars DecodeStepBars(const LogitBars& site_bars, double floor_max_abs_diff,
 TrainingBars TrainingBarsFor(const ComparisonSite& site, double floor_grad_norm_rel,
                              double floor_loss_rel);
 
+/// A top-1 flip between two tokens whose log-probabilities lie within this many nats of each
+/// other is a near-tie, which any rounding can flip (the decode gate's allowance where it has
+/// no max-abs bar, and the packing gate's).
+inline constexpr double kNearTieGapNats = 0.1;
+
+/// Bars for the packing gate (PackingGate): the same model's packed forward against its
+/// forward of each sequence alone, and the packed training step against the unpacked batch's.
+/// Both sides are ours on the same kernels; only the order of sums may differ (the masked
+/// columns of the packed row, matrix products over more rows). A sequence passes when its
+/// logits are bit-equal to its own forward, or its per-token KL stays <= kl_max (nats) and
+/// its top-1 agrees on every token (top1_percent) except near-ties: tokens where the forward
+/// alone ranks its top-1 and the packed top-1 within near_tie_nats of log-probability, or in
+/// bf16 within two steps of bf16 at the top logit (any rounding flips those; a random bf16
+/// model has a few in 300 tokens, trained SmolLM2-135M 6 in 228 with gaps up to 0.125 nats,
+/// one bf16 step at logits of 16 to 32). The loss within
+/// loss_rel, and each parameter's gradient within grad_rel, as ||packed - unpacked|| /
+/// ||unpacked|| (relative, L2).
+struct PackingBars {
+  double kl_max = 0;
+  double top1_percent = 100;
+  double near_tie_nats = kNearTieGapNats;
+  /// bf16: a flip within this many steps of the dtype at the top logit is a near-tie too
+  /// (0 for fp32); a step there is 2^(exponent - mantissa_bits) (bf16: 7 stored bits).
+  double near_tie_ulps = 0;
+  int mantissa_bits = 23;
+  double loss_rel = 0;
+  double grad_rel = 0;
+  std::string basis;
+};
+
+/// fp32: KL <= 1e-9 per token, top-1 100 %, loss within 1e-6 and gradients within 1e-4
+/// relative; bf16: top-1 100 % (KL not barred, max abs diff reported), loss within 1e-2 and
+/// gradients within 0.25 relative; near-ties (0.1 nats, the decode gate's; in bf16 also two
+/// bf16 steps at the top logit) apart in both (docs/bars.md, "Packed batches").
+PackingBars PackingBarsFor(std::string_view precision);
+
 }  // namespace gatehouse::worker

@@ -57,6 +57,9 @@ class Checkpoint {
   bool CopyOnWrite(const std::string& key) const;
   /// Drops the tensor's pages from this process's resident set (safetensors::File::Release).
   void Release(const std::string& key) const;
+  /// The name of the file that holds `key` ("model-00001-of-00002.safetensors"); empty for an
+  /// unknown key.
+  std::string FileOf(const std::string& key) const;
   /// Sum of tensor byte lengths.
   uint64_t total_bytes() const;
   /// Shard file names (one entry for an unsharded checkpoint).

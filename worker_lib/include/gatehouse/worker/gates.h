@@ -48,6 +48,7 @@
 #include "gatehouse/worker/model_family.h"
 #include "gatehouse/worker/reference.h"
 #include "gatehouse/worker/run_spec.h"
+#include "gatehouse/worker/safetensors_scan.h"
 #include "gatehouse/worker/state_dict_adapter.h"
 #include "gatehouse/worker/tensor_parallel.h"
 
@@ -131,8 +132,10 @@ struct LoadReport {
   uint64_t bytes_adopted = 0;
   /// The checkpoint keys of those parameters, sorted.
   std::vector<std::string> adopted_keys;
-  /// Wall time of the finiteness checks (one read of every loaded weight), in ms.
+  /// Wall time of the finiteness checks (one read of every loaded weight not in the scan), in ms.
   double finite_check_ms = 0;
+  /// Of bytes_loaded, those whose NaN/Inf count came from the identity gate's scan (no read).
+  uint64_t bytes_finite_from_scan = 0;
   /// "hf_name (-> internal)" the adapter expects but the checkpoint lacks (a missing expert
   /// is named by its own key), and parameters (or slices of a stacked one) no checkpoint key
   /// loaded.
@@ -168,12 +171,18 @@ struct LoadReport {
 /// parameter is taken off first), and shapes are compared with the local shape the plan gives;
 /// a parameter no plan rule covers, or a dimension the TP size does not divide, is a shape
 /// mismatch naming the rule.
+///
+/// With `scan` (the identity gate's count of the same files' bytes, safetensors_scan.h) a
+/// parameter that adopts its tensor's mapped bytes takes that tensor's NaN/Inf count from the
+/// scan instead of reading the bytes again; any other (converted, sliced, sharded, or not in
+/// the scan) is counted after conversion as before.
 struct ShardedLoad {
   const TpPlan* plan = nullptr;
   int64_t rank = 0;
 };
 Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
-                                 CausalLM& model, const ShardedLoad* shard = nullptr);
+                                 CausalLM& model, const ShardedLoad* shard = nullptr,
+                                 const safetensors::FiniteScan* scan = nullptr);
 
 /// The inverse of LoadStateDict: every parameter group under its HF name, a stacked parameter
 /// slice by slice along dim 0 (StateDictAdapter::HfSlices), in group order. Tensors are
@@ -242,6 +251,8 @@ struct GateContext {
   int device_index = 0;
 
   // --- state carried between gates -------------------------------------------------------
+  /// identity: NaN/Inf counts of the checkpoint's tensors, from the bytes its digest read.
+  std::shared_ptr<const safetensors::FiniteScan> checkpoint_scan;
   std::optional<Checkpoint> checkpoint;       // load
   const ModelFamily* family = nullptr;        // config
   std::shared_ptr<const ModelArgs> args;      // config
@@ -272,6 +283,15 @@ GateOutcome InferenceGate(GateContext& ctx);
 ///    max-abs bar, or 0.1 nats without one), after which it is not compared.
 /// Figures: both comparisons, ids, text (tokenizer.json), the continuations' distinct tokens.
 GateOutcome DecodeGate(GateContext& ctx);
+/// The packing gate, two parts on the reference prompts packed into one row (cu_seqlens,
+/// positions restarting at 0 for each sequence; CausalLM::ForwardPacked):
+///  - logits: each sequence's logits in the packed row equal its own forward's (bit-equal, or
+///    within PackingBarsFor: fp32 KL <= 1e-9 per token; both top-1 100 %);
+///  - training: the packed step's loss (next-token cross-entropy, mean over every predicted
+///    token) and every parameter's gradient equal the unpacked batch's (each sequence alone,
+///    the same mean) within the bars.
+/// A model without a packed forward FAILs (adapter contract).
+GateOutcome PackingGate(GateContext& ctx);
 /// The training gate: the cell's AdamW steps on the reference prompts (step s trains on prompt
 /// (s - 1) mod P, next-token cross-entropy), against upstream's trace (bundle "training"):
 ///  - the trainable set, by checkpoint key through the adapter's inverse mapping, equals
@@ -334,7 +354,7 @@ struct GateDef {
   GateFn fn;
 };
 
-/// The eleven gates in kPhases order.
+/// The twelve gates in kPhases order.
 std::vector<GateDef> DefaultGates();
 
 /// The phases a rank > 0 of a worker group runs (the parallel gate and what it needs); the

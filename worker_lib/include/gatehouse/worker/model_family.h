@@ -28,8 +28,9 @@ namespace gatehouse::worker {
 /// refuses other versions. 2: TensorNameRule::num_experts and the stacked-slice lookups of
 /// StateDictAdapter (state_dict_adapter.h). 3: ModelFamily::Parallelize / ConstructParallel
 /// and the tensor-parallel types (tensor_parallel.h); CausalLM::SupportsStaticDecode /
-/// DecodeStep and KVCache::WriteAt (CUDA-graph decode).
-inline constexpr int kPluginAbiVersion = 4;
+/// DecodeStep and KVCache::WriteAt (CUDA-graph decode). 5: CausalLM::SupportsPacked /
+/// ForwardPacked (packed batches).
+inline constexpr int kPluginAbiVersion = 5;
 
 /// How each top-level field of config.json was treated. Every field must land in `mapped` or
 /// `ignored`; a field the family cannot honour makes ParseConfig fail instead.
@@ -87,6 +88,22 @@ class CausalLM : public torch::nn::Module {
     (void)positions;
     (void)cache;
     TORCH_CHECK(false, "this model has no static decode step (SupportsStaticDecode is false)");
+  }
+  /// True when ForwardPacked is implemented for this model. Default false.
+  virtual bool SupportsPacked() const { return false; }
+  /// A packed forward, as RL and SFT trainers run one (flash-attention's varlen convention):
+  /// tokens [1, T] int64 hold S sequences back to back, sequence s in columns
+  /// [cu_seqlens[s], cu_seqlens[s + 1]); cu_seqlens [S + 1] int64 on the model's device, 0
+  /// first, non-decreasing, T last; positions [1, T] int64 as the caller gives them (a trainer
+  /// restarts them at 0 for each sequence). No attention crosses a sequence boundary: each
+  /// sequence's logits are those of its own forward. No cache. Returns logits [1, T,
+  /// vocab_size]. Default: throws c10::Error (not supported).
+  virtual torch::Tensor ForwardPacked(const torch::Tensor& tokens, const torch::Tensor& positions,
+                                      const torch::Tensor& cu_seqlens) {
+    (void)tokens;
+    (void)positions;
+    (void)cu_seqlens;
+    TORCH_CHECK(false, "this model has no packed forward (SupportsPacked is false)");
   }
 };
 
