@@ -10,14 +10,14 @@ namespace gatehouse {
 
 /// Every phase, in the order a worker runs them. A later phase never runs after an earlier
 /// required phase ended FAIL, BLOCKED or UNKNOWN; it is reported SKIPPED with that reason.
-inline constexpr std::array<std::string_view, 12> kPhases = {
-    "identity", "config",   "construct", "load",     "inference",  "decode",
-    "packing",  "training", "save",      "parallel", "cuda_graph", "performance"};
+inline constexpr std::array<std::string_view, 13> kPhases = {
+    "identity", "config",         "construct", "load", "inference",  "decode",     "packing",
+    "logprob_parity", "training", "save",      "parallel", "cuda_graph", "performance"};
 
 /// Phases requested when a cell names none: all but performance (which needs a GPU peer run).
-inline constexpr std::array<std::string_view, 11> kDefaultPhases = {
-    "identity", "config",   "construct", "load",     "inference", "decode",
-    "packing",  "training", "save",      "parallel", "cuda_graph"};
+inline constexpr std::array<std::string_view, 12> kDefaultPhases = {
+    "identity", "config",         "construct", "load", "inference", "decode",    "packing",
+    "logprob_parity", "training", "save",      "parallel", "cuda_graph"};
 
 /// The phases of a reference cell (common/cell_spec.h), in order: identity (the runtime pins
 /// and the checkpoint digest on the node) and reference (upstream makes the bundle).

@@ -97,6 +97,7 @@ Status ParseCoreFields(ConfigReader& reader, const CoreDefaults& defaults, Decod
     return FieldError("num_hidden_layers", json(spec.num_hidden_layers), "must be positive");
   }
   GH_ASSIGN_OR_RETURN(auto kv_heads, reader.OptionalInt("num_key_value_heads"));
+  if (!reader.config().contains("num_key_value_heads")) kv_heads = defaults.num_key_value_heads;
   spec.num_key_value_heads = kv_heads.value_or(spec.num_attention_heads);
   GH_ASSIGN_OR_RETURN(auto head_dim, reader.OptionalInt("head_dim"));
   if (!head_dim.has_value()) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,10 +64,14 @@ struct CoreDefaults {
   Activation activation = Activation::kSilu;
   /// Whether head_dim may be absent (then hidden_size / num_attention_heads).
   bool head_dim_optional = true;
+  /// num_key_value_heads when the field is absent: the config class's default (Mistral 8,
+  /// Qwen2 and Qwen3 32, Qwen3-MoE 4), or num_attention_heads where the class defaults to
+  /// None (Llama, Phi-3). A null value is num_attention_heads (the classes that accept None).
+  std::optional<int64_t> num_key_value_heads;
 };
 
 /// Reads the fields every decoder config has: vocab_size, hidden_size, intermediate_size,
-/// num_hidden_layers, num_attention_heads, num_key_value_heads (default: num_attention_heads),
+/// num_hidden_layers, num_attention_heads, num_key_value_heads (default: CoreDefaults),
 /// head_dim, max_position_embeddings, rms_norm_eps, tie_word_embeddings, pad_token_id and the
 /// activation; sets attention_scaling = head_dim^-0.5 and one full-attention layer per
 /// num_hidden_layers using RoPE 0 (families override what differs). Also ignores the common

@@ -12,7 +12,8 @@ using nlohmann::json;
 
 Result<DecoderSpec> ParseMistralConfig(ConfigReader& reader) {
   DecoderSpec spec;
-  GH_RETURN_IF_ERROR(ParseCoreFields(reader, CoreDefaults{}, spec));
+  // MistralConfig: num_key_value_heads defaults to 8.
+  GH_RETURN_IF_ERROR(ParseCoreFields(reader, CoreDefaults{.num_key_value_heads = 8}, spec));
   if (const json* layer_types = reader.Raw("layer_types")) {
     return FieldError("layer_types", *layer_types,
                       "a mistral config with layer_types is loaded as \"ministral\" by "

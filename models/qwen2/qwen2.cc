@@ -52,7 +52,8 @@ Result<DecoderSpec> ParseQwen2Config(ConfigReader& reader) {
     return FieldError("head_dim", nullptr, "must be an integer (Qwen2Attention fails on null)");
   }
   DecoderSpec spec;
-  GH_RETURN_IF_ERROR(ParseCoreFields(reader, CoreDefaults{}, spec));
+  // Qwen2Config: num_key_value_heads defaults to 32.
+  GH_RETURN_IF_ERROR(ParseCoreFields(reader, CoreDefaults{.num_key_value_heads = 32}, spec));
   // Qwen2Attention: q/k/v projections always carry a bias, o_proj never; the MLP has none.
   spec.qkv_bias = true;
   spec.o_bias = false;

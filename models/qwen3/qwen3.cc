@@ -20,7 +20,8 @@ Result<DecoderSpec> ParseQwen3Config(ConfigReader& reader) {
     return FieldError("head_dim", nullptr, "must be an integer (Qwen3Attention fails on null)");
   }
   DecoderSpec spec;
-  GH_RETURN_IF_ERROR(ParseCoreFields(reader, CoreDefaults{}, spec));
+  // Qwen3Config: num_key_value_heads defaults to 32.
+  GH_RETURN_IF_ERROR(ParseCoreFields(reader, CoreDefaults{.num_key_value_heads = 32}, spec));
   if (!head_dim_given) {
     spec.head_dim = 128;
     spec.attention_scaling = 1.0 / std::sqrt(static_cast<double>(spec.head_dim));

@@ -49,7 +49,8 @@ Result<std::set<int64_t>> ReadMlpOnlyLayers(ConfigReader& reader) {
 
 Result<DecoderSpec> ParseQwen3MoeConfig(ConfigReader& reader) {
   DecoderSpec spec;
-  GH_RETURN_IF_ERROR(ParseCoreFields(reader, CoreDefaults{}, spec));
+  // Qwen3MoeConfig: num_key_value_heads defaults to 4.
+  GH_RETURN_IF_ERROR(ParseCoreFields(reader, CoreDefaults{.num_key_value_heads = 4}, spec));
   GH_ASSIGN_OR_RETURN(bool attention_bias, reader.Bool("attention_bias", false));
   spec.qkv_bias = spec.o_bias = attention_bias;
   spec.qk_norm = true;  // Qwen3MoeAttention always has q_norm / k_norm

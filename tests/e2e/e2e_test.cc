@@ -30,8 +30,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using std::chrono::seconds;
 
-constexpr const char* kCpuGates[] = {"identity", "config", "construct", "load",    "inference",
-                                     "decode",   "packing", "training",  "save"};
+constexpr const char* kCpuGates[] = {"identity", "config",  "construct",      "load",
+                                     "inference", "decode", "packing", "logprob_parity",
+                                     "training",  "save"};
 
 class EndToEndTest : public ::testing::Test {
  protected:
@@ -246,7 +247,7 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
   auto kl = Figure(*inference, "kl_mean");
   ASSERT_TRUE(kl);
   EXPECT_GT(*kl, 1e-6);
-  for (const char* later : {"decode", "packing", "training", "save"}) {
+  for (const char* later : {"decode", "packing", "logprob_parity", "training", "save"}) {
     const json* p = FindPhase(bug_cell, later);
     ASSERT_NE(p, nullptr) << later;
     EXPECT_EQ(p->at("status"), "SKIPPED") << later;

@@ -145,6 +145,15 @@ TEST(Families, EveryGatePassesOnEveryFixtureInBothPrecisions) {
           EXPECT_NE(out.Find("loss_rel_diff"), nullptr) << variant << " " << precision;
           EXPECT_NE(out.Find("grad_rel_diff_max"), nullptr) << variant << " " << precision;
         }
+        if (phase == "logprob_parity") {
+          // Every probe prompt's sampled tokens scored on both paths, the bar beside them.
+          const Figure* tokens = out.Find("sampled_tokens");
+          ASSERT_NE(tokens, nullptr);
+          EXPECT_GE(std::get<int64_t>(tokens->value), 2 * 32) << variant << " " << precision;
+          EXPECT_LE(Real(out, "mean_abs_diff"), Real(out, "bar_mean_abs_diff"))
+              << variant << " " << precision;
+          EXPECT_GE(Real(out, "k3_kl"), 0.0) << variant << " " << precision;
+        }
         if (phase == "training") {
           EXPECT_EQ(Real(out, "loss_rel_diff_step_1"), 0.0) << variant << " " << precision;
           EXPECT_EQ(Real(out, "loss_rel_diff_step_2"), Real(out, "upstream_floor_loss_rel") > 0

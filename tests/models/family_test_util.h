@@ -107,7 +107,8 @@ inline worker::RunSpec FixtureRunSpec(const std::filesystem::path& variant_dir,
       {"training", {{"steps", 2}, {"lr", 0.001}, {"seed", 1234}}},
       {"env", nlohmann::json::object()},
       {"phases",
-       {"config", "construct", "load", "inference", "decode", "packing", "training", "save"}},
+       {"config", "construct", "load", "inference", "decode", "packing", "logprob_parity",
+        "training", "save"}},
       {"attempt",
        {{"id", 1},
         {"dir", attempt_dir.string()},
@@ -131,6 +132,7 @@ inline std::vector<NamedGate> GatesThrough(std::string_view last) {
       {"config", worker::ConfigGate},       {"construct", worker::ConstructGate},
       {"load", worker::LoadGate},           {"inference", worker::InferenceGate},
       {"decode", worker::DecodeGate},       {"packing", worker::PackingGate},
+      {"logprob_parity", worker::LogprobParityGate},
       {"training", worker::TrainingGate},   {"save", worker::SaveGate}};
   std::vector<NamedGate> out;
   for (const NamedGate& g : all) {

@@ -377,6 +377,21 @@ TEST(QwenMistralConfig, HeadDimDefaults) {
   EXPECT_EQ(SpecOf("mistral", config)["head_dim"], 16);
 }
 
+// num_key_value_heads takes the config class's default when absent (Qwen2Config and
+// Qwen3Config 32, MistralConfig 8, not num_attention_heads) and num_attention_heads when null.
+TEST(QwenMistralConfig, KeyValueHeadsDefaults) {
+  for (const auto& [family, absent] :
+       std::vector<std::pair<std::string, int>>{{"qwen2", 32}, {"qwen3", 32}, {"mistral", 8}}) {
+    json config = Saved(family);
+    config["num_attention_heads"] = 64;
+    config["head_dim"] = 16;
+    config.erase("num_key_value_heads");
+    EXPECT_EQ(SpecOf(family, config)["num_key_value_heads"], absent) << family;
+    config["num_key_value_heads"] = nullptr;
+    EXPECT_EQ(SpecOf(family, config)["num_key_value_heads"], 64) << family;
+  }
+}
+
 // --- name table ---------------------------------------------------------------------------
 
 // The adapter's expected HF names equal the keys transformers saved, exactly, for every

@@ -172,6 +172,14 @@ TEST(Qwen3MoeConfig, NumExpertsSpellings) {
   ExpectRejected(both, "num_local_experts", "disagrees with num_experts = 6");
 }
 
+// num_key_value_heads absent is Qwen3MoeConfig's default 4, not num_attention_heads.
+TEST(Qwen3MoeConfig, KeyValueHeadsDefault) {
+  json config = Saved();
+  config["num_attention_heads"] = 8;
+  config.erase("num_key_value_heads");
+  EXPECT_EQ(SpecOf(config)["num_key_value_heads"], 4);
+}
+
 // Layer l is sparse iff l not in mlp_only_layers and num_experts > 0 and
 // (l + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer).
 TEST(Qwen3MoeConfig, SparseLayerSelection) {

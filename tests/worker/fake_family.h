@@ -27,6 +27,10 @@ struct FakeOptions {
   bool no_packed_forward = false;
   bool packed_crosses_sequences = false;
   bool packed_ignores_positions = false;
+  /// The cached (decode) path scales its position term by 1 + decode_position_drift, the full
+  /// forward does not: rollout and training log-probs drift apart (the logprob_parity gate's
+  /// bug class: a decode path that computes RoPE in another order or precision).
+  double decode_position_drift = 0;
 };
 
 class FakeArgs : public ModelArgs {
@@ -91,7 +95,11 @@ class FakeLM : public CausalLM {
     torch::Tensor x = torch::embedding(embed_->weight, tokens);  // [B, T, H]
     const auto o = x.options();
     const torch::Tensor freq = torch::arange(args_.hidden, o) / double(args_.hidden) + 0.1;
-    x = x + 0.1 * torch::sin(positions.unsqueeze(-1).to(x.scalar_type()) * freq);
+    torch::Tensor position_term = torch::sin(positions.unsqueeze(-1).to(x.scalar_type()) * freq);
+    if (cache != nullptr && options_.decode_position_drift != 0) {
+      position_term = position_term * (1 + options_.decode_position_drift);
+    }
+    x = x + 0.1 * position_term;
     for (int64_t l = 0; l < args_.layers; ++l) {
       const torch::Tensor kv = x.unsqueeze(1);  // [B, 1, T, H]
       const torch::Tensor full = cache ? cache->Append(l, kv, kv).first : kv;

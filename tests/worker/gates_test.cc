@@ -16,6 +16,7 @@
 
 #include "common/sha256.h"
 #include "gatehouse/worker/adamw.h"
+#include "gatehouse/worker/bars.h"
 #include "gatehouse/worker/gates.h"
 #include "gatehouse/worker/plugin_loader.h"
 #include "gatehouse/worker/reference.h"
@@ -1065,6 +1066,114 @@ TEST(PackingGateTest, BrokenPackingFails) {
   }
 }
 
+// --- logprob_parity ------------------------------------------------------------------------
+
+// Verifies a model whose KV-cached decode computes what its packed training forward computes
+// passes: every sampled token scored on both paths within the fp32 bar, the draws
+// reproducible from the seed (and another seed drawing other tokens), the model in eval mode
+// after and no gradient left behind.
+TEST(LogprobParityGateTest, RolloutMatchesTraining) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  GateOutcome out = RunThrough(ctx, "logprob_parity");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Count(out, "sequences"), 3);
+  EXPECT_EQ(Count(out, "sampled_tokens"), 3 * 6);
+  EXPECT_LE(Real(out, "mean_abs_diff"), 1e-6);
+  EXPECT_GE(Real(out, "max_abs_diff"), Real(out, "mean_abs_diff"));
+  EXPECT_GE(Real(out, "k3_kl"), 0.0);
+  EXPECT_LT(Real(out, "rollout_logprob_mean"), 0.0);
+  EXPECT_EQ(Real(out, "bar_mean_abs_diff"), 1e-5);
+  EXPECT_EQ(Text(out, "training_forward"), "packed (cu_seqlens), train mode");
+  EXPECT_EQ(Text(out, "cuda_graph_rollout"), "not run: mode eager");
+  EXPECT_FALSE(ctx.model->is_training());
+  for (const auto& p : ctx.model->parameters()) EXPECT_FALSE(p.grad().defined());
+
+  GateContext again = fx.Context();
+  ASSERT_EQ(RunThrough(again, "packing").status, GateStatus::kPass);
+  EXPECT_EQ(Real(LogprobParityGate(again), "rollout_logprob_mean"),
+            Real(out, "rollout_logprob_mean"));
+  GateContext other = fx.Context();
+  other.spec.training.seed = 99;
+  ASSERT_EQ(RunThrough(other, "packing").status, GateStatus::kPass);
+  EXPECT_NE(Real(LogprobParityGate(other), "rollout_logprob_mean"),
+            Real(out, "rollout_logprob_mean"));
+}
+
+// Writes fx's reference bundle from a model of fx's weights that behaves as `upstream` says
+// (an upstream whose paths differ from, or agree unlike, the adapter's).
+void WriteReferenceAs(Fixture& fx, FakeOptions upstream) {
+  FakeFamily family(upstream);
+  std::shared_ptr<CausalLM> model = *family.Construct(*fx.args, torch::kFloat32, torch::kCPU);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = fx.model->named_parameters();
+    for (auto& item : model->named_parameters()) item.value().copy_(from[item.key()]);
+  }
+  fx.WriteReference(*model);
+}
+
+// Verifies the gate FAILs a model whose decode path computes its position term otherwise
+// than its full forward while upstream's (the bundle's) paths agree, naming the
+// path, the figures and the bar; and that a model without a packed forward is scored one
+// sequence at a time.
+TEST(LogprobParityGateTest, DecodePathDriftFails) {
+  Fixture fx(FixtureOptions{.fake = FakeOptions{.decode_position_drift = 0.05}});
+  fx.WriteCheckpoint();
+  WriteReferenceAs(fx, FakeOptions{});  // upstream: the same weights without the drift
+  GateContext ctx = fx.Context();
+  ASSERT_EQ(RunThrough(ctx, "load").status, GateStatus::kPass);
+  GateOutcome out = LogprobParityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_EQ(FailureClassName(out.classification), "adapter_contract");
+  EXPECT_THAT(out.reason, HasSubstr("KV-cached decode vs training forward: mean abs log-prob "
+                                    "diff"));
+  EXPECT_THAT(out.reason, HasSubstr("exceeds the bar 1e-05"));
+  EXPECT_GT(Real(out, "mean_abs_diff"), 1e-5);
+  EXPECT_LE(Real(out, "upstream_greedy_mean_abs_diff"), 1e-6);
+
+  Fixture unpacked(FixtureOptions{.fake = FakeOptions{.no_packed_forward = true}});
+  unpacked.Write();
+  GateContext u = unpacked.Context();
+  ASSERT_EQ(RunThrough(u, "load").status, GateStatus::kPass);
+  GateOutcome one_by_one = LogprobParityGate(u);
+  EXPECT_STATUS(one_by_one, GateStatus::kPass);
+  EXPECT_THAT(Text(one_by_one, "training_forward"), HasSubstr("one sequence at a time"));
+}
+
+// Verifies a gap that upstream's own paths show too (its cached decode against its
+// teacher-forced forward, from the bundle) is the model's, not the adapter's: the gate PASSes
+// saying so when ours on upstream's greedy tokens stays within kFloorMargin of upstream's, and
+// FAILs when ours is larger.
+TEST(LogprobParityGateTest, GapUpstreamHasTooIsTheModels) {
+  Fixture fx(FixtureOptions{.fake = FakeOptions{.decode_position_drift = 0.05}});
+  fx.Write();  // the reference from the same drifting model: upstream has the gap
+  GateContext ctx = fx.Context();
+  ASSERT_EQ(RunThrough(ctx, "load").status, GateStatus::kPass);
+  GateOutcome out = LogprobParityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_GT(Real(out, "upstream_greedy_mean_abs_diff"), 1e-5);
+  EXPECT_GT(Real(out, "mean_abs_diff"), 1e-5);  // shown, not barred
+  EXPECT_EQ(Real(out, "greedy_mean_abs_diff"), Real(out, "upstream_greedy_mean_abs_diff"));
+  EXPECT_EQ(Real(out, "bar_greedy_mean_abs_diff"),
+            kFloorMargin * Real(out, "upstream_greedy_mean_abs_diff"));
+  EXPECT_THAT(Text(out, "inherent_gap"), HasSubstr("the model's paths differ"));
+
+  // Ours drifts by 20 %, upstream by 2 % (a gap about ten times smaller, still above the
+  // bar): ours is not explained by upstream's.
+  Fixture bigger(FixtureOptions{.fake = FakeOptions{.decode_position_drift = 0.2}});
+  bigger.WriteCheckpoint();
+  WriteReferenceAs(bigger, FakeOptions{.decode_position_drift = 0.02});
+  GateContext bad = bigger.Context();
+  ASSERT_EQ(RunThrough(bad, "load").status, GateStatus::kPass);
+  GateOutcome worse = LogprobParityGate(bad);
+  EXPECT_STATUS(worse, GateStatus::kFail);
+  EXPECT_GT(Real(worse, "upstream_greedy_mean_abs_diff"), 1e-5);
+  EXPECT_THAT(worse.reason, HasSubstr("on upstream's greedy tokens"));
+  EXPECT_THAT(worse.reason, HasSubstr("exceeds 4x upstream's own"));
+}
+
 // --- training -------------------------------------------------------------------------------
 
 // Verifies two AdamW steps run with finite losses and gradient norms, and change the weights.
@@ -1371,10 +1480,15 @@ TEST(RunnerTest, FullRunPasses) {
   EXPECT_EQ(RunGates(ctx, events), GateStatus::kPass);
   const auto ends = PhaseEnds(sink);
   ASSERT_EQ(ends.size(), kPhases.size());
-  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(ends[i]["status"], "PASS") << ends[i].dump();
-  EXPECT_EQ(ends[9]["status"], "SKIPPED");
-  EXPECT_EQ(ends[10]["reason"], "no CUDA device: torch::cuda::is_available() is false");
-  EXPECT_EQ(ends[11]["reason"], "not requested");
+  const size_t parallel = *PhaseIndex("parallel");
+  for (size_t i = 0; i < parallel; ++i) {
+    EXPECT_EQ(ends[i]["phase"], kPhases[i]);
+    EXPECT_EQ(ends[i]["status"], "PASS") << ends[i].dump();
+  }
+  EXPECT_EQ(ends[parallel]["status"], "SKIPPED");
+  EXPECT_EQ(ends[*PhaseIndex("cuda_graph")]["reason"],
+            "no CUDA device: torch::cuda::is_available() is false");
+  EXPECT_EQ(ends[*PhaseIndex("performance")]["reason"], "not requested");
   EXPECT_EQ(sink.events().front()["event"], "phase_start");
   EXPECT_EQ(sink.events().back()["event"], "run_end");
   EXPECT_EQ(sink.events().back()["status"], "PASS");
@@ -1397,11 +1511,12 @@ TEST(RunnerTest, LaterPhasesSkippedAfterFail) {
   EXPECT_EQ(ends[3]["phase"], "load");
   EXPECT_EQ(ends[3]["status"], "FAIL");
   EXPECT_EQ(ends[3]["classification"], "adapter_contract");
-  for (size_t i = 4; i < 11; ++i) {
+  const size_t performance = *PhaseIndex("performance");
+  for (size_t i = 4; i < performance; ++i) {
     EXPECT_EQ(ends[i]["status"], "SKIPPED");
     EXPECT_EQ(ends[i]["reason"], "skipped: earlier phase load ended FAIL");
   }
-  EXPECT_EQ(ends[11]["reason"], "not requested");
+  EXPECT_EQ(ends[performance]["reason"], "not requested");
   EXPECT_EQ(sink.events().back()["status"], "FAIL");
 }
 

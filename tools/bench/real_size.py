@@ -73,8 +73,8 @@ TINY_OVERRIDES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
                       bos_token_id=1, eos_token_id=1)
 CKPT_FORMAT = 1  # bump when the checkpoint recipe changes for the same config
-PHASES = ["identity", "config", "construct", "load", "inference", "decode", "packing", "training",
-          "save"]
+PHASES = ["identity", "config", "construct", "load", "inference", "decode", "packing",
+          "logprob_parity", "training", "save"]
 TERMINAL = {"passed", "failed", "error", "blocked", "cancelled", "timed_out"}
 BINARIES = ["gatehouse-controller", "gatehouse-agent", "gatehouse-worker"]
 SKIP_RETURN_CODE = 77

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import tempfile
 
-PHASES = ["config", "construct", "load", "inference", "decode", "packing", "training", "save",
-          "parallel", "cuda_graph", "performance"]
+PHASES = ["config", "construct", "load", "inference", "decode", "packing", "logprob_parity",
+          "training", "save", "parallel", "cuda_graph", "performance"]
 # Figures shown per phase (those the gate reported).
 SHOWN = {
     "inference": ["kl_mean", "top1_agreement", "max_abs_diff", "bar_kl_mean", "bar_top1_agreement"],
@@ -26,6 +26,8 @@ SHOWN = {
                "steps_bar_kl_mean", "near_tie_divergences", "ms_per_token"],
     "packing": ["sequences_bit_equal", "max_abs_diff", "kl_max", "loss_rel_diff",
                 "grad_rel_diff_max"],
+    "logprob_parity": ["mean_abs_diff", "max_abs_diff", "k3_kl", "graph_mean_abs_diff",
+                       "graph_max_abs_diff", "graph_k3_kl", "bar_mean_abs_diff"],
     "training": ["loss_step_1", "loss_rel_diff_step_1", "loss_rel_diff_step_2",
                  "grad_norm_max_rel_diff", "bar_grad_norm_rel", "step_ms"],
     "cuda_graph": ["tokens_matched", "tokens_total", "steps_max_abs_diff", "steps_kl_mean",

@@ -7,9 +7,12 @@ What
     that reproduces one bug seen in real adaptations, its class (what kind of gate weakness it
     probes: "classic", "bars" for numerics only a bar at upstream's floor catches, "decode" for
     bugs of the KV-cached decode path alone, "training" for backward and optimizer bugs a
-    finite-gradient check misses, "hub_config" for config fields as the Hub ships them), the
-    fixture (a checkpoint variant of tools/refgen/families) whose cell must catch it, and the
-    cell's precision (default fp32). This command
+    finite-gradient check misses, "hub_config" for config fields as the Hub ships them,
+    "packing" for packed rows, "logprob" for rollout paths that drift from the training
+    forward), the fixture (a checkpoint variant of tools/refgen/families) whose cell must catch
+    it, the cell's precision (default fp32) and, optionally, its phases (default: the
+    controller's; a mutation that names them shows a gate catching the bug on its own, e.g.
+    without the decode gate that would catch it first). This command
 
       1. makes the fixtures (transformers' save_pretrained + reference logits);
       2. builds a real git repository from models/ (branch main) and, for every mutation, a
@@ -130,6 +133,10 @@ def key_figure(phase):
         return (f"packed vs alone: KL max {num(figs['kl_max'], '.3g')} nats (bar "
                 f"{num(figs.get('bar_kl_max'), '.3g')}), top-1 {num(figs.get('top1_agreement'), '.1f')} %, "
                 f"loss rel diff {num(figs.get('loss_rel_diff'), '.3g')}")
+    if name == "logprob_parity" and "mean_abs_diff" in figs:
+        return (f"rollout vs training log-probs: mean abs {num(figs['mean_abs_diff'], '.3g')} nats "
+                f"(bar {num(figs.get('bar_mean_abs_diff'), '.3g')}), max "
+                f"{num(figs.get('max_abs_diff'), '.3g')}, k3 KL {num(figs.get('k3_kl'), '.3g')}")
     if name == "load":
         return (f"keys used {figs.get('keys_used', '?')}/{figs.get('keys_total', '?')}, "
                 f"missing {figs.get('keys_missing', '?')}, unexpected {figs.get('keys_unexpected', '?')}")
@@ -266,11 +273,13 @@ def main(argv=None):
             except OSError:
                 time.sleep(0.2)
 
-        def submit(branch, fixture, precision):
+        def submit(branch, fixture, precision, phases=None):
             body = {"repository": str(repo), "branch": branch,
                     "model_family": variants[fixture].family,
                     "checkpoint": str(ckpts / fixture / "checkpoint"),
                     "reference": str(ckpts / fixture / "reference"), "precision": precision}
+            if phases:
+                body["phases"] = phases
             code, resp = http("POST", f"{api}/cells", body, api_token)
             # 202: the controller is still digesting the checkpoint (protocols.md §1); the cell
             # id needs the digest, so the same body is posted again until it answers the cell.
@@ -285,7 +294,7 @@ def main(argv=None):
         cells = {("control", f, p): submit("main", f, p) for f, p in controls}
         for m in mutations:
             cells[("mutation", m["name"])] = submit(f"mut/{m['name']}", m["fixture"],
-                                                    m.get("precision", "fp32"))
+                                                    m.get("precision", "fp32"), m.get("phases"))
         log(f"{len(cells)} cells submitted; {args.agents} agent(s) run them, one at a time each")
         if args.agents > 1:
             first_build_deadline, built = time.time() + args.timeout_s, False

@@ -36,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "refgen"))
 
-PHASES = ["config", "construct", "load", "inference", "decode", "packing", "training", "save"]
+PHASES = ["config", "construct", "load", "inference", "decode", "packing", "logprob_parity",
+          "training", "save"]
 
 
 def run_spec(variant_dir, family, dtype, attempt_dir):
@@ -141,7 +142,7 @@ def main(argv=None):
         for dtype in args.dtypes:
             ph = run_one(worker, plugin, folder, family, dtype)
             inf, dec, tr = ph.get("inference", {}), ph.get("decode", {}), ph.get("training", {})
-            pk = ph.get("packing", {})
+            pk, lp = ph.get("packing", {}), ph.get("logprob_parity", {})
             ok = all(ph.get(p, {}).get("status") == "PASS" for p in PHASES)
             failures += not ok
             first_bad = next((f"{p}: {ph[p].get('reason', '')}" for p in PHASES
@@ -157,6 +158,11 @@ def main(argv=None):
                          steps, decode, fmt(dec.get("reference_distinct_tokens_min"), ".0f"),
                          fmt(pk.get("kl_max"), ".2g"),
                          f"{fmt(pk.get('loss_rel_diff'), '.2g')} / {fmt(pk.get('grad_rel_diff_max'), '.2g')}",
+                         f"{fmt(lp.get('mean_abs_diff'), '.2g')} / {fmt(lp.get('max_abs_diff'), '.2g')}"
+                         f" / {fmt(lp.get('k3_kl'), '.2g')}"
+                         + (f" (the model's: greedy {fmt(lp.get('greedy_mean_abs_diff'), '.2g')} vs "
+                            f"upstream's {fmt(lp.get('upstream_greedy_mean_abs_diff'), '.2g')})"
+                            if "inherent_gap" in lp else ""),
                          fmt(tr.get("loss_rel_diff_step_1"), ".2g"), fmt(later, ".2g"),
                          fmt(tr.get("grad_norm_max_rel_diff"), ".2g"),
                          "PASS" if ok else "FAIL", first_bad[:160]])
@@ -166,7 +172,8 @@ def main(argv=None):
     import transformers
     header = ["family", "variant", "dtype", "logits max abs", "KL mean (nats/token)", "top-1 %",
               "decode steps max abs / bar", "greedy ids", "distinct (min)",
-              "packed vs alone KL max", "packed step loss / grads (rel)", "loss step 1 (rel)",
+              "packed vs alone KL max", "packed step loss / grads (rel)",
+              "rollout vs train log-prob mean / max / k3", "loss step 1 (rel)",
               "later losses (rel)", "grad norms (rel, worst)", "verdict", "reason"]
     lines = [
         "# Parity with transformers, per family and precision",
@@ -186,7 +193,11 @@ def main(argv=None):
         "experts implementations. 'distinct' is the fewest distinct tokens in a reference "
         "continuation. The packing columns compare the model with itself (the packing gate: the "
         "three prompts packed into one row against each alone, and the packed training step "
-        "against the unpacked batch; bars in docs/bars.md \"Packed batches\").",
+        "against the unpacked batch; bars in docs/bars.md \"Packed batches\"), and so does the "
+        "log-prob column (the logprob_parity gate: 32 tokens sampled per prompt with the KV "
+        "cache, their log-probs against a packed train-mode forward's, in nats; bars in "
+        "docs/bars.md \"Rollout vs training log-probs\"; \"the model's\" marks a gap upstream's "
+        "own cached decode and teacher-forced forward show too, on its greedy tokens).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -173,4 +173,19 @@ PackingBars PackingBarsFor(std::string_view precision) {
   return b;
 }
 
+LogprobBars LogprobBarsFor(std::string_view precision) {
+  LogprobBars b;
+  if (precision == "bf16") {
+    b.mean_abs = 1e-2;
+    b.basis = "bf16, rollout vs training forward on the same weights: mean abs log-prob diff "
+              "<= 1e-2 nats over the sampled tokens (above it RL frameworks call the gap a "
+              "precision problem)";
+    return b;
+  }
+  b.mean_abs = 1e-5;
+  b.basis = "fp32, rollout vs training forward on the same weights: mean abs log-prob diff "
+            "<= 1e-5 nats over the sampled tokens";
+  return b;
+}
+
 }  // namespace gatehouse::worker

@@ -33,11 +33,18 @@ const Figure* GateOutcome::Find(std::string_view name) const {
 // --- runner --------------------------------------------------------------------------------
 
 std::vector<GateDef> DefaultGates() {
-  return {{"identity", IdentityGate}, {"config", ConfigGate},   {"construct", ConstructGate},
-          {"load", LoadGate},         {"inference", InferenceGate},
-          {"decode", DecodeGate},     {"packing", PackingGate},   {"training", TrainingGate},
+  return {{"identity", IdentityGate},
+          {"config", ConfigGate},
+          {"construct", ConstructGate},
+          {"load", LoadGate},
+          {"inference", InferenceGate},
+          {"decode", DecodeGate},
+          {"packing", PackingGate},
+          {"logprob_parity", LogprobParityGate},
+          {"training", TrainingGate},
           {"save", SaveGate},
-          {"parallel", ParallelGate}, {"cuda_graph", CudaGraphGate},
+          {"parallel", ParallelGate},
+          {"cuda_graph", CudaGraphGate},
           {"performance", PerformanceGate}};
 }
 

@@ -120,4 +120,19 @@ struct PackingBars {
 /// bf16 steps at the top logit) apart in both (docs/bars.md, "Packed batches").
 PackingBars PackingBarsFor(std::string_view precision);
 
+/// Bars for the logprob_parity gate (LogprobParityGate): the log-probability the decode path
+/// gave each token it sampled against the one a train-mode forward over the same sequence
+/// gives it, as an RL trainer compares its rollout's log-probs with its policy's. Both sides
+/// are ours; `mean_abs` bars the mean over every sampled token of |log p_train - log p_rollout|
+/// (nats). The max and the k3 KL estimator are figures beside it.
+struct LogprobBars {
+  double mean_abs = 0;
+  std::string basis;
+};
+
+/// fp32: mean abs diff <= 1e-5 nats; bf16: <= 1e-2 nats, the level above which RL
+/// frameworks treat a rollout/training gap as a precision problem (docs/bars.md, "Rollout vs
+/// training log-probs").
+LogprobBars LogprobBarsFor(std::string_view precision);
+
 }  // namespace gatehouse::worker

@@ -292,6 +292,14 @@ GateOutcome DecodeGate(GateContext& ctx);
 ///    the same mean) within the bars.
 /// A model without a packed forward FAILs (adapter contract).
 GateOutcome PackingGate(GateContext& ctx);
+/// The logprob_parity gate: for every reference prompt, max_new_tokens tokens sampled at
+/// temperature 1 (seed: training.seed) with the KV cache, each chosen token's log-prob
+/// recorded (float32 log_softmax of the step's logits), then the full sequences scored by one
+/// teacher-forced, train-mode forward (packed with cu_seqlens when the model has
+/// ForwardPacked). Figures: mean and max abs log-prob diff and the k3 KL estimator; in mode
+/// cuda_graph on a CUDA device the graph's decode is compared the same way. FAILs (adapter
+/// contract) when a mean exceeds LogprobBarsFor.
+GateOutcome LogprobParityGate(GateContext& ctx);
 /// The training gate: the cell's AdamW steps on the reference prompts (step s trains on prompt
 /// (s - 1) mod P, next-token cross-entropy), against upstream's trace (bundle "training"):
 ///  - the trainable set, by checkpoint key through the adapter's inverse mapping, equals
@@ -354,7 +362,7 @@ struct GateDef {
   GateFn fn;
 };
 
-/// The twelve gates in kPhases order.
+/// The thirteen gates in kPhases order.
 std::vector<GateDef> DefaultGates();
 
 /// The phases a rank > 0 of a worker group runs (the parallel gate and what it needs); the

@@ -1,0 +1,1 @@
+"""Shared pieces of the gh_archon adapters."""

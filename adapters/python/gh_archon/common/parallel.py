@@ -1,0 +1,41 @@
+"""Tensor-parallel plan shared by the decoders of this package (Megatron style, via
+torch.distributed.tensor.parallel): attention q/k/v and the dense MLP's w1/w3 ColwiseParallel,
+attention wo and the MLP's w2 RowwiseParallel. Colwise outputs are local tensors holding whole
+heads (the attention views with -1 heads), Rowwise outputs are replicated (all-reduce)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def _divides(what: str, n: int, tp: int) -> None:
+    if n % tp:
+        raise ValueError(f"tensor parallel size {tp} does not divide {what} = {n}")
+
+
+def parallelize_decoder(model: nn.Module, tp_mesh) -> nn.Module:
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    tp = tp_mesh.size()
+    if tp == 1:
+        return model
+    args = model.model_args
+    _divides("num_attention_heads", args.n_heads, tp)
+    _divides("num_key_value_heads", args.n_kv_heads, tp)
+    for layer in model.layers.values():
+        plan = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(),
+        }
+        if getattr(layer, "feed_forward", None) is not None:
+            _divides("intermediate_size", args.hidden_dim, tp)
+            plan.update({
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w3": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(),
+            })
+        parallelize_module(layer, tp_mesh, plan)
+    return model

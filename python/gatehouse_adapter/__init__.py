@@ -1,0 +1,184 @@
+"""Gatehouse Python adapter contract, version 1.
+
+A Python-lane adapter is a module that exposes ``SPEC``, a :class:`ModelSpec`. The Gatehouse
+worker (which embeds the interpreter) imports it and runs the same gates as for the C++
+families: config accounting, load coverage, logits parity against transformers, decode,
+training, save/reload and, where ``parallelize`` is given, tensor parallelism.
+
+This package is pure Python and depends only on torch.
+
+Shapes and dtypes
+-----------------
+The model returned by ``build_model(args, dtype, device)`` is a ``torch.nn.Module`` whose
+parameters are in ``dtype`` on ``device`` (values unspecified until weights are assigned) and
+whose forward is Archon's::
+
+    forward(tokens: LongTensor [B, T],
+            positions: LongTensor [B, T],
+            cu_seqlens: Tensor [S + 1] (int32 or int64) | None = None,
+            max_seqlen: int | None = None) -> logits [B, T, vocab_size] in ``dtype``
+
+* Without ``cu_seqlens`` each row is one sequence: plain causal attention over the row (plus the
+  sliding window where the config asks for one), columns counted from 0.
+* With ``cu_seqlens``, ``B == 1`` and the row holds ``S`` sequences back to back: sequence ``s``
+  occupies columns ``[cu_seqlens[s], cu_seqlens[s + 1])``, ``cu_seqlens[0] == 0`` and
+  ``cu_seqlens[-1] == T``; ``positions`` restart at 0 for each sequence; attention never crosses
+  a sequence boundary (block-diagonal causal mask; the sliding window too, inside each block).
+  ``max_seqlen`` (the longest sequence) is a hint and may be None.
+
+Numerics: on the same device kind, kernels and thread count the model must compute exactly what
+transformers' eager path computes (bit-equal logits in fp32 and bf16), because the gates' bars
+there are equality. Follow upstream's modeling file op for op (dtype casts, op order, fused vs
+separate GEMMs, the experts implementation upstream dispatches to by default).
+
+Weights
+-------
+``state_dict_adapter(args)`` returns a :class:`StateDictAdapter`. ``from_hf`` takes the
+checkpoint's tensors (all safetensors shards merged: ``{hf_key: Tensor}``, any dtype, the
+worker casts to the model dtype afterwards) and returns ``{model_parameter_name: Tensor}``.
+The worker checks coverage both ways, so ``from_hf`` must neither drop nor invent keys:
+
+* every checkpoint key is consumed: mapped to a parameter, or (tied embeddings only) an alias
+  that is verified equal to the tensor it aliases; an unknown key raises ``KeyError`` /
+  ``ValueError`` naming it;
+* every model parameter (``model.named_parameters()``, duplicates removed) is assigned;
+* shapes are equal (the worker compares them; from_hf may reshape/stack, e.g. per-expert 2-D
+  weights into 3-D stacks, but never pads or slices away data).
+
+Tied embeddings: when ``tie_word_embeddings`` is true the checkpoint may lack
+``lm_head.weight`` (``save_pretrained`` omits it). The module ties its output projection to the
+embedding (the same ``Parameter`` object), so ``named_parameters()`` yields it once, under the
+embedding's name, and ``from_hf`` returns only that name.
+
+``to_hf(sd)`` is the inverse: given ``{model_parameter_name: Tensor}`` it returns exactly the
+checkpoint's keys (``save_pretrained``'s naming; tied: no ``lm_head.weight`` unless the
+checkpoint read by ``from_hf`` had one) with bit-equal tensors. ``convert_single_to_hf(name,
+tensor)`` (optional) converts one parameter for incremental weight sync and returns
+``[(hf_key, tensor), ...]``.
+
+Config accounting
+-----------------
+``config_accounting(config)`` maps each top-level ``config.json`` field the adapter knows to
+``None`` (mapped: it changes the computation and is honoured) or a string (ignored, with the
+reason it does not change the computation). A field absent from the result is *unmapped* and
+the config gate FAILs on it. ``args_from_hf_config(config)`` raises ``ValueError`` naming the
+field and the value for anything bad or unsupported (a value upstream would compute and the
+adapter does not must never be silently accepted).
+
+Tensor parallelism
+------------------
+``parallelize(model, tp_mesh)`` (optional) shards the model in place over a 1-D
+``torch.distributed.device_mesh.DeviceMesh`` and returns it; every rank then calls ``forward``
+with the same inputs and gets the full logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import torch
+
+CONTRACT_VERSION = 1
+
+__all__ = [
+    "CONTRACT_VERSION",
+    "ModelSpec",
+    "StateDictAdapter",
+    "BaseStateDictAdapter",
+    "CoverageError",
+    "check_coverage",
+    "assign_parameters",
+]
+
+
+@runtime_checkable
+class StateDictAdapter(Protocol):
+    """Maps checkpoint (Hugging Face) names to the model's own names and back.
+
+    from_hf(hf_sd) -> sd
+        hf_sd: {hf_key: Tensor} of every checkpoint key (all shards). Returns {model parameter
+        name: Tensor}; tensors keep their dtype (the caller casts). Must consume every key
+        (see the module docstring) and raise naming any key it cannot map.
+    to_hf(sd) -> hf_sd
+        The inverse: exactly the checkpoint's keys, bit-equal tensors.
+    convert_single_to_hf(name, tensor) -> [(hf_key, tensor), ...]   (optional)
+        One model parameter in checkpoint naming (a stacked expert tensor gives one entry
+        per expert).
+    """
+
+    def from_hf(self, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def to_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+
+class BaseStateDictAdapter:
+    """Convenience base: ``convert_single_to_hf`` via ``to_hf`` on a one-entry dict."""
+
+    def from_hf(self, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def to_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def convert_single_to_hf(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        return list(self.to_hf({name: tensor}).items())
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a Python adapter module exposes as ``SPEC``.
+
+    name: the family name a cell asks for (e.g. "llama").
+    model_types: the Hugging Face ``model_type`` values served.
+    args_from_hf_config(config: dict) -> args: config.json parsed as a dict; raises
+        ValueError naming field and value on a bad or unsupported value.
+    config_accounting(config: dict) -> {field: None | reason}: None = mapped, str = ignored
+        with the reason; absent = unmapped (the config gate FAILs).
+    build_model(args, dtype, device) -> nn.Module with the forward in the module docstring.
+    state_dict_adapter(args) -> StateDictAdapter.
+    parallelize(model, tp_mesh) -> model, or None when the adapter has no TP plan.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    args_from_hf_config: Callable[[dict], Any]
+    config_accounting: Callable[[dict], dict[str, str | None]]
+    build_model: Callable[[Any, torch.dtype, torch.device], torch.nn.Module]
+    state_dict_adapter: Callable[[Any], StateDictAdapter]
+    parallelize: Callable[[torch.nn.Module, Any], torch.nn.Module] | None = None
+    contract_version: int = CONTRACT_VERSION
+
+
+class CoverageError(ValueError):
+    """from_hf's output does not cover the model's parameters exactly."""
+
+
+def check_coverage(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> None:
+    """The worker's load-coverage check: every parameter of ``model`` (duplicates removed, so a
+    tied output weight counts once) has an entry in ``sd`` with an equal shape, and every entry
+    of ``sd`` names a parameter. Raises CoverageError listing what differs."""
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(sd))
+    extra = sorted(set(sd) - set(params))
+    shapes = sorted(f"{k}: model {tuple(params[k].shape)} vs {tuple(sd[k].shape)}"
+                    for k in set(params) & set(sd) if tuple(params[k].shape) != tuple(sd[k].shape))
+    problems = []
+    if missing:
+        problems.append(f"parameters not assigned: {missing}")
+    if extra:
+        problems.append(f"entries naming no parameter: {extra}")
+    if shapes:
+        problems.append(f"shape mismatches: {shapes}")
+    if problems:
+        raise CoverageError("; ".join(problems))
+
+
+@torch.no_grad()
+def assign_parameters(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """check_coverage, then copy each tensor into its parameter (cast to the parameter's dtype
+    and device). Returns the model."""
+    check_coverage(model, sd)
+    for name, p in model.named_parameters():
+        p.copy_(sd[name].to(device=p.device, dtype=p.dtype))
+    return model
