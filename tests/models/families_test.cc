@@ -150,8 +150,15 @@ TEST(Families, EveryGatePassesOnEveryFixtureInBothPrecisions) {
           const Figure* tokens = out.Find("sampled_tokens");
           ASSERT_NE(tokens, nullptr);
           EXPECT_GE(std::get<int64_t>(tokens->value), 2 * 32) << variant << " " << precision;
-          EXPECT_LE(Real(out, "mean_abs_diff"), Real(out, "bar_mean_abs_diff"))
-              << variant << " " << precision;
+          // A gap upstream's own paths show too (dynamic NTK RoPE) is barred on its greedy
+          // tokens against upstream's; any other is barred on the sampled tokens.
+          if (out.Find("inherent_gap") != nullptr) {
+            EXPECT_LE(Real(out, "greedy_mean_abs_diff"), Real(out, "bar_greedy_mean_abs_diff"))
+                << variant << " " << precision;
+          } else {
+            EXPECT_LE(Real(out, "mean_abs_diff"), Real(out, "bar_mean_abs_diff"))
+                << variant << " " << precision;
+          }
           EXPECT_GE(Real(out, "k3_kl"), 0.0) << variant << " " << precision;
         }
         if (phase == "training") {

@@ -160,7 +160,7 @@ def main(argv=None):
                          f"{fmt(pk.get('loss_rel_diff'), '.2g')} / {fmt(pk.get('grad_rel_diff_max'), '.2g')}",
                          f"{fmt(lp.get('mean_abs_diff'), '.2g')} / {fmt(lp.get('max_abs_diff'), '.2g')}"
                          f" / {fmt(lp.get('k3_kl'), '.2g')}"
-                         + (f" (the model's: greedy {fmt(lp.get('greedy_mean_abs_diff'), '.2g')} vs "
+                         + (f" (upstream's too: greedy {fmt(lp.get('greedy_mean_abs_diff'), '.2g')} vs "
                             f"upstream's {fmt(lp.get('upstream_greedy_mean_abs_diff'), '.2g')})"
                             if "inherent_gap" in lp else ""),
                          fmt(tr.get("loss_rel_diff_step_1"), ".2g"), fmt(later, ".2g"),
@@ -196,7 +196,7 @@ def main(argv=None):
         "against the unpacked batch; bars in docs/bars.md \"Packed batches\"), and so does the "
         "log-prob column (the logprob_parity gate: 32 tokens sampled per prompt with the KV "
         "cache, their log-probs against a packed train-mode forward's, in nats; bars in "
-        "docs/bars.md \"Rollout vs training log-probs\"; \"the model's\" marks a gap upstream's "
+        "docs/bars.md \"Rollout vs training log-probs\"; \"upstream's too\" marks a gap upstream's "
         "own cached decode and teacher-forced forward show too, on its greedy tokens).",
         "",
         "| " + " | ".join(header) + " |",
