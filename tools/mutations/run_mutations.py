@@ -356,7 +356,11 @@ def main(argv=None):
         "",
         f"Produced by `tools/mutations/run_mutations.py` on {datetime.date.today().isoformat()}: each "
         "mutation is a committed patch (tools/mutations/) on its own branch of a real git repository, "
-        "run end to end (controller, agent, worker) against a checkpoint transformers saved.",
+        "run end to end (controller, agent, worker) against a checkpoint transformers saved. "
+        "A mutation whose manifest entry names phases runs only those (the `logprob` ones: every "
+        "default phase but decode, which would catch a decode-path bug first on this bit-exact "
+        "site; they show the logprob_parity gate catching it on its own, as in an RL team's "
+        "cell with no upstream decode to compare with).",
         "",
         "Controls (main branch, unmutated adapter; each must pass):",
         "",

@@ -69,6 +69,7 @@ struct LogprobComparison {
   /// Schulman's estimator of KL(rollout || train) from samples of the rollout: with
   /// r = log p_train - log p_rollout, k3 = exp(r) - 1 - r (>= 0, unbiased).
   void Add(int64_t prompt, const torch::Tensor& rollout, const torch::Tensor& train) {
+    if (rollout.numel() == 0) return;
     const torch::Tensor r = train - rollout;
     const torch::Tensor abs = r.abs();
     sum_abs += abs.sum().item<double>();
@@ -161,8 +162,9 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
   // Sequence i is prompt i and its sampled tokens but the last (nothing is predicted after
   // it); the logits at the prompt's last column and after predict the sampled tokens. Then,
   // likewise, each prompt with upstream's greedy tokens. Packed into one row with positions
-  // restarting at each sequence, as a trainer scores a batch; autograd records, as in a
-  // trainer's step, and the graph is dropped after.
+  // restarting at each sequence, as a trainer scores a batch. Autograd does not record: the
+  // eager forward computes the same values with or without it, and a graph over every
+  // sequence would hold the activations of the whole row (gigabytes at Qwen2.5-0.5B).
   const size_t p_count = prompts.size();
   std::vector<torch::Tensor> sequences, targets;
   for (size_t i = 0; i < p_count; ++i) {
@@ -176,6 +178,7 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
   }
   std::vector<torch::Tensor> train_logprobs(sequences.size());
   {
+    torch::NoGradGuard no_grad;
     model.train();
     struct EvalOnExit {
       CausalLM& m;
