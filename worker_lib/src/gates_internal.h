@@ -125,6 +125,29 @@ inline torch::Tensor Positions(int64_t start, int64_t t, torch::Device device) {
       .unsqueeze(0);
 }
 
+/// One row of packed sequences, as trainers pack them: tokens and positions [1, T] (positions
+/// restarting at 0 for each sequence), cu_seqlens [S + 1], on `device`.
+struct Packed {
+  torch::Tensor tokens;
+  torch::Tensor positions;
+  torch::Tensor cu_seqlens;
+  std::vector<int64_t> bounds;  // cu_seqlens on the host
+};
+
+inline Packed Pack(const std::vector<torch::Tensor>& sequences, torch::Device device) {
+  Packed p;
+  std::vector<torch::Tensor> positions;
+  p.bounds.push_back(0);
+  for (const torch::Tensor& s : sequences) {
+    positions.push_back(torch::arange(s.size(0), torch::kLong));
+    p.bounds.push_back(p.bounds.back() + s.size(0));
+  }
+  p.tokens = torch::cat(sequences).unsqueeze(0).to(device);
+  p.positions = torch::cat(positions).unsqueeze(0).to(device);
+  p.cu_seqlens = torch::tensor(p.bounds, torch::kLong).to(device);
+  return p;
+}
+
 /// True when an earlier gate left a loaded model (and its family/args); else sets `out`
 /// UNKNOWN naming what is missing.
 inline bool RequireLoadedModel(const GateContext& ctx, GateOutcome& out) {

@@ -197,18 +197,11 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
                               .to(torch::kCPU, torch::kDouble);
     };
     if (model.SupportsPacked()) {
-      std::vector<torch::Tensor> positions;
-      std::vector<int64_t> bounds{0};
-      for (const torch::Tensor& s : sequences) {
-        positions.push_back(torch::arange(s.size(0), torch::kLong));
-        bounds.push_back(bounds.back() + s.size(0));
-      }
-      const torch::Tensor logits = model.ForwardPacked(
-          torch::cat(sequences).unsqueeze(0).to(ctx.device),
-          torch::cat(positions).unsqueeze(0).to(ctx.device),
-          torch::tensor(bounds, torch::kLong).to(ctx.device))[0];
+      const internal::Packed packed = internal::Pack(sequences, ctx.device);
+      const torch::Tensor logits =
+          model.ForwardPacked(packed.tokens, packed.positions, packed.cu_seqlens)[0];
       for (size_t i = 0; i < sequences.size(); ++i) {
-        score(i, logits.slice(0, bounds[i], bounds[i + 1]));
+        score(i, logits.slice(0, packed.bounds[i], packed.bounds[i + 1]));
       }
       out.Text("training_forward", "packed (cu_seqlens), train mode");
     } else {

@@ -15,33 +15,13 @@ namespace gatehouse::worker {
 
 using internal::JoinFew;
 using internal::NowMsSteady;
+using internal::Pack;
+using internal::Packed;
 using internal::Num;
 using internal::Positions;
 using internal::ShapeString;
 
 namespace {
-
-/// One row of packed sequences: tokens and positions [1, T], cu_seqlens [S + 1], on `device`.
-struct Packed {
-  torch::Tensor tokens;
-  torch::Tensor positions;
-  torch::Tensor cu_seqlens;
-  std::vector<int64_t> bounds;  // cu_seqlens on the host
-};
-
-Packed Pack(const std::vector<torch::Tensor>& sequences, torch::Device device) {
-  Packed p;
-  std::vector<torch::Tensor> positions;
-  p.bounds.push_back(0);
-  for (const torch::Tensor& s : sequences) {
-    positions.push_back(torch::arange(s.size(0), torch::kLong));
-    p.bounds.push_back(p.bounds.back() + s.size(0));
-  }
-  p.tokens = torch::cat(sequences).unsqueeze(0).to(device);
-  p.positions = torch::cat(positions).unsqueeze(0).to(device);
-  p.cu_seqlens = torch::tensor(p.bounds, torch::kLong).to(device);
-  return p;
-}
 
 void ZeroGradients(const std::vector<torch::Tensor>& params) {
   for (const torch::Tensor& p : params) {
