@@ -138,6 +138,11 @@ class ModelSpec:
     build_model(args, dtype, device) -> nn.Module with the forward in the module docstring.
     state_dict_adapter(args) -> StateDictAdapter.
     parallelize(model, tp_mesh) -> model, or None when the adapter has no TP plan.
+    gate_facts(args) -> dict, optional: the sizes the gates read, under Hugging Face names
+        (vocab_size, num_hidden_layers, num_key_value_heads, head_dim,
+        max_position_embeddings, tie_word_embeddings, min_sliding_window: 0 for none). When
+        absent the worker reads them from the args' attributes under those names or Archon's
+        (n_layers, n_kv_heads, max_seq_len; sliding_window).
     """
 
     name: str
@@ -147,6 +152,7 @@ class ModelSpec:
     build_model: Callable[[Any, torch.dtype, torch.device], torch.nn.Module]
     state_dict_adapter: Callable[[Any], StateDictAdapter]
     parallelize: Callable[[torch.nn.Module, Any], torch.nn.Module] | None = None
+    gate_facts: Callable[[Any], dict] | None = None
     contract_version: int = CONTRACT_VERSION
 
 

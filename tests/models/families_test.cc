@@ -69,21 +69,11 @@ TEST(Families, EveryRegisteredFamilyHasFixtures) {
   }
 }
 
-/// One fixture in one precision through config .. save; the outcomes by phase (stops at the
-/// first phase that does not PASS).
-std::vector<std::pair<std::string, GateOutcome>> RunFixture(const std::string& variant,
-                                                            const std::string& family,
-                                                            const std::string& precision) {
+/// One fixture in one precision through config .. save with the in-tree plugin's families.
+test_util::PhaseOutcomes RunFixture(const std::string& variant, const std::string& family,
+                                    const std::string& precision) {
   test_util::TempDir attempt;
-  torch::manual_seed(1234);
-  GateContext ctx =
-      test_util::FixtureContext(test_util::FixtureDir(variant), family, precision, attempt.path());
-  std::vector<std::pair<std::string, GateOutcome>> outcomes;
-  for (const auto& [phase, gate] : test_util::GatesThrough("save")) {
-    outcomes.emplace_back(std::string(phase), gate(ctx));
-    if (outcomes.back().second.status != GateStatus::kPass) break;
-  }
-  return outcomes;
+  return test_util::RunFixtureGates(Registry(), variant, family, precision, attempt.path());
 }
 
 double Real(const GateOutcome& out, const char* name) {
@@ -105,15 +95,7 @@ TEST(Families, EveryGatePassesOnEveryFixtureInBothPrecisions) {
   for (const auto& [variant, family] : fixtures) {
     for (const std::string precision : {"fp32", "bf16"}) {
       const auto outcomes = RunFixture(variant, family, precision);
-      json& phases = record[variant][precision];
-      for (const auto& [phase, out] : outcomes) {
-        json figures = json::object();
-        for (const Figure& f : out.figures) {
-          std::visit([&](const auto& v) { figures[f.name] = v; }, f.value);
-        }
-        phases[phase] = {{"status", std::string(GateStatusName(out.status))},
-                         {"reason", out.reason}, {"figures", figures}};
-      }
+      record[variant][precision] = test_util::OutcomesJson(outcomes);
       ASSERT_FALSE(outcomes.empty());
       const auto& [last_phase, last] = outcomes.back();
       EXPECT_TRUE(last_phase == "save" && last.status == GateStatus::kPass)

@@ -152,6 +152,44 @@ inline worker::GateContext FixtureContext(const std::filesystem::path& variant_d
   return ctx;
 }
 
+/// Outcomes by phase of one fixture run.
+using PhaseOutcomes = std::vector<std::pair<std::string, worker::GateOutcome>>;
+
+/// One fixture in one precision through config .. `last` with the families of `registry`
+/// (seeded as the worker seeds, training.seed 1234); stops at the first phase that does not
+/// PASS.
+inline PhaseOutcomes RunFixtureGates(const worker::FamilyRegistry& registry,
+                                     const std::string& variant, const std::string& family,
+                                     const std::string& precision,
+                                     const std::filesystem::path& attempt_dir,
+                                     std::string_view last = "save") {
+  torch::manual_seed(1234);
+  worker::GateContext ctx;
+  ctx.spec = FixtureRunSpec(FixtureDir(variant), family, precision, attempt_dir);
+  ctx.registry = &registry;
+  PhaseOutcomes outcomes;
+  for (const auto& [phase, gate] : GatesThrough(last)) {
+    outcomes.emplace_back(std::string(phase), gate(ctx));
+    if (outcomes.back().second.status != GateStatus::kPass) break;
+  }
+  return outcomes;
+}
+
+/// {phase: {"status", "reason", "figures": {name: value}}}: what tools/parity reads from
+/// GATEHOUSE_FIGURES_JSON.
+inline nlohmann::json OutcomesJson(const PhaseOutcomes& outcomes) {
+  nlohmann::json phases = nlohmann::json::object();
+  for (const auto& [phase, out] : outcomes) {
+    nlohmann::json figures = nlohmann::json::object();
+    for (const worker::Figure& f : out.figures) {
+      std::visit([&](const auto& v) { figures[f.name] = v; }, f.value);
+    }
+    phases[phase] = {{"status", std::string(GateStatusName(out.status))},
+                     {"reason", out.reason}, {"figures", figures}};
+  }
+  return phases;
+}
+
 /// A gate figure as text (numbers through std::to_string), or "-" when the gate did not report
 /// `name`.
 inline std::string FigureText(const worker::GateOutcome& out, std::string_view name) {

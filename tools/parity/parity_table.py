@@ -5,7 +5,8 @@ What
     For each variant made by tools/refgen/make_checkpoint.py (one per family config: tied,
     untied, sharded, RoPE-scaled, ...), plus the trained SmolLM2-135M fixture
     (tools/refgen/trained_checkpoint.py), and each precision, this writes a run spec, runs
-    ``gatehouse-worker`` with the in-tree model plugin over the phases config, construct, load,
+    ``gatehouse-worker`` with the in-tree model plugin (and, for llama and qwen3_moe, again on
+    the Python lane with the reference adapter) over the phases config, construct, load,
     inference, decode, training and save, and collects the figures the gates emit against upstream
     (transformers) in the row's precision: prompt logits (max abs difference, per-token KL,
     top-1), decode-step logits through the KV cache (max abs difference beside its bar), greedy
@@ -63,13 +64,21 @@ def run_spec(variant_dir, family, dtype, attempt_dir):
     }
 
 
-def run_one(worker, plugin, variant_dir, family, dtype):
-    """Runs the worker; returns {phase: {"status", "reason", figures...}}."""
+# The Python lane's reference adapters (adapters/python/gh_archon, docs/protocols.md §9): the
+# families they serve, run by the same worker through --python-entry.
+PYTHON_ADAPTERS = {"llama": "gh_archon.llama.spec:SPEC", "qwen3_moe": "gh_archon.qwen3_moe.spec:SPEC"}
+
+
+def run_one(worker, plugin, variant_dir, family, dtype, python_entry=None):
+    """Runs the worker (with the C++ plugin, or the Python lane with `python_entry`); returns
+    {phase: {"status", "reason", figures...}}."""
     with tempfile.TemporaryDirectory(prefix="gh-parity-") as tmp:
         tmp = Path(tmp)
         spec = run_spec(variant_dir, family, dtype, tmp)
         (tmp / "run.json").write_text(json.dumps(spec))
-        proc = subprocess.run([str(worker), "--run-spec", str(tmp / "run.json"), "--plugin", str(plugin)],
+        lane = (["--python-entry", python_entry, "--python-path", str(ROOT / "adapters" / "python")]
+                if python_entry else ["--plugin", str(plugin)])
+        proc = subprocess.run([str(worker), "--run-spec", str(tmp / "run.json"), *lane],
                               capture_output=True, text=True, timeout=600)
     phases = {}
     for line in proc.stdout.splitlines():
@@ -145,6 +154,20 @@ def main(argv=None):
             pk, lp = ph.get("packing", {}), ph.get("logprob_parity", {})
             ok = all(ph.get(p, {}).get("status") == "PASS" for p in PHASES)
             failures += not ok
+            python_lane = "-"
+            if family in PYTHON_ADAPTERS and name != trained:
+                py = run_one(worker, plugin, folder, family, dtype, PYTHON_ADAPTERS[family])
+                py_ok = all(py.get(p, {}).get("status") == "PASS" for p in PHASES)
+                failures += not py_ok
+                py_bad = next((f"{p}: {py[p].get('reason', '')}"[:120] for p in PHASES
+                               if p in py and py[p].get("status") not in ("PASS", None)), "")
+                pi, pd, pt = py.get("inference", {}), py.get("decode", {}), py.get("training", {})
+                python_lane = (("PASS" if py_ok else "FAIL " + py_bad) +
+                               f": logits {fmt(pi.get('max_abs_diff'), '.2g')}, continuation "
+                               f"{fmt(pd.get('continuation_max_abs_diff'), '.2g')}, ids "
+                               f"{fmt(pd.get('tokens_matched'), '.0f')}/{fmt(pd.get('tokens_total'), '.0f')}, "
+                               f"loss {fmt(pt.get('loss_rel_diff_step_1'), '.2g')}, grads "
+                               f"{fmt(pt.get('grad_norm_max_rel_diff'), '.2g')}")
             first_bad = next((f"{p}: {ph[p].get('reason', '')}" for p in PHASES
                               if p in ph and ph[p].get("status") not in ("PASS", None)), "")
             decode = (f"{int(dec['tokens_matched'])}/{int(dec['tokens_total'])}"
@@ -165,7 +188,7 @@ def main(argv=None):
                             if "inherent_gap" in lp else ""),
                          fmt(tr.get("loss_rel_diff_step_1"), ".2g"), fmt(later, ".2g"),
                          fmt(tr.get("grad_norm_max_rel_diff"), ".2g"),
-                         "PASS" if ok else "FAIL", first_bad[:160]])
+                         "PASS" if ok else "FAIL", first_bad[:160], python_lane])
             print(" | ".join(rows[-1]), file=sys.stderr)
 
     import torch
@@ -174,7 +197,8 @@ def main(argv=None):
               "decode steps max abs / bar", "greedy ids", "distinct (min)",
               "packed vs alone KL max", "packed step loss / grads (rel)",
               "rollout vs train log-prob mean / max / k3", "loss step 1 (rel)",
-              "later losses (rel)", "grad norms (rel, worst)", "verdict", "reason"]
+              "later losses (rel)", "grad norms (rel, worst)", "verdict", "reason",
+              "Python lane (reference adapter)"]
     lines = [
         "# Parity with transformers, per family and precision",
         "",
@@ -197,7 +221,12 @@ def main(argv=None):
         "log-prob column (the logprob_parity gate: 32 tokens sampled per prompt with the KV "
         "cache, their log-probs against a packed train-mode forward's, in nats; bars in "
         "docs/bars.md \"Rollout vs training log-probs\"; \"upstream's too\" marks a gap upstream's "
-        "own cached decode and teacher-forced forward show too, on its greedy tokens).",
+        "own cached decode and teacher-forced forward show too, on its greedy tokens). "
+        "The last column runs the same worker, cell and bars on the Python lane "
+        "(`--python-entry`, the reference adapter in adapters/python/gh_archon, docs/protocols.md "
+        "§9.1): its verdict over the same phases, prompt logits max abs, decode steps against "
+        "upstream's teacher-forced continuation (the lane recomputes the sequence: no KV cache), "
+        "greedy ids, step-1 loss and worst gradient norm (relative).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -68,13 +68,23 @@ GateOutcome LoadGate(GateContext& ctx) {
   out.Count("checkpoint_files", static_cast<int64_t>(checkpoint.files().size()));
   out.Bytes("checkpoint_bytes", static_cast<int64_t>(checkpoint.total_bytes()));
 
-  Result<StateDictAdapter> adapter = ctx.family->Adapter(*ctx.args);
-  if (!adapter.ok()) {
-    return out.Fail(FailureClass::kAdapterContract, "Adapter: " + adapter.status().ToString());
+  // A name table (C++ families) or the adapter's own code (the Python lane's from_hf/to_hf,
+  // proved by its round trip: state_dict_io).
+  const bool by_code = ctx.family->MapsWeightsByCode();
+  out.Text("weight_mapping", by_code ? "code: from_hf, proved by to_hf(from_hf(checkpoint))"
+                                     : "name table");
+  Result<LoadReport> loaded = Status::Internal("not loaded");
+  if (by_code) {
+    loaded = LoadStateDictByCode(checkpoint, *ctx.family, *ctx.args, *ctx.model);
+  } else {
+    Result<StateDictAdapter> adapter = ctx.family->Adapter(*ctx.args);
+    if (!adapter.ok()) {
+      return out.Fail(FailureClass::kAdapterContract, "Adapter: " + adapter.status().ToString());
+    }
+    ctx.adapter.emplace(std::move(adapter).value());
+    loaded = LoadStateDict(checkpoint, *ctx.adapter, *ctx.model,
+                           /*shard=*/nullptr, ctx.checkpoint_scan.get());
   }
-  ctx.adapter.emplace(std::move(adapter).value());
-  Result<LoadReport> loaded = LoadStateDict(checkpoint, *ctx.adapter, *ctx.model,
-                                            /*shard=*/nullptr, ctx.checkpoint_scan.get());
   if (!loaded.ok()) {
     const std::string why = where + ": reading a tensor: " + loaded.status().ToString();
     if (IsCheckpointDataError(loaded.status())) return out.Blocked(why);
@@ -82,7 +92,7 @@ GateOutcome LoadGate(GateContext& ctx) {
   }
   const LoadReport& rep = *loaded;
   ctx.load_report = rep;
-  const bool tied = ctx.adapter->tie_word_embeddings();
+  const bool tied = ctx.args->tie_word_embeddings();
   out.Count("keys_total", rep.keys_total);
   out.Count("keys_used", rep.keys_used);
   out.Count("keys_missing", static_cast<int64_t>(rep.missing.size()));
@@ -101,7 +111,7 @@ GateOutcome LoadGate(GateContext& ctx) {
   // and uses the shipped lm_head, which a tied model cannot follow: the checkpoint contradicts
   // its own config (upstream's warning says to set tie_word_embeddings=false).
   std::vector<std::string> data_problems;  // faults of the checkpoint's data, not the adapter
-  if (!rep.tied_alias.empty()) {
+  if (!rep.tied_alias.empty() && ctx.adapter) {
     const std::string source = TiedSource(checkpoint, *ctx.adapter, rep.tied_alias);
     if (source.empty()) {
       out.Text("tied_lm_head", "checkpoint ships " + rep.tied_alias +
@@ -147,6 +157,8 @@ GateOutcome LoadGate(GateContext& ctx) {
   add(problems, rep.unexpected, "unexpected key(s)");
   add(problems, rep.unknown_params, "key(s) mapped to unknown parameters");
   add(problems, rep.loaded_twice, "parameter(s) loaded twice");
+  if (!rep.adapter_error.empty()) problems.push_back(rep.adapter_error);
+  add(problems, rep.round_trip, "key(s) not given back by to_hf(from_hf(checkpoint))");
   add(data_problems, rep.nonfinite, "tensor(s) with NaN/Inf");
   auto join = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
     std::string reason;
@@ -169,11 +181,13 @@ GateOutcome LoadGate(GateContext& ctx) {
 GateOutcome SaveGate(GateContext& ctx) {
   GateOutcome out;
   if (!internal::RequireLoadedModel(ctx, out)) return out;
-  if (!ctx.adapter || !ctx.checkpoint) return out.Unknown("no adapter or checkpoint from phase load");
-  const StateDictAdapter& adapter = *ctx.adapter;
+  const bool by_code = ctx.family->MapsWeightsByCode();
+  if ((!ctx.adapter && !by_code) || !ctx.checkpoint) {
+    return out.Unknown("no adapter or checkpoint from phase load");
+  }
 
   const auto groups = UniqueParameters(*ctx.model);
-  HfTensors hf = ToHfTensors(groups, adapter);
+  HfTensors hf = internal::HfNamesOf(ctx, groups);
   out.Count("tensors_saved", static_cast<int64_t>(hf.tensors.size()));
   if (!hf.ok()) return out.Fail(FailureClass::kAdapterContract, hf.Problems());
   const auto& tensors = hf.tensors;
@@ -182,7 +196,8 @@ GateOutcome SaveGate(GateContext& ctx) {
   // The saved key set must equal the original checkpoint's (without the tied alias).
   std::set<std::string> original;
   for (const auto& k : ctx.checkpoint->Keys()) {
-    if (!adapter.IsTiedAlias(k)) original.insert(k);
+    // A Python-lane adapter's to_hf gives the checkpoint's own keys, the alias too if read.
+    if (by_code || !ctx.adapter->IsTiedAlias(k)) original.insert(k);
   }
   std::vector<std::string> not_saved, extra;
   for (const auto& k : original) {
@@ -252,16 +267,20 @@ GateOutcome SaveGate(GateContext& ctx) {
                     "Construct (fresh model for reload): " +
                         (fresh.ok() ? std::string("returned no model") : fresh.status().ToString()));
   }
-  Result<LoadReport> reloaded = LoadStateDict(*reopened, adapter, **fresh);
+  Result<LoadReport> reloaded = by_code
+                                    ? LoadStateDictByCode(*reopened, *ctx.family, *ctx.args, **fresh)
+                                    : LoadStateDict(*reopened, *ctx.adapter, **fresh);
   if (!reloaded.ok()) {
     return out.Fail(FailureClass::kUnknown, "reloading the saved checkpoint: " + reloaded.status().ToString());
   }
   if (!reloaded->ok() || !reloaded->tied_alias.empty()) {
     std::vector<std::string> all = reloaded->missing;
     for (const auto* l : {&reloaded->unexpected, &reloaded->unknown_params,
-                          &reloaded->shape_mismatches, &reloaded->nonfinite, &reloaded->loaded_twice}) {
+                          &reloaded->shape_mismatches, &reloaded->nonfinite, &reloaded->loaded_twice,
+                          &reloaded->round_trip}) {
       all.insert(all.end(), l->begin(), l->end());
     }
+    if (!reloaded->adapter_error.empty()) all.push_back(reloaded->adapter_error);
     if (!reloaded->tied_alias.empty()) all.push_back("tied alias " + reloaded->tied_alias + " written");
     return out.Fail(FailureClass::kAdapterContract, "the saved checkpoint does not load cleanly: " + JoinFew(all));
   }

@@ -244,6 +244,24 @@ torch::Tensor ForcedDecodeLogits(CausalLM& model, const torch::Tensor& prompt,
   return torch::stack(rows);
 }
 
+namespace {
+
+/// True when config.json asks for dynamic NTK RoPE (rope_parameters or the older
+/// rope_scaling, key rope_type or type), whose scaling depends on the sequence's length.
+bool RopeIsDynamic(const nlohmann::json& config) {
+  for (const char* field : {"rope_parameters", "rope_scaling"}) {
+    auto it = config.find(field);
+    if (it == config.end() || !it->is_object()) continue;
+    for (const char* key : {"rope_type", "type"}) {
+      auto t = it->find(key);
+      if (t != it->end() && t->is_string() && t->get<std::string>() == "dynamic") return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 GateOutcome DecodeGate(GateContext& ctx) {
   GateOutcome out;
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
@@ -297,7 +315,9 @@ GateOutcome DecodeGate(GateContext& ctx) {
 
   // 1. Step logits along upstream's tokens (a decode-path bug shows here even when the argmax
   //    holds, e.g. on a continuation that repeats a token).
-  LogitComparison vs_decode, vs_continuation, upstream_self;
+  // upstream_self: KL(continuation || decode); upstream_self_reverse: KL(decode || continuation),
+  // the direction of a comparison against upstream's decode.
+  LogitComparison vs_decode, vs_continuation, upstream_self, upstream_self_reverse;
   int64_t distinct_min = std::numeric_limits<int64_t>::max();
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const ReferencePrompt& p = ref.prompts[i];
@@ -313,19 +333,42 @@ GateOutcome DecodeGate(GateContext& ctx) {
     vs_decode.Add(run.decode_logits.slice(0, 0, n), steps);
     vs_continuation.Add(run.continuation_logits.slice(0, 0, n), steps);
     upstream_self.Add(run.continuation_logits.slice(0, 0, n), run.decode_logits.slice(0, 0, n));
+    upstream_self_reverse.Add(run.decode_logits.slice(0, 0, n),
+                              run.continuation_logits.slice(0, 0, n));
     const int64_t distinct = DistinctTokens(forced);
     distinct_min = std::min(distinct_min, distinct);
     out.Count("reference_distinct_tokens_prompt_" + std::to_string(i), distinct);
   }
   // Upstream's own cached decode differs from its teacher-forced forward (other matmul shapes):
-  // ours is held to the site's bars plus that spread against the teacher-forced logits.
-  LogitBars continuation_bars = bars;
-  continuation_bars.max_abs_diff += upstream_self.max_abs_diff();
-  continuation_bars.kl_mean += upstream_self.kl_mean();
-  continuation_bars.top1_percent =
-      std::min(bars.top1_percent, upstream_self.top1_agreement_percent());
+  // ours is held to the site's bars against the path it computes the same way, and to those
+  // bars plus that spread against the other. A KV-cached decode's like is upstream's decode; a
+  // model that recomputes the sequence at every step (CachesKeysAndValues false: the Python
+  // lane) computes a teacher-forced forward, whose like is upstream's continuation.
+  const bool cached = ctx.model->CachesKeysAndValues();
+  out.Text("decode_path", cached ? "KV cache"
+                                 : "whole sequence recomputed at each step (no KV cache): held "
+                                   "to upstream's teacher-forced continuation");
+  auto widen = [&bars](const LogitComparison& spread) {
+    LogitBars w = bars;
+    w.max_abs_diff += spread.max_abs_diff();
+    w.kl_mean += spread.kl_mean();
+    w.top1_percent = std::min(bars.top1_percent, spread.top1_agreement_percent());
+    return w;
+  };
+  // Dynamic NTK RoPE rescales by the sequence's current length: a model that recomputes the
+  // sequence at each step uses the step's length, upstream's one-pass continuation the final
+  // one, and the bundle holds no no-cache decode of upstream's. Its decode steps are then held
+  // to upstream's continuation with upstream's own cached-vs-forced spread added too.
+  const bool length_dependent_rope = !cached && ctx.checkpoint && RopeIsDynamic(ctx.checkpoint->config());
+  if (length_dependent_rope) {
+    out.Text("length_dependent_rope", "dynamic NTK: each recomputed step rescales RoPE by its "
+                                      "own length; continuation bars widened by upstream's spread");
+  }
+  const LogitBars steps_bars = cached ? bars : widen(upstream_self_reverse);
+  const LogitBars continuation_bars =
+      cached || length_dependent_rope ? widen(upstream_self) : bars;
   ComparisonFigures(out, "steps_", vs_decode);
-  BarFigures(out, "steps_", bars);
+  BarFigures(out, "steps_", steps_bars);
   ComparisonFigures(out, "continuation_", vs_continuation);
   BarFigures(out, "continuation_", continuation_bars);
   out.Real("upstream_cached_vs_forced_max_abs_diff", upstream_self.max_abs_diff(), "logits");
@@ -334,7 +377,7 @@ GateOutcome DecodeGate(GateContext& ctx) {
   out.Text("bars", bars.basis);
 
   // 2. Free greedy decode: ids and text.
-  const double tie_gap = std::isinf(bars.max_abs_diff) ? kNearTieGapNats : 2 * bars.max_abs_diff;
+  const double tie_gap = std::isinf(steps_bars.max_abs_diff) ? kNearTieGapNats : 2 * steps_bars.max_abs_diff;
   int64_t matched = 0, total = 0, texts_compared = 0, texts_equal = 0, tie_divergences = 0;
   double ms_sum = 0;
   std::string first_mismatch;
@@ -414,7 +457,7 @@ GateOutcome DecodeGate(GateContext& ctx) {
                      std::to_string(total) + " reference tokens; first mismatch at " +
                      first_mismatch + (ties.empty() ? "" : "; divergences: " + JoinFew(ties)));
   }
-  for (auto& m : Misses(vs_decode, bars, "decode-step logits vs upstream's decode: ")) {
+  for (auto& m : Misses(vs_decode, steps_bars, "decode-step logits vs upstream's decode: ")) {
     failed.push_back(std::move(m));
   }
   for (auto& m : Misses(vs_continuation, continuation_bars,
@@ -453,7 +496,8 @@ std::array<double, 3> Fingerprint(const torch::Tensor& t) {
 GateOutcome TrainingGate(GateContext& ctx) {
   GateOutcome out;
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
-  if (!ctx.adapter) return out.Unknown("no state-dict adapter from phase load");
+  const bool by_code = ctx.family->MapsWeightsByCode();
+  if (!ctx.adapter && !by_code) return out.Unknown("no state-dict adapter from phase load");
   std::vector<torch::Tensor> usable;  // int64 [T] ids of the prompts with 2 or more tokens
   for (const auto& p : ctx.reference->prompts) {
     if (p.input_ids.size(0) >= 2) usable.push_back(p.input_ids);
@@ -482,7 +526,7 @@ GateOutcome TrainingGate(GateContext& ctx) {
   const std::vector<ParamGroup> groups = UniqueParameters(model);
   // The trainable set by checkpoint key, through the adapter's inverse mapping (the names
   // upstream's trace uses).
-  const HfTensors hf = ToHfTensors(groups, *ctx.adapter);
+  const HfTensors hf = internal::HfNamesOf(ctx, groups);
   if (!hf.ok()) {
     return out.Fail(FailureClass::kAdapterContract, "parameters without a checkpoint key: " + hf.Problems());
   }
@@ -529,10 +573,26 @@ GateOutcome TrainingGate(GateContext& ctx) {
     trainable.push_back(&g);
     params.push_back(g.tensor);
   }
-  // Per checkpoint key, the weight before the steps (a fingerprint; see the end of the gate).
-  auto key_tensor = [&](const std::pair<size_t, int64_t>& slot) {
-    const torch::Tensor& t = groups[slot.first].tensor;
-    return slot.second >= 0 ? t.select(0, slot.second) : t;
+  // Per checkpoint key, its weight (or that weight's gradient): a slice of its parameter
+  // through the name table, or what the family's ToHf makes of the parameter when it maps
+  // weights by code (a Python-lane adapter may fuse, e.g. gate and up projections in one w13).
+  auto tensors_by_key = [&](bool grads) {
+    std::map<std::string, torch::Tensor> by_key;
+    if (!by_code) {
+      for (const auto& [key, slot] : key_slot) {
+        const torch::Tensor t = grads ? groups[slot.first].tensor.grad() : groups[slot.first].tensor;
+        if (t.defined()) by_key.emplace(key, slot.second >= 0 ? t.select(0, slot.second) : t);
+      }
+      return by_key;
+    }
+    for (const auto& g : groups) {
+      const torch::Tensor t = grads ? g.tensor.grad() : g.tensor;
+      if (!t.defined()) continue;
+      Result<NamedTensors> named = ctx.family->ToHf(*ctx.args, {{g.names[0], t.detach()}});
+      if (!named.ok()) continue;  // HfNamesOf above failed the gate on it already
+      for (auto& [key, v] : *named) by_key.emplace(key, v);
+    }
+    return by_key;
   };
   // A parameter that load adopted from the checkpoint's mapping is still the file's pages, and
   // the first step writes every trainable one: one sequential copy into private memory now
@@ -556,7 +616,7 @@ GateOutcome TrainingGate(GateContext& ctx) {
   }
   internal::ReturnFreedMemory();  // the bundle's logits, mostly tensors below glibc's threshold
   std::map<std::string, std::array<double, 3>> before;
-  for (const auto& [key, slot] : key_slot) before[key] = Fingerprint(key_tensor(slot));
+  for (const auto& [key, t] : tensors_by_key(false)) before[key] = Fingerprint(t);
   out.Count("trainable_tensors", static_cast<int64_t>(trainable.size()));
   if (trainable.empty()) return out.Fail(FailureClass::kAdapterContract, "no trainable parameter");
   // Upstream's AdamW, op for op (adamw.h): the trace's later losses depend on its rounding.
@@ -648,16 +708,14 @@ GateOutcome TrainingGate(GateContext& ctx) {
       double worst = 0, worst_sum = 0;
       std::string worst_key;
       std::vector<std::string> off, off_sum;
-      for (const auto& [key, slot] : key_slot) {
+      for (const auto& [key, grad] : tensors_by_key(true)) {
         auto want = trace.grad_norms.find(key);
         if (want == trace.grad_norms.end()) continue;  // not trainable: the set check says so
-        const torch::Tensor grad = groups[slot.first].tensor.grad();
         // Upstream's own ops on the whole float64 tensor (t.to(float64).norm() and .sum()):
         // the bar is 0 on the same CPU kernels, and a sum taken slice by slice rounds
         // differently. At step 1 no optimizer state exists yet, so this one float64 copy of a
         // key's gradient is not the gate's peak.
-        const torch::Tensor g = (slot.second >= 0 ? grad.select(0, slot.second) : grad)
-                                    .to(torch::kDouble);
+        const torch::Tensor g = grad.to(torch::kDouble);
         const double norm = g.norm().item<double>();
         const double rel = RelDiff(norm, want->second);
         if (rel > worst || worst_key.empty()) {
@@ -714,6 +772,7 @@ GateOutcome TrainingGate(GateContext& ctx) {
   // bf16 an update below half an ulp rounds away, upstream's too: those are not required).
   std::vector<std::string> unchanged;
   int64_t required = 0;
+  const std::map<std::string, torch::Tensor> after = tensors_by_key(false);
   for (const auto& [key, slot] : key_slot) {
     auto first = trace.first_changed_step.find(key);
     if (first == trace.first_changed_step.end() || first->second < 1 ||
@@ -721,7 +780,8 @@ GateOutcome TrainingGate(GateContext& ctx) {
       continue;
     }
     ++required;
-    if (Fingerprint(key_tensor(slot)) == before[key]) unchanged.push_back(key);
+    auto now = after.find(key);
+    if (now == after.end() || Fingerprint(now->second) == before[key]) unchanged.push_back(key);
   }
   out.Count("weights_required_to_change", required);
   out.Count("weights_unchanged", static_cast<int64_t>(unchanged.size()));

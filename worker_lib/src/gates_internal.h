@@ -158,6 +158,21 @@ inline bool RequireLoadedModel(const GateContext& ctx, GateOutcome& out) {
   return false;
 }
 
+/// The model's parameter groups under checkpoint names: through the name table the load gate
+/// built (ctx.adapter), or through the family's ToHf when it maps weights by code (the Python
+/// lane; ToHfTensorsByCode). Needs phase load to have passed.
+inline HfTensors HfNamesOf(const GateContext& ctx, const std::vector<ParamGroup>& groups) {
+  if (ctx.family != nullptr && ctx.args && ctx.family->MapsWeightsByCode()) {
+    return ToHfTensorsByCode(groups, *ctx.family, *ctx.args);
+  }
+  if (!ctx.adapter) {
+    HfTensors none;
+    none.unmapped.push_back("every parameter (no name table from phase load)");
+    return none;
+  }
+  return ToHfTensors(groups, *ctx.adapter);
+}
+
 /// Reads the reference bundle on first use; on failure sets `out` BLOCKED naming the bundle and
 /// the tensor or field at fault (the bundle is an outside input, not the adapter's).
 bool RequireReference(GateContext& ctx, GateOutcome& out);

@@ -135,8 +135,15 @@ GateOutcome ParallelGate(GateContext& ctx) {
   // 1. Each rank checks what it needs, then all agree before any other collective.
   std::string not_ready;
   GateOutcome scratch;
+  bool lane_blocked = false;
   if (!ctx.family || !ctx.args) {
     not_ready = "no model args: phase config did not pass";
+  } else if (ctx.family->MapsWeightsByCode()) {
+    // The Python lane (docs/protocols.md §9): its adapters' parallelize() shards with
+    // torch.distributed inside the interpreter, which this gate does not drive yet.
+    not_ready = "tensor parallelism of a Python-lane adapter is not run by this worker yet "
+                "(its parallelize() is checked by tests/python/test_archon_adapters.py only)";
+    lane_blocked = true;
   } else if (!ctx.checkpoint || !ctx.adapter) {
     not_ready = "no checkpoint or name table: phase load did not pass";
   } else if (!internal::RequireReference(ctx, scratch)) {
@@ -146,7 +153,8 @@ GateOutcome ParallelGate(GateContext& ctx) {
   if (not_ready.empty()) plan = ctx.family->Parallelize(*ctx.args, tp_size);
   const std::vector<int64_t> bad = NotReady(comm, not_ready.empty() && plan.ok());
   if (!not_ready.empty()) {
-    return scratch.status == GateStatus::kBlocked ? out.Blocked(not_ready) : out.Unknown(not_ready);
+    return scratch.status == GateStatus::kBlocked || lane_blocked ? out.Blocked(not_ready)
+                                                                   : out.Unknown(not_ready);
   }
   if (!plan.ok()) {
     return out.Fail(FailureClass::kAdapterContract,

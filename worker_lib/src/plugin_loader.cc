@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "gatehouse/worker/model_family.h"
@@ -39,6 +40,34 @@ Status LoadPlugin(const std::filesystem::path& path, FamilyRegistry& registry) {
                                    (error[0] ? std::string(error) : std::string("no message")));
   }
   // Never dlclose: the registry holds family objects whose vtables live in the library.
+  return Status::Ok();
+}
+
+Status LoadPythonLane(const std::filesystem::path& lane_library,
+                      const std::vector<std::string>& entries,
+                      const std::vector<std::string>& sys_path, FamilyRegistry& registry) {
+  if (lane_library.empty()) {
+    return Status::Unavailable("python lane: this worker was built without it (no python3.11-dev "
+                               "or no libtorch_python at configure time)");
+  }
+  const std::string where = "python lane " + lane_library.string();
+  dlerror();
+  void* handle = dlopen(lane_library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    return Status::Unavailable(where + " failed to load: " + (err ? err : "unknown dlopen error"));
+  }
+  using RegisterFn = int (*)(void*, const char*, char*, int);
+  auto reg = reinterpret_cast<RegisterFn>(dlsym(handle, "gatehouse_python_lane_register"));
+  if (reg == nullptr) {
+    return Status::FailedPrecondition(where + " does not export gatehouse_python_lane_register");
+  }
+  const std::string config =
+      nlohmann::json{{"entries", entries}, {"sys_path", sys_path}}.dump();
+  char error[4096] = {0};
+  if (reg(&registry, config.c_str(), error, static_cast<int>(sizeof(error))) != 0) {
+    return Status::InvalidArgument(error[0] ? std::string(error) : where + ": no message");
+  }
   return Status::Ok();
 }
 

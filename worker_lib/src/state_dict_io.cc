@@ -45,6 +45,15 @@ bool CanAdopt(const torch::Tensor& param, const torch::Tensor& view, bool partia
          param.storage().use_count() == 1;
 }
 
+// Every name of every group -> the group's index.
+std::unordered_map<std::string, size_t> GroupOfName(const std::vector<ParamGroup>& groups) {
+  std::unordered_map<std::string, size_t> group_of;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (const auto& n : groups[i].names) group_of.emplace(n, i);
+  }
+  return group_of;
+}
+
 }  // namespace
 
 std::vector<ParamGroup> UniqueParameters(const torch::nn::Module& module) {
@@ -64,10 +73,7 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
                                  const safetensors::FiniteScan* scan) {
   LoadReport rep;
   const auto groups = UniqueParameters(model);
-  std::unordered_map<std::string, size_t> group_of;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    for (const auto& n : groups[i].names) group_of.emplace(n, i);
-  }
+  const std::unordered_map<std::string, size_t> group_of = GroupOfName(groups);
   rep.params_total = static_cast<int64_t>(groups.size());
   // Writes per parameter: whole-tensor loads, and per slice along dim 0 for a stacked one
   // (sized to dim 0 on the first slice load).
@@ -234,6 +240,129 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
   return rep;
 }
 
+Result<LoadReport> LoadStateDictByCode(const Checkpoint& checkpoint, const ModelFamily& family,
+                                       const ModelArgs& args, CausalLM& model) {
+  LoadReport rep;
+  const auto groups = UniqueParameters(model);
+  const std::unordered_map<std::string, size_t> group_of = GroupOfName(groups);
+  rep.params_total = static_cast<int64_t>(groups.size());
+  const std::vector<std::string> keys = checkpoint.Keys();
+  rep.keys_total = static_cast<int64_t>(keys.size());
+  NamedTensors hf;
+  hf.reserve(keys.size());
+  for (const std::string& key : keys) {
+    // The adapter may write its input in place: a read-only mapping is copied first.
+    GH_ASSIGN_OR_RETURN(torch::Tensor t, checkpoint.CopyOnWrite(key) ? checkpoint.View(key)
+                                                                      : checkpoint.Load(key));
+    hf.emplace_back(key, std::move(t));
+  }
+  Result<NamedTensors> mapped = family.FromHf(args, hf);
+  if (!mapped.ok()) {
+    rep.adapter_error = "from_hf: " + mapped.status().message();
+    return rep;
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<int> loads(groups.size(), 0);
+  std::vector<bool> reported(groups.size(), false);
+  for (const auto& [name, t] : *mapped) {
+    auto git = group_of.find(name);
+    if (git == group_of.end()) {
+      rep.unknown_params.push_back(name + " (from_hf names no parameter of the model)");
+      continue;
+    }
+    const size_t g = git->second;
+    const torch::Tensor& param = groups[g].tensor;
+    if (!t.defined() || t.sizes() != param.sizes()) {
+      rep.shape_mismatches.push_back(
+          name + ": from_hf " + (t.defined() ? ShapeString(t.sizes()) : std::string("None")) +
+          " vs model " + ShapeString(param.sizes()));
+      reported[g] = true;
+      continue;
+    }
+    if (++loads[g] == 2) {
+      rep.loaded_twice.push_back(name);
+      continue;
+    }
+    param.copy_(t);
+    const double check_start = internal::NowMsSteady();
+    const auto [nans, infs] = CountNonFinite(param);
+    rep.finite_check_ms += internal::NowMsSteady() - check_start;
+    if (nans || infs) {
+      rep.nonfinite.push_back(name + ": " + std::to_string(nans) + " NaN, " +
+                              std::to_string(infs) + " Inf");
+      reported[g] = true;
+    }
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (loads[g] > 0) {
+      ++rep.params_loaded;
+    } else if (!reported[g]) {
+      rep.missing.push_back("parameter " + groups[g].names[0] + " (from_hf assigns nothing to it)");
+    }
+  }
+  hf.clear();  // the round trip below needs only what from_hf returned
+
+  // Every key consumed: to_hf(from_hf(checkpoint)) is the checkpoint again, bit for bit.
+  Result<NamedTensors> back = family.ToHf(args, *mapped);
+  if (!back.ok()) {
+    rep.round_trip.push_back("to_hf(from_hf(checkpoint)): " + back.status().message());
+    return rep;
+  }
+  std::map<std::string, torch::Tensor> by_key(back->begin(), back->end());
+  for (const std::string& key : keys) {
+    auto it = by_key.find(key);
+    if (it == by_key.end()) {
+      rep.unexpected.push_back(key + " (to_hf(from_hf(checkpoint)) lacks it: from_hf did not "
+                                     "consume it, or to_hf cannot name it)");
+      continue;
+    }
+    GH_ASSIGN_OR_RETURN(torch::Tensor original, checkpoint.View(key));
+    const torch::Tensor& again = it->second;
+    if (!again.defined() || again.scalar_type() != original.scalar_type() ||
+        again.sizes() != original.sizes() || !torch::equal(again.cpu(), original)) {
+      rep.round_trip.push_back(
+          key + " (to_hf(from_hf(checkpoint)) gives " +
+          (again.defined() ? std::string(c10::toString(again.scalar_type())) + " " +
+                                 ShapeString(again.sizes())
+                           : std::string("None")) +
+          ", checkpoint " + c10::toString(original.scalar_type()) + " " +
+          ShapeString(original.sizes()) + (again.defined() && again.sizes() == original.sizes()
+                                                ? ", values differ)" : ")"));
+      continue;
+    }
+    ++rep.keys_used;
+    const safetensors::TensorInfo* info = checkpoint.Info(key);
+    if (info != nullptr) rep.bytes_loaded += info->end - info->begin;
+    by_key.erase(it);
+  }
+  for (const auto& [key, _] : by_key) {
+    if (!std::binary_search(keys.begin(), keys.end(), key)) {
+      rep.round_trip.push_back(key + " (to_hf(from_hf(checkpoint)) invents it)");
+    }
+  }
+  return rep;
+}
+
+HfTensors ToHfTensorsByCode(const std::vector<ParamGroup>& groups, const ModelFamily& family,
+                            const ModelArgs& args) {
+  HfTensors hf;
+  for (const auto& g : groups) {
+    Result<NamedTensors> r = family.ToHf(args, {{g.names[0], g.tensor.detach()}});
+    if (!r.ok()) {
+      hf.unmapped.push_back(g.names[0] + " (to_hf: " + r.status().message() + ")");
+      continue;
+    }
+    for (auto& [key, t] : *r) {
+      if (!hf.hf_to_internal.emplace(key, g.names[0]).second) {
+        hf.duplicated.push_back(key + " (from " + hf.hf_to_internal[key] + " and " + g.names[0] + ")");
+        continue;
+      }
+      hf.tensors.emplace_back(key, t);
+    }
+  }
+  return hf;
+}
+
 HfTensors ToHfTensors(const std::vector<ParamGroup>& groups, const StateDictAdapter& adapter) {
   HfTensors hf;
   for (const auto& g : groups) {
@@ -278,7 +407,7 @@ std::string HfTensors::Problems() const {
   if (!unmapped.empty()) parts.push_back("no HF name for " + JoinFew(unmapped));
   if (!duplicated.empty()) parts.push_back("HF name written twice: " + JoinFew(duplicated));
   if (!miscounted.empty()) parts.push_back("stacked parameter split wrongly: " + JoinFew(miscounted));
-  std::string reason = "inverse mapping (HfSlices): ";
+  std::string reason = "inverse mapping (HfSlices, or to_hf for a Python-lane adapter): ";
   for (size_t i = 0; i < parts.size(); ++i) reason += (i ? "; " : "") + parts[i];
   return reason;
 }

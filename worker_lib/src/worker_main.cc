@@ -58,6 +58,14 @@ int main(int argc, char** argv) {
                  "validate the reference bundle in this directory and exit (0: valid, 2: not)")
       ->excludes(run_spec_option);
   app.add_option("--plugin", plugins, "model-family plugin shared library (repeatable)");
+  std::vector<std::string> python_entries, python_path;
+  std::string python_lane = GATEHOUSE_PYTHON_LANE_LIB;
+  app.add_option("--python-entry", python_entries,
+                 "Python-lane adapter, package.module:SPEC (repeatable; docs/protocols.md §9)");
+  app.add_option("--python-path", python_path,
+                 "directory put in front of the Python lane's sys.path (repeatable)");
+  app.add_option("--python-lane", python_lane, "the Python lane's library")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -117,7 +125,18 @@ int main(int argc, char** argv) {
         log::Info("plugin " + path + " loaded");
       }
     }
-    if (plugins.empty()) ctx.plugin_errors.push_back("no --plugin given: no model family is registered");
+    if (!python_entries.empty()) {
+      Status loaded = LoadPythonLane(python_lane, python_entries, python_path, registry);
+      if (!loaded.ok()) {
+        log::Error(loaded.message());
+        ctx.plugin_errors.push_back(loaded.message());
+      } else {
+        log::Info("python lane loaded: " + nlohmann::json(python_entries).dump());
+      }
+    }
+    if (plugins.empty() && python_entries.empty()) {
+      ctx.plugin_errors.push_back("no --plugin or --python-entry given: no model family is registered");
+    }
     ctx.runtime = ProbeRuntime();
 
     // A group of ranks (the agent starts one worker per rank with torchrun's variables):

@@ -153,10 +153,17 @@ struct LoadReport {
   std::vector<std::string> loaded_twice;
   /// Set when the checkpoint ships the tied alias of a tied model (accepted, not loaded).
   std::string tied_alias;
+  /// Families that map weights by code (LoadStateDictByCode): the adapter's own error when its
+  /// from_hf refused the checkpoint (it names the key), and the checkpoint keys whose round trip
+  /// to_hf(from_hf(checkpoint)) does not give back the same tensor bit for bit, or that the
+  /// round trip invents.
+  std::string adapter_error;
+  std::vector<std::string> round_trip;
 
   bool ok() const {
     return missing.empty() && unexpected.empty() && unknown_params.empty() &&
-           shape_mismatches.empty() && nonfinite.empty() && loaded_twice.empty();
+           shape_mismatches.empty() && nonfinite.empty() && loaded_twice.empty() &&
+           adapter_error.empty() && round_trip.empty();
   }
 };
 
@@ -184,6 +191,21 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
                                  CausalLM& model, const ShardedLoad* shard = nullptr,
                                  const safetensors::FiniteScan* scan = nullptr);
 
+/// LoadStateDict for a family that maps weights by code (ModelFamily::MapsWeightsByCode: the
+/// Python lane). Every checkpoint tensor (a view of the mapped file where writes are private,
+/// else a copy) goes through family.FromHf; each tensor it returns is copied into the parameter
+/// it names, converted to the parameter's dtype and device. Coverage both ways, proved by the
+/// results rather than a table:
+///  - every parameter group assigned exactly once (missing, loaded_twice), by a name the model
+///    has (unknown_params), with the parameter's shape (shape_mismatches), finite (nonfinite);
+///  - every checkpoint key consumed: family.ToHf over what FromHf returned gives back every
+///    key with a bit-equal tensor (a key it lacks is unexpected: from_hf dropped it; a key
+///    whose tensor differs, or one the checkpoint lacks, is in round_trip).
+/// keys_used counts the keys the round trip gives back equal; nothing is adopted. A FromHf
+/// error is recorded in adapter_error (not returned); only an unreadable tensor is an error.
+Result<LoadReport> LoadStateDictByCode(const Checkpoint& checkpoint, const ModelFamily& family,
+                                       const ModelArgs& args, CausalLM& model);
+
 /// The inverse of LoadStateDict: every parameter group under its HF name, a stacked parameter
 /// slice by slice along dim 0 (StateDictAdapter::HfSlices), in group order. Tensors are
 /// detached views, not copies. Groups that cannot be named are listed, not returned.
@@ -198,6 +220,12 @@ struct HfTensors {
   std::string Problems() const;
 };
 HfTensors ToHfTensors(const std::vector<ParamGroup>& groups, const StateDictAdapter& adapter);
+/// ToHfTensors for a family that maps weights by code: family.ToHf on each group alone
+/// ({first name: tensor}), which names the keys that group makes (hf_to_internal: key ->
+/// the group's first name, no slice). Tensors are what ToHf returns (views or copies). A
+/// group ToHf refuses is unmapped (with its message), a key two groups make is duplicated.
+HfTensors ToHfTensorsByCode(const std::vector<ParamGroup>& groups, const ModelFamily& family,
+                            const ModelArgs& args);
 
 /// Logit comparison against the reference, accumulated over prompts.
 ///
@@ -281,6 +309,9 @@ GateOutcome InferenceGate(GateContext& ctx);
 ///  - ids: our free greedy decode must equal upstream's ids; where the bars allow a logit
 ///    difference a prompt may diverge once at a near-tie (log-prob gap <= twice the step
 ///    max-abs bar, or 0.1 nats without one), after which it is not compared.
+/// A model that recomputes the sequence at each step (CausalLM::CachesKeysAndValues false) is
+/// held the other way round: to upstream's teacher-forced logits within the site's bars, and
+/// to upstream's decode within those widened by the spread (docs/bars.md).
 /// Figures: both comparisons, ids, text (tokenizer.json), the continuations' distinct tokens.
 GateOutcome DecodeGate(GateContext& ctx);
 /// The packing gate, two parts on the reference prompts packed into one row (cu_seqlens,

@@ -29,8 +29,12 @@ namespace gatehouse::worker {
 /// StateDictAdapter (state_dict_adapter.h). 3: ModelFamily::Parallelize / ConstructParallel
 /// and the tensor-parallel types (tensor_parallel.h); CausalLM::SupportsStaticDecode /
 /// DecodeStep and KVCache::WriteAt (CUDA-graph decode). 5: CausalLM::SupportsPacked /
-/// ForwardPacked (packed batches).
-inline constexpr int kPluginAbiVersion = 5;
+/// ForwardPacked (packed batches). 6: ModelFamily::MapsWeightsByCode / FromHf / ToHf (families
+/// whose weights are mapped by code: the Python lane), CausalLM::CachesKeysAndValues.
+inline constexpr int kPluginAbiVersion = 6;
+
+/// Named tensors in a given order (checkpoint keys or parameter names).
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 /// How each top-level field of config.json was treated. Every field must land in `mapped` or
 /// `ignored`; a field the family cannot honour makes ParseConfig fail instead.
@@ -74,6 +78,11 @@ class CausalLM : public torch::nn::Module {
                                 KVCache* cache) = 0;
   /// A cache sized for this model: batch x max_len positions, in the model's dtype and device.
   virtual std::unique_ptr<KVCache> NewKVCache(int64_t batch, int64_t max_len) const = 0;
+  /// False when Forward with a cache recomputes the whole sequence instead of attending over
+  /// cached keys and values (the Python lane: Archon's forward has no cache). Its decode steps
+  /// are then teacher-forced forwards, and the decode gate holds them to upstream's
+  /// teacher-forced logits first. Default true.
+  virtual bool CachesKeysAndValues() const { return true; }
 
   /// True when DecodeStep is implemented for this model (CUDA-graph decode). Default false.
   virtual bool SupportsStaticDecode() const { return false; }
@@ -151,8 +160,33 @@ class ModelFamily {
   /// SkipWeightInit is alive on the calling thread (then they may be left uninitialised).
   virtual Result<std::shared_ptr<CausalLM>> Construct(const ModelArgs& args, torch::Dtype dtype,
                                                       torch::Device device) const = 0;
-  /// The HF <-> internal name table for these args.
+  /// The HF <-> internal name table for these args. Not called when MapsWeightsByCode().
   virtual Result<StateDictAdapter> Adapter(const ModelArgs& args) const = 0;
+
+  /// True when checkpoint tensors reach parameters through code (FromHf / ToHf) rather than a
+  /// name table: a Python-lane adapter's from_hf / to_hf, which may rename, stack, permute or
+  /// fuse. The gates then prove the mapping by its results (state_dict_io: every parameter
+  /// assigned with its shape, and to_hf(from_hf(checkpoint)) giving back exactly the
+  /// checkpoint, bit for bit). Default false.
+  virtual bool MapsWeightsByCode() const { return false; }
+  /// Checkpoint tensors (every key, in the stored dtype, CPU) to {parameter name: tensor},
+  /// names as the model's named_parameters() gives them, tensors in any dtype (the caller
+  /// casts). `args` must be this family's. Errors: INVALID_ARGUMENT with the adapter's own
+  /// message (a key it cannot map, an alias that differs). Default: UNIMPLEMENTED.
+  virtual Result<NamedTensors> FromHf(const ModelArgs& args, const NamedTensors& hf) const {
+    (void)args;
+    (void)hf;
+    return Status::FailedPrecondition("model family '" + std::string(name()) +
+                                 "' maps weights by a name table (Adapter)");
+  }
+  /// The inverse: {parameter name: tensor} (any subset) to {checkpoint key: tensor}.
+  /// Errors and default as FromHf.
+  virtual Result<NamedTensors> ToHf(const ModelArgs& args, const NamedTensors& params) const {
+    (void)args;
+    (void)params;
+    return Status::FailedPrecondition("model family '" + std::string(name()) +
+                                 "' maps weights by a name table (Adapter)");
+  }
 
   /// The family's tensor-parallel plan for these args at `tp_size` ranks: one ShardRule per
   /// internal parameter pattern, covering every parameter. Errors: INVALID_ARGUMENT naming

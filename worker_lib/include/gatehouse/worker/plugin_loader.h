@@ -3,6 +3,8 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -17,5 +19,14 @@ class FamilyRegistry;
 /// missing entry point or another ABI version, INVALID_ARGUMENT with the plugin's own message
 /// when registration fails.
 Status LoadPlugin(const std::filesystem::path& path, FamilyRegistry& registry);
+
+/// Loads the Python lane (`lane_library`: libgatehouse_python_lane.so, python_lane.h) and
+/// registers one family per entry ("package.module:SPEC", a gatehouse_adapter.ModelSpec),
+/// with `sys_path` in front of the interpreter's path. Errors: UNAVAILABLE when the library
+/// does not load (or this worker was built without it: empty path), INVALID_ARGUMENT with the
+/// lane's message (an entry that does not import, names a non-spec, or a taken family name).
+Status LoadPythonLane(const std::filesystem::path& lane_library,
+                      const std::vector<std::string>& entries,
+                      const std::vector<std::string>& sys_path, FamilyRegistry& registry);
 
 }  // namespace gatehouse::worker

@@ -1,0 +1,277 @@
+// The Python lane (worker_lib/python_lane) through the real gates: the reference adapters in
+// adapters/python/gh_archon (llama, qwen3_moe, Archon's layout) registered as families by
+// gatehouse_python_lane_register, exactly as the worker does, then every llama and qwen3_moe
+// fixture from config to save in fp32 and bf16 against transformers' bundle; and adapters
+// broken the ways adapters break, each caught by its gate with a reason naming the fault.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "gatehouse/worker/gates.h"
+#include "gatehouse/worker/model_family.h"
+#include "tests/common/temp_dir.h"
+#include "tests/models/family_test_util.h"
+#include "worker_lib/python_lane/python_lane.h"
+
+namespace gatehouse::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+/// A registry holding the Python-lane families of `entries`, with `sys_path` in front; a
+/// registration error fails the calling test and leaves the registry empty.
+std::unique_ptr<FamilyRegistry> LaneRegistry(const std::vector<std::string>& entries,
+                                             const std::vector<std::string>& sys_path) {
+  auto registry = std::make_unique<FamilyRegistry>();
+  const std::string config = json{{"entries", entries}, {"sys_path", sys_path}}.dump();
+  char error[4096] = {0};
+  const int rc = gatehouse_python_lane_register(registry.get(), config.c_str(), error, sizeof(error));
+  EXPECT_EQ(rc, 0) << error;
+  return registry;
+}
+
+/// The reference adapters' registry (built once).
+const FamilyRegistry& ArchonRegistry() {
+  static const FamilyRegistry* registry =
+      LaneRegistry({"gh_archon.llama.spec:SPEC", "gh_archon.qwen3_moe.spec:SPEC"},
+                   {GATEHOUSE_ADAPTERS_DIR})
+          .release();
+  return *registry;
+}
+
+/// variant -> family of the fixtures whose family is in `families` (the .done stamps).
+std::map<std::string, std::string> Fixtures(const std::set<std::string>& families) {
+  std::map<std::string, std::string> out;
+  if (!fs::is_directory(test_util::TestdataDir())) return out;
+  for (const auto& entry : fs::directory_iterator(test_util::TestdataDir())) {
+    std::ifstream in(entry.path() / ".done");
+    if (!in) continue;
+    const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;
+    const std::string family = j["variant"].value("family", "");
+    if (families.count(family)) out[entry.path().filename().string()] = family;
+  }
+  return out;
+}
+
+/// One fixture through config .. save with `registry`'s families.
+test_util::PhaseOutcomes RunFixture(const FamilyRegistry& registry, const std::string& variant,
+                                    const std::string& family, const std::string& precision) {
+  test_util::TempDir attempt;
+  return test_util::RunFixtureGates(registry, variant, family, precision, attempt.path());
+}
+
+double Real(const GateOutcome& out, const char* name) {
+  const Figure* f = out.Find(name);
+  return f != nullptr && std::holds_alternative<double>(f->value) ? std::get<double>(f->value)
+                                                                   : std::nan("");
+}
+
+TEST(PythonLane, RegistersTheSpecsAsFamilies) {
+  const FamilyRegistry& registry = ArchonRegistry();
+  ASSERT_NE(registry.FindByName("llama"), nullptr);
+  ASSERT_NE(registry.FindByModelType("qwen3_moe"), nullptr);
+  EXPECT_TRUE(registry.FindByName("llama")->MapsWeightsByCode());
+}
+
+TEST(PythonLane, BadEntriesAreNamed) {
+  for (const auto& [entry, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"gh_archon.llama.spec", "expected 'package.module:ATTRIBUTE'"},
+           {"gh_archon.no_such_module:SPEC", "No module named 'gh_archon.no_such_module'"},
+           {"gh_archon.llama.spec:NOPE", "has no NOPE"},
+           {"gh_archon.llama.spec:build_model", "expected a gatehouse_adapter.ModelSpec"}}) {
+    FamilyRegistry registry;
+    const std::string config =
+        json{{"entries", json::array({entry})},
+             {"sys_path", json::array({std::string(GATEHOUSE_ADAPTERS_DIR)})}}
+            .dump();
+    char error[4096] = {0};
+    EXPECT_EQ(gatehouse_python_lane_register(&registry, config.c_str(), error, sizeof(error)), 1)
+        << entry;
+    EXPECT_NE(std::string(error).find(expect), std::string::npos) << entry << ": " << error;
+    EXPECT_TRUE(registry.Names().empty()) << entry;
+  }
+}
+
+/// Every llama and qwen3_moe fixture, fp32 and bf16, passes every gate from config to save
+/// with the Python adapters, on the same CPU kernels as the bundle's: logits, losses and
+/// step-1 gradients equal transformers' to the last bit, as the C++ families' do
+/// (families_test). With GATEHOUSE_FIGURES_JSON set, every gate's figures are written there
+/// (tools/parity reads them for the Python-lane column).
+TEST(PythonLane, EveryGatePassesOnTheReferenceAdaptersFixtures) {
+  const auto fixtures = Fixtures({"llama", "qwen3_moe"});
+  if (fixtures.empty()) GTEST_SKIP() << "no fixture: run through ctest";
+  json record = json::object();
+  for (const auto& [variant, family] : fixtures) {
+    if (variant.find("-real-") != std::string::npos) continue;  // real sizes: real_size.py
+    for (const std::string precision : {"fp32", "bf16"}) {
+      const auto outcomes = RunFixture(ArchonRegistry(), variant, family, precision);
+      record[variant][precision] = test_util::OutcomesJson(outcomes);
+      ASSERT_FALSE(outcomes.empty());
+      const auto& [last_phase, last] = outcomes.back();
+      EXPECT_TRUE(last_phase == "save" && last.status == GateStatus::kPass)
+          << variant << " " << precision << " " << last_phase << ": "
+          << GateStatusName(last.status) << " " << last.reason;
+      for (const auto& [phase, out] : outcomes) {
+        if (out.status != GateStatus::kPass) continue;
+        if (phase == "load") {
+          EXPECT_EQ(test_util::FigureText(out, "weight_mapping"),
+                    "code: from_hf, proved by to_hf(from_hf(checkpoint))");
+          EXPECT_EQ(test_util::FigureText(out, "keys_used"), test_util::FigureText(out, "keys_total"))
+              << variant;
+        }
+        if (phase == "inference") EXPECT_EQ(Real(out, "max_abs_diff"), 0.0) << variant << " " << precision;
+        if (phase == "training") {
+          EXPECT_EQ(Real(out, "loss_rel_diff_step_1"), 0.0) << variant << " " << precision;
+        }
+      }
+    }
+  }
+  if (const char* path = std::getenv("GATEHOUSE_FIGURES_JSON")) {
+    std::ofstream(path) << record.dump(1) << "\n";
+  }
+}
+
+/// A Python package in a temporary directory whose SPEC is the llama reference adapter with
+/// one method of its state-dict adapter replaced by `body` (Python source of a subclass body).
+class BrokenAdapter {
+ public:
+  /// `name`: the package's name, unique per case (Python keeps imported modules by name).
+  BrokenAdapter(const std::string& name, const std::string& body) {
+    const fs::path pkg = dir_.path() / name;
+    fs::create_directories(pkg);
+    std::ofstream(pkg / "__init__.py") << "";
+    std::ofstream(pkg / "spec.py")
+        << "import dataclasses\n"
+           "from gh_archon.llama.spec import SPEC as _GOOD\n"
+           "from gh_archon.llama.model.state_dict_adapter import LlamaStateDictAdapter\n"
+           "class Broken(LlamaStateDictAdapter):\n"
+        << body << "\nSPEC = dataclasses.replace(_GOOD, state_dict_adapter=Broken)\n";
+    registry_ = LaneRegistry({name + ".spec:SPEC"},
+                             {dir_.path().string(), GATEHOUSE_ADAPTERS_DIR});
+  }
+  const FamilyRegistry& registry() const { return *registry_; }
+
+ private:
+  test_util::TempDir dir_;
+  std::unique_ptr<FamilyRegistry> registry_;
+};
+
+struct Broken {
+  const char* what;
+  const char* body;
+  const char* phase;   // the gate that must catch it
+  const char* reason;  // a part of its reason
+};
+
+TEST(PythonLane, BrokenAdaptersFailAtTheirGate) {
+  if (Fixtures({"llama"}).count("llama-tiny-untied") == 0) GTEST_SKIP() << "no fixture";
+  const Broken cases[] = {
+      {"from_hf drops a key",
+       "    def from_hf(self, sd):\n"
+       "        sd = dict(sd); sd.pop('model.norm.weight')\n"
+       "        return super().from_hf(sd)\n",
+       "load", "parameter norm.weight (from_hf assigns nothing to it)"},
+      {"from_hf refuses a key",
+       "    def from_hf(self, sd):\n"
+       "        raise KeyError('model.layers.0.mlp.up_proj.weight is not mapped')\n",
+       "load", "model.layers.0.mlp.up_proj.weight is not mapped"},
+      {"from_hf transposes a square weight",
+       "    def from_hf(self, sd):\n"
+       "        out = super().from_hf(sd)\n"
+       "        out['layers.0.attention.wo.weight'] = out['layers.0.attention.wo.weight'].t()\n"
+       "        return out\n",
+       "load", "model.layers.0.self_attn.o_proj.weight (to_hf(from_hf(checkpoint)) gives"},
+      {"from_hf and to_hf swap the gate and up projections alike",
+       "    _swap = {'w1': 'w3', 'w3': 'w1'}\n"
+       "    def _s(self, d):\n"
+       "        out = {}\n"
+       "        for k, v in d.items():\n"
+       "            parts = k.split('.')\n"
+       "            out['.'.join(self._swap.get(p, p) for p in parts)] = v\n"
+       "        return out\n"
+       "    def from_hf(self, sd):\n"
+       "        return self._s(super().from_hf(sd))\n"
+       "    def to_hf(self, sd):\n"
+       "        return super().to_hf(self._s(sd))\n",
+       "inference", "max_abs_diff"},
+  };
+  int n = 0;
+  for (const Broken& c : cases) {
+    BrokenAdapter adapter("broken_llama_" + std::to_string(n++), c.body);
+    const auto outcomes = RunFixture(adapter.registry(), "llama-tiny-untied", "llama", "fp32");
+    ASSERT_FALSE(outcomes.empty()) << c.what;
+    const auto& [phase, out] = outcomes.back();
+    EXPECT_EQ(phase, c.phase) << c.what << ": " << out.reason;
+    EXPECT_EQ(out.status, GateStatus::kFail) << c.what << ": " << out.reason;
+    EXPECT_EQ(out.classification, FailureClass::kAdapterContract) << c.what;
+    EXPECT_NE(out.reason.find(c.reason), std::string::npos) << c.what << ": " << out.reason;
+  }
+}
+
+/// The worker executable on the lane, as the agent will start it: `--python-entry` and
+/// `--python-path`, events on stdout. A good entry runs to PASS; an entry that does not import
+/// fails the config gate naming it (the cell's evidence says why no family was found).
+TEST(PythonLane, WorkerRunsAnEntry) {
+  if (Fixtures({"llama"}).count("llama-tiny-untied") == 0) GTEST_SKIP() << "no fixture";
+  for (const std::string entry : {"gh_archon.llama.spec:SPEC", "gh_archon.nope.spec:SPEC"}) {
+    test_util::TempDir attempt;
+    RunSpec run = test_util::FixtureRunSpec(test_util::FixtureDir("llama-tiny-untied"), "llama",
+                                            "fp32", attempt.path());
+    json j = {
+        {"spec_version", 1}, {"repository", "/tmp/unused"}, {"commit", std::string(40, '0')},
+        {"model_family", "llama"},
+        {"checkpoint", {{"path", run.checkpoint.path}, {"digest", "unchecked"}}},
+        {"reference", {{"path", run.reference.path}, {"digest", "unchecked"}}},
+        {"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}}},
+        {"launch", {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}}},
+        {"topology", {{"tp", 1}, {"dp", 1}, {"pp", 1}, {"ep", 1}}},
+        {"precision", "fp32"}, {"mode", "eager"},
+        {"decode", {{"max_new_tokens", 32}, {"sampling", "greedy"}}},
+        {"training", {{"steps", 2}, {"lr", 0.001}, {"seed", 1234}}},
+        {"env", json::object()},
+        {"phases", {"config", "construct", "load", "inference"}},
+        {"attempt", {{"id", 1}, {"dir", attempt.path().string()},
+                     {"checkout", {{"head", std::string(40, '0')}, {"clean", true}, {"path", "/tmp"}}},
+                     {"agent", "python-lane-test"}}}};
+    std::ofstream(attempt.path() / "run.json") << j.dump();
+    const std::string cmd = std::string(GATEHOUSE_WORKER) + " --run-spec " +
+                            (attempt.path() / "run.json").string() + " --python-entry " + entry +
+                            " --python-path " + GATEHOUSE_ADAPTERS_DIR + " > " +
+                            (attempt.path() / "events.jsonl").string() + " 2>/dev/null";
+    ASSERT_NE(std::system(cmd.c_str()), -1) << cmd;
+    std::ifstream events(attempt.path() / "events.jsonl");
+    std::map<std::string, json> ends;
+    std::string run_end, line;
+    while (std::getline(events, line)) {
+      const json ev = json::parse(line, nullptr, false);
+      if (ev.is_discarded()) continue;
+      if (ev.value("event", "") == "phase_end") ends[ev.value("phase", "")] = ev;
+      if (ev.value("event", "") == "run_end") run_end = ev.value("status", "");
+    }
+    if (entry.find("nope") == std::string::npos) {
+      EXPECT_EQ(run_end, "PASS") << entry;
+      EXPECT_EQ(ends["inference"].value("status", ""), "PASS") << entry;
+    } else {
+      EXPECT_EQ(run_end, "FAIL") << entry;
+      EXPECT_EQ(ends["config"].value("status", ""), "FAIL") << entry;
+      EXPECT_NE(ends["config"].value("reason", "").find("No module named 'gh_archon.nope'"),
+                std::string::npos)
+          << ends["config"].dump();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gatehouse::worker

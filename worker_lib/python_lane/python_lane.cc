@@ -1,0 +1,418 @@
+// The Python lane (python_lane.h): a ModelFamily per Python adapter ModelSpec.
+#include "python_lane.h"
+
+#include <dlfcn.h>
+#include <pybind11/embed.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "gatehouse/worker/kv_cache.h"
+#include "gatehouse/worker/model_family.h"
+
+namespace gatehouse::worker::python_lane {
+namespace {
+
+namespace py = pybind11;
+using nlohmann::json;
+
+/// A Python object whose last reference may be dropped on any thread: the destructor takes the
+/// GIL first (the interpreter lives until the process ends; it is never finalised, since
+/// LibTorch's and Python's teardown order is not ours to choose).
+class PyRef {
+ public:
+  PyRef() = default;
+  explicit PyRef(py::object o) : o_(std::move(o)) {}
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  ~PyRef() {
+    if (!o_ || !Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    o_ = py::object();
+  }
+  const py::object& get() const { return o_; }
+
+ private:
+  py::object o_;
+};
+
+/// Runs `f` with the GIL held; a Python exception becomes INVALID_ARGUMENT with `what` and
+/// the exception's own message (the adapter's error, for the evidence).
+template <typename F>
+auto WithGil(const std::string& what, F&& f) -> Result<decltype(f())> {
+  py::gil_scoped_acquire gil;
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    return Status::InvalidArgument(what + ": " + e.what());
+  } catch (const py::cast_error& e) {
+    return Status::InvalidArgument(what + ": " + e.what());
+  }
+}
+
+/// The same, for a call that returns nothing.
+template <typename F>
+Status WithGilVoid(const std::string& what, F&& f) {
+  Result<bool> r = WithGil(what, [&] {
+    f();
+    return true;
+  });
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+/// python/gatehouse_adapter/lane.py, imported once.
+py::module_& Lane() {
+  static py::module_* lane = new py::module_(py::module_::import("gatehouse_adapter.lane"));
+  return *lane;
+}
+
+py::list ToPy(const NamedTensors& tensors) {
+  py::list out;
+  for (const auto& [name, t] : tensors) out.append(py::make_tuple(name, t));
+  return out;
+}
+
+NamedTensors FromPy(const py::handle& list) {
+  NamedTensors out;
+  for (const py::handle item : list) {
+    auto pair = item.cast<py::tuple>();
+    out.emplace_back(pair[0].cast<std::string>(), pair[1].cast<at::Tensor>());
+  }
+  return out;
+}
+
+// --- args ------------------------------------------------------------------------------------
+
+/// An adapter's args object, the gate facts lane.gate_facts read from it, and the adapter's
+/// state-dict adapter for these args (one instance: it may remember what from_hf read).
+class PyArgs final : public ModelArgs {
+ public:
+  PyArgs(py::object args, json facts, json as_json)
+      : args_(std::move(args)), facts_(std::move(facts)), json_(std::move(as_json)) {}
+  json ToJson() const override { return json_; }
+  int64_t vocab_size() const override { return facts_.at("vocab_size").get<int64_t>(); }
+  int64_t num_hidden_layers() const override {
+    return facts_.at("num_hidden_layers").get<int64_t>();
+  }
+  int64_t num_key_value_heads() const override {
+    return facts_.at("num_key_value_heads").get<int64_t>();
+  }
+  int64_t head_dim() const override { return facts_.at("head_dim").get<int64_t>(); }
+  int64_t max_position_embeddings() const override {
+    return facts_.at("max_position_embeddings").get<int64_t>();
+  }
+  bool tie_word_embeddings() const override { return facts_.at("tie_word_embeddings").get<bool>(); }
+  int64_t min_sliding_window() const override {
+    return facts_.at("min_sliding_window").get<int64_t>();
+  }
+
+  const py::object& object() const { return args_.get(); }
+  /// lane.state_dict_adapter(spec, args), made on first use. Call with the GIL held.
+  const py::object& Adapter(const py::object& spec) const {
+    std::call_once(adapter_once_, [&] {
+      adapter_ = std::make_unique<PyRef>(Lane().attr("state_dict_adapter")(spec, args_.get()));
+    });
+    return adapter_->get();
+  }
+
+ private:
+  PyRef args_;
+  json facts_;
+  json json_;
+  mutable std::once_flag adapter_once_;
+  mutable std::unique_ptr<PyRef> adapter_;
+};
+
+// --- model -----------------------------------------------------------------------------------
+
+/// A Python nn.Module seen as a CausalLM. Its parameters are registered on this module under
+/// the same dotted names (nested empty modules), as the same tensors: the gates' optimizer,
+/// gradients and loads act on the Python module's own storage.
+///
+/// The Archon forward has no KV cache, so a cached Forward keeps the cache's tokens and
+/// positions so far and recomputes the whole sequence, returning the new positions' logits:
+/// the decode gates then compare teacher-forced logits (which they also bar against upstream).
+class PyCausalLM final : public CausalLM {
+ public:
+  explicit PyCausalLM(py::object module) : module_(std::move(module)) {
+    const py::list named = Lane().attr("named_parameters")(module_.get());
+    for (const py::handle item : named) {
+      auto pair = item.cast<py::tuple>();
+      Mirror(pair[0].cast<std::string>(), pair[1].cast<at::Tensor>());
+    }
+  }
+
+  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& positions,
+                        KVCache* cache) override {
+    if (cache == nullptr) return Call(tokens, positions, std::nullopt);
+    History& h = history_[cache];
+    if (cache->length() == 0 || !h.tokens.defined()) {
+      h.tokens = tokens;
+      h.positions = positions;
+    } else {
+      TORCH_CHECK(h.tokens.size(1) == cache->length(),
+                  "Python-lane cache: it holds ", h.tokens.size(1), " positions, the cache says ",
+                  cache->length());
+      h.tokens = torch::cat({h.tokens, tokens}, 1);
+      h.positions = torch::cat({h.positions, positions}, 1);
+    }
+    TORCH_CHECK(h.tokens.size(1) <= cache->max_len(), "KVCache overflow: ", h.tokens.size(1),
+                " > max_len ", cache->max_len());
+    const int64_t t_new = tokens.size(1);
+    torch::Tensor logits = Call(h.tokens, h.positions, std::nullopt);
+    cache->Advance(t_new);
+    return logits.slice(1, logits.size(1) - t_new).contiguous();
+  }
+
+  std::unique_ptr<KVCache> NewKVCache(int64_t batch, int64_t max_len) const override {
+    // No buffers: the lane's cache is the token history above (Forward).
+    return std::make_unique<KVCache>(0, batch, 0, max_len, 0, torch::kFloat32, torch::kCPU);
+  }
+
+  bool CachesKeysAndValues() const override { return false; }
+  bool SupportsPacked() const override { return true; }
+  torch::Tensor ForwardPacked(const torch::Tensor& tokens, const torch::Tensor& positions,
+                              const torch::Tensor& cu_seqlens) override {
+    return Call(tokens, positions, cu_seqlens);
+  }
+
+  void train(bool on) override {
+    torch::nn::Module::train(on);
+    Status s = WithGilVoid("train", [&] { module_.get().attr("train")(on); });
+    TORCH_CHECK(s.ok(), s.ToString());
+  }
+
+ private:
+  struct History {
+    torch::Tensor tokens, positions;
+  };
+
+  torch::Tensor Call(const torch::Tensor& tokens, const torch::Tensor& positions,
+                     const std::optional<torch::Tensor>& cu_seqlens) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object out = cu_seqlens ? Lane().attr("forward")(module_.get(), tokens, positions,
+                                                          *cu_seqlens)
+                                  : Lane().attr("forward")(module_.get(), tokens, positions);
+      return out.cast<at::Tensor>();
+    } catch (py::error_already_set& e) {
+      // The gate runner turns a c10::Error into FAIL (native_runtime) with this message.
+      TORCH_CHECK(false, "the Python model's forward raised: ", e.what());
+    } catch (const py::cast_error& e) {
+      TORCH_CHECK(false, "the Python model's forward did not return a Tensor: ", e.what());
+    }
+  }
+
+  /// Registers `tensor` under `dotted` ("layers.0.attention.wq.weight"), making the nested
+  /// modules the path names.
+  void Mirror(const std::string& dotted, const at::Tensor& tensor) {
+    torch::nn::Module* at = this;
+    size_t begin = 0;
+    for (size_t dot = dotted.find('.'); dot != std::string::npos; dot = dotted.find('.', begin)) {
+      const std::string part = dotted.substr(begin, dot - begin);
+      std::shared_ptr<torch::nn::Module> child;
+      for (const auto& item : at->named_children()) {
+        if (item.key() == part) child = item.value();
+      }
+      if (!child) child = at->register_module(part, std::make_shared<torch::nn::Module>());
+      at = child.get();
+      begin = dot + 1;
+    }
+    at->register_parameter(dotted.substr(begin), tensor, tensor.requires_grad());
+  }
+
+  PyRef module_;
+  std::unordered_map<const KVCache*, History> history_;
+};
+
+// --- family ----------------------------------------------------------------------------------
+
+/// One Python adapter's ModelSpec as a ModelFamily. Weights are mapped by code (the adapter's
+/// from_hf / to_hf), so Adapter() has no table to give.
+class PyFamily final : public ModelFamily {
+ public:
+  PyFamily(py::object spec, std::string name, std::vector<std::string> model_types,
+           std::string entry)
+      : spec_(std::move(spec)),
+        name_(std::move(name)),
+        model_types_(std::move(model_types)),
+        entry_(std::move(entry)) {}
+
+  std::string_view name() const override { return name_; }
+  std::vector<std::string> model_types() const override { return model_types_; }
+
+  Result<ParsedConfig> ParseConfig(const json& config) const override {
+    std::string refused;  // args_from_hf_config's ValueError, naming the field and value
+    Result<ParsedConfig> parsed = WithGil(entry_ + ": parsing config.json", [&] {
+      py::tuple r = Lane().attr("parse_config")(spec_.get(), config.dump());
+      ParsedConfig out;
+      if (!r[2].is_none()) {
+        refused = r[2].cast<std::string>();
+        return out;
+      }
+      const py::dict accounting = r[1].cast<py::dict>();
+      for (const auto& [field, value] : config.items()) {
+        if (!accounting.contains(field)) {
+          out.report.unmapped.push_back(field);
+        } else if (py::object v = accounting[py::str(field)]; v.is_none()) {
+          out.report.mapped.push_back(field);
+        } else {
+          out.report.ignored.emplace_back(field, v.cast<std::string>());
+        }
+      }
+      py::object args = r[0];
+      const json facts =
+          json::parse(py::module_::import("json").attr("dumps")(
+                          Lane().attr("gate_facts")(spec_.get(), args)).cast<std::string>());
+      const json as_json = json::parse(Lane().attr("args_json")(args).cast<std::string>());
+      out.args = std::make_shared<PyArgs>(std::move(args), facts, as_json);
+      return out;
+    });
+    if (!parsed.ok()) return parsed.status();
+    if (!refused.empty()) return Status::InvalidArgument(refused);
+    return std::move(parsed).value();
+  }
+
+  Result<std::shared_ptr<CausalLM>> Construct(const ModelArgs& args, torch::Dtype dtype,
+                                              torch::Device device) const override {
+    const auto* py_args = dynamic_cast<const PyArgs*>(&args);
+    if (py_args == nullptr) return Status::InvalidArgument("args not parsed by " + entry_);
+    const std::string dtype_name = dtype == torch::kBFloat16 ? "bfloat16"
+                                   : dtype == torch::kFloat16 ? "float16"
+                                   : dtype == torch::kFloat64 ? "float64"
+                                                              : "float32";
+    Result<std::shared_ptr<CausalLM>> built =
+        WithGil(entry_ + ": build_model", [&]() -> std::shared_ptr<CausalLM> {
+          py::object module = Lane().attr("build_model")(spec_.get(), py_args->object(),
+                                                         dtype_name, device.str());
+          return std::make_shared<PyCausalLM>(std::move(module));
+        });
+    if (!built.ok()) return built.status();
+    return std::move(built).value();
+  }
+
+  Result<StateDictAdapter> Adapter(const ModelArgs&) const override {
+    return Status::FailedPrecondition(entry_ + " maps weights by code (from_hf / to_hf)");
+  }
+  bool MapsWeightsByCode() const override { return true; }
+
+  Result<NamedTensors> FromHf(const ModelArgs& args, const NamedTensors& hf) const override {
+    return Map(args, hf, "from_hf");
+  }
+  Result<NamedTensors> ToHf(const ModelArgs& args, const NamedTensors& params) const override {
+    return Map(args, params, "to_hf");
+  }
+
+ private:
+  Result<NamedTensors> Map(const ModelArgs& args, const NamedTensors& in,
+                           const char* method) const {
+    const auto* py_args = dynamic_cast<const PyArgs*>(&args);
+    if (py_args == nullptr) return Status::InvalidArgument("args not parsed by " + entry_);
+    Result<NamedTensors> out = WithGil(entry_ + ": " + method, [&] {
+      const py::object& adapter = py_args->Adapter(spec_.get());
+      return FromPy(Lane().attr(method)(adapter, ToPy(in)));
+    });
+    if (!out.ok()) return out.status();
+    return std::move(out).value();
+  }
+
+  PyRef spec_;
+  std::string name_;
+  std::vector<std::string> model_types_;
+  std::string entry_;
+};
+
+/// Makes libpython's symbols global (extension modules such as torch._C expect them from the
+/// process, and this library was opened RTLD_LOCAL), then starts the interpreter once and
+/// releases the GIL for good: every call into Python takes it (WithGil), and autograd's
+/// backward, run by the gates in C++, must not be entered holding it.
+Status StartInterpreter() {
+  static Status started = [] {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&Py_IsInitialized), &info) == 0 ||
+        info.dli_fname == nullptr ||
+        dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL) == nullptr) {
+      return Status::Internal("cannot make libpython's symbols global");
+    }
+    if (Py_IsInitialized()) return Status::Ok();
+    py::initialize_interpreter(/*init_signal_handlers=*/false);
+    try {
+      py::module_ sys = py::module_::import("sys");
+      sys.attr("argv") = py::make_tuple("gatehouse-worker");
+      // The worker's own package and the torch wheel it was built against, behind whatever
+      // the caller puts in front.
+      sys.attr("path").attr("insert")(0, std::string(GATEHOUSE_PYTHON_SDK_DIR));
+      sys.attr("path").attr("insert")(1, std::string(GATEHOUSE_TORCH_SITE_PACKAGES));
+    } catch (py::error_already_set& e) {
+      PyEval_SaveThread();
+      return Status::Internal(std::string("python lane: starting the interpreter: ") + e.what());
+    }
+    PyEval_SaveThread();
+    return Status::Ok();
+  }();
+  return started;
+}
+
+Status Register(FamilyRegistry& registry, const json& config) {
+  GH_RETURN_IF_ERROR(StartInterpreter());
+  std::vector<std::string> entries, sys_path;
+  if (config.contains("entries")) entries = config["entries"].get<std::vector<std::string>>();
+  if (config.contains("sys_path")) sys_path = config["sys_path"].get<std::vector<std::string>>();
+  if (entries.empty()) return Status::InvalidArgument("python lane: no entry given");
+  std::vector<std::unique_ptr<ModelFamily>> families;
+  for (const std::string& entry : entries) {
+    Result<std::unique_ptr<ModelFamily>> family =
+        WithGil("python entry " + entry, [&]() -> std::unique_ptr<ModelFamily> {
+          py::object path = py::module_::import("sys").attr("path");
+          for (auto it = sys_path.rbegin(); it != sys_path.rend(); ++it) {
+            if (!path.contains(py::str(*it))) path.attr("insert")(0, py::str(*it));
+          }
+          py::object spec = Lane().attr("load_spec")(entry);
+          auto name = spec.attr("name").cast<std::string>();
+          auto types = spec.attr("model_types").cast<std::vector<std::string>>();
+          return std::make_unique<PyFamily>(std::move(spec), std::move(name), std::move(types),
+                                            entry);
+        });
+    if (!family.ok()) return family.status();
+    families.push_back(std::move(family).value());
+  }
+  for (auto& f : families) GH_RETURN_IF_ERROR(registry.Register(std::move(f)));
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace gatehouse::worker::python_lane
+
+extern "C" __attribute__((visibility("default"))) int gatehouse_python_lane_register(
+    void* registry, const char* config_json, char* error, int error_size) {
+  using gatehouse::Status;
+  Status s = [&]() -> Status {
+    const auto config = nlohmann::json::parse(config_json ? config_json : "{}", nullptr, false);
+    if (config.is_discarded() || !config.is_object()) {
+      return Status::InvalidArgument("python lane: the configuration is not a JSON object");
+    }
+    try {
+      return gatehouse::worker::python_lane::Register(
+          *static_cast<gatehouse::worker::FamilyRegistry*>(registry), config);
+    } catch (const std::exception& e) {
+      return Status::InvalidArgument(std::string("python lane: ") + e.what());
+    }
+  }();
+  if (s.ok()) return 0;
+  const std::string m = s.ToString();
+  if (error_size > 0) {
+    const size_t n = std::min(m.size(), static_cast<size_t>(error_size - 1));
+    std::memcpy(error, m.data(), n);
+    error[n] = '\0';
+  }
+  return 1;
+}
