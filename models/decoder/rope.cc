@@ -149,6 +149,19 @@ Result<RopeConfig> ParseRope(ConfigReader& reader, double default_theta) {
   return rope;
 }
 
+Status FullRotaryAsUpstream(RopeConfig& rope) {
+  if (rope.partial_rotary_factor == 1.0) return Status::Ok();
+  if (rope.rope_type == "default") {
+    rope.partial_rotary_factor = 1.0;
+    return Status::Ok();
+  }
+  return FieldError("partial_rotary_factor", json(rope.partial_rotary_factor),
+                    "with rope_type \"" + rope.rope_type +
+                        "\" upstream rotates only part of head_dim but applies it to all of "
+                        "head_dim, which fails (apply_rotary_pos_emb cannot broadcast): a config "
+                        "upstream cannot run");
+}
+
 int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim) {
   return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
 }

@@ -55,6 +55,15 @@ Result<RopeConfig> ParseRopeDict(ConfigReader& reader, const nlohmann::json& dic
 /// Also reads a top-level partial_rotary_factor when present.
 Result<RopeConfig> ParseRope(ConfigReader& reader, double default_theta);
 
+/// partial_rotary_factor as the families whose modeling file computes default RoPE itself
+/// treat it (llama, mistral, qwen2, qwen3, qwen3_moe in transformers 5: their
+/// compute_default_rope_parameters reads head_dim only): with rope_type "default" it is ignored
+/// and the whole head_dim rotates (sets the factor to 1); a scaled type honours it in
+/// ROPE_INIT_FUNCTIONS, making cos/sin narrower than head_dim, which those files'
+/// apply_rotary_pos_emb cannot broadcast, so a factor other than 1 there is INVALID_ARGUMENT
+/// (upstream cannot run the config). Phi-3 rotates partially and does not call this.
+Status FullRotaryAsUpstream(RopeConfig& rope);
+
 /// The rotated dimension: int(head_dim * partial_rotary_factor), as upstream.
 int64_t RotaryDim(const RopeConfig& rope, int64_t head_dim);
 

@@ -27,6 +27,7 @@ Result<DecoderSpec> ParseLlamaConfig(ConfigReader& reader) {
       "rows to the rotate-half layout"));
   // LlamaConfig.default_theta (RotaryEmbeddingConfigMixin) is 10000.
   GH_ASSIGN_OR_RETURN(RopeConfig rope, ParseRope(reader, 10000.0));
+  GH_RETURN_IF_ERROR(FullRotaryAsUpstream(rope));
   spec.ropes = {rope};
   return spec;
 }

@@ -29,6 +29,7 @@ Result<DecoderSpec> ParseMistralConfig(ConfigReader& reader) {
   }
   // MistralConfig takes RotaryEmbeddingConfigMixin.default_theta = 10000.
   GH_ASSIGN_OR_RETURN(RopeConfig rope, ParseRope(reader, 10000.0));
+  GH_RETURN_IF_ERROR(FullRotaryAsUpstream(rope));
   spec.ropes = {rope};
   return spec;
 }

@@ -65,6 +65,7 @@ Result<DecoderSpec> ParseQwen2Config(ConfigReader& reader) {
       "asks for multimodal RoPE, which the qwen2 text model does not compute"));
   // Qwen2Config takes RotaryEmbeddingConfigMixin.default_theta = 10000.
   GH_ASSIGN_OR_RETURN(RopeConfig rope, ParseRope(reader, 10000.0));
+  GH_RETURN_IF_ERROR(FullRotaryAsUpstream(rope));
   spec.ropes = {rope};
   return spec;
 }

@@ -32,6 +32,7 @@ Result<DecoderSpec> ParseQwen3Config(ConfigReader& reader) {
   GH_RETURN_IF_ERROR(qwen2::ParseQwenSlidingWindow(reader, spec));
   // Qwen3Config takes RotaryEmbeddingConfigMixin.default_theta = 10000.
   GH_ASSIGN_OR_RETURN(RopeConfig rope, ParseRope(reader, 10000.0));
+  GH_RETURN_IF_ERROR(FullRotaryAsUpstream(rope));
   spec.ropes = {rope};
   return spec;
 }

@@ -55,6 +55,7 @@ Result<DecoderSpec> ParseQwen3MoeConfig(ConfigReader& reader) {
   spec.qkv_bias = spec.o_bias = attention_bias;
   spec.qk_norm = true;  // Qwen3MoeAttention always has q_norm / k_norm
   GH_ASSIGN_OR_RETURN(RopeConfig rope, ParseRope(reader, 10000.0));
+  GH_RETURN_IF_ERROR(FullRotaryAsUpstream(rope));
   spec.ropes = {rope};
 
   // Sliding window: every layer, only with use_sliding_window (Qwen3MoeConfig.__post_init__).

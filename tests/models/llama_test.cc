@@ -253,6 +253,28 @@ TEST(LlamaConfig, UnsupportedValuesRejected) {
   }
 }
 
+// partial_rotary_factor as modeling_llama.py treats it: the default RoPE ignores it (the whole
+// head rotates: equal logits with and without it); a scaled type would fail upstream.
+TEST(LlamaConfig, PartialRotaryFactorAsUpstream) {
+  json plain = SavedConfig(false);
+  json partial = plain;
+  partial["partial_rotary_factor"] = 0.5;
+  auto a = Build(plain);
+  auto b = Build(partial);
+  Randomize(*a, 7);
+  torch::NoGradGuard no_grad;
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (const auto& item : pa) pb[item.key()].copy_(item.value());
+  const auto tokens = torch::arange(1, 12, torch::kLong).unsqueeze(0);
+  const auto positions = torch::arange(0, 11, torch::kLong).unsqueeze(0);
+  EXPECT_TRUE(torch::equal(a->Forward(tokens, positions, nullptr),
+                           b->Forward(tokens, positions, nullptr)));
+  partial["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 50000.0}};
+  const Status s = ParseError(partial);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'partial_rotary_factor' = 0.5"), std::string::npos) << s.ToString();
+}
+
 // --- name table ---------------------------------------------------------------------------
 
 // Every parameter of a constructed model maps to HF and back, and the HF side equals the

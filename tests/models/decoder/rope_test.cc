@@ -116,6 +116,24 @@ TEST(RopeParse, RotaryDimTruncatesLikeUpstream) {
   EXPECT_EQ(RotaryDim(rope, 96), 96);
 }
 
+// A scaled RoPE type with a partial factor is a config llama-like upstream files cannot run
+// (cos/sin narrower than head_dim); "default" ignores the factor; 1 passes either way.
+TEST(RopeParse, PartialRotaryAsLlamaLikeUpstream) {
+  auto linear = Parse({{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}},
+                       {"partial_rotary_factor", 0.5}});
+  ASSERT_TRUE(linear.ok());
+  const Status refused = FullRotaryAsUpstream(*linear);
+  EXPECT_NE(refused.message().find("'partial_rotary_factor' = 0.5"), std::string::npos)
+      << refused.ToString();
+  auto plain = Parse({{"partial_rotary_factor", 0.25}});
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE(FullRotaryAsUpstream(*plain).ok());
+  EXPECT_EQ(RotaryDim(*plain, 64), 64);
+  auto full = Parse({{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}});
+  ASSERT_TRUE(full.ok());
+  EXPECT_TRUE(FullRotaryAsUpstream(*full).ok());
+}
+
 /// One upstream comparison: a config (as transformers reads it), the positions of one forward
 /// pass, and what ParseRope / RopeInverseFrequencies / RopeTables / ApplyRotary make of it.
 struct RopeCase {
@@ -160,6 +178,10 @@ std::vector<RopeCase> Cases() {
        llama({{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0},
                                    {"rope_theta", 10000.0}}}}),
        long_run},
+      // Llama's own default RoPE reads head_dim only: a partial_rotary_factor is ignored and
+      // the whole head rotates (FullRotaryAsUpstream).
+      {"partial_rotary_factor_ignored_by_llama_default", "llama",
+       llama({{"partial_rotary_factor", 0.5}, {"rope_theta", 10000.0}}), short_run},
       // Phi-3 rotates the first half of head_dim (64 / 4 = 16) and passes the rest through.
       {"partial_rotary", "phi3",
        {{"hidden_size", 64}, {"num_attention_heads", 4}, {"max_position_embeddings", 64},
@@ -202,6 +224,7 @@ TEST(RopeUpstream, FrequenciesTablesAndRotationEqualTransformersBitwise) {
     SCOPED_TRACE(c.name);
     auto rope = Parse(c.config);
     ASSERT_TRUE(rope.ok()) << rope.status().ToString();
+    if (c.model_type != "phi3") ASSERT_TRUE(FullRotaryAsUpstream(*rope).ok());
     const auto positions = torch::tensor(c.positions, torch::kLong).unsqueeze(0);
     const int64_t seq_len = positions.max().item<int64_t>() + 1;
     const auto inv_freq =
