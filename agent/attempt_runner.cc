@@ -140,6 +140,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   build_config.cmake_prefix_path = config_.cmake_prefix_path;
   build_config.cmake = config_.cmake;
   build_config.log_flush_timeout = config_.log_flush_timeout;
+  build_config.python = config_.python;
   BuildRequest request{checkout->path, RepoKey(spec.repository), std::move(recipe).value()};
   LogStream build_log(sink, id, kBuildStream);
   auto built = RunBuild(
@@ -156,6 +157,8 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.spec = std::move(spec);
   launch.checkout = *checkout;
   launch.plugins = built->plugins;
+  launch.python_entries = built->python_entries;
+  launch.python_path = built->python_path;
   launch.worker = config_.worker;
   launch.agent_name = config_.agent_name;
   launch.gpu_indices = config_.gpu_indices;

@@ -48,6 +48,9 @@ struct RunnerConfig {
   /// DIR`. Empty python: this agent runs no reference cells.
   std::filesystem::path reference_python;
   std::filesystem::path reference_script;
+  /// The Python lane's interpreter (BuildConfig::python: its pip installs Python-lane
+  /// recipes). Empty: Python-lane attempts end with a build error saying so.
+  std::filesystem::path python;
 };
 
 /// Runs attempts one after another, reporting to an AttemptSink.

@@ -76,6 +76,17 @@ void DropStaleBuildTree(const std::filesystem::path& build_dir, const std::files
 std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildRequest& request) {
   const std::filesystem::path source = request.checkout / request.recipe.source_dir;
   const std::filesystem::path build_dir = BuildDir(config, request);
+  if (request.recipe.lane == "python") {
+    ProcessSpec install;
+    install.exe = config.python;
+    install.args = {"-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-input",
+                    "--disable-pip-version-check", "--upgrade", "--target",
+                    (build_dir / "site").string(), (build_dir / "src").string()};
+    install.cwd = request.checkout;
+    install.merge_stderr = true;
+    install.log_flush_timeout = config.log_flush_timeout;
+    return {install};
+  }
   std::string prefix_path = config.sdk_dir.string();
   if (!config.cmake_prefix_path.empty()) prefix_path += ";" + config.cmake_prefix_path;
   // CCACHE_BASEDIR at the work dir holds both the checkout (<work>/repos/<key>) and the build
@@ -125,8 +136,36 @@ Result<BuildResult> RunBuild(const BuildConfig& config, const BuildRequest& requ
   std::filesystem::create_directories(build_dir, ec);
   if (ec) return Status::Internal("cannot create " + build_dir.string() + ": " + ec.message());
 
+  const bool python = request.recipe.lane == "python";
+  if (python && config.python.empty()) {
+    return Status::FailedPrecondition(
+        "build failed: the recipe asks for lane \"python\" and this agent has no Python "
+        "(--python)");
+  }
+  if (python) {
+    // setuptools builds in the source tree (build/, *.egg-info): installing from a copy keeps
+    // the checkout exactly the commit, which the worker's identity gate verifies.
+    const std::filesystem::path copy = build_dir / "src";
+    std::filesystem::remove_all(copy, ec);
+    std::filesystem::create_directories(copy, ec);
+    const std::filesystem::path source = request.checkout / request.recipe.source_dir;
+    for (const auto& entry : std::filesystem::directory_iterator(source, ec)) {
+      if (entry.path().filename() == ".git") continue;
+      std::filesystem::copy(entry.path(), copy / entry.path().filename(),
+                            std::filesystem::copy_options::recursive |
+                                std::filesystem::copy_options::copy_symlinks,
+                            ec);
+      if (ec) break;
+    }
+    if (ec) {
+      return Status::FailedPrecondition("build failed: copying " + source.string() + " to " +
+                                        copy.string() + ": " + ec.message());
+    }
+  }
   const std::vector<ProcessSpec> commands = BuildCommands(config, request);
-  const char* const step_names[] = {"cmake configure", "cmake --build"};
+  const char* const cmake_steps[] = {"cmake configure", "cmake --build"};
+  const char* const pip_steps[] = {"pip install"};
+  const char* const* step_names = python ? pip_steps : cmake_steps;
   for (size_t i = 0; i < commands.size(); ++i) {
     OutputTail tail;
     const OutputHandler tee = [&](std::string_view data) {
@@ -148,6 +187,11 @@ Result<BuildResult> RunBuild(const BuildConfig& config, const BuildRequest& requ
 
   BuildResult result;
   result.build_dir = build_dir;
+  if (python) {
+    result.python_path = build_dir / "site";
+    result.python_entries = request.recipe.entries;
+    return result;
+  }
   for (const std::string& plugin : request.recipe.plugins) {
     const std::filesystem::path path = build_dir / plugin;
     if (!std::filesystem::is_regular_file(path, ec)) {

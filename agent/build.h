@@ -27,6 +27,9 @@ struct BuildConfig {
   std::filesystem::path cmake = "cmake";
   /// ProcessSpec::log_flush_timeout of the cmake steps.
   std::chrono::milliseconds log_flush_timeout{2000};
+  /// The Python lane's interpreter: the node's environment with its pinned torch (its pip
+  /// installs a Python-lane recipe). Empty: a Python-lane recipe fails to build, saying so.
+  std::filesystem::path python;
 };
 
 /// One build of one checkout.
@@ -40,6 +43,10 @@ struct BuildRequest {
 struct BuildResult {
   std::filesystem::path build_dir;
   std::vector<std::filesystem::path> plugins;  // absolute, in recipe order
+  /// Python lane: where pip installed the repository (<build dir>/site), for the worker's
+  /// --python-path, and the recipe's entries (--python-entry).
+  std::filesystem::path python_path;
+  std::vector<std::string> python_entries;
 };
 
 /// The configure and build commands of `request`, in order (exposed for tests and logs):
@@ -49,6 +56,12 @@ struct BuildResult {
 ///   cmake --build <build dir> --target <target>
 /// Both with CCACHE_BASEDIR=<work dir>, CCACHE_NOHASHDIR=1 and
 /// CCACHE_SLOPPINESS=pch_defines,time_macros in the environment.
+/// A Python-lane recipe has one command instead, on the node's torch, no dependency
+/// resolution and no build isolation (as trainers install their own packages):
+///   <python> -m pip install --no-deps --no-build-isolation --no-input
+///            --disable-pip-version-check --upgrade --target <build dir>/site <build dir>/src
+/// where <build dir>/src is a fresh copy of <checkout>/<source_dir> (setuptools writes build/
+/// and *.egg-info into the tree it builds; the checkout must stay exactly the commit).
 std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildRequest& request);
 
 /// Runs the commands on the calling thread, passing their merged stdout+stderr (preceded by a

@@ -70,6 +70,11 @@ int main(int argc, char** argv) {
                  "python with torch and transformers that runs reference cells (empty: this agent "
                  "runs none)")
       ->capture_default_str();
+  std::string lane_python = GATEHOUSE_REFERENCE_PYTHON;
+  app.add_option("--python", lane_python,
+                 "python whose pip installs Python-lane recipes (the node's pinned torch; empty: "
+                 "this agent runs no Python-lane cell)")
+      ->capture_default_str();
   app.add_option("--reference-script", reference_script,
                  "the reference runner (tools/refgen/reference_cell.py)")
       ->capture_default_str();
@@ -151,6 +156,7 @@ int main(int argc, char** argv) {
   runner_config.work_dir = fs::absolute(work_dir).lexically_normal();
   runner_config.sdk_dir = sdk;
   runner_config.cmake_prefix_path = cmake_prefix_path;
+  runner_config.python = lane_python;
   runner_config.worker = worker_path;
   runner_config.agent_name = name;
   auto secrets = gatehouse::agent::SecretsFromEnvironment(secret_env);

@@ -91,8 +91,55 @@ Status CheckTarget(const std::string& target) {
   return Status::Ok();
 }
 
+// "package.module:ATTRIBUTE": dotted Python identifiers, one attribute.
+Status CheckEntry(std::string_view field, const std::string& entry) {
+  const size_t colon = entry.find(':');
+  auto identifiers = [](std::string_view dotted) {
+    if (dotted.empty()) return false;
+    size_t start = 0;
+    while (true) {
+      const size_t dot = dotted.find('.', start);
+      const std::string_view part = dotted.substr(start, dot == std::string_view::npos
+                                                             ? std::string_view::npos
+                                                             : dot - start);
+      if (part.empty() || std::isdigit(static_cast<unsigned char>(part.front()))) return false;
+      for (const char c : part) {
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+      }
+      if (dot == std::string_view::npos) return true;
+      start = dot + 1;
+    }
+  };
+  if (colon == std::string::npos || !identifiers(std::string_view(entry).substr(0, colon)) ||
+      !identifiers(std::string_view(entry).substr(colon + 1)) ||
+      entry.find('.', colon) != std::string::npos) {
+    return Invalid(field, "must be \"package.module:ATTRIBUTE\" (Python identifiers), got " +
+                              Quote(entry));
+  }
+  return Status::Ok();
+}
+
+// The Python lane's build: {"system": "pip", "source_dir": "<dir with pyproject.toml>"}.
+Result<Recipe> ParsePipBuild(const json& build, Recipe recipe) {
+  GH_RETURN_IF_ERROR(CheckKnownMembers(build, "build", {"system", "source_dir"}));
+  GH_ASSIGN_OR_RETURN(recipe.source_dir,
+                      GetString(build, "source_dir", "build.source_dir", ".", false));
+  GH_RETURN_IF_ERROR(CheckRelativePath("build.source_dir", recipe.source_dir));
+  recipe.target.clear();
+  return recipe;
+}
+
 Result<Recipe> ParseBuild(const json& build, Recipe recipe) {
   if (!build.is_object()) return Invalid("build", "must be an object, got " + build.dump());
+  if (recipe.lane == "python") {
+    GH_ASSIGN_OR_RETURN(recipe.build_system,
+                        GetString(build, "system", "build.system", "", /*required=*/true));
+    if (recipe.build_system != "pip") {
+      return Invalid("build.system", "must be \"pip\" for lane \"python\", got " +
+                                         Quote(recipe.build_system));
+    }
+    return ParsePipBuild(build, std::move(recipe));
+  }
   GH_RETURN_IF_ERROR(
       CheckKnownMembers(build, "build", {"system", "source_dir", "cmake_args", "target"}));
 
@@ -133,7 +180,8 @@ Result<Recipe> ParseRecipe(std::string_view text) {
   if (!doc.is_object()) {
     return Status::InvalidArgument(std::string(kRecipeFileName) + ": must be a JSON object");
   }
-  GH_RETURN_IF_ERROR(CheckKnownMembers(doc, "", {"recipe_version", "build", "plugins"}));
+  GH_RETURN_IF_ERROR(
+      CheckKnownMembers(doc, "", {"recipe_version", "build", "plugins", "lane", "entries"}));
 
   Recipe recipe;
   const auto version = doc.find("recipe_version");
@@ -141,10 +189,25 @@ Result<Recipe> ParseRecipe(std::string_view text) {
   if (!version->is_number_integer() || version->get<int64_t>() != 1) {
     return Invalid("recipe_version", "must be 1, got " + version->dump());
   }
+  GH_ASSIGN_OR_RETURN(recipe.lane, GetString(doc, "lane", "lane", "cpp", false));
+  if (recipe.lane != "cpp" && recipe.lane != "python") {
+    return Invalid("lane", "must be \"cpp\" or \"python\", got " + Quote(recipe.lane));
+  }
 
   const auto build = doc.find("build");
   if (build == doc.end()) return Invalid("build", "is required");
   GH_ASSIGN_OR_RETURN(recipe, ParseBuild(*build, std::move(recipe)));
+
+  if (recipe.lane == "python") {
+    if (doc.contains("plugins")) return Invalid("plugins", "is for lane \"cpp\" only");
+    GH_ASSIGN_OR_RETURN(recipe.entries, GetStringArray(doc, "entries", "entries", true));
+    if (recipe.entries.empty()) return Invalid("entries", "must name at least one entry");
+    for (size_t i = 0; i < recipe.entries.size(); ++i) {
+      GH_RETURN_IF_ERROR(CheckEntry("entries[" + std::to_string(i) + "]", recipe.entries[i]));
+    }
+    return recipe;
+  }
+  if (doc.contains("entries")) return Invalid("entries", "is for lane \"python\" only");
 
   GH_ASSIGN_OR_RETURN(recipe.plugins, GetStringArray(doc, "plugins", "plugins", true));
   if (recipe.plugins.empty()) return Invalid("plugins", "must name at least one plugin");

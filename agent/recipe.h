@@ -22,8 +22,14 @@ struct Recipe {
   std::vector<std::string> cmake_args;
   /// The CMake target to build; "all" when absent.
   std::string target = "all";
-  /// Shared libraries to pass to the worker, relative to the build directory (at least one).
+  /// Shared libraries to pass to the worker, relative to the build directory (at least one;
+  /// C++ lane only).
   std::vector<std::string> plugins;
+  /// "cpp" (a CMake-built plugin) or "python" (a Python adapter installed with pip and run by
+  /// the worker's Python lane, docs/protocols.md §9).
+  std::string lane = "cpp";
+  /// Python lane: the adapters' entries, "package.module:ATTRIBUTE" naming a ModelSpec.
+  std::vector<std::string> entries;
 };
 
 /// Parses and validates recipe text without touching the filesystem. Unknown members (at the

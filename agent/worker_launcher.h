@@ -29,6 +29,10 @@ struct WorkerLaunch {
   CellSpec spec;                       // the frozen cell spec
   CheckoutResult checkout;
   std::vector<std::filesystem::path> plugins;  // absolute
+  /// Python lane: `--python-entry` each, and `--python-path` (where pip installed the
+  /// repository) when not empty.
+  std::vector<std::string> python_entries;
+  std::filesystem::path python_path;
   std::filesystem::path worker;       // the gatehouse-worker executable (or the reference runner)
   /// Arguments before `--run-spec run.json` and after the plugins: a reference cell runs
   /// `<python> <script> --run-spec run.json --out <dir>` (protocols.md §3.4).
@@ -76,7 +80,8 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvironment(const CellSpe
 
 /// Writes `<attempt_dir>/run.json` and runs spec.topology.world_size() worker processes
 /// ("ranks"), each
-/// `<worker> --run-spec <attempt_dir>/run.json --plugin <p>...` with cwd = attempt_dir and
+/// `<worker> --run-spec <attempt_dir>/run.json --plugin <p>... [--python-entry <e>...
+/// --python-path <dir>]` with cwd = attempt_dir and
 /// env = the agent's environment + WorkerEnvironment(spec, rank, world size, one free port),
 /// each on its own thread through RunProcess. Every rank's standard output goes through a
 /// WorkerStdoutRelay (text on RankLogStream("worker-stdout", rank)) and its standard error to

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+
 #include "agent_test_util.h"
 
 namespace gatehouse::agent {
@@ -130,6 +133,73 @@ TEST_F(BuildTest, SourceDirChangeRebuildsTree) {
   request_.recipe.source_dir = "other";
   auto built = Build();
   ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+}
+
+
+// The Python lane: one pip command on the node's Python (docs/protocols.md §5), installing the
+// repository into <build dir>/site, which the worker gets as --python-path with the entries.
+class PipBuildTest : public BuildTest {
+ protected:
+  void SetUp() override {
+    BuildTest::SetUp();
+    WriteFile(checkout_ / "py" / "pyproject.toml",
+              "[build-system]\nrequires = [\"setuptools>=61\"]\n"
+              "build-backend = \"setuptools.build_meta\"\n"
+              "[project]\nname = \"tiny-adapter\"\nversion = \"0.1\"\n"
+              "[tool.setuptools.packages.find]\nwhere = [\".\"]\ninclude = [\"tiny*\"]\n");
+    WriteFile(checkout_ / "py" / "tiny" / "__init__.py", "SPEC = 'tiny'\n");
+    config_.python = GATEHOUSE_PYTHON;
+    request_.recipe = Recipe{};
+    request_.recipe.lane = "python";
+    request_.recipe.build_system = "pip";
+    request_.recipe.source_dir = "py";
+    request_.recipe.entries = {"tiny:SPEC"};
+  }
+};
+
+TEST_F(PipBuildTest, CommandIsOnePipInstall) {
+  const auto commands = BuildCommands(config_, request_);
+  ASSERT_EQ(commands.size(), 1u);
+  const auto build_dir = config_.work_dir / "build" / "0123456789abcdef";
+  EXPECT_EQ(commands[0].exe, GATEHOUSE_PYTHON);
+  EXPECT_EQ(commands[0].args,
+            (std::vector<std::string>{"-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                                      "--no-input", "--disable-pip-version-check", "--upgrade",
+                                      "--target", (build_dir / "site").string(),
+                                      (build_dir / "src").string()}));
+}
+
+TEST_F(PipBuildTest, InstallsThePackageForTheWorker) {
+  auto built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+  EXPECT_TRUE(std::filesystem::is_regular_file(built->python_path / "tiny" / "__init__.py")) << log_;
+  EXPECT_EQ(built->python_entries, (std::vector<std::string>{"tiny:SPEC"}));
+  EXPECT_TRUE(built->plugins.empty());
+  // Built from a copy: the checkout holds only what was written into it.
+  EXPECT_FALSE(std::filesystem::exists(checkout_ / "py" / "build")) << log_;
+  EXPECT_FALSE(std::filesystem::exists(checkout_ / "py" / "tiny_adapter.egg-info")) << log_;
+  EXPECT_NE(log_.find("+ " + std::string(GATEHOUSE_PYTHON) + " -m pip install"), std::string::npos)
+      << log_;
+  // Again at another commit: the same tree, the package replaced.
+  WriteFile(checkout_ / "py" / "tiny" / "__init__.py", "SPEC = 'tiny, again'\n");
+  built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+  std::ifstream in(built->python_path / "tiny" / "__init__.py");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "SPEC = 'tiny, again'\n");
+}
+
+TEST_F(PipBuildTest, FailedInstallIsABuildError) {
+  WriteFile(checkout_ / "py" / "pyproject.toml", "[project\nname = broken\n");
+  auto built = Build();
+  ASSERT_FALSE(built.ok());
+  EXPECT_EQ(built.status().message().rfind("build failed: pip install exited with code", 0), 0u)
+      << built.status().message();
+  config_.python.clear();
+  built = Build();
+  ASSERT_FALSE(built.ok());
+  EXPECT_NE(built.status().message().find("no Python (--python)"), std::string::npos)
+      << built.status().message();
 }
 
 }  // namespace

@@ -117,6 +117,47 @@ TEST(RecipeTest, RejectsOtherMalformedRecipes) {
   }
 }
 
+// Verifies the Python lane's recipe: pip build, entries, and the fields of the other lane refused.
+TEST(RecipeTest, PythonLane) {
+  auto recipe = ParseRecipe(R"({"recipe_version":1,"lane":"python",
+      "build":{"system":"pip","source_dir":"adapters/python"},
+      "entries":["gh_archon.llama.spec:SPEC","pkg.mod:OTHER_SPEC"]})");
+  ASSERT_TRUE(recipe.ok()) << recipe.status().ToString();
+  EXPECT_EQ(recipe->lane, "python");
+  EXPECT_EQ(recipe->build_system, "pip");
+  EXPECT_EQ(recipe->source_dir, "adapters/python");
+  EXPECT_EQ(recipe->entries,
+            (std::vector<std::string>{"gh_archon.llama.spec:SPEC", "pkg.mod:OTHER_SPEC"}));
+  EXPECT_TRUE(recipe->plugins.empty());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"recipe_version":1,"lane":"rust","build":{"system":"pip"},"entries":["a:B"]})", "lane"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"cmake"},"entries":["a:B"]})",
+       "build.system"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"pip"}})", "entries"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"pip"},"entries":[]})", "entries"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"pip"},"entries":["a.b"]})",
+       "entries[0]"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"pip"},"entries":["a:b.C"]})",
+       "entries[0]"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"pip"},"entries":["1a:B"]})",
+       "entries[0]"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"pip"},"entries":["a;rm:B"]})",
+       "entries[0]"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"pip","target":"x"},"entries":["a:B"]})",
+       "build.target"},
+      {R"({"recipe_version":1,"lane":"python","build":{"system":"pip"},"entries":["a:B"],"plugins":["p.so"]})",
+       "plugins"},
+      {R"({"recipe_version":1,"build":{"system":"cmake"},"plugins":["p.so"],"entries":["a:B"]})",
+       "entries"},
+  };
+  for (const auto& [text, needle] : cases) {
+    auto bad = ParseRecipe(text);
+    ASSERT_FALSE(bad.ok()) << text;
+    EXPECT_NE(bad.status().message().find("field '" + needle + "'"), std::string::npos)
+        << text << " -> " << bad.status().message();
+  }
+}
+
 // Verifies that a checkout without a recipe reports exactly which commit lacks it.
 TEST(RecipeTest, MissingRecipeNamesTheCommit) {
   TempDir dir;

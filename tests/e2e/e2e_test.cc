@@ -183,6 +183,50 @@ class EndToEndTest : public ::testing::Test {
   std::unique_ptr<Daemon> agent_;
 };
 
+// A repository whose adapter is Python (the gh_archon llama adapter, recipe lane "python"):
+// the agent pip-installs the frozen commit and the worker runs it on its Python lane, under the
+// same gates. The correct branch passes every CPU gate; the branch that swaps two projections
+// in its name table (consistently both ways, so the load's round trip holds) FAILs at
+// inference, and the build log is pip's.
+TEST_F(EndToEndTest, PythonAdapterFromRestToEvidence) {
+  const fs::path py_repo = root_ / "python-adapter";
+  ASSERT_NO_FATAL_FAILURE(MakePythonAdapterRepository(py_repo));
+  json body = Body("main", "llama-tiny-tied");
+  body["repository"] = py_repo.string();
+  json submitted = Submit(body);
+  ASSERT_TRUE(submitted.contains("id")) << submitted.dump();
+  const std::string id = submitted.at("id");
+  json cell = WaitFinal(id, seconds(600));
+  ASSERT_NO_FATAL_FAILURE(ExpectAllCpuGatesPass(cell));
+  const json* load = FindPhase(cell, "load");
+  ASSERT_NE(load, nullptr);
+  EXPECT_NE(load->dump().find("code: from_hf, proved by to_hf(from_hf(checkpoint))"),
+            std::string::npos)
+      << load->dump();
+  HttpResponse build_log =
+      HttpRequest(http_port_, "GET", "/api/v1/cells/" + id + "/log?stream=build", "", token_);
+  EXPECT_EQ(build_log.status, 200);
+  EXPECT_NE(build_log.body.find("-m pip install --no-deps --no-build-isolation"),
+            std::string::npos)
+      << build_log.body;
+  EXPECT_NE(build_log.body.find("Successfully installed gatehouse-archon-adapters"),
+            std::string::npos)
+      << build_log.body;
+
+  body["branch"] = "gate-up-swapped";
+  json broken = Submit(body);
+  ASSERT_TRUE(broken.contains("id")) << broken.dump();
+  json broken_cell = WaitFinal(broken.at("id"), seconds(600));
+  EXPECT_EQ(broken_cell.value("status", ""), "failed") << broken_cell.dump(2);
+  const json* load_broken = FindPhase(broken_cell, "load");
+  ASSERT_NE(load_broken, nullptr);
+  EXPECT_EQ(load_broken->at("status"), "PASS") << load_broken->dump();
+  const json* inference = FindPhase(broken_cell, "inference");
+  ASSERT_NE(inference, nullptr);
+  EXPECT_EQ(inference->at("status"), "FAIL") << inference->dump();
+  EXPECT_EQ(inference->value("classification", ""), "adapter_contract") << inference->dump();
+}
+
 TEST_F(EndToEndTest, CellFromRestToEvidence) {
   // 1. The correct adapter passes every CPU gate on a tied checkpoint.
   json tied = Submit(Body("main", "llama-tiny-tied"));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "process_harness.h"
 
@@ -30,6 +31,44 @@ void MakeAdapterRepository(const fs::path& repo) {
   Git(repo, {"checkout", "-q", "-b", "rope-keys-bug"});
   Git(repo, {"apply", GATEHOUSE_ROPE_PATCH});
   Git(repo, {"commit", "-q", "-am", "Llama adapter with RoPE not applied to keys"});
+  Git(repo, {"checkout", "-q", "main"});
+}
+
+void MakePythonAdapterRepository(const fs::path& repo) {
+  fs::create_directories(repo);
+  fs::copy(GATEHOUSE_ADAPTERS_DIR, repo, fs::copy_options::recursive);
+  std::vector<fs::path> generated;  // caches and build output of local runs, not sources
+  for (const auto& entry : fs::recursive_directory_iterator(repo)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "__pycache__" || name == "build" || name.ends_with(".egg-info")) {
+      generated.push_back(entry.path());
+    }
+  }
+  for (const auto& path : generated) fs::remove_all(path);
+  WriteTextFile(repo / "gatehouse.recipe.json",
+                R"({"recipe_version": 1, "lane": "python",
+ "build": {"system": "pip", "source_dir": "."},
+ "entries": ["gh_archon.llama.spec:SPEC"]}
+)");
+  Git(repo, {"init", "-q", "-b", "main"});
+  Git(repo, {"add", "-A"});
+  Git(repo, {"commit", "-q", "-m", "Llama adapter in Archon's layout"});
+  Git(repo, {"checkout", "-q", "-b", "gate-up-swapped"});
+  const fs::path names = repo / "gh_archon" / "common" / "names.py";
+  std::stringstream text;
+  text << std::ifstream(names).rdbuf();
+  std::string source = text.str();
+  const std::string gate = "\"layers.{}.feed_forward.w1.weight\"";
+  const std::string up = "\"layers.{}.feed_forward.w3.weight\"";
+  const size_t g = source.find(gate), u = source.find(up);
+  if (g == std::string::npos || u == std::string::npos || u < g) {
+    ADD_FAILURE() << names << " no longer maps gate_proj to w1 and then up_proj to w3";
+    return;
+  }
+  source.replace(u, up.size(), gate);
+  source.replace(g, gate.size(), up);
+  WriteTextFile(names, source);
+  Git(repo, {"commit", "-q", "-am", "Llama adapter with gate_proj and up_proj swapped"});
   Git(repo, {"checkout", "-q", "main"});
 }
 

@@ -18,6 +18,13 @@ void Git(const std::filesystem::path& repo, const std::vector<std::string>& args
 /// with tools/mutations/rope_keys_unapplied.patch committed.
 void MakeAdapterRepository(const std::filesystem::path& repo);
 
+/// A git repository at `repo` holding the Python-lane reference adapters (adapters/python: the
+/// gh_archon package and its pyproject.toml) with a gatehouse.recipe.json for lane "python"
+/// naming the llama SPEC: branch `main` as is, branch `gate-up-swapped` with the llama name
+/// table mapping the checkpoint's gate_proj to w3 and up_proj to w1 (both ways, so load's round
+/// trip holds and the numbers are wrong).
+void MakePythonAdapterRepository(const std::filesystem::path& repo);
+
 class Daemon;
 
 /// The HTTP and gRPC ports a starting controller prints ("<kind> listening on 127.0.0.1:P"),
