@@ -419,9 +419,9 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
       spec.args.push_back("--python-entry");
       spec.args.push_back(entry);
     }
-    if (!launch.python_path.empty()) {
+    for (const auto& path : launch.python_path) {
       spec.args.push_back("--python-path");
-      spec.args.push_back(launch.python_path.string());
+      spec.args.push_back(path.string());
     }
     spec.args.insert(spec.args.end(), launch.args_after.begin(), launch.args_after.end());
     spec.cwd = launch.attempt_dir;

@@ -29,10 +29,10 @@ struct WorkerLaunch {
   CellSpec spec;                       // the frozen cell spec
   CheckoutResult checkout;
   std::vector<std::filesystem::path> plugins;  // absolute
-  /// Python lane: `--python-entry` each, and `--python-path` (where pip installed the
-  /// repository) when not empty.
+  /// Python lane: `--python-entry` each, and `--python-path` each (where pip installed the
+  /// repository, then its dependency layer), in order.
   std::vector<std::string> python_entries;
-  std::filesystem::path python_path;
+  std::vector<std::filesystem::path> python_path;
   std::filesystem::path worker;       // the gatehouse-worker executable (or the reference runner)
   /// Arguments before `--run-spec run.json` and after the plugins: a reference cell runs
   /// `<python> <script> --run-spec run.json --out <dir>` (protocols.md §3.4).

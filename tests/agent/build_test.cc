@@ -157,12 +157,19 @@ class PipBuildTest : public BuildTest {
   }
 };
 
-TEST_F(PipBuildTest, CommandIsOnePipInstall) {
+TEST_F(PipBuildTest, CommandsAreMetadataThenInstall) {
   const auto commands = BuildCommands(config_, request_);
-  ASSERT_EQ(commands.size(), 1u);
+  ASSERT_EQ(commands.size(), 2u);
   const auto build_dir = config_.work_dir / "build" / "0123456789abcdef";
   EXPECT_EQ(commands[0].exe, GATEHOUSE_PYTHON);
   EXPECT_EQ(commands[0].args,
+            (std::vector<std::string>{"-m", "pip", "install", "--dry-run", "--no-deps",
+                                      "--no-build-isolation", "--no-input",
+                                      "--disable-pip-version-check", "--quiet", "--report",
+                                      (build_dir / "adapter-report.json").string(),
+                                      (build_dir / "src").string()}));
+  EXPECT_EQ(commands[1].exe, GATEHOUSE_PYTHON);
+  EXPECT_EQ(commands[1].args,
             (std::vector<std::string>{"-m", "pip", "install", "--no-deps", "--no-build-isolation",
                                       "--no-input", "--disable-pip-version-check", "--upgrade",
                                       "--target", (build_dir / "site").string(),
@@ -172,7 +179,10 @@ TEST_F(PipBuildTest, CommandIsOnePipInstall) {
 TEST_F(PipBuildTest, InstallsThePackageForTheWorker) {
   auto built = Build();
   ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
-  EXPECT_TRUE(std::filesystem::is_regular_file(built->python_path / "tiny" / "__init__.py")) << log_;
+  ASSERT_EQ(built->python_path.size(), 1u) << log_;  // no dependency declared: no layer
+  EXPECT_TRUE(std::filesystem::is_regular_file(built->python_path[0] / "tiny" / "__init__.py"))
+      << log_;
+  EXPECT_NE(log_.find("the adapter declares no dependency"), std::string::npos) << log_;
   EXPECT_EQ(built->python_entries, (std::vector<std::string>{"tiny:SPEC"}));
   EXPECT_TRUE(built->plugins.empty());
   // Built from a copy: the checkout holds only what was written into it.
@@ -184,7 +194,7 @@ TEST_F(PipBuildTest, InstallsThePackageForTheWorker) {
   WriteFile(checkout_ / "py" / "tiny" / "__init__.py", "SPEC = 'tiny, again'\n");
   built = Build();
   ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
-  std::ifstream in(built->python_path / "tiny" / "__init__.py");
+  std::ifstream in(built->python_path[0] / "tiny" / "__init__.py");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(text, "SPEC = 'tiny, again'\n");
 }
@@ -193,13 +203,120 @@ TEST_F(PipBuildTest, FailedInstallIsABuildError) {
   WriteFile(checkout_ / "py" / "pyproject.toml", "[project\nname = broken\n");
   auto built = Build();
   ASSERT_FALSE(built.ok());
-  EXPECT_EQ(built.status().message().rfind("build failed: pip install exited with code", 0), 0u)
+  EXPECT_EQ(built.status().message().rfind("build failed: pip metadata exited with code", 0), 0u)
       << built.status().message();
   config_.python.clear();
   built = Build();
   ASSERT_FALSE(built.ok());
   EXPECT_NE(built.status().message().find("no Python (--python)"), std::string::npos)
       << built.status().message();
+}
+
+// Dependencies the adapter declares: those the node's environment lacks go into a layer made
+// once per (interpreter, requirements) and reused by later commits; those it has (here
+// setuptools) are left to it. Packages come from a local wheelhouse (PIP_NO_INDEX), as a node
+// with its own index would configure pip.
+class PipDependencyTest : public PipBuildTest {
+ protected:
+  void SetUp() override {
+    PipBuildTest::SetUp();
+    const std::filesystem::path dep = tmp_.path() / "dep-src";
+    WriteFile(dep / "pyproject.toml",
+              "[build-system]\nrequires = [\"setuptools>=61\"]\n"
+              "build-backend = \"setuptools.build_meta\"\n"
+              "[project]\nname = \"ghdep-fixture\"\nversion = \"1.2\"\n"
+              "[tool.setuptools.packages.find]\nwhere = [\".\"]\ninclude = [\"ghdep_fixture*\"]\n");
+    WriteFile(dep / "ghdep_fixture" / "__init__.py", "VALUE = 12\n");
+    wheelhouse_ = tmp_.path() / "wheelhouse";
+    ProcessSpec wheel;
+    wheel.exe = GATEHOUSE_PYTHON;
+    wheel.args = {"-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                  "--disable-pip-version-check", "--quiet", "-w", wheelhouse_.string(),
+                  dep.string()};
+    wheel.merge_stderr = true;
+    std::string out;
+    const OutputHandler keep = [&](std::string_view d) { out.append(d); };
+    auto exit = RunProcess(wheel, keep, keep);
+    ASSERT_TRUE(exit.ok() && exit->ok()) << out;
+    setenv("PIP_NO_INDEX", "1", 1);
+    setenv("PIP_FIND_LINKS", wheelhouse_.string().c_str(), 1);
+    Declare("\"ghdep-fixture>=1.0\", \"setuptools\"");
+  }
+  void TearDown() override {
+    unsetenv("PIP_NO_INDEX");
+    unsetenv("PIP_FIND_LINKS");
+  }
+  void Declare(const std::string& dependencies) {
+    WriteFile(checkout_ / "py" / "pyproject.toml",
+              "[build-system]\nrequires = [\"setuptools>=61\"]\n"
+              "build-backend = \"setuptools.build_meta\"\n"
+              "[project]\nname = \"tiny-adapter\"\nversion = \"0.1\"\n"
+              "dependencies = [" + dependencies + "]\n"
+              "[tool.setuptools.packages.find]\nwhere = [\".\"]\ninclude = [\"tiny*\"]\n");
+  }
+  std::filesystem::path wheelhouse_;
+};
+
+TEST_F(PipDependencyTest, LayerMadeOnceAndReusedWhileRequirementsStay) {
+  auto built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+  ASSERT_EQ(built->python_path.size(), 2u) << log_;
+  const std::filesystem::path layer_site = built->python_path[1];
+  EXPECT_EQ(layer_site.parent_path().parent_path(), config_.work_dir / "python-deps");
+  EXPECT_TRUE(std::filesystem::is_regular_file(layer_site / "ghdep_fixture" / "__init__.py"))
+      << log_;
+  // What the node has stays the node's: the layer holds the missing package alone.
+  EXPECT_FALSE(std::filesystem::exists(layer_site / "setuptools")) << log_;
+  EXPECT_NE(log_.find("made (ghdep-fixture>=1.0 setuptools): ghdep-fixture==1.2"),
+            std::string::npos)
+      << log_;
+  EXPECT_NE(log_.find("--target " + layer_site.parent_path().parent_path().string() +
+                      "/.staging-"),
+            std::string::npos)
+      << log_;
+
+  // Another commit, same requirements: nothing resolved or installed but the adapter.
+  WriteFile(checkout_ / "py" / "tiny" / "__init__.py", "SPEC = 'tiny, again'\n");
+  built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+  ASSERT_EQ(built->python_path.size(), 2u) << log_;
+  EXPECT_EQ(built->python_path[1], layer_site);
+  EXPECT_NE(log_.find("reused (ghdep-fixture>=1.0 setuptools): ghdep-fixture==1.2"),
+            std::string::npos)
+      << log_;
+  EXPECT_EQ(log_.find("--dry-run --no-input"), std::string::npos) << log_;
+  EXPECT_EQ(log_.find("pip install --no-deps --no-input"), std::string::npos) << log_;
+
+  // Requirements changed: another layer.
+  Declare("\"ghdep-fixture>=1.1\"");
+  built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+  ASSERT_EQ(built->python_path.size(), 2u) << log_;
+  EXPECT_NE(built->python_path[1], layer_site);
+  EXPECT_NE(log_.find("made (ghdep-fixture>=1.1): ghdep-fixture==1.2"), std::string::npos)
+      << log_;
+}
+
+TEST_F(PipDependencyTest, SatisfiedByTheNodeNeedsNoLayer) {
+  Declare("\"setuptools\"");
+  auto built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+  EXPECT_EQ(built->python_path.size(), 1u) << log_;
+  EXPECT_NE(log_.find("the node's environment satisfies them"), std::string::npos) << log_;
+  EXPECT_EQ(log_.find("pip install --no-deps --no-input"), std::string::npos) << log_;
+}
+
+TEST_F(PipDependencyTest, UnresolvableRequirementIsABuildError) {
+  Declare("\"ghdep-fixture>=9\"");
+  auto built = Build();
+  ASSERT_FALSE(built.ok());
+  EXPECT_EQ(built.status().message().rfind("build failed: pip resolve exited with code", 0), 0u)
+      << built.status().message();
+  // Nothing half made is left to be reused.
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(config_.work_dir / "python-deps", ec)) {
+    ADD_FAILURE() << "left behind: " << entry.path();
+  }
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 
 What
     tools/mutations/manifest.json lists mutations: each a small committed patch
-    (tools/mutations/<name>.patch, paths relative to the adapter repository, i.e. models/)
+    (tools/mutations/<name>.patch, paths relative to the adapter repository, i.e. models/; for
+    "lane": "python", tools/mutations/python/<name>.patch relative to adapters/python, whose
+    repository carries a lane-python recipe naming both reference SPECs)
     that reproduces one bug seen in real adaptations, its class (what kind of gate weakness it
     probes: "classic", "bars" for numerics only a bar at upstream's floor catches, "decode" for
     bugs of the KV-cached decode path alone, "training" for backward and optimizer bugs a
@@ -72,11 +74,32 @@ def git(repo, *args):
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def make_repo(repo, mutations):
-    """models/ on main, and one branch per mutation with its patch applied and committed."""
+# The adapter each lane's repository holds (manifest "lane", default "cpp"): the C++ families
+# (models/, CMake recipe) or the Python reference adapters (adapters/python, recipe lane
+# "python" with both SPECs), docs/protocols.md §5.
+LANE_SOURCE = {"cpp": ROOT / "models", "python": ROOT / "adapters" / "python"}
+PYTHON_RECIPE = {"recipe_version": 1, "lane": "python",
+                 "build": {"system": "pip", "source_dir": "."},
+                 "entries": ["gh_archon.llama.spec:SPEC", "gh_archon.qwen3_moe.spec:SPEC"]}
+GENERATED = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+
+
+def lane_of(m):
+    return m.get("lane", "cpp")
+
+
+def copy_lane_source(lane, dest):
+    shutil.copytree(LANE_SOURCE[lane], dest, dirs_exist_ok=True, ignore=GENERATED)
+    if lane == "python":
+        (dest / "gatehouse.recipe.json").write_text(json.dumps(PYTHON_RECIPE, indent=1) + "\n")
+
+
+def make_repo(repo, mutations, lane="cpp"):
+    """The lane's adapter on main, and one branch per mutation with its patch applied and
+    committed."""
     shutil.rmtree(repo, ignore_errors=True)
     repo.mkdir(parents=True)
-    shutil.copytree(ROOT / "models", repo, dirs_exist_ok=True)
+    copy_lane_source(lane, repo)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "reference adapter")
@@ -85,7 +108,8 @@ def make_repo(repo, mutations):
         try:
             git(repo, "apply", "--index", str(HERE / m["patch"]))
         except subprocess.CalledProcessError as e:
-            raise SystemExit(f"mutation {m['name']}: {m['patch']} does not apply to models/: "
+            raise SystemExit(f"mutation {m['name']}: {m['patch']} does not apply to "
+                             f"{LANE_SOURCE[lane].relative_to(ROOT)}: "
                              f"{e.stderr.decode(errors='replace').strip()}")
         git(repo, "commit", "-q", "-m", f"mutation {m['name']}: {m['bug']}")
         git(repo, "checkout", "-q", "main")
@@ -163,16 +187,17 @@ def check_patches(mutations):
     with the code would make the suite silently test nothing). Returns the exit status."""
     bad = []
     with tempfile.TemporaryDirectory(prefix="gh-mutcheck-") as tmp:
-        shutil.copytree(ROOT / "models", Path(tmp) / "m")
+        for lane in LANE_SOURCE:
+            copy_lane_source(lane, Path(tmp) / lane)
         for m in mutations:
             proc = subprocess.run(["git", "apply", "--check", str(HERE / m["patch"])],
-                                  cwd=Path(tmp) / "m", capture_output=True, text=True)
+                                  cwd=Path(tmp) / lane_of(m), capture_output=True, text=True)
             print(f"{'ok  ' if proc.returncode == 0 else 'FAIL'} {m['name']} ({m['patch']})"
                   + (f": {proc.stderr.strip()}" if proc.returncode else ""))
             if proc.returncode:
                 bad.append(m["name"])
     if bad:
-        print(f"{len(bad)} patch(es) no longer apply to models/: regenerate them "
+        print(f"{len(bad)} patch(es) no longer apply to their lane's adapter: regenerate them "
               f"(apply the same bug to the current code, git diff > the .patch)")
     return 1 if bad else 0
 
@@ -209,7 +234,7 @@ def main(argv=None):
     if args.check:
         return check_patches(mutations)
     fixtures = sorted({m["fixture"] for m in mutations})
-    controls = sorted({(m["fixture"], m.get("precision", "fp32")) for m in mutations})
+    controls = sorted({(lane_of(m), m["fixture"], m.get("precision", "fp32")) for m in mutations})
     sys.path.insert(0, str(ROOT / "tools" / "refgen"))
     from families import all_variants  # noqa: E402
     variants = all_variants()
@@ -223,9 +248,12 @@ def main(argv=None):
     ckpts = (args.checkpoints or work / "checkpoints").resolve()
     subprocess.run([python, str(ROOT / "tools/refgen/make_checkpoint.py"), "--out-root", str(ckpts),
                     "--only", *fixtures], check=True, stdout=subprocess.DEVNULL)
-    repo = work / "adapter"
-    make_repo(repo, mutations)
-    log(f"repository {repo}: main + {len(mutations)} mutation branch(es)")
+    repos = {}
+    for lane in sorted({lane_of(m) for m in mutations}):
+        repos[lane] = work / ("adapter" if lane == "cpp" else f"adapter-{lane}")
+        of_lane = [m for m in mutations if lane_of(m) == lane]
+        make_repo(repos[lane], of_lane, lane)
+        log(f"repository {repos[lane]} (lane {lane}): main + {len(of_lane)} mutation branch(es)")
 
     for sub in ("gatehouse.db", "gatehouse.db-wal", "gatehouse.db-shm"):
         (work / sub).unlink(missing_ok=True)
@@ -273,8 +301,8 @@ def main(argv=None):
             except OSError:
                 time.sleep(0.2)
 
-        def submit(branch, fixture, precision, phases=None):
-            body = {"repository": str(repo), "branch": branch,
+        def submit(lane, branch, fixture, precision, phases=None):
+            body = {"repository": str(repos[lane]), "branch": branch,
                     "model_family": variants[fixture].family,
                     "checkpoint": str(ckpts / fixture / "checkpoint"),
                     "reference": str(ckpts / fixture / "reference"), "precision": precision}
@@ -291,9 +319,9 @@ def main(argv=None):
                 raise SystemExit(f"submit {branch} on {fixture}: HTTP {code} {resp}")
             return resp["id"]
 
-        cells = {("control", f, p): submit("main", f, p) for f, p in controls}
+        cells = {("control", lane, f, p): submit(lane, "main", f, p) for lane, f, p in controls}
         for m in mutations:
-            cells[("mutation", m["name"])] = submit(f"mut/{m['name']}", m["fixture"],
+            cells[("mutation", m["name"])] = submit(lane_of(m), f"mut/{m['name']}", m["fixture"],
                                                     m.get("precision", "fp32"), m.get("phases"))
         log(f"{len(cells)} cells submitted; {args.agents} agent(s) run them, one at a time each")
         if args.agents > 1:
@@ -333,17 +361,17 @@ def main(argv=None):
 
     rows, controls_ok, caught = [], True, 0
     control_rows = []
-    for f, p in controls:
-        cell = results.get(("control", f, p), {"status": "timeout"})
+    for lane, f, p in controls:
+        cell = results.get(("control", lane, f, p), {"status": "timeout"})
         ok = cell.get("status") == "passed"
         controls_ok &= ok
-        control_rows.append(f"| {f} | {variants[f].family} | {p} | {cell.get('status')} |")
+        control_rows.append(f"| {f} | {variants[f].family} ({lane}) | {p} | {cell.get('status')} |")
     by_class = {}
     for m in mutations:
         cell = results.get(("mutation", m["name"]), {"status": "timeout", "phases": []})
         gate, figure, reason = verdict(cell)
         caught += gate is not None
-        cls = m.get("class", "classic")
+        cls = m.get("class", "classic") + (f" ({lane_of(m)})" if lane_of(m) != "cpp" else "")
         tally = by_class.setdefault(cls, [0, 0])
         tally[0] += gate is not None
         tally[1] += 1
