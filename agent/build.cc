@@ -2,6 +2,7 @@
 #include "agent/build.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <random>
 
@@ -127,6 +128,28 @@ std::string Joined(const std::vector<std::string>& items) {
   return out;
 }
 
+// The adapter contract's distribution (python/pyproject.toml): the worker puts its own copy
+// on sys.path, so an adapter that declares it needs nothing installed for it.
+constexpr std::string_view kContractPackage = "gatehouse-adapter";
+
+// A PEP 508 requirement's project name, normalized as PEP 503 does (lower case, each run of
+// '-', '_' and '.' one '-'): "Gatehouse_Adapter>=1" -> "gatehouse-adapter".
+std::string RequirementName(std::string_view requirement) {
+  std::string name;
+  bool separator = false;
+  for (const char c : requirement) {
+    if (c == '-' || c == '_' || c == '.') {
+      separator = !name.empty();
+      continue;
+    }
+    if (!std::isalnum(static_cast<unsigned char>(c))) break;
+    if (separator) name += '-';
+    separator = false;
+    name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  return name;
+}
+
 // "[gatehouse-agent] dependency layer <key> <what> (<requirements>): <packages>", for the log.
 std::string LayerLine(const DependencyLayer& layer, const std::string& what) {
   return "[gatehouse-agent] dependency layer " + layer.key + " " + what + " (" +
@@ -154,12 +177,19 @@ Result<DependencyLayer> MakeDependencyLayer(const BuildConfig& config,
   const nlohmann::json& metadata = install[0]["metadata"];
   if (metadata.contains("requires_dist") && metadata["requires_dist"].is_array()) {
     for (const auto& requirement : metadata["requires_dist"]) {
-      if (requirement.is_string()) layer.requires_dist.push_back(requirement.get<std::string>());
+      if (!requirement.is_string()) continue;
+      const std::string text = requirement.get<std::string>();
+      if (RequirementName(text) == kContractPackage) {
+        log("[gatehouse-agent] " + text + ": provided by the worker (its contract version is "
+            "checked when the entry loads), not installed\n");
+        continue;
+      }
+      layer.requires_dist.push_back(text);
     }
   }
   std::sort(layer.requires_dist.begin(), layer.requires_dist.end());
   if (layer.requires_dist.empty()) {
-    log("[gatehouse-agent] the adapter declares no dependency\n");
+    log("[gatehouse-agent] the adapter declares no dependency to install\n");
     return layer;
   }
   Sha256 key;

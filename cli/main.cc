@@ -200,7 +200,7 @@ int WaitForCells(const ApiClient& api, const std::vector<std::string>& ids, cons
       std::cout.flush();
       last[*it] = cell;
       if (cli::IsFinalStatus(CellStatus(cell))) {
-        std::cout << *it << " " << CellStatus(cell) << "\n";
+        for (const std::string& line : cli::EndLines(cell)) std::cout << line << "\n";
         it = open.erase(it);
       } else {
         ++it;

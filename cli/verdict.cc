@@ -82,6 +82,24 @@ std::vector<std::string> NewPhaseLines(const json& cell, std::set<std::string>& 
   return lines;
 }
 
+std::vector<std::string> EndLines(const nlohmann::json& cell) {
+  const std::string status = Str(cell, "status");
+  std::vector<std::string> lines = {Str(cell, "id") + " " + status};
+  if (status == "passed" || status == "failed") return lines;
+  std::string why;
+  if (auto a = cell.find("attempts"); a != cell.end() && a->is_array() && !a->empty()) {
+    why = Str(a->back(), "reason");
+  }
+  size_t start = 0;
+  while (start < why.size()) {
+    size_t end = why.find('\n', start);
+    if (end == std::string::npos) end = why.size();
+    lines.push_back("  " + why.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
 std::string JUnitXml(const std::vector<json>& cells) {
   std::string xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"gatehouse\">\n";
   for (const json& cell : cells) {

@@ -34,6 +34,12 @@ int VerdictExitCode(const std::vector<nlohmann::json>& cells);
 /// "<id 12 hex> <phase> <STATUS> <seconds> s[: <reason>]".
 std::vector<std::string> NewPhaseLines(const nlohmann::json& cell, std::set<std::string>& seen);
 
+/// What `--wait` prints when `cell` ends: "<id> <status>" (the full id), then, for a cell
+/// that ended without a verdict (error, lost, cancelled, timed_out, blocked), its latest
+/// attempt's reason, each line as "  <line>" (a failed build's reason carries the build's
+/// last lines). Passed and failed cells get the first line alone: their phase lines said why.
+std::vector<std::string> EndLines(const nlohmann::json& cell);
+
 /// JUnit XML for CI systems that render it: one <testsuite> per cell (named after the cell id,
 /// family and branch), one <testcase> per phase (classname "gatehouse.<family>", name
 /// "<id 12 hex>.<phase>", time in seconds); FAIL -> <failure>, BLOCKED / UNKNOWN / unfinished ->

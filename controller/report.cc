@@ -101,8 +101,9 @@ std::vector<std::string> EvidenceSummaryLines(const CellDetail& d, const CellSpe
                            c.checkpoint.digest));
   row("source", fmt::format("adapter repository {} at commit `{}` (branch {})", c.repository,
                             c.commit, d.cell.branch.empty() ? "-" : d.cell.branch));
-  row("adapter", "the model-family plugin built from that commit by its gatehouse.recipe.json, "
-                 "run by the pinned worker (torch " + c.runtime.torch + ")");
+  row("adapter", "the model family built from that commit by its gatehouse.recipe.json (a C++ "
+                 "plugin, or a Python package for lane python), run by the pinned worker (torch " +
+                     c.runtime.torch + ")");
   std::string scope = fmt::format("device {}, precision {}, tp={} dp={} pp={} ep={}, mode {}",
                                   c.runtime.device, c.precision, c.topology.tp, c.topology.dp,
                                   c.topology.pp, c.topology.ep, c.mode);
@@ -135,7 +136,11 @@ std::vector<std::string> EvidenceSummaryLines(const CellDetail& d, const CellSpe
     }
   }
   for (const PhaseRecord& p : d.phases) {
-    if (p.status != "SKIPPED") continue;
+    // A phase not requested is listed above as excluded; its SKIPPED record says no more.
+    if (p.status != "SKIPPED" ||
+        std::find(c.phases.begin(), c.phases.end(), p.phase) == c.phases.end()) {
+      continue;
+    }
     extensions += fmt::format("{}{}: SKIPPED ({})", extensions.empty() ? "" : "; ", p.phase,
                               p.reason.empty() ? "no reason given" : p.reason);
   }

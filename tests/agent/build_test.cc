@@ -182,7 +182,7 @@ TEST_F(PipBuildTest, InstallsThePackageForTheWorker) {
   ASSERT_EQ(built->python_path.size(), 1u) << log_;  // no dependency declared: no layer
   EXPECT_TRUE(std::filesystem::is_regular_file(built->python_path[0] / "tiny" / "__init__.py"))
       << log_;
-  EXPECT_NE(log_.find("the adapter declares no dependency"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("the adapter declares no dependency to install"), std::string::npos) << log_;
   EXPECT_EQ(built->python_entries, (std::vector<std::string>{"tiny:SPEC"}));
   EXPECT_TRUE(built->plugins.empty());
   // Built from a copy: the checkout holds only what was written into it.
@@ -304,6 +304,17 @@ TEST_F(PipDependencyTest, SatisfiedByTheNodeNeedsNoLayer) {
   EXPECT_EQ(built->python_path.size(), 1u) << log_;
   EXPECT_NE(log_.find("the node's environment satisfies them"), std::string::npos) << log_;
   EXPECT_EQ(log_.find("pip install --no-deps --no-input"), std::string::npos) << log_;
+}
+
+// The contract package comes with the worker: declaring it (as an adapter developed against
+// python/gatehouse_adapter naturally does) installs nothing and resolves nothing for it.
+TEST_F(PipDependencyTest, TheContractPackageIsTheWorkers) {
+  Declare("\"Gatehouse_Adapter>=1\"");  // pip reports it as Gatehouse-Adapter>=1
+  auto built = Build();
+  ASSERT_TRUE(built.ok()) << built.status().ToString() << "\n" << log_;
+  EXPECT_EQ(built->python_path.size(), 1u) << log_;
+  EXPECT_NE(log_.find("Adapter>=1: provided by the worker"), std::string::npos) << log_;
+  EXPECT_NE(log_.find("the adapter declares no dependency to install"), std::string::npos) << log_;
 }
 
 TEST_F(PipDependencyTest, UnresolvableRequirementIsABuildError) {

@@ -99,6 +99,24 @@ TEST(Verdict, EachEndedPhaseIsPrintedOnce) {
   EXPECT_TRUE(NewPhaseLines(cell, seen).empty());
 }
 
+// Verifies that a cell ending without a verdict says why under its end line, and a verdict
+// does not repeat what its phase lines said.
+TEST(Verdict, EndLinesCarryTheReasonOfACellWithoutVerdict) {
+  json cell = {{"id", std::string(64, 'a')}, {"status", "error"},
+               {"attempts", json::array({{{"reason", "lost"}},
+                                         {{"reason", "build failed: pip resolve exited with "
+                                                     "code 1:\nERROR: No matching distribution"}}})}};
+  EXPECT_THAT(EndLines(cell),
+              ElementsAre(std::string(64, 'a') + " error",
+                          "  build failed: pip resolve exited with code 1:",
+                          "  ERROR: No matching distribution"));
+  cell["status"] = "failed";
+  EXPECT_THAT(EndLines(cell), ElementsAre(std::string(64, 'a') + " failed"));
+  cell["status"] = "cancelled";
+  cell["attempts"] = json::array();
+  EXPECT_THAT(EndLines(cell), ElementsAre(std::string(64, 'a') + " cancelled"));
+}
+
 TEST(Verdict, JUnitXmlIsWellFormedWithOneCasePerPhase) {
   std::vector<json> cells = {
       Cell("failed", {Phase("identity", "PASS"), Phase("inference", "FAIL", "kl_mean 0.3 > 1e-6 <&\"'>"),

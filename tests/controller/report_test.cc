@@ -143,7 +143,8 @@ TEST(ReportTest, EvidenceSummaryNamesEveryFieldAndWhatDidNotRunOrPass) {
               Phase("inference", "FAIL", "max_abs_diff 0.9 exceeds the bar 0.05",
                     {{"max_abs_diff", "0.9", "logits"}}),
               Phase("decode", "UNKNOWN", "near-tie at position 3"),
-              Phase("training", "SKIPPED", "not applicable to bf16 here")};
+              Phase("training", "SKIPPED", "not applicable to bf16 here"),
+              Phase("performance", "SKIPPED", "not requested")};
   PrerequisiteStatus control{"control", spec.control, true, AttemptState::kPassed, ""};
   control.phases = {Phase("config", "PASS"), Phase("inference", "PASS", "",
                                                    {{"max_abs_diff", "0", "logits"}})};
@@ -160,6 +161,7 @@ TEST(ReportTest, EvidenceSummaryNamesEveryFieldAndWhatDidNotRunOrPass) {
   }
   // Excluded and skipped phases, and every blocker, by name and reason.
   EXPECT_NE(r.find("performance: excluded (not requested)"), std::string::npos) << r;
+  EXPECT_EQ(r.find("performance: SKIPPED"), std::string::npos) << r;  // listed once, excluded
   EXPECT_NE(r.find("training: SKIPPED (not applicable to bf16 here)"), std::string::npos) << r;
   EXPECT_NE(r.find("inference FAIL: max_abs_diff 0.9 exceeds the bar 0.05"), std::string::npos) << r;
   EXPECT_NE(r.find("decode UNKNOWN: near-tie at position 3"), std::string::npos) << r;
