@@ -72,10 +72,19 @@ import argparse
 import copy
 import gc
 import json
+import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+# MKL (torch's CPU BLAS) picks code paths by the operands' memory alignment on some CPUs (AMD
+# EPYC: 36 of 360 linear shapes differ in the last bits between a 64-byte-aligned weight and
+# the same weight at a 4-byte offset). Conditional numerical reproducibility makes its results
+# independent of alignment; the worker sets the same (worker_lib/src/cpu_reproducibility.cc),
+# so upstream's run and ours stay comparable bit for bit (docs/bars.md). Read by MKL at its
+# first call, so any time before the first matmul; a value already set is kept.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import torch
 import transformers
@@ -126,6 +135,7 @@ def generator_params(name):
         "training": [TRAIN_STEPS, TRAIN_LR, TRAIN_SEED],
         "transformers": transformers.__version__,
         "torch": torch.__version__,
+        "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
     }
     if variant.hub_config is not None:
         params["hub_config_text"] = (HUB_CONFIG_DIR / variant.hub_config).read_text()
@@ -452,6 +462,7 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         "device": device_type,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "num_threads": torch.get_num_threads(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
         "continuation_distinct_tokens": distinct,
         # KL is >= 0, but float64 rounding over near-identical logits can sum to -1e-17, which
         # the bundle reader refuses: clamped at 0 (a value >= 0 is written unchanged).

@@ -126,6 +126,10 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+# MKL's results independent of memory alignment, as make_checkpoint (imported below) and the
+# worker set it: see make_checkpoint's comment.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
