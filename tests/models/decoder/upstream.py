@@ -22,6 +22,9 @@ import os
 import sys
 import tempfile
 
+# MKL results independent of memory alignment, as the worker runs it (docs/bars.md).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
 import torch
 import transformers
 from safetensors import safe_open
