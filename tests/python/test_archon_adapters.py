@@ -39,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "adapters" / "python")]
+# The bundles' logits and traces were made with MKL's results independent of memory alignment
+# (tools/refgen/make_checkpoint.py); bit-equality with them needs the same here (docs/bars.md).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
