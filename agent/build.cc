@@ -216,7 +216,6 @@ Result<DependencyLayer> MakeDependencyLayer(const BuildConfig& config,
     return true;
   };
   if (read_manifest()) {
-    layer.reused = true;
     log(LayerLine(layer, "reused"));
     return layer;
   }
@@ -265,7 +264,6 @@ Result<DependencyLayer> MakeDependencyLayer(const BuildConfig& config,
   if (ec) {
     // Another agent made the same layer first: it holds the same pins.
     fs::remove_all(staging, ec);
-    layer.packages.clear();
     if (!read_manifest()) {
       return Status::Internal("cannot move the dependency layer into " + layer.dir.string());
     }

@@ -81,7 +81,6 @@ struct DependencyLayer {
   std::filesystem::path dir;          // <work dir>/python-deps/<key>
   std::vector<std::string> requires_dist;  // as declared (pip's report, PEP 508 strings)
   std::vector<std::string> packages;  // name==version installed in dir/site; empty: none needed
-  bool reused = false;                // found made, nothing resolved or installed
 };
 
 /// The commands that make a layer: resolve `requires_dist` against the node's environment,

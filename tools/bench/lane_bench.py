@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "parity"))
-from parity_table import PHASES, PYTHON_ADAPTERS, run_spec  # noqa: E402
+from parity_table import PHASES, PYTHON_ADAPTERS, phase_events, run_spec  # noqa: E402
 
 
 def run(worker, lane_args, fixture, family, precision, phases):
@@ -40,17 +40,9 @@ def run(worker, lane_args, fixture, family, precision, phases):
                               capture_output=True, text=True, timeout=3000)
         wall = time.monotonic() - start
     out = {}
-    peaks = {}
-    for line in proc.stdout.splitlines():
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if ev.get("event") == "figure" and ev.get("name") == "peak_rss_bytes":
-            peaks[ev["phase"]] = ev["value"]
-        if ev.get("event") == "phase_end" and ev.get("phase") in phases:
-            out[ev["phase"]] = (ev["status"], ev.get("duration_ms", 0), peaks.get(ev["phase"], 0),
-                                ev.get("reason", ""))
+    for phase, p in phase_events(proc.stdout).items():
+        if phase in phases and "status" in p:
+            out[phase] = (p["status"], p["duration_ms"], p.get("peak_rss_bytes", 0), p["reason"])
     return wall, out
 
 

@@ -69,6 +69,25 @@ def run_spec(variant_dir, family, dtype, attempt_dir):
 PYTHON_ADAPTERS = {"llama": "gh_archon.llama.spec:SPEC", "qwen3_moe": "gh_archon.qwen3_moe.spec:SPEC"}
 
 
+def phase_events(stdout):
+    """The worker's events (docs/protocols.md §4) by phase: {phase: {figure name: value, ...,
+    "status", "reason", "duration_ms"}}; a phase without phase_end has no "status"."""
+    phases = {}
+    for line in stdout.splitlines():
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        p = phases.setdefault(ev.get("phase", ""), {})
+        if ev.get("event") == "figure":
+            p[ev["name"]] = ev["value"]
+        elif ev.get("event") == "phase_end":
+            p["status"] = ev["status"]
+            p["reason"] = ev.get("reason", "")
+            p["duration_ms"] = ev.get("duration_ms", 0)
+    return phases
+
+
 def run_one(worker, plugin, variant_dir, family, dtype, python_entry=None):
     """Runs the worker (with the C++ plugin, or the Python lane with `python_entry`); returns
     {phase: {"status", "reason", figures...}}."""
@@ -80,18 +99,7 @@ def run_one(worker, plugin, variant_dir, family, dtype, python_entry=None):
                 if python_entry else ["--plugin", str(plugin)])
         proc = subprocess.run([str(worker), "--run-spec", str(tmp / "run.json"), *lane],
                               capture_output=True, text=True, timeout=600)
-    phases = {}
-    for line in proc.stdout.splitlines():
-        try:
-            ev = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        p = phases.setdefault(ev.get("phase", ""), {})
-        if ev.get("event") == "figure":
-            p[ev["name"]] = ev["value"]
-        elif ev.get("event") == "phase_end":
-            p["status"] = ev["status"]
-            p["reason"] = ev.get("reason", "")
+    phases = phase_events(proc.stdout)
     if not phases.get("inference", {}).get("status"):
         tail = proc.stderr.strip().splitlines()[-3:]
         phases.setdefault("inference", {}).update(status="ERROR", reason=f"worker exit {proc.returncode}: {' | '.join(tail)}")

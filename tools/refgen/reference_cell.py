@@ -126,16 +126,12 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-# MKL's results independent of memory alignment, as make_checkpoint (imported below) and the
-# worker set it: see make_checkpoint's comment.
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
-
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import make_checkpoint  # noqa: E402  (make_reference and its constants)
+import make_checkpoint  # noqa: E402  (make_reference and its constants; sets MKL_CBWR before any math)
 
 MAX_DEFAULT_PROMPT_TOKENS = 4096
 SHORT_PROMPT_TEXT = "The capital of France is"
