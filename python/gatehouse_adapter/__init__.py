@@ -67,9 +67,12 @@ adapter does not must never be silently accepted).
 
 Tensor parallelism
 ------------------
-``parallelize(model, tp_mesh)`` (optional) shards the model in place over a 1-D
-``torch.distributed.device_mesh.DeviceMesh`` and returns it; every rank then calls ``forward``
-with the same inputs and gets the full logits.
+``parallelize(model, tp_mesh)`` (optional) shards the model over a 1-D
+``torch.distributed.device_mesh.DeviceMesh`` and returns it (DTensor parameters, e.g. through
+``torch.distributed.tensor.parallel.parallelize_module``); every rank then calls ``forward``
+with the same inputs and gets the full logits as a plain tensor. The worker calls it on every
+rank with that rank's fully loaded model, over torch.distributed's default group (gloo on the
+CPU, NCCL on GPUs), and reads parameters and gradients back with ``full_tensor()``.
 """
 
 from __future__ import annotations

@@ -10,8 +10,13 @@ worker puts in the evidence; the gates, their order and their bars stay in C++.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import importlib
 import json
+import os
+import socket
+import struct
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -20,7 +25,8 @@ from gatehouse_adapter import CONTRACT_VERSION, ModelSpec
 
 __all__ = [
     "load_spec", "parse_config", "gate_facts", "args_json", "build_model", "state_dict_adapter",
-    "named_parameters", "forward", "from_hf", "to_hf",
+    "named_parameters", "forward", "from_hf", "to_hf", "zero_grad", "join_group",
+    "parallelize", "local_parameters", "full_tensors",
 ]
 
 # The facts the gates read from any family's args (gatehouse::worker::ModelArgs), each with the
@@ -164,3 +170,117 @@ def from_hf(adapter, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, t
 def to_hf(adapter, items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """adapter.to_hf over (parameter name, tensor) pairs, as (checkpoint key, tensor) pairs."""
     return _checked(adapter.to_hf(dict(items)), "to_hf")
+
+
+def zero_grad(model: torch.nn.Module) -> None:
+    """Drops every parameter's gradient (set to None), DTensor parameters included."""
+    model.zero_grad(set_to_none=True)
+
+
+# -- tensor parallelism ------------------------------------------------------------------------
+
+# The worker's own group (worker_main.cc) waits as long for its ranks; GATEHOUSE_GROUP_TIMEOUT_S
+# overrides both.
+_DEFAULT_GROUP_TIMEOUT_S = 1800
+# Keys of this interpreter's group in the worker's rendezvous store, apart from the C++ group's.
+_STORE_PREFIX = "gatehouse/python_lane/"
+
+
+def _interface_of(address: str) -> str | None:
+    """The name of the network interface holding IPv4 ``address`` (Linux SIOCGIFADDR), or None."""
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+            except OSError:  # no IPv4 address on this interface
+                continue
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return None
+
+
+def join_group(rank: int, world_size: int, device: str) -> None:
+    """Makes torch.distributed's default group for this rank, once per process: gloo for a CPU
+    ``device``, NCCL for a CUDA one ("cuda:1": this rank's device). The ranks meet in the worker's
+    rendezvous store (rank 0's TCPStore at MASTER_ADDR:MASTER_PORT, which the worker's own
+    group already uses), under a prefix of their own; gloo's transport binds to the interface
+    holding MASTER_ADDR, as the worker's group does. Raises RuntimeError naming what is wrong."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise RuntimeError("this torch has no torch.distributed")
+    if dist.is_initialized():
+        if dist.get_rank() != rank or dist.get_world_size() != world_size:
+            raise RuntimeError(f"torch.distributed is already initialised as rank "
+                               f"{dist.get_rank()} of {dist.get_world_size()}, not {rank} of "
+                               f"{world_size}")
+        return
+    device = torch.device(device)
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise RuntimeError("MASTER_ADDR and MASTER_PORT must be set for tensor parallelism "
+                           "(the agent sets them for every rank)")
+    timeout = timedelta(seconds=int(os.environ.get("GATEHOUSE_GROUP_TIMEOUT_S", "0") or 0)
+                        or _DEFAULT_GROUP_TIMEOUT_S)
+    store = dist.PrefixStore(_STORE_PREFIX, dist.TCPStore(addr, int(port), is_master=False,
+                                                          timeout=timeout))
+    if device.type == "cuda":
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size,
+                                timeout=timeout, device_id=device)
+        return
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = _interface_of(addr)
+        if interface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
+
+
+def parallelize(spec: ModelSpec, model: torch.nn.Module) -> torch.nn.Module:
+    """Builds a 1-D DeviceMesh over every rank of the group join_group made and returns
+    ``spec.parallelize(model, mesh)``. A collective: every rank calls it with its own loaded
+    full model. Raises TypeError when the spec has no parallelize or it returns something other
+    than a Module; the adapter's own exception (e.g. a TP size that does not divide the
+    heads) propagates."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if spec.parallelize is None:
+        raise TypeError(f"{spec.name}: the ModelSpec gives no parallelize")
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    sharded = spec.parallelize(model, mesh)
+    if not isinstance(sharded, torch.nn.Module):
+        raise TypeError(f"parallelize returned {type(sharded).__name__}, not a torch.nn.Module")
+    return sharded.eval()
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+@torch.no_grad()
+def local_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """named_parameters (every name) with each DTensor parameter as this rank's local shard:
+    what this rank holds. Plain parameters are returned themselves."""
+    return [(n, p.to_local() if _is_dtensor(p) else p)
+            for n, p in model.named_parameters(remove_duplicate=False)]
+
+
+@torch.no_grad()
+def full_tensors(model: torch.nn.Module, gradients: bool) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter (duplicates removed) in full, or its gradient in full (zeros where it has
+    none), detached. A DTensor is gathered with full_tensor(): a collective, so every rank calls
+    this in the same order."""
+    out = []
+    for name, p in model.named_parameters():
+        t = p.grad if gradients else p
+        if t is None:
+            t = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+        elif _is_dtensor(t):
+            t = t.full_tensor()
+        out.append((name, t.detach()))
+    return out

@@ -119,6 +119,30 @@ class EndToEndTest : public ::testing::Test {
     return cell;
   }
 
+  /// Submits `body` with topology tp=2 and expects the cell to pass with its parallel gate's
+  /// TP=2 logits within the fp32 bar of the TP=1 control. Returns the parallel phase, and the
+  /// cell's id in `id`.
+  json ExpectTp2Passes(json body, std::string& id) {
+    body["topology"] = {{"tp", 2}};
+    json tp = Submit(body);
+    EXPECT_TRUE(tp.contains("id")) << tp.dump();
+    id = tp.value("id", "");
+    json cell = WaitFinal(id, seconds(600));
+    EXPECT_EQ(cell.value("status", ""), "passed") << cell.dump(2);
+    const json* parallel = FindPhase(cell, "parallel");
+    if (parallel == nullptr) {
+      ADD_FAILURE() << "no parallel phase: " << cell.dump(2);
+      return json();
+    }
+    EXPECT_EQ(parallel->at("status"), "PASS") << parallel->dump();
+    auto kl = Figure(*parallel, "kl_mean_vs_tp1");
+    auto top1 = Figure(*parallel, "top1_agreement_vs_tp1");
+    EXPECT_TRUE(kl && top1) << parallel->dump();
+    if (kl) EXPECT_LT(*kl, 1e-6);
+    if (top1) EXPECT_EQ(*top1, 100.0);
+    return *parallel;
+  }
+
   struct CliRun {
     int exit_code = -1;
     std::string out, err;
@@ -213,6 +237,13 @@ TEST_F(EndToEndTest, PythonAdapterFromRestToEvidence) {
             std::string::npos)
       << build_log.body;
 
+  // Tensor parallelism on the lane: a tp=2 cell runs one worker per rank (each with the lane's
+  // entries and the installed commit), and each rank's interpreter runs the adapter's own
+  // parallelize (DTensor over gloo) against the TP=1 control.
+  std::string tp_id;
+  const json parallel = ExpectTp2Passes(body, tp_id);
+  EXPECT_NE(parallel.dump().find("the adapter's parallelize"), std::string::npos) << parallel.dump();
+
   body["branch"] = "gate-up-swapped";
   json broken = Submit(body);
   ASSERT_TRUE(broken.contains("id")) << broken.dump();
@@ -258,24 +289,10 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
   // 4b. Tensor parallelism: a tp=2 cell runs as two worker processes (one per rank, started
   //     by the agent); rank 0's parallel gate compares TP=2 with the TP=1 control, and rank 1's
   //     log is kept on its own stream.
-  json tp_body = Body("main", "llama-tiny-untied");
-  tp_body["topology"] = {{"tp", 2}};
-  json tp = Submit(tp_body);
-  ASSERT_TRUE(tp.contains("id")) << tp.dump();
-  json tp_cell = WaitFinal(tp.at("id"), seconds(300));
-  ASSERT_EQ(tp_cell.value("status", ""), "passed") << tp_cell.dump(2);
-  const json* parallel = FindPhase(tp_cell, "parallel");
-  ASSERT_NE(parallel, nullptr);
-  EXPECT_EQ(parallel->at("status"), "PASS") << parallel->dump();
-  auto tp_kl = Figure(*parallel, "kl_mean_vs_tp1");
-  auto tp_top1 = Figure(*parallel, "top1_agreement_vs_tp1");
-  ASSERT_TRUE(tp_kl && tp_top1) << parallel->dump();
-  EXPECT_LT(*tp_kl, 1e-6);
-  EXPECT_EQ(*tp_top1, 100.0);
-  HttpResponse rank1_log =
-      HttpRequest(http_port_, "GET", "/api/v1/cells/" + tp.at("id").get<std::string>() +
-                                         "/log?stream=worker.rank1",
-                  "", token_);
+  std::string tp_id;
+  ExpectTp2Passes(Body("main", "llama-tiny-untied"), tp_id);
+  HttpResponse rank1_log = HttpRequest(
+      http_port_, "GET", "/api/v1/cells/" + tp_id + "/log?stream=worker.rank1", "", token_);
   EXPECT_EQ(rank1_log.status, 200);
   EXPECT_NE(rank1_log.body.find("rank 1 of 2"), std::string::npos) << rank1_log.body;
 

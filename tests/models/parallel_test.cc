@@ -81,6 +81,10 @@ void ExpectParity(const std::string& variant, const std::string& family, int tp,
     EXPECT_EQ(real("top1_agreement_vs_tp1"), 100.0);
     EXPECT_LT(real("grad_max_rel_diff"), 1e-4);
     EXPECT_LT(real("loss_rel_diff"), 1e-5);
+  } else {
+    // bf16: the rounding spread each gradient bar may widen to was measured, not assumed.
+    EXPECT_GT(real("grad_bf16_floor_max_rel"), 0.0);
+    EXPECT_LT(real("grad_worst_tensor_rel_diff"), real("grad_worst_tensor_bar"));
   }
   EXPECT_EQ(test_util::FigureText(out, "save_sha256_tp"), test_util::FigureText(out, "save_sha256_tp1"));
   EXPECT_NE(test_util::FigureText(out, "save_sha256_tp"), "-");
@@ -113,11 +117,13 @@ TEST(ParallelGateTest, Tp4) {
   ExpectParity("gemma2-tiny-kv4", "gemma2", 4);
 }
 
-// Verifies bf16 runs under TP too (bf16 bars: top-1 over the decided tokens) and the save
-// stays bit-equal.
+// Verifies bf16 runs under TP too (bf16 bars: top-1 over the decided tokens, gradients within
+// their measured rounding spread) and the save stays bit-equal. The sliding-window MoE fixture
+// failed a fixed 5 % gradient bar on rounding alone (experts.w2 at 0.40 of its max at TP=2).
 TEST(ParallelGateTest, Bf16) {
   ExpectParity("qwen3-tiny-untied", "qwen3", 2, "bf16");
   ExpectParity("phi3-tiny-kv4", "phi3", 4, "bf16");
+  ExpectParity("qwen3_moe-tiny-sliding", "qwen3_moe", 2, "bf16");
 }
 
 /// A family that delegates to a real one, with a fault: a wrong plan, or a communicator that

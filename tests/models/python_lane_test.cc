@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "gatehouse/worker/model_family.h"
 #include "tests/common/temp_dir.h"
 #include "tests/models/family_test_util.h"
+#include "tests/worker/gloo_ranks.h"
 #include "worker_lib/python_lane/python_lane.h"
 
 namespace gatehouse::worker {
@@ -220,56 +222,207 @@ TEST(PythonLane, BrokenAdaptersFailAtTheirGate) {
   }
 }
 
-/// The worker executable on the lane, as the agent will start it: `--python-entry` and
-/// `--python-path`, events on stdout. A good entry runs to PASS; an entry that does not import
-/// fails the config gate naming it (the cell's evidence says why no family was found).
-TEST(PythonLane, WorkerRunsAnEntry) {
-  if (Fixtures({"llama"}).count("llama-tiny-untied") == 0) GTEST_SKIP() << "no fixture";
-  for (const std::string entry : {"gh_archon.llama.spec:SPEC", "gh_archon.nope.spec:SPEC"}) {
-    test_util::TempDir attempt;
-    RunSpec run = test_util::FixtureRunSpec(test_util::FixtureDir("llama-tiny-untied"), "llama",
-                                            "fp32", attempt.path());
-    json j = {
-        {"spec_version", 1}, {"repository", "/tmp/unused"}, {"commit", std::string(40, '0')},
-        {"model_family", "llama"},
-        {"checkpoint", {{"path", run.checkpoint.path}, {"digest", "unchecked"}}},
-        {"reference", {{"path", run.reference.path}, {"digest", "unchecked"}}},
-        {"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}}},
-        {"launch", {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}}},
-        {"topology", {{"tp", 1}, {"dp", 1}, {"pp", 1}, {"ep", 1}}},
-        {"precision", "fp32"}, {"mode", "eager"},
-        {"decode", {{"max_new_tokens", 32}, {"sampling", "greedy"}}},
-        {"training", {{"steps", 2}, {"lr", 0.001}, {"seed", 1234}}},
-        {"env", json::object()},
-        {"phases", {"config", "construct", "load", "inference"}},
-        {"attempt", {{"id", 1}, {"dir", attempt.path().string()},
-                     {"checkout", {{"head", std::string(40, '0')}, {"clean", true}, {"path", "/tmp"}}},
-                     {"agent", "python-lane-test"}}}};
-    std::ofstream(attempt.path() / "run.json") << j.dump();
-    const std::string cmd = std::string(GATEHOUSE_WORKER) + " --run-spec " +
-                            (attempt.path() / "run.json").string() + " --python-entry " + entry +
-                            " --python-path " + GATEHOUSE_ADAPTERS_DIR + " > " +
-                            (attempt.path() / "events.jsonl").string() + " 2>/dev/null";
-    ASSERT_NE(std::system(cmd.c_str()), -1) << cmd;
-    std::ifstream events(attempt.path() / "events.jsonl");
-    std::map<std::string, json> ends;
-    std::string run_end, line;
+/// What one worker process reported: its phase_end events and figures by phase, and run_end's
+/// status.
+struct WorkerRun {
+  std::map<std::string, json> ends;
+  std::map<std::string, std::map<std::string, json>> figures;  // phase -> name -> value
+  std::string run_end;
+  /// A figure's value; json null when absent.
+  json Figure(const std::string& phase, const std::string& name) const {
+    auto p = figures.find(phase);
+    if (p == figures.end()) return json();
+    auto f = p->second.find(name);
+    return f == p->second.end() ? json() : f->second;
+  }
+};
+
+/// Runs the worker executable on the lane as the agent starts it (`--python-entry`,
+/// `--python-path`, events on stdout) over `variant` (of model family `family`) in `precision`
+/// through `phases`, as
+/// `world` ranks with torchrun's variables (one process each, rendezvous on 127.0.0.1; a
+/// topology of tp = world) when world > 1. `sys_path` goes in front of the reference adapters.
+/// Returns each rank's events, rank 0 first; every process is bounded to 10 minutes.
+std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& family,
+                                 const std::string& variant, const std::string& precision,
+                                 const std::vector<std::string>& phases, int world = 1,
+                                 const std::string& sys_path = "") {
+  test_util::TempDir attempt;
+  RunSpec run = test_util::FixtureRunSpec(test_util::FixtureDir(variant), family, precision,
+                                          attempt.path());
+  const json j = {
+      {"spec_version", 1}, {"repository", "/tmp/unused"}, {"commit", std::string(40, '0')},
+      {"model_family", family},
+      {"checkpoint", {{"path", run.checkpoint.path}, {"digest", "unchecked"}}},
+      {"reference", {{"path", run.reference.path}, {"digest", "unchecked"}}},
+      {"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}}},
+      {"launch", {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}}},
+      {"topology", {{"tp", world}, {"dp", 1}, {"pp", 1}, {"ep", 1}}},
+      {"precision", precision}, {"mode", "eager"},
+      {"decode", {{"max_new_tokens", 32}, {"sampling", "greedy"}}},
+      {"training", {{"steps", 2}, {"lr", 0.001}, {"seed", 1234}}},
+      {"env", json::object()},
+      {"phases", phases},
+      {"attempt", {{"id", 1}, {"dir", attempt.path().string()},
+                   {"checkout", {{"head", std::string(40, '0')}, {"clean", true}, {"path", "/tmp"}}},
+                   {"agent", "python-lane-test"}}}};
+  std::ofstream(attempt.path() / "run.json") << j.dump();
+  const std::string python_path =
+      (sys_path.empty() ? "" : " --python-path " + sys_path) + " --python-path " + GATEHOUSE_ADAPTERS_DIR;
+  const std::string worker = "timeout 600 " + std::string(GATEHOUSE_WORKER) + " --run-spec " +
+                             (attempt.path() / "run.json").string() + " --python-entry " + entry +
+                             python_path;
+  std::string cmd;
+  if (world == 1) {
+    cmd = worker + " > " + (attempt.path() / "events0.jsonl").string() + " 2>" +
+          (attempt.path() / "log0.txt").string();
+  } else {
+    cmd = "export WORLD_SIZE=" + std::to_string(world) +
+          " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(test_util::FreePort()) +
+          " GATEHOUSE_GROUP_TIMEOUT_S=120; for r in $(seq " + std::to_string(world - 1) +
+          " -1 0); do RANK=$r LOCAL_RANK=$r " + worker + " > " + attempt.path().string() +
+          "/events$r.jsonl 2> " + attempt.path().string() + "/log$r.txt & done; wait";
+  }
+  EXPECT_NE(std::system(("sh -c '" + cmd + "'").c_str()), -1) << cmd;
+  std::vector<WorkerRun> out(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    std::ifstream events(attempt.path() / ("events" + std::to_string(r) + ".jsonl"));
+    std::string line;
     while (std::getline(events, line)) {
       const json ev = json::parse(line, nullptr, false);
       if (ev.is_discarded()) continue;
-      if (ev.value("event", "") == "phase_end") ends[ev.value("phase", "")] = ev;
-      if (ev.value("event", "") == "run_end") run_end = ev.value("status", "");
+      const std::string kind = ev.value("event", "");
+      if (kind == "phase_end") out[r].ends[ev.value("phase", "")] = ev;
+      if (kind == "figure") out[r].figures[ev.value("phase", "")][ev.value("name", "")] = ev["value"];
+      if (kind == "run_end") out[r].run_end = ev.value("status", "");
     }
-    if (entry.find("nope") == std::string::npos) {
-      EXPECT_EQ(run_end, "PASS") << entry;
-      EXPECT_EQ(ends["inference"].value("status", ""), "PASS") << entry;
-    } else {
-      EXPECT_EQ(run_end, "FAIL") << entry;
-      EXPECT_EQ(ends["config"].value("status", ""), "FAIL") << entry;
-      EXPECT_NE(ends["config"].value("reason", "").find("No module named 'gh_archon.nope'"),
-                std::string::npos)
-          << ends["config"].dump();
+    if (out[r].run_end.empty()) {
+      std::ifstream log(attempt.path() / ("log" + std::to_string(r) + ".txt"));
+      ADD_FAILURE() << "rank " << r << " ended without run_end; its log:\n" << log.rdbuf();
     }
+  }
+  return out;
+}
+
+/// The worker executable on the lane, as the agent will start it: a good entry runs to PASS;
+/// an entry that does not import fails the config gate naming it (the cell's evidence says why
+/// no family was found).
+TEST(PythonLane, WorkerRunsAnEntry) {
+  if (Fixtures({"llama"}).count("llama-tiny-untied") == 0) GTEST_SKIP() << "no fixture";
+  const std::vector<std::string> phases = {"config", "construct", "load", "inference"};
+  const WorkerRun good = RunWorker("gh_archon.llama.spec:SPEC", "llama", "llama-tiny-untied", "fp32", phases)[0];
+  EXPECT_EQ(good.run_end, "PASS");
+  EXPECT_EQ(good.ends.at("inference").value("status", ""), "PASS");
+  const WorkerRun bad = RunWorker("gh_archon.nope.spec:SPEC", "llama", "llama-tiny-untied", "fp32", phases)[0];
+  EXPECT_EQ(bad.run_end, "FAIL");
+  ASSERT_TRUE(bad.ends.count("config"));
+  EXPECT_EQ(bad.ends.at("config").value("status", ""), "FAIL");
+  EXPECT_NE(bad.ends.at("config").value("reason", "").find("No module named 'gh_archon.nope'"),
+            std::string::npos)
+      << bad.ends.at("config").dump();
+}
+
+const std::vector<std::string> kParallelPhases = {"config", "construct", "load", "parallel"};
+
+/// The parallel gate on the lane: two worker processes, each rank's interpreter joins
+/// torch.distributed's gloo group through the worker's rendezvous and runs the reference
+/// adapter's own parallelize (DTensor, Megatron style). TP=2 agrees with TP=1 within the bars,
+/// each rank holds less than the whole model, and the gathered save is bit-equal.
+TEST(PythonLane, ParallelGateRunsTheAdaptersParallelize) {
+  const auto fixtures = Fixtures({"llama", "qwen3_moe"});
+  for (const auto& [variant, family, precision] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"llama-tiny-untied", "llama", "fp32"},
+           {"llama-tiny-tied", "llama", "bf16"},
+           {"qwen3_moe-tiny-untied", "qwen3_moe", "fp32"}}) {
+    if (!fixtures.count(variant)) {
+      ADD_FAILURE() << "no fixture " << variant << ": run through ctest";
+      continue;
+    }
+    const auto ranks = RunWorker("gh_archon." + family + ".spec:SPEC", family, variant, precision,
+                                 kParallelPhases, /*world=*/2);
+    ASSERT_TRUE(ranks[0].ends.count("parallel")) << variant;
+    const json& end = ranks[0].ends.at("parallel");
+    EXPECT_EQ(end.value("status", ""), "PASS") << variant << " " << precision << ": " << end.dump();
+    EXPECT_EQ(ranks[1].ends.count("parallel") ? ranks[1].ends.at("parallel").value("status", "") : "",
+              "PASS")
+        << variant;
+    EXPECT_EQ(ranks[0].Figure("parallel", "process_group"), "gloo");
+    EXPECT_EQ(ranks[0].Figure("parallel", "sharded_by"), "the adapter's parallelize (torch.distributed DTensor)");
+    const json full = ranks[0].Figure("parallel", "param_elements_tp1");
+    ASSERT_TRUE(full.is_number()) << end.dump();
+    for (const char* r : {"param_elements_rank0", "param_elements_rank1"}) {
+      EXPECT_LT(ranks[0].Figure("parallel", r).get<int64_t>(), full.get<int64_t>()) << variant << " " << r;
+    }
+    EXPECT_GT(ranks[0].Figure("parallel", "save_tensors_equal").get<int64_t>(), 0) << variant;
+    if (precision == "fp32") {
+      EXPECT_LT(ranks[0].Figure("parallel", "kl_mean_vs_tp1").get<double>(), 1e-6) << variant;
+    }
+  }
+}
+
+/// Adapters whose tensor parallelism is broken the ways it breaks, each caught by the parallel
+/// gate with a reason naming it: the row-parallel outputs left partial (the all-reduce
+/// forgotten), Qwen3's per-head q_norm / k_norm left plain (each rank keeps a partial gradient
+/// of their replicated weight), a parallelize that shards nothing, and a ModelSpec without
+/// parallelize.
+TEST(PythonLane, BrokenParallelizeFails) {
+  const auto fixtures = Fixtures({"llama", "qwen3_moe"});
+  if (!fixtures.count("llama-tiny-untied") || !fixtures.count("qwen3_moe-tiny-untied")) {
+    GTEST_SKIP() << "no fixture";
+  }
+  struct Case {
+    const char* name;
+    const char* family;  // the reference adapter the package starts from, and its fixture
+    const char* spec;    // spec.py of the package, after `_GOOD = <family's SPEC>`
+    const char* reason;  // a part of the parallel gate's reason
+  };
+  const Case cases[] = {
+      {"tp_no_all_reduce", "llama",
+       "from torch.distributed.tensor import Partial\n"
+       "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module\n"
+       "def par(model, mesh):\n"
+       "    for layer in model.layers.values():\n"
+       "        parallelize_module(layer, mesh, {\n"
+       "            'attention.wq': ColwiseParallel(), 'attention.wk': ColwiseParallel(),\n"
+       "            'attention.wv': ColwiseParallel(),\n"
+       "            'attention.wo': RowwiseParallel(output_layouts=Partial()),\n"
+       "            'feed_forward.w1': ColwiseParallel(), 'feed_forward.w3': ColwiseParallel(),\n"
+       "            'feed_forward.w2': RowwiseParallel()})\n"
+       "    return model\n"
+       "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n",
+       "kl_mean_vs_tp1"},
+      {"tp_qk_norm_plain", "qwen3_moe",
+       "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module\n"
+       "def par(model, mesh):\n"
+       "    for layer in model.layers.values():\n"
+       "        parallelize_module(layer, mesh, {\n"
+       "            'attention.wq': ColwiseParallel(), 'attention.wk': ColwiseParallel(),\n"
+       "            'attention.wv': ColwiseParallel(), 'attention.wo': RowwiseParallel()})\n"
+       "    return model\n"
+       "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n",
+       "a replicated parameter's gradient differs between ranks"},
+      {"tp_shards_nothing", "llama",
+       "SPEC = dataclasses.replace(_GOOD, parallelize=lambda model, mesh: model)\n",
+       "parallelize sharded no parameter"},
+      {"tp_none", "llama", "SPEC = dataclasses.replace(_GOOD, parallelize=None)\n",
+       "gives no parallelize"},
+  };
+  for (const Case& c : cases) {
+    test_util::TempDir dir;
+    fs::create_directories(dir.path() / c.name);
+    std::ofstream(dir.path() / c.name / "__init__.py") << "";
+    std::ofstream(dir.path() / c.name / "spec.py")
+        << "import dataclasses\nfrom gh_archon." << c.family << ".spec import SPEC as _GOOD\n"
+        << c.spec;
+    const auto ranks = RunWorker(std::string(c.name) + ".spec:SPEC", c.family,
+                                 std::string(c.family) + "-tiny-untied", "fp32", kParallelPhases,
+                                 /*world=*/2, dir.path().string());
+    ASSERT_TRUE(ranks[0].ends.count("parallel")) << c.name;
+    const json& end = ranks[0].ends.at("parallel");
+    EXPECT_EQ(end.value("status", ""), "FAIL") << c.name << ": " << end.dump();
+    EXPECT_EQ(end.value("classification", ""), "adapter_contract") << c.name << ": " << end.dump();
+    EXPECT_NE(end.value("reason", "").find(c.reason), std::string::npos) << c.name << ": " << end.dump();
   }
 }
 

@@ -141,10 +141,15 @@ class PyArgs final : public ModelArgs {
 /// The Archon forward has no KV cache, so a cached Forward keeps the cache's tokens and
 /// positions so far and recomputes the whole sequence, returning the new positions' logits:
 /// the decode gates then compare teacher-forced logits (which they also bar against upstream).
+///
+/// A module sharded by the adapter's parallelize holds DTensor parameters: this module then
+/// registers each one's local shard (what this rank holds, for the parallel gate's per-rank
+/// counts), gradients land on the DTensors, and FullTensors gathers both. Construct with the
+/// GIL held.
 class PyCausalLM final : public CausalLM {
  public:
-  explicit PyCausalLM(py::object module) : module_(std::move(module)) {
-    const py::list named = Lane().attr("named_parameters")(module_.get());
+  PyCausalLM(py::object module, bool sharded) : module_(std::move(module)), sharded_(sharded) {
+    const py::list named = Lane().attr("local_parameters")(module_.get());
     for (const py::handle item : named) {
       auto pair = item.cast<py::tuple>();
       Mirror(pair[0].cast<std::string>(), pair[1].cast<at::Tensor>());
@@ -191,6 +196,25 @@ class PyCausalLM final : public CausalLM {
     TORCH_CHECK(s.ok(), s.ToString());
   }
 
+  /// The registered tensors are the module's own parameters, except for a sharded module,
+  /// whose gradients live on its DTensors: those are dropped in Python.
+  void zero_grad(bool set_to_none) override {
+    torch::nn::Module::zero_grad(set_to_none);
+    if (!sharded_) return;
+    Status s = WithGilVoid("zero_grad", [&] { Lane().attr("zero_grad")(module_.get()); });
+    TORCH_CHECK(s.ok(), s.ToString());
+  }
+
+  Result<NamedTensors> FullTensors(bool gradients) override {
+    Result<NamedTensors> out = WithGil(gradients ? "gathering full gradients" : "gathering full parameters", [&] {
+      return FromPy(Lane().attr("full_tensors")(module_.get(), gradients));
+    });
+    if (!out.ok()) return Status::Internal(out.status().message());
+    return std::move(out).value();
+  }
+
+  const py::object& module() const { return module_.get(); }
+
  private:
   struct History {
     torch::Tensor tokens, positions;
@@ -231,6 +255,7 @@ class PyCausalLM final : public CausalLM {
   }
 
   PyRef module_;
+  bool sharded_;
   std::unordered_map<const KVCache*, History> history_;
 };
 
@@ -241,11 +266,12 @@ class PyCausalLM final : public CausalLM {
 class PyFamily final : public ModelFamily {
  public:
   PyFamily(py::object spec, std::string name, std::vector<std::string> model_types,
-           std::string entry)
+           std::string entry, bool has_parallelize)
       : spec_(std::move(spec)),
         name_(std::move(name)),
         model_types_(std::move(model_types)),
-        entry_(std::move(entry)) {}
+        entry_(std::move(entry)),
+        has_parallelize_(has_parallelize) {}
 
   std::string_view name() const override { return name_; }
   std::vector<std::string> model_types() const override { return model_types_; }
@@ -294,7 +320,7 @@ class PyFamily final : public ModelFamily {
         WithGil(entry_ + ": build_model", [&]() -> std::shared_ptr<CausalLM> {
           py::object module = Lane().attr("build_model")(spec_.get(), py_args->object(),
                                                          dtype_name, device.str());
-          return std::make_shared<PyCausalLM>(std::move(module));
+          return std::make_shared<PyCausalLM>(std::move(module), /*sharded=*/false);
         });
     if (!built.ok()) return built.status();
     return std::move(built).value();
@@ -310,6 +336,30 @@ class PyFamily final : public ModelFamily {
   }
   Result<NamedTensors> ToHf(const ModelArgs& args, const NamedTensors& params) const override {
     return Map(args, params, "to_hf");
+  }
+
+  /// The SPEC's parallelize, when it gives one, over torch.distributed's own group (lane.py
+  /// join_group: the worker's rendezvous store, a key prefix of its own).
+  bool ShardsLoadedModel() const override { return has_parallelize_; }
+  Result<std::shared_ptr<CausalLM>> ShardLoaded(std::shared_ptr<CausalLM> model,
+                                                const TensorParallel& tp) const override {
+    auto* py_model = dynamic_cast<PyCausalLM*>(model.get());
+    if (py_model == nullptr) return Status::InvalidArgument("model not built by " + entry_);
+    const torch::Device device = [&] {
+      for (const auto& p : py_model->parameters()) return p.device();
+      return torch::Device(torch::kCPU);
+    }();
+    Status joined = WithGilVoid("joining torch.distributed's group", [&] {
+      Lane().attr("join_group")(tp.rank, tp.size, device.str());
+    });
+    if (!joined.ok()) return Status::Unavailable(joined.message());
+    Result<std::shared_ptr<CausalLM>> sharded =
+        WithGil(entry_ + ": parallelize", [&]() -> std::shared_ptr<CausalLM> {
+          py::object module = Lane().attr("parallelize")(spec_.get(), py_model->module());
+          return std::make_shared<PyCausalLM>(std::move(module), /*sharded=*/true);
+        });
+    if (!sharded.ok()) return sharded.status();
+    return std::move(sharded).value();
   }
 
  private:
@@ -329,6 +379,7 @@ class PyFamily final : public ModelFamily {
   std::string name_;
   std::vector<std::string> model_types_;
   std::string entry_;
+  bool has_parallelize_;
 };
 
 /// Makes libpython's symbols global (extension modules such as torch._C expect them from the
@@ -379,8 +430,9 @@ Status Register(FamilyRegistry& registry, const json& config) {
           py::object spec = Lane().attr("load_spec")(entry);
           auto name = spec.attr("name").cast<std::string>();
           auto types = spec.attr("model_types").cast<std::vector<std::string>>();
+          const bool has_parallelize = !py::getattr(spec, "parallelize", py::none()).is_none();
           return std::make_unique<PyFamily>(std::move(spec), std::move(name), std::move(types),
-                                            entry);
+                                            entry, has_parallelize);
         });
     if (!family.ok()) return family.status();
     families.push_back(std::move(family).value());

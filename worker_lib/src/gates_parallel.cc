@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 #include "common/sha256.h"
+#include "gatehouse/worker/bars.h"
 #include "gatehouse/worker/gates.h"
 #include "gatehouse/worker/safetensors_torch.h"
 #include "gatehouse/worker/distributed.h"
@@ -23,7 +25,11 @@ namespace {
 /// Logits: fp32 at the torchtitan conversion bar (KL < 1e-6), bf16 KL < 1e-3 and top-1 >= 99 %
 /// of the decided tokens. Gradients: max |g_N - g_1| over a tensor divided by max
 /// |g_1| of that tensor. Summation order differs under TP (partial sums all-reduced), so fp32
-/// agrees to ~1e-6 relative, bf16 to its 8-bit mantissa.
+/// agrees to ~1e-6 relative, bf16 to its 8-bit mantissa. In bf16 a tensor's bar is widened to
+/// kFloorMargin times its own rounding spread, measured in the same run (the TP=1 control's
+/// bf16 gradient against an fp32 one, GradFloor): on a tiny Qwen3-MoE with a sliding window,
+/// bf16 alone moves the router's gradient by 5-7 % of its max, so a fixed 5 % bar failed TP=2
+/// on rounding.
 struct TpThresholds {
   double kl_mean_below;   // nats per token
   double top1_at_least;   // percent
@@ -44,6 +50,18 @@ std::vector<int64_t> NotReady(TpCommunicator& comm, bool ready) {
     if (flags[r].item<int64_t>() == 0) bad.push_back(static_cast<int64_t>(r));
   }
   return bad;
+}
+
+/// Folds into (max_diff, max_rel) how far each rank's copy in `copies` (one per rank, same
+/// shape) is from rank 0's: max abs difference, and that relative to rank 0's max abs.
+void RankSpread(const std::vector<torch::Tensor>& copies, double& max_diff, double& max_rel) {
+  const torch::Tensor first = copies[0].to(torch::kDouble);
+  const double scale = first.abs().max().item<double>();
+  for (const auto& s : copies) {
+    const double d = (s.to(torch::kDouble) - first).abs().max().item<double>();
+    max_diff = std::max(max_diff, d);
+    max_rel = std::max(max_rel, scale > 0 ? d / scale : d);
+  }
 }
 
 std::string RankList(const std::vector<int64_t>& ranks) {
@@ -132,76 +150,99 @@ GateOutcome ParallelGate(GateContext& ctx) {
   const bool rank0 = ctx.rank == 0;
   const int64_t tp_size = topo.tp;
 
-  // 1. Each rank checks what it needs, then all agree before any other collective.
+  // 1. Each rank checks what it needs, then all agree before any other collective. A family
+  // shards either through a plan the gates load shards by (Parallelize, ConstructParallel) or,
+  // mapping weights by code (the Python lane), by its own code on a model loaded in full
+  // (ShardLoaded: the adapter's parallelize over torch.distributed).
   std::string not_ready;
   GateOutcome scratch;
-  bool lane_blocked = false;
+  const bool by_code = ctx.family != nullptr && ctx.family->MapsWeightsByCode();
+  const bool sharded_by_code = ctx.family != nullptr && ctx.family->ShardsLoadedModel();
   if (!ctx.family || !ctx.args) {
     not_ready = "no model args: phase config did not pass";
-  } else if (ctx.family->MapsWeightsByCode()) {
-    // The Python lane (docs/protocols.md §9): its adapters' parallelize() shards with
-    // torch.distributed inside the interpreter, which this gate does not drive yet.
-    not_ready = "tensor parallelism of a Python-lane adapter is not run by this worker yet "
-                "(its parallelize() is checked by tests/python/test_archon_adapters.py only)";
-    lane_blocked = true;
-  } else if (!ctx.checkpoint || !ctx.adapter) {
+  } else if (!ctx.checkpoint || (!by_code && !ctx.adapter)) {
     not_ready = "no checkpoint or name table: phase load did not pass";
   } else if (!internal::RequireReference(ctx, scratch)) {
     not_ready = scratch.reason;
   }
-  Result<TpPlan> plan = Status::FailedPrecondition(not_ready);
-  if (not_ready.empty()) plan = ctx.family->Parallelize(*ctx.args, tp_size);
-  const std::vector<int64_t> bad = NotReady(comm, not_ready.empty() && plan.ok());
-  if (!not_ready.empty()) {
-    return scratch.status == GateStatus::kBlocked || lane_blocked ? out.Blocked(not_ready)
-                                                                   : out.Unknown(not_ready);
+  std::optional<TpPlan> plan;
+  Status plan_status = Status::Ok();
+  if (not_ready.empty() && !sharded_by_code) {
+    if (by_code) {
+      plan_status = Status::FailedPrecondition(
+          "the adapter's ModelSpec gives no parallelize (docs/protocols.md, the Python adapter "
+          "contract)");
+    } else if (Result<TpPlan> p = ctx.family->Parallelize(*ctx.args, tp_size); p.ok()) {
+      plan = std::move(p).value();
+    } else {
+      plan_status = p.status();
+    }
   }
-  if (!plan.ok()) {
+  const std::vector<int64_t> bad = NotReady(comm, not_ready.empty() && plan_status.ok());
+  if (!not_ready.empty()) {
+    return scratch.status == GateStatus::kBlocked ? out.Blocked(not_ready) : out.Unknown(not_ready);
+  }
+  if (!plan_status.ok()) {
     return out.Fail(FailureClass::kAdapterContract,
-                    "tensor-parallel plan (Parallelize, tp=" + std::to_string(tp_size) +
-                        "): " + plan.status().message());
+                    "tensor-parallel plan (" +
+                        std::string(by_code ? "parallelize" : "Parallelize") +
+                        ", tp=" + std::to_string(tp_size) + "): " + plan_status.message());
   }
   if (!bad.empty()) {
     return out.Unknown("rank(s) " + RankList(bad) + " not ready for the parallel gate (see their events)");
   }
-  int64_t n_sharded = 0, n_replicated = 0;
-  for (const ShardRule& r : plan->rules()) (r.style == ShardStyle::kReplicated ? n_replicated : n_sharded)++;
-  out.Count("plan_rules_sharded", n_sharded);
-  out.Count("plan_rules_replicated", n_replicated);
+  if (plan) {
+    int64_t n_sharded = 0, n_replicated = 0;
+    for (const ShardRule& r : plan->rules()) (r.style == ShardStyle::kReplicated ? n_replicated : n_sharded)++;
+    out.Count("plan_rules_sharded", n_sharded);
+    out.Count("plan_rules_replicated", n_replicated);
+  } else {
+    out.Text("sharded_by", "the adapter's parallelize (torch.distributed DTensor)");
+  }
 
-  // 2. This rank's shard, loaded through the plan; the TP=1 control on rank 0.
+  // 2. This rank's shard, loaded through the plan or sharded by the adapter after a full load;
+  // the TP=1 control on rank 0.
   const TensorParallel tp{ctx.rank, tp_size, ctx.comm};
   std::string problem;
   FailureClass problem_class = FailureClass::kAdapterContract;
   std::shared_ptr<CausalLM> model, control;
+  const auto load_full = [&](CausalLM& m) {
+    return by_code ? LoadStateDictByCode(*ctx.checkpoint, *ctx.family, *ctx.args, m)
+                   : LoadStateDict(*ctx.checkpoint, *ctx.adapter, m);
+  };
   // Exceptions (e.g. out of memory) become this rank's problem, so the agreement below still
   // runs on every rank and no rank is left waiting in a collective.
   try {
     Result<std::shared_ptr<CausalLM>> built = [&] {
-      const SkipWeightInit loaded_next;  // the sharded load below overwrites every parameter
-      return ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp);
+      const SkipWeightInit loaded_next;  // the load below overwrites every parameter
+      return plan ? ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp)
+                  : ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
     }();
+    const char* construct_name = plan ? "ConstructParallel" : "Construct";
     if (!built.ok() || !*built) {
-      problem = "ConstructParallel: " + (built.ok() ? std::string("returned no model") : built.status().ToString());
+      problem = std::string(construct_name) + ": " +
+                (built.ok() ? std::string("returned no model") : built.status().ToString());
     } else {
       model = *built;
-      const ShardedLoad shard{&*plan, ctx.rank};
-      Result<LoadReport> loaded = LoadStateDict(*ctx.checkpoint, *ctx.adapter, *model, &shard);
+      const ShardedLoad shard{plan ? &*plan : nullptr, ctx.rank};
+      Result<LoadReport> loaded = plan ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, *model, &shard)
+                                       : load_full(*model);
+      const char* what = plan ? "sharded load" : "full load before parallelize";
       if (!loaded.ok()) {
-        problem = "sharded load: " + loaded.status().ToString();
+        problem = std::string(what) + ": " + loaded.status().ToString();
         problem_class = FailureClass::kUnknown;
       } else if (!loaded->ok()) {
-        problem = "sharded load on rank " + std::to_string(ctx.rank) + ": " + LoadProblems(*loaded);
+        problem = std::string(what) + " on rank " + std::to_string(ctx.rank) + ": " + LoadProblems(*loaded);
       } else {
         out.Count("keys_loaded_rank" + std::to_string(ctx.rank), loaded->keys_used);
       }
     }
     if (problem.empty() && rank0) {
       Result<std::shared_ptr<CausalLM>> c = [&] {
-        const SkipWeightInit loaded_next;  // LoadStateDict below overwrites every parameter
+        const SkipWeightInit loaded_next;  // the load below overwrites every parameter
         return ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
       }();
-      Result<LoadReport> loaded = c.ok() && *c ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, **c)
+      Result<LoadReport> loaded = c.ok() && *c ? load_full(**c)
                                                : Result<LoadReport>(c.ok() ? Status::Internal("no model") : c.status());
       if (!loaded.ok() || !loaded->ok()) {
         problem = "TP=1 control: " + (loaded.ok() ? LoadProblems(*loaded) : loaded.status().ToString());
@@ -216,15 +257,39 @@ GateOutcome ParallelGate(GateContext& ctx) {
     problem = std::string("building or loading the shard: ") + e.what();
     problem_class = FailureClass::kUnknown;
   }
-  const std::vector<int64_t> failed_ranks = NotReady(comm, problem.empty());
+  std::vector<int64_t> failed_ranks = NotReady(comm, problem.empty());
   if (!problem.empty()) return out.Fail(problem_class, problem);
   if (!failed_ranks.empty()) {
     return out.Fail(FailureClass::kAdapterContract,
                     "rank(s) " + RankList(failed_ranks) + " could not build or load their shard (see their events)");
   }
+  if (!plan) {
+    // Every rank holds the loaded full model: the adapter shards it (a collective).
+    Result<std::shared_ptr<CausalLM>> sharded = Status::Internal("not run");
+    try {
+      sharded = ctx.family->ShardLoaded(model, tp);
+    } catch (const std::exception& e) {
+      sharded = Status::Internal(e.what());
+    }
+    if (!sharded.ok() || !*sharded) {
+      problem = "parallelize (tp=" + std::to_string(tp_size) + "): " +
+                (sharded.ok() ? std::string("returned no model") : sharded.status().message());
+      problem_class = !sharded.ok() && sharded.status().code() == StatusCode::kInvalidArgument
+                          ? FailureClass::kAdapterContract
+                          : FailureClass::kNativeRuntime;
+    } else {
+      model = *sharded;
+    }
+    failed_ranks = NotReady(comm, problem.empty());
+    if (!problem.empty()) return out.Fail(problem_class, problem);
+    if (!failed_ranks.empty()) {
+      return out.Fail(FailureClass::kAdapterContract,
+                      "rank(s) " + RankList(failed_ranks) + " could not parallelize (see their events)");
+    }
+  }
 
-  // Per-rank parameter counts, gathered (every shard's shape was checked against the plan by
-  // the sharded load).
+  // What each rank holds (every shard's shape was checked against the plan by the sharded
+  // load; a model sharded by code registers its local shards), gathered.
   const std::vector<ParamGroup> groups = UniqueParameters(*model);
   int64_t elements = 0;
   for (const auto& g : groups) elements += g.tensor.numel();
@@ -280,6 +345,8 @@ GateOutcome ParallelGate(GateContext& ctx) {
   }
   double loss_n = std::numeric_limits<double>::quiet_NaN(), loss_1 = loss_n;
   double worst_grad_rel = 0, replicated_rank_diff = 0, replicated_rank_rel = 0;
+  // The tensor nearest its bar (worst_grad: its difference and bar), and the largest difference.
+  double worst_grad_bar = thr.grad_rel_below, max_grad_rel = 0;
   std::string worst_grad;
   std::vector<std::string> grad_problems;
   std::vector<ParamGroup> gathered;  // full parameters, for the save
@@ -289,6 +356,10 @@ GateOutcome ParallelGate(GateContext& ctx) {
       control_params.emplace(item.key(), item.value());
     }
   }
+  // bf16: each tensor's gradient spread from rounding alone (rank 0), parameter name -> max
+  // |g_bf16 - g_fp32| / max |g_fp32| of the TP=1 control against the same model in fp32.
+  std::unordered_map<std::string, double> bf16_floor;
+  std::string floor_note;
   if (train_prompt != nullptr) {
     model->train();
     model->zero_grad();
@@ -303,41 +374,103 @@ GateOutcome ParallelGate(GateContext& ctx) {
       l1.backward();
       loss_1 = l1.item<double>();
       control->eval();
+      if (ctx.dtype == torch::kBFloat16) {
+        // Rank 0 only, between collectives: a failure here keeps the fixed bar and says why,
+        // so the other ranks are never left waiting.
+        try {
+          Result<std::shared_ptr<CausalLM>> f32 = [&] {
+            const SkipWeightInit loaded_next;  // load_full overwrites every parameter
+            return ctx.family->Construct(*ctx.args, torch::kFloat32, ctx.device);
+          }();
+          Result<LoadReport> loaded = f32.ok() && *f32 ? load_full(**f32)
+                                                       : Result<LoadReport>(f32.ok() ? Status::Internal("no model") : f32.status());
+          if (!loaded.ok() || !loaded->ok()) {
+            floor_note = "not measured: the fp32 model did not load (" +
+                         (loaded.ok() ? LoadProblems(*loaded) : loaded.status().ToString()) + ")";
+          } else {
+            (*f32)->train();
+            NextTokenLoss(**f32, train_prompt->input_ids, ctx.device).backward();
+            std::unordered_map<std::string, torch::Tensor> g32;
+            for (const auto& item : (*f32)->named_parameters(/*recurse=*/true)) {
+              if (item.value().grad().defined()) g32.emplace(item.key(), item.value().grad());
+            }
+            torch::NoGradGuard no_grad;
+            for (const auto& [name, p] : control_params) {
+              auto it = g32.find(name);
+              if (it == g32.end() || !p.grad().defined()) continue;
+              const torch::Tensor ref = it->second.to(torch::kDouble);
+              const double scale = ref.abs().max().item<double>();
+              const double d = (p.grad().to(torch::kDouble) - ref).abs().max().item<double>();
+              bf16_floor[name] = scale > 0 ? d / scale : 0.0;
+            }
+          }
+        } catch (const std::exception& e) {
+          floor_note = std::string("not measured: ") + e.what();
+        }
+      }
     }
   }
   torch::NoGradGuard no_grad;
-  for (const auto& g : groups) {
-    const std::string& name = g.names[0];
-    const ShardRule* rule = plan->Find(name);  // the sharded load proved every parameter has one
-    const torch::Tensor param = g.tensor.detach();
-    Result<torch::Tensor> full = plan->Unshard(*rule, comm.AllGather(param));
-    if (!full.ok()) {
-      grad_problems.push_back(name + ": " + full.status().message());
-      continue;
-    }
-    if (rank0) gathered.push_back({g.names, *full});
-    if (train_prompt == nullptr) continue;
-    const torch::Tensor grad = g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(param);
-    const std::vector<torch::Tensor> shards = comm.AllGather(grad);
-    if (rule->style == ShardStyle::kReplicated) {
-      // Every rank computes a replicated parameter's gradient in full: the copies must agree.
-      const torch::Tensor first = shards[0].to(torch::kDouble);
-      const double scale = first.abs().max().item<double>();
-      for (const auto& s : shards) {
-        const double d = (s.to(torch::kDouble) - first).abs().max().item<double>();
-        replicated_rank_diff = std::max(replicated_rank_diff, d);
-        replicated_rank_rel = std::max(replicated_rank_rel, scale > 0 ? d / scale : d);
+  std::vector<std::pair<std::string, torch::Tensor>> full_grads;  // rank 0, gathered
+  if (plan) {
+    for (const auto& g : groups) {
+      const std::string& name = g.names[0];
+      const ShardRule* rule = plan->Find(name);  // the sharded load proved every parameter has one
+      const torch::Tensor param = g.tensor.detach();
+      Result<torch::Tensor> full = plan->Unshard(*rule, comm.AllGather(param));
+      if (!full.ok()) {
+        grad_problems.push_back(name + ": " + full.status().message());
+        continue;
       }
+      if (rank0) gathered.push_back({g.names, *full});
+      if (train_prompt == nullptr) continue;
+      const torch::Tensor grad = g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(param);
+      const std::vector<torch::Tensor> shards = comm.AllGather(grad);
+      if (rule->style == ShardStyle::kReplicated) {
+        // Every rank computes a replicated parameter's gradient in full: the copies must agree.
+        RankSpread(shards, replicated_rank_diff, replicated_rank_rel);
+      }
+      if (!rank0) continue;
+      Result<torch::Tensor> full_grad = plan->Unshard(*rule, shards);
+      if (!full_grad.ok()) {
+        grad_problems.push_back(name + ": " + full_grad.status().message());
+        continue;
+      }
+      full_grads.emplace_back(name, *full_grad);
     }
-    if (!rank0) continue;
-    Result<torch::Tensor> full_grad = plan->Unshard(*rule, shards);
+  } else {
+    // Sharded by the adapter: full parameters and gradients come from its DTensors (every
+    // rank gathers, in the same order). Each rank's full gradient must then agree with every
+    // other rank's: a replicated parameter's gradient is computed in full on each rank.
+    Result<NamedTensors> params = model->FullTensors(/*gradients=*/false);
+    Result<NamedTensors> grads = train_prompt != nullptr ? model->FullTensors(/*gradients=*/true)
+                                                         : Result<NamedTensors>(NamedTensors{});
+    const std::string gather_problem =
+        !params.ok() ? params.status().message() : !grads.ok() ? grads.status().message() : "";
+    const std::vector<int64_t> not_gathered = NotReady(comm, gather_problem.empty());
+    if (!gather_problem.empty()) {
+      return out.Fail(FailureClass::kNativeRuntime, "gathering the DTensors: " + gather_problem);
+    }
+    if (!not_gathered.empty()) {
+      return out.Fail(FailureClass::kNativeRuntime,
+                      "rank(s) " + RankList(not_gathered) + " could not gather the DTensors (see their events)");
+    }
+    if (rank0) {
+      for (auto& [name, t] : *params) gathered.push_back({{name}, t});
+    }
+    for (auto& [name, g] : *grads) {
+      RankSpread(comm.AllGather(g), replicated_rank_diff, replicated_rank_rel);
+      if (rank0) full_grads.emplace_back(name, g);
+    }
+  }
+  for (const auto& [name, full_grad] : full_grads) {
     auto c = control_params.find(name);
-    if (!full_grad.ok() || c == control_params.end() || !c->second.grad().defined()) {
-      grad_problems.push_back(name + (full_grad.ok() ? ": no TP=1 gradient" : ": " + full_grad.status().message()));
+    if (c == control_params.end() || !c->second.grad().defined()) {
+      grad_problems.push_back(name + ": no TP=1 gradient");
       continue;
     }
     const torch::Tensor g1 = c->second.grad().to(torch::kDouble);
-    const torch::Tensor gn = full_grad->to(torch::kDouble);
+    const torch::Tensor gn = full_grad.to(torch::kDouble);
     if (g1.sizes() != gn.sizes()) {
       grad_problems.push_back(name + ": gathered gradient " + internal::ShapeString(gn.sizes()) +
                               " vs TP=1 " + internal::ShapeString(g1.sizes()));
@@ -346,8 +479,13 @@ GateOutcome ParallelGate(GateContext& ctx) {
     const double scale = g1.abs().max().item<double>();
     const double diff = (gn - g1).abs().max().item<double>();
     const double rel = scale > 0 ? diff / scale : (diff > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-    if (worst_grad.empty() || rel > worst_grad_rel) {
+    auto floor = bf16_floor.find(name);
+    const double bar = std::max(thr.grad_rel_below,
+                                floor == bf16_floor.end() ? 0.0 : kFloorMargin * floor->second);
+    max_grad_rel = std::max(max_grad_rel, rel);
+    if (worst_grad.empty() || rel / bar > worst_grad_rel / worst_grad_bar) {
       worst_grad_rel = rel;
+      worst_grad_bar = bar;
       worst_grad = name;
     }
   }
@@ -362,8 +500,9 @@ GateOutcome ParallelGate(GateContext& ctx) {
   // 5. Save under TP: gathered parameters under HF names, against the control's save.
   const std::filesystem::path attempt_dir(ctx.spec.attempt.dir);
   const std::string tp_dir = "parallel/tp" + std::to_string(tp_size);
-  HfTensors hf_n = ToHfTensors(gathered, *ctx.adapter);
-  HfTensors hf_1 = ToHfTensors(UniqueParameters(*control), *ctx.adapter);
+  const std::vector<ParamGroup> control_groups = UniqueParameters(*control);
+  HfTensors hf_n = internal::HfNamesOf(ctx, gathered);
+  HfTensors hf_1 = internal::HfNamesOf(ctx, control_groups);
   std::vector<std::string> save_problems;
   int64_t save_equal = 0;
   std::optional<Artifact> art_n, art_1;
@@ -416,8 +555,19 @@ GateOutcome ParallelGate(GateContext& ctx) {
     out.Real("loss_tp", loss_n, "nats");
     out.Real("loss_tp1", loss_1, "nats");
     out.Real("loss_rel_diff", std::abs(loss_n - loss_1) / std::max(std::abs(loss_1), 1e-30), "ratio");
-    out.Real("grad_max_rel_diff", worst_grad_rel, "ratio");
-    if (!worst_grad.empty()) out.Text("grad_worst_tensor", worst_grad);
+    out.Real("grad_max_rel_diff", max_grad_rel, "ratio");
+    if (!worst_grad.empty()) {
+      // The tensor nearest its own bar (in fp32 every bar is the same: the largest difference).
+      out.Text("grad_worst_tensor", worst_grad);
+      out.Real("grad_worst_tensor_rel_diff", worst_grad_rel, "ratio");
+      out.Real("grad_worst_tensor_bar", worst_grad_bar, "ratio");
+    }
+    if (ctx.dtype == torch::kBFloat16) {
+      double widest = 0;
+      for (const auto& [name, f] : bf16_floor) widest = std::max(widest, f);
+      if (floor_note.empty()) out.Real("grad_bf16_floor_max_rel", widest, "ratio");
+      else out.Text("grad_bf16_floor", floor_note);
+    }
     out.Real("replicated_grad_max_rank_diff", replicated_rank_diff, "gradient");
   }
   out.Count("save_tensors_equal", save_equal);
@@ -427,6 +577,10 @@ GateOutcome ParallelGate(GateContext& ctx) {
                              " nats, top1 >= " + Num(thr.top1_at_least) +
                              (judge_decided ? "% of decided tokens" : "%") + ", loss rel < " +
                              Num(thr.loss_rel_below) + ", grad rel < " + Num(thr.grad_rel_below) +
+                             (ctx.dtype == torch::kBFloat16
+                                  ? " or " + Num(kFloorMargin) +
+                                        "x the tensor's bf16-vs-fp32 spread at TP=1, if wider"
+                                  : "") +
                              ", save bit-equal");
 
   std::vector<std::string> failed;
@@ -448,9 +602,22 @@ GateOutcome ParallelGate(GateContext& ctx) {
       failed.push_back("a replicated parameter's gradient differs between ranks by " +
                        Num(replicated_rank_rel) + " of its max");
     }
-    if (!(worst_grad_rel < thr.grad_rel_below)) {
+    if (!(worst_grad_rel < worst_grad_bar)) {
       failed.push_back("gradient of " + worst_grad + " differs from TP=1 by " + Num(worst_grad_rel) +
-                       " of its max");
+                       " of its max (bar " + Num(worst_grad_bar) + ")");
+    }
+  }
+  if (!plan) {
+    // A parallelize that shards nothing leaves every rank holding the whole model: the TP
+    // comparisons would pass without testing any tensor parallelism.
+    int64_t control_elements = 0;
+    for (const auto& g : control_groups) control_elements += g.tensor.numel();
+    out.Count("param_elements_tp1", control_elements);
+    bool any_sharded = false;
+    for (const auto& c : counts) any_sharded |= c.item<int64_t>() < control_elements;
+    if (!any_sharded) {
+      failed.push_back("parallelize sharded no parameter: every rank holds all " +
+                       std::to_string(control_elements) + " elements of the TP=1 model");
     }
   }
   if (!grad_problems.empty()) failed.push_back("gradients: " + JoinFew(grad_problems));

@@ -1,7 +1,13 @@
 """Tensor-parallel plan shared by the decoders of this package (Megatron style, via
 torch.distributed.tensor.parallel): attention q/k/v and the dense MLP's w1/w3 ColwiseParallel,
 attention wo and the MLP's w2 RowwiseParallel. Colwise outputs are local tensors holding whole
-heads (the attention views with -1 heads), Rowwise outputs are replicated (all-reduce)."""
+heads (the attention views with -1 heads), Rowwise outputs are replicated (all-reduce).
+
+Per-head norms (Qwen3's q_norm / k_norm) see only this rank's heads, so each rank's gradient of
+their replicated weight is a partial sum: they are SequenceParallel over dim 2 of their
+[B, T, heads, head_dim] input (torchtitan's plan for Qwen3), which makes the weight a replicated
+DTensor whose gradient DTensor sums over the ranks. Left plain, every rank would keep its own
+partial gradient and the ranks' copies of the weight would drift apart after one step."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ def _divides(what: str, n: int, tp: int) -> None:
 
 def parallelize_decoder(model: nn.Module, tp_mesh) -> nn.Module:
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+                                                   SequenceParallel, parallelize_module)
 
     tp = tp_mesh.size()
     if tp == 1:
@@ -30,6 +36,11 @@ def parallelize_decoder(model: nn.Module, tp_mesh) -> nn.Module:
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(),
         }
+        if getattr(layer.attention, "q_norm", None) is not None:
+            plan.update({
+                "attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+                "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+            })
         if getattr(layer, "feed_forward", None) is not None:
             _divides("intermediate_size", args.hidden_dim, tp)
             plan.update({

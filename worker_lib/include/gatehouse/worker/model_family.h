@@ -30,8 +30,10 @@ namespace gatehouse::worker {
 /// and the tensor-parallel types (tensor_parallel.h); CausalLM::SupportsStaticDecode /
 /// DecodeStep and KVCache::WriteAt (CUDA-graph decode). 5: CausalLM::SupportsPacked /
 /// ForwardPacked (packed batches). 6: ModelFamily::MapsWeightsByCode / FromHf / ToHf (families
-/// whose weights are mapped by code: the Python lane), CausalLM::CachesKeysAndValues.
-inline constexpr int kPluginAbiVersion = 6;
+/// whose weights are mapped by code: the Python lane), CausalLM::CachesKeysAndValues. 7:
+/// ModelFamily::ShardsLoadedModel / ShardLoaded and CausalLM::FullTensors (tensor parallelism
+/// by the adapter's own code: the Python lane's parallelize).
+inline constexpr int kPluginAbiVersion = 7;
 
 /// Named tensors in a given order (checkpoint keys or parameter names).
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -113,6 +115,16 @@ class CausalLM : public torch::nn::Module {
     (void)positions;
     (void)cu_seqlens;
     TORCH_CHECK(false, "this model has no packed forward (SupportsPacked is false)");
+  }
+  /// Every parameter in full (gradients false) or its gradient in full (gradients true; zeros
+  /// where a parameter has none), detached, in named_parameters order with a tied weight once,
+  /// under its first name. For a model that ModelFamily::ShardLoaded sharded this gathers the
+  /// shards (DTensor full_tensor): a collective that every rank calls in the same order. Errors:
+  /// INTERNAL with the cause when gathering fails. Default: FAILED_PRECONDITION (the gates read a
+  /// model of their own plan through named_parameters and TpPlan::Unshard).
+  virtual Result<NamedTensors> FullTensors(bool gradients) {
+    (void)gradients;
+    return Status::FailedPrecondition("this model gives no full tensors (it was not sharded by code)");
   }
 };
 
@@ -214,6 +226,28 @@ class ModelFamily {
     (void)tp;
     return Status::FailedPrecondition("model family '" + std::string(name()) +
                                       "' has no tensor-parallel support");
+  }
+
+  /// True when the family's tensor parallelism is its own code run on a model built by
+  /// Construct and loaded in full (ShardLoaded: a Python-lane adapter's parallelize over a
+  /// torch.distributed DeviceMesh), not a plan the gates load shards through (Parallelize,
+  /// ConstructParallel). The parallel gate then takes full parameters and gradients from
+  /// CausalLM::FullTensors. Default false.
+  virtual bool ShardsLoadedModel() const { return false; }
+  /// Shards `model` (built by this family's Construct, every parameter loaded) over the
+  /// tp.size ranks of the worker's group, tp.rank being this one, and returns the sharded
+  /// model: its Forward returns the full logits [B, T, vocab_size] on every rank, and its
+  /// FullTensors gathers parameters and gradients. A collective: every rank calls it together.
+  /// The family joins its own group over the worker's rendezvous (MASTER_ADDR, MASTER_PORT).
+  /// Errors: INVALID_ARGUMENT with the adapter's own message (e.g. a TP size that does not
+  /// divide num_key_value_heads); UNAVAILABLE when the family's group cannot be formed;
+  /// FAILED_PRECONDITION by default.
+  virtual Result<std::shared_ptr<CausalLM>> ShardLoaded(std::shared_ptr<CausalLM> model,
+                                                        const TensorParallel& tp) const {
+    (void)model;
+    (void)tp;
+    return Status::FailedPrecondition("model family '" + std::string(name()) +
+                                      "' does not shard a loaded model");
   }
 };
 
