@@ -249,10 +249,17 @@ def parallelize(spec: ModelSpec, model: torch.nn.Module) -> torch.nn.Module:
     if spec.parallelize is None:
         raise TypeError(f"{spec.name}: the ModelSpec gives no parallelize")
     device = next(model.parameters()).device
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    sharded = spec.parallelize(model, mesh)
-    if not isinstance(sharded, torch.nn.Module):
-        raise TypeError(f"parallelize returned {type(sharded).__name__}, not a torch.nn.Module")
+    try:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        sharded = spec.parallelize(model, mesh)
+        if not isinstance(sharded, torch.nn.Module):
+            raise TypeError(f"parallelize returned {type(sharded).__name__}, not a torch.nn.Module")
+    except BaseException:
+        # The other ranks may be waiting in one of parallelize's collectives: closing this
+        # rank's group ends their wait now ("connection closed by peer") instead of at the
+        # group timeout. The worker's own group is unaffected and carries the reasons.
+        dist.destroy_process_group()
+        raise
     return sharded.eval()
 
 

@@ -228,6 +228,7 @@ struct WorkerRun {
   std::map<std::string, json> ends;
   std::map<std::string, std::map<std::string, json>> figures;  // phase -> name -> value
   std::string run_end;
+  int exit_code = -1;
   /// A figure's value; json null when absent.
   json Figure(const std::string& phase, const std::string& name) const {
     auto p = figures.find(phase);
@@ -273,15 +274,15 @@ std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& fa
                              (attempt.path() / "run.json").string() + " --python-entry " + entry +
                              python_path;
   std::string cmd;
+  const std::string dir = attempt.path().string();
   if (world == 1) {
-    cmd = worker + " > " + (attempt.path() / "events0.jsonl").string() + " 2>" +
-          (attempt.path() / "log0.txt").string();
+    cmd = worker + " > " + dir + "/events0.jsonl 2> " + dir + "/log0.txt; echo $? > " + dir + "/rc0";
   } else {
     cmd = "export WORLD_SIZE=" + std::to_string(world) +
           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(test_util::FreePort()) +
           " GATEHOUSE_GROUP_TIMEOUT_S=120; for r in $(seq " + std::to_string(world - 1) +
-          " -1 0); do RANK=$r LOCAL_RANK=$r " + worker + " > " + attempt.path().string() +
-          "/events$r.jsonl 2> " + attempt.path().string() + "/log$r.txt & done; wait";
+          " -1 0); do (RANK=$r LOCAL_RANK=$r " + worker + " > " + dir + "/events$r.jsonl 2> " +
+          dir + "/log$r.txt; echo $? > " + dir + "/rc$r) & done; wait";
   }
   EXPECT_NE(std::system(("sh -c '" + cmd + "'").c_str()), -1) << cmd;
   std::vector<WorkerRun> out(static_cast<size_t>(world));
@@ -296,6 +297,7 @@ std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& fa
       if (kind == "figure") out[r].figures[ev.value("phase", "")][ev.value("name", "")] = ev["value"];
       if (kind == "run_end") out[r].run_end = ev.value("status", "");
     }
+    std::ifstream(attempt.path() / ("rc" + std::to_string(r))) >> out[r].exit_code;
     if (out[r].run_end.empty()) {
       std::ifstream log(attempt.path() / ("log" + std::to_string(r) + ".txt"));
       ADD_FAILURE() << "rank " << r << " ended without run_end; its log:\n" << log.rdbuf();
@@ -347,6 +349,11 @@ TEST(PythonLane, ParallelGateRunsTheAdaptersParallelize) {
     EXPECT_EQ(ranks[1].ends.count("parallel") ? ranks[1].ends.at("parallel").value("status", "") : "",
               "PASS")
         << variant;
+    // Exit status 0 after run_end: torch's thread-local Python objects (DTensor's caches) are
+    // released with the GIL held (gatehouse_python_lane_before_exit).
+    EXPECT_EQ(ranks[0].exit_code, 0) << variant;
+    EXPECT_EQ(ranks[1].exit_code, 0) << variant;
+    EXPECT_EQ(ranks[0].Figure("parallel", "max_abs_diff_across_ranks"), 0.0) << variant;
     EXPECT_EQ(ranks[0].Figure("parallel", "process_group"), "gloo");
     EXPECT_EQ(ranks[0].Figure("parallel", "sharded_by"), "the adapter's parallelize (torch.distributed DTensor)");
     const json full = ranks[0].Figure("parallel", "param_elements_tp1");
@@ -364,8 +371,10 @@ TEST(PythonLane, ParallelGateRunsTheAdaptersParallelize) {
 /// Adapters whose tensor parallelism is broken the ways it breaks, each caught by the parallel
 /// gate with a reason naming it: the row-parallel outputs left partial (the all-reduce
 /// forgotten), Qwen3's per-head q_norm / k_norm left plain (each rank keeps a partial gradient
-/// of their replicated weight), a parallelize that shards nothing, and a ModelSpec without
-/// parallelize.
+/// of their replicated weight), a parallelize that raises on one rank only (the others' wait
+/// ends at once, and every rank reports the cause), logits left sharded over the vocabulary,
+/// one rank's logits differing from rank 0's, a parallelize that shards nothing, and a
+/// ModelSpec without parallelize. Every worker still exits 0.
 TEST(PythonLane, BrokenParallelizeFails) {
   const auto fixtures = Fixtures({"llama", "qwen3_moe"});
   if (!fixtures.count("llama-tiny-untied") || !fixtures.count("qwen3_moe-tiny-untied")) {
@@ -402,6 +411,35 @@ TEST(PythonLane, BrokenParallelizeFails) {
        "    return model\n"
        "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n",
        "a replicated parameter's gradient differs between ranks"},
+      {"tp_raises_on_rank_1", "llama",
+       "import torch.distributed as dist\n"
+       "def par(model, mesh):\n"
+       "    if dist.get_rank() == 1:\n"
+       "        raise RuntimeError('parallelize refused on rank 1 only')\n"
+       "    return _GOOD.parallelize(model, mesh)\n"
+       "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n",
+       "rank 1: tp_raises_on_rank_1.spec:SPEC: parallelize: RuntimeError: parallelize refused on rank 1 only"},
+      {"tp_logits_vocab_sharded", "llama",
+       "from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module\n"
+       "def par(model, mesh):\n"
+       "    model = _GOOD.parallelize(model, mesh)\n"
+       "    parallelize_module(model, mesh, {'output': ColwiseParallel()})\n"
+       "    return model\n"
+       "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n",
+       "rank 0: the sharded model's forward returned logits [1, 7, 128], not the full [1, 7, 256]"},
+      {"tp_rank_1_logits_differ", "llama",
+       "import torch, torch.distributed as dist\n"
+       "def par(model, mesh):\n"
+       "    model = _GOOD.parallelize(model, mesh)\n"
+       "    if dist.get_rank() == 1:\n"
+       "        forward = model.forward\n"
+       "        def flipped(*args, **kwargs):\n"
+       "            out = forward(*args, **kwargs)\n"
+       "            return out if torch.is_grad_enabled() else out.flip(-1)\n"
+       "        model.forward = flipped\n"
+       "    return model\n"
+       "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n",
+       "ranks disagree on the logits"},
       {"tp_shards_nothing", "llama",
        "SPEC = dataclasses.replace(_GOOD, parallelize=lambda model, mesh: model)\n",
        "parallelize sharded no parameter"},
@@ -423,6 +461,8 @@ TEST(PythonLane, BrokenParallelizeFails) {
     EXPECT_EQ(end.value("status", ""), "FAIL") << c.name << ": " << end.dump();
     EXPECT_EQ(end.value("classification", ""), "adapter_contract") << c.name << ": " << end.dump();
     EXPECT_NE(end.value("reason", "").find(c.reason), std::string::npos) << c.name << ": " << end.dump();
+    EXPECT_EQ(ranks[0].exit_code, 0) << c.name;
+    EXPECT_EQ(ranks[1].exit_code, 0) << c.name;
   }
 }
 

@@ -468,3 +468,7 @@ extern "C" __attribute__((visibility("default"))) int gatehouse_python_lane_regi
   }
   return 1;
 }
+
+extern "C" __attribute__((visibility("default"))) void gatehouse_python_lane_before_exit() {
+  if (Py_IsInitialized()) PyGILState_Ensure();  // never released: the process is exiting
+}

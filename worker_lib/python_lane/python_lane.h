@@ -21,3 +21,11 @@
 /// name already registered).
 extern "C" int gatehouse_python_lane_register(void* registry, const char* config_json,
                                               char* error, int error_size);
+
+/// Takes the GIL for good (when the interpreter was started): the worker calls it on its main
+/// thread just before exiting, so torch's thread-local Python objects on that thread
+/// (DTensor's sharding-propagation cache) are released with the GIL held by the thread's
+/// destructors, which glibc runs at exit before any atexit handler. Without it a worker whose
+/// parallel gate ran DTensor ops aborted after run_end ("PyThreadState_Get: the function must
+/// be called with the GIL held").
+extern "C" void gatehouse_python_lane_before_exit();

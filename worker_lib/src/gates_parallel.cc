@@ -1,6 +1,7 @@
 // The parallel gate: tensor-parallel parity against the TP=1 control (gates.h ParallelGate;
 // docs/gate-facts.md "Tensor parallelism").
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -50,6 +51,22 @@ std::vector<int64_t> NotReady(TpCommunicator& comm, bool ready) {
     if (flags[r].item<int64_t>() == 0) bad.push_back(static_cast<int64_t>(r));
   }
   return bad;
+}
+
+/// Every rank's `problem` ("" when none), in rank order, the same on every rank; each is cut
+/// to 600 bytes (an adapter's traceback can be long).
+std::vector<std::string> RankProblems(TpCommunicator& comm, const std::string& problem) {
+  constexpr int64_t kBytes = 600;
+  torch::Tensor mine = torch::zeros({kBytes}, torch::kUInt8);
+  const int64_t n = std::min<int64_t>(kBytes, static_cast<int64_t>(problem.size()));
+  std::memcpy(mine.data_ptr(), problem.data(), static_cast<size_t>(n));
+  std::vector<std::string> out;
+  for (const torch::Tensor& t : comm.AllGather(mine)) {
+    const torch::Tensor c = t.contiguous();
+    const char* bytes = static_cast<const char*>(c.data_ptr());
+    out.emplace_back(bytes, strnlen(bytes, kBytes));
+  }
+  return out;
 }
 
 /// Folds into (max_diff, max_rel) how far each rank's copy in `copies` (one per rank, same
@@ -272,19 +289,24 @@ GateOutcome ParallelGate(GateContext& ctx) {
       sharded = Status::Internal(e.what());
     }
     if (!sharded.ok() || !*sharded) {
-      problem = "parallelize (tp=" + std::to_string(tp_size) + "): " +
-                (sharded.ok() ? std::string("returned no model") : sharded.status().message());
+      problem = sharded.ok() ? std::string("returned no model") : sharded.status().message();
       problem_class = !sharded.ok() && sharded.status().code() == StatusCode::kInvalidArgument
                           ? FailureClass::kAdapterContract
                           : FailureClass::kNativeRuntime;
     } else {
       model = *sharded;
     }
-    failed_ranks = NotReady(comm, problem.empty());
-    if (!problem.empty()) return out.Fail(problem_class, problem);
-    if (!failed_ranks.empty()) {
-      return out.Fail(FailureClass::kAdapterContract,
-                      "rank(s) " + RankList(failed_ranks) + " could not parallelize (see their events)");
+    // A rank whose parallelize raised closed its torch.distributed group (lane.py), so the
+    // others' collectives failed too; every rank reports every rank's reason, the cause
+    // among them.
+    const std::vector<std::string> reasons = RankProblems(comm, problem);
+    std::string all;
+    for (size_t r = 0; r < reasons.size(); ++r) {
+      if (!reasons[r].empty()) all += (all.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + reasons[r]);
+    }
+    if (!all.empty()) {
+      return out.Fail(problem.empty() ? FailureClass::kAdapterContract : problem_class,
+                      "parallelize (tp=" + std::to_string(tp_size) + ") failed: " + all);
     }
   }
 
@@ -302,7 +324,8 @@ GateOutcome ParallelGate(GateContext& ctx) {
   // 3. Logits on the reference prompts.
   const TpThresholds thr = TpThresholdsFor(ctx.spec.precision);
   const ReferenceBundle& ref = *ctx.reference;
-  LogitComparison vs_tp1, vs_upstream;
+  // vs_ranks: every rank's logits against rank 0's (each rank must get the full logits).
+  LogitComparison vs_tp1, vs_upstream, vs_ranks;
   // In bf16 a token whose upstream fp32 top-1 margin is within twice upstream's own bf16
   // rounding of that token's logits (reference logits_bf16 vs logits) has no decided argmax:
   // any reduction order may flip it. Top-1 is judged on the decided tokens.
@@ -312,10 +335,25 @@ GateOutcome ParallelGate(GateContext& ctx) {
     torch::NoGradGuard no_grad;
     model->eval();
     if (control) control->eval();
+    const int64_t vocab = ctx.args->vocab_size();
+    std::string shape_problem;
+    std::vector<torch::Tensor> mine;  // this rank's logits per prompt, [T, V] float CPU
     for (const ReferencePrompt& p : ref.prompts) {
       const int64_t t = p.input_ids.size(0);
       const torch::Tensor tokens = p.input_ids.unsqueeze(0).to(ctx.device);
+      // Every rank runs every forward (they are collectives), whatever its shapes.
       const torch::Tensor ours = model->Forward(tokens, Positions(0, t, ctx.device), nullptr);
+      if (ours.dim() != 3 || ours.size(0) != 1 || ours.size(1) != t || ours.size(2) != vocab) {
+        if (shape_problem.empty()) {
+          shape_problem = "the sharded model's forward returned logits " +
+                          internal::ShapeString(ours.sizes()) + ", not the full [1, " +
+                          std::to_string(t) + ", " + std::to_string(vocab) +
+                          "] (every rank must get the full logits: vocab_size " +
+                          std::to_string(vocab) + ")";
+        }
+        continue;
+      }
+      mine.push_back(ours[0].to(torch::kFloat).cpu());
       if (!rank0) continue;
       const torch::Tensor base = control->Forward(tokens, Positions(0, t, ctx.device), nullptr);
       const torch::Tensor base_cpu = base[0].to(torch::kFloat).cpu();
@@ -332,6 +370,17 @@ GateOutcome ParallelGate(GateContext& ctx) {
       decided += is_decided.sum().item<int64_t>();
       decided_equal +=
           (is_decided & base_cpu.argmax(-1).eq(ours_cpu.argmax(-1))).sum().item<int64_t>();
+    }
+    const std::vector<std::string> shapes = RankProblems(comm, shape_problem);
+    std::string all;
+    for (size_t r = 0; r < shapes.size(); ++r) {
+      if (!shapes[r].empty()) all += (all.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + shapes[r]);
+    }
+    if (!all.empty()) return out.Fail(FailureClass::kAdapterContract, all);
+    for (const torch::Tensor& logits : mine) {
+      const std::vector<torch::Tensor> every = comm.AllGather(logits);
+      if (!rank0) continue;
+      for (size_t r = 1; r < every.size(); ++r) vs_ranks.Add(every[0], every[r]);
     }
   }
 
@@ -546,6 +595,8 @@ GateOutcome ParallelGate(GateContext& ctx) {
   out.Real("kl_mean_vs_upstream", vs_upstream.kl_mean(), "nats");
   out.Real("top1_agreement_vs_upstream", vs_upstream.top1_agreement_percent(), "percent");
   out.Count("tokens_compared", vs_tp1.tokens());
+  out.Real("kl_max_across_ranks", vs_ranks.kl_max(), "nats");
+  out.Real("max_abs_diff_across_ranks", vs_ranks.max_abs_diff(), "logits");
   const double decided_top1 = decided ? 100.0 * double(decided_equal) / double(decided) : 0.0;
   if (judge_decided) {
     out.Count("tokens_decided", decided);
@@ -586,6 +637,12 @@ GateOutcome ParallelGate(GateContext& ctx) {
   std::vector<std::string> failed;
   if (!(vs_tp1.kl_mean() < thr.kl_mean_below)) {
     failed.push_back("kl_mean_vs_tp1 " + Num(vs_tp1.kl_mean()) + " nats is not below " + Num(thr.kl_mean_below));
+  }
+  if (!(vs_ranks.kl_mean() < thr.kl_mean_below) ||
+      !(vs_ranks.top1_agreement_percent() >= thr.top1_at_least)) {
+    failed.push_back("ranks disagree on the logits: kl_mean " + Num(vs_ranks.kl_mean()) +
+                     " nats, top1 " + Num(vs_ranks.top1_agreement_percent()) +
+                     "% against rank 0's (every rank must get the same full logits)");
   }
   if (!(decided_top1 >= thr.top1_at_least)) {
     failed.push_back(std::string(judge_decided ? "top1_agreement_decided_vs_tp1 " : "top1_agreement_vs_tp1 ") +

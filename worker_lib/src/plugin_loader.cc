@@ -43,6 +43,11 @@ Status LoadPlugin(const std::filesystem::path& path, FamilyRegistry& registry) {
   return Status::Ok();
 }
 
+namespace {
+/// The loaded lane's gatehouse_python_lane_before_exit, if any.
+void (*python_lane_before_exit)() = nullptr;
+}  // namespace
+
 Status LoadPythonLane(const std::filesystem::path& lane_library,
                       const std::vector<std::string>& entries,
                       const std::vector<std::string>& sys_path, FamilyRegistry& registry) {
@@ -68,7 +73,12 @@ Status LoadPythonLane(const std::filesystem::path& lane_library,
   if (reg(&registry, config.c_str(), error, static_cast<int>(sizeof(error))) != 0) {
     return Status::InvalidArgument(error[0] ? std::string(error) : where + ": no message");
   }
+  python_lane_before_exit = reinterpret_cast<void (*)()>(dlsym(handle, "gatehouse_python_lane_before_exit"));
   return Status::Ok();
+}
+
+void PythonLaneBeforeExit() {
+  if (python_lane_before_exit != nullptr) python_lane_before_exit();
 }
 
 }  // namespace gatehouse::worker

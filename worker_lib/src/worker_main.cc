@@ -190,7 +190,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // Gates catch their own errors; this is the last line of defence (e.g. a failed probe).
     log::Error(std::string("worker error outside the gates: ") + e.what());
+    PythonLaneBeforeExit();
     return 1;
   }
+  PythonLaneBeforeExit();
   return 0;
 }

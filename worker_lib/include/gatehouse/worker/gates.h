@@ -366,9 +366,10 @@ GateOutcome SaveGate(GateContext& ctx);
 /// model's elements FAILs (figure param_elements_tp1). SKIPPED at world
 /// size 1; BLOCKED when the topology asks for dp/pp/ep > 1 (not implemented) or the worker was
 /// not started as the rank group the topology asks for; FAIL adapter_contract when the family
-/// has no plan, the TP size does not divide a config field, or a shard does not load. The
-/// ranks first agree that each of them is ready, so one rank's early exit never leaves the
-/// others waiting in a collective.
+/// has no plan, the TP size does not divide a config field, a shard does not load, or a rank's
+/// logits are not the full [1, T, vocab] or differ from rank 0's (same bars). Ranks agree on
+/// readiness before each collective step and share their reasons, so one rank's failure never
+/// leaves the others waiting in a collective.
 GateOutcome ParallelGate(GateContext& ctx);
 /// The cuda_graph gate: graph vs eager greedy decode token for token on every reference
 /// prompt, ms/token and speedup at batch 1, 4, 16 (cuda_graph.h). SKIPPED without CUDA.

@@ -29,4 +29,11 @@ Status LoadPythonLane(const std::filesystem::path& lane_library,
                       const std::vector<std::string>& entries,
                       const std::vector<std::string>& sys_path, FamilyRegistry& registry);
 
+/// Called by the worker just before it exits, on its main thread, after a Python lane was
+/// loaded (a no-op otherwise): the lane takes the GIL for good, so the Python objects torch
+/// keeps in this thread's thread-local storage (DTensor's sharding cache, filled by the
+/// parallel gate) are released with it held when the thread's destructors run at exit. The
+/// interpreter is never finalised.
+void PythonLaneBeforeExit();
+
 }  // namespace gatehouse::worker
