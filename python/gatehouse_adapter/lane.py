@@ -25,7 +25,7 @@ from gatehouse_adapter import CONTRACT_VERSION, ModelSpec
 
 __all__ = [
     "load_spec", "parse_config", "gate_facts", "args_json", "build_model", "state_dict_adapter",
-    "named_parameters", "forward", "from_hf", "to_hf", "zero_grad", "join_group",
+    "forward", "from_hf", "to_hf", "zero_grad", "join_group",
     "parallelize", "local_parameters", "full_tensors",
 ]
 
@@ -138,12 +138,6 @@ def state_dict_adapter(spec: ModelSpec, args: Any):
     return adapter
 
 
-def named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Every parameter under every name it has (a tied weight under both), in registration
-    order: the C++ side groups them by identity as for its own modules."""
-    return list(model.named_parameters(remove_duplicate=False))
-
-
 def forward(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor,
             cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """The Archon forward; for a packed row, max_seqlen is computed from cu_seqlens."""
@@ -179,9 +173,6 @@ def zero_grad(model: torch.nn.Module) -> None:
 
 # -- tensor parallelism ------------------------------------------------------------------------
 
-# The worker's own group (worker_main.cc) waits as long for its ranks; GATEHOUSE_GROUP_TIMEOUT_S
-# overrides both.
-_DEFAULT_GROUP_TIMEOUT_S = 1800
 # Keys of this interpreter's group in the worker's rendezvous store, apart from the C++ group's.
 _STORE_PREFIX = "gatehouse/python_lane/"
 
@@ -200,12 +191,13 @@ def _interface_of(address: str) -> str | None:
     return None
 
 
-def join_group(rank: int, world_size: int, device: str) -> None:
+def join_group(rank: int, world_size: int, device: str, timeout_s: int) -> None:
     """Makes torch.distributed's default group for this rank, once per process: gloo for a CPU
     ``device``, NCCL for a CUDA one ("cuda:1": this rank's device). The ranks meet in the worker's
     rendezvous store (rank 0's TCPStore at MASTER_ADDR:MASTER_PORT, which the worker's own
     group already uses), under a prefix of their own; gloo's transport binds to the interface
-    holding MASTER_ADDR, as the worker's group does. Raises RuntimeError naming what is wrong."""
+    holding MASTER_ADDR, as the worker's group does, waiting ``timeout_s`` seconds as it does.
+    Raises RuntimeError naming what is wrong."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -221,8 +213,7 @@ def join_group(rank: int, world_size: int, device: str) -> None:
     if not addr or not port:
         raise RuntimeError("MASTER_ADDR and MASTER_PORT must be set for tensor parallelism "
                            "(the agent sets them for every rank)")
-    timeout = timedelta(seconds=int(os.environ.get("GATEHOUSE_GROUP_TIMEOUT_S", "0") or 0)
-                        or _DEFAULT_GROUP_TIMEOUT_S)
+    timeout = timedelta(seconds=timeout_s)
     store = dist.PrefixStore(_STORE_PREFIX, dist.TCPStore(addr, int(port), is_master=False,
                                                           timeout=timeout))
     if device.type == "cuda":
@@ -271,8 +262,10 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def local_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """named_parameters (every name) with each DTensor parameter as this rank's local shard:
-    what this rank holds. Plain parameters are returned themselves."""
+    """Every parameter under every name it has (a tied weight under both), in registration
+    order: the C++ side registers them under these names and groups them by identity. A
+    DTensor parameter (after parallelize) is given as this rank's local shard, what this rank
+    holds; a plain parameter is the parameter itself, so the gates act on its storage."""
     return [(n, p.to_local() if _is_dtensor(p) else p)
             for n, p in model.named_parameters(remove_duplicate=False)]
 

@@ -85,13 +85,14 @@ inline nlohmann::json FixtureConfig(const std::string& variant) {
   return nlohmann::json::parse(in);
 }
 
-/// A CPU run spec over a fixture folder (`variant_dir`/checkpoint and /reference, digests
-/// unchecked) for `family` in `precision` ("fp32" / "bf16"): every phase from config to save,
-/// 32 greedy tokens, 2 training steps. A spec that does not parse fails the calling test.
-inline worker::RunSpec FixtureRunSpec(const std::filesystem::path& variant_dir,
-                                      const std::string& family, const std::string& precision,
-                                      const std::filesystem::path& attempt_dir) {
-  const nlohmann::json j = {
+/// The JSON of a CPU run spec over a fixture folder (`variant_dir`/checkpoint and /reference,
+/// digests unchecked) for `family` in `precision` ("fp32" / "bf16"): every phase from config
+/// to save, 32 greedy tokens, 2 training steps, topology tp=1. Callers may edit it (phases,
+/// topology) before writing it for the worker executable.
+inline nlohmann::json FixtureRunSpecJson(const std::filesystem::path& variant_dir,
+                                         const std::string& family, const std::string& precision,
+                                         const std::filesystem::path& attempt_dir) {
+  return {
       {"spec_version", 1},
       {"repository", "/tmp/unused"},
       {"commit", std::string(40, '0')},
@@ -115,7 +116,13 @@ inline worker::RunSpec FixtureRunSpec(const std::filesystem::path& variant_dir,
         {"checkout", {{"head", std::string(40, '0')}, {"clean", true}, {"path", "/tmp"}}},
         {"agent", "families-test"}}},
   };
-  auto spec = worker::ParseRunSpec(j);
+}
+
+/// FixtureRunSpecJson parsed. A spec that does not parse fails the calling test.
+inline worker::RunSpec FixtureRunSpec(const std::filesystem::path& variant_dir,
+                                      const std::string& family, const std::string& precision,
+                                      const std::filesystem::path& attempt_dir) {
+  auto spec = worker::ParseRunSpec(FixtureRunSpecJson(variant_dir, family, precision, attempt_dir));
   EXPECT_TRUE(spec.ok()) << spec.status().ToString();
   return spec.ok() ? *spec : worker::RunSpec{};
 }

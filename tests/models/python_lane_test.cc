@@ -249,24 +249,10 @@ std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& fa
                                  const std::vector<std::string>& phases, int world = 1,
                                  const std::string& sys_path = "") {
   test_util::TempDir attempt;
-  RunSpec run = test_util::FixtureRunSpec(test_util::FixtureDir(variant), family, precision,
-                                          attempt.path());
-  const json j = {
-      {"spec_version", 1}, {"repository", "/tmp/unused"}, {"commit", std::string(40, '0')},
-      {"model_family", family},
-      {"checkpoint", {{"path", run.checkpoint.path}, {"digest", "unchecked"}}},
-      {"reference", {{"path", run.reference.path}, {"digest", "unchecked"}}},
-      {"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}}},
-      {"launch", {{"runner", "gatehouse-worker"}, {"processes_per_rank", 1}}},
-      {"topology", {{"tp", world}, {"dp", 1}, {"pp", 1}, {"ep", 1}}},
-      {"precision", precision}, {"mode", "eager"},
-      {"decode", {{"max_new_tokens", 32}, {"sampling", "greedy"}}},
-      {"training", {{"steps", 2}, {"lr", 0.001}, {"seed", 1234}}},
-      {"env", json::object()},
-      {"phases", phases},
-      {"attempt", {{"id", 1}, {"dir", attempt.path().string()},
-                   {"checkout", {{"head", std::string(40, '0')}, {"clean", true}, {"path", "/tmp"}}},
-                   {"agent", "python-lane-test"}}}};
+  json j = test_util::FixtureRunSpecJson(test_util::FixtureDir(variant), family, precision,
+                                         attempt.path());
+  j["topology"]["tp"] = world;
+  j["phases"] = phases;
   std::ofstream(attempt.path() / "run.json") << j.dump();
   const std::string python_path =
       (sys_path.empty() ? "" : " --python-path " + sys_path) + " --python-path " + GATEHOUSE_ADAPTERS_DIR;

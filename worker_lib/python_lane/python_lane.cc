@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -349,8 +350,14 @@ class PyFamily final : public ModelFamily {
       for (const auto& p : py_model->parameters()) return p.device();
       return torch::Device(torch::kCPU);
     }();
+    // The worker's own group timeout, which worker_main exports for this group.
+    const char* timeout = std::getenv("GATEHOUSE_GROUP_TIMEOUT_S");
+    if (timeout == nullptr || std::atoi(timeout) <= 0) {
+      return Status::Unavailable("GATEHOUSE_GROUP_TIMEOUT_S is not set (the worker sets it when "
+                                 "it joins a rank group)");
+    }
     Status joined = WithGilVoid("joining torch.distributed's group", [&] {
-      Lane().attr("join_group")(tp.rank, tp.size, device.str());
+      Lane().attr("join_group")(tp.rank, tp.size, device.str(), std::atoi(timeout));
     });
     if (!joined.ok()) return Status::Unavailable(joined.message());
     Result<std::shared_ptr<CausalLM>> sharded =

@@ -53,18 +53,22 @@ std::vector<int64_t> NotReady(TpCommunicator& comm, bool ready) {
   return bad;
 }
 
-/// Every rank's `problem` ("" when none), in rank order, the same on every rank; each is cut
-/// to 600 bytes (an adapter's traceback can be long).
-std::vector<std::string> RankProblems(TpCommunicator& comm, const std::string& problem) {
+/// Every rank's `problem` ("" when none) gathered, the same on every rank: "" when no rank has
+/// one, else "rank r: <problem>; ..." in rank order. Each is cut to 600 bytes (an adapter's
+/// traceback can be long). A collective: every rank calls it, so a rank's failure is never
+/// left for the others to wait on, and rank 0's verdict names every rank's cause.
+std::string RankProblems(TpCommunicator& comm, const std::string& problem) {
   constexpr int64_t kBytes = 600;
   torch::Tensor mine = torch::zeros({kBytes}, torch::kUInt8);
   const int64_t n = std::min<int64_t>(kBytes, static_cast<int64_t>(problem.size()));
   std::memcpy(mine.data_ptr(), problem.data(), static_cast<size_t>(n));
-  std::vector<std::string> out;
-  for (const torch::Tensor& t : comm.AllGather(mine)) {
-    const torch::Tensor c = t.contiguous();
+  const std::vector<torch::Tensor> every = comm.AllGather(mine);
+  std::string out;
+  for (size_t r = 0; r < every.size(); ++r) {
+    const torch::Tensor c = every[r].contiguous();
     const char* bytes = static_cast<const char*>(c.data_ptr());
-    out.emplace_back(bytes, strnlen(bytes, kBytes));
+    const std::string reason(bytes, strnlen(bytes, kBytes));
+    if (!reason.empty()) out += (out.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + reason);
   }
   return out;
 }
@@ -274,11 +278,8 @@ GateOutcome ParallelGate(GateContext& ctx) {
     problem = std::string("building or loading the shard: ") + e.what();
     problem_class = FailureClass::kUnknown;
   }
-  std::vector<int64_t> failed_ranks = NotReady(comm, problem.empty());
-  if (!problem.empty()) return out.Fail(problem_class, problem);
-  if (!failed_ranks.empty()) {
-    return out.Fail(FailureClass::kAdapterContract,
-                    "rank(s) " + RankList(failed_ranks) + " could not build or load their shard (see their events)");
+  if (const std::string all = RankProblems(comm, problem); !all.empty()) {
+    return out.Fail(problem.empty() ? FailureClass::kAdapterContract : problem_class, all);
   }
   if (!plan) {
     // Every rank holds the loaded full model: the adapter shards it (a collective).
@@ -299,12 +300,7 @@ GateOutcome ParallelGate(GateContext& ctx) {
     // A rank whose parallelize raised closed its torch.distributed group (lane.py), so the
     // others' collectives failed too; every rank reports every rank's reason, the cause
     // among them.
-    const std::vector<std::string> reasons = RankProblems(comm, problem);
-    std::string all;
-    for (size_t r = 0; r < reasons.size(); ++r) {
-      if (!reasons[r].empty()) all += (all.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + reasons[r]);
-    }
-    if (!all.empty()) {
+    if (const std::string all = RankProblems(comm, problem); !all.empty()) {
       return out.Fail(problem.empty() ? FailureClass::kAdapterContract : problem_class,
                       "parallelize (tp=" + std::to_string(tp_size) + ") failed: " + all);
     }
@@ -371,12 +367,9 @@ GateOutcome ParallelGate(GateContext& ctx) {
       decided_equal +=
           (is_decided & base_cpu.argmax(-1).eq(ours_cpu.argmax(-1))).sum().item<int64_t>();
     }
-    const std::vector<std::string> shapes = RankProblems(comm, shape_problem);
-    std::string all;
-    for (size_t r = 0; r < shapes.size(); ++r) {
-      if (!shapes[r].empty()) all += (all.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + shapes[r]);
+    if (const std::string all = RankProblems(comm, shape_problem); !all.empty()) {
+      return out.Fail(FailureClass::kAdapterContract, all);
     }
-    if (!all.empty()) return out.Fail(FailureClass::kAdapterContract, all);
     for (const torch::Tensor& logits : mine) {
       const std::vector<torch::Tensor> every = comm.AllGather(logits);
       if (!rank0) continue;
@@ -496,13 +489,8 @@ GateOutcome ParallelGate(GateContext& ctx) {
                                                          : Result<NamedTensors>(NamedTensors{});
     const std::string gather_problem =
         !params.ok() ? params.status().message() : !grads.ok() ? grads.status().message() : "";
-    const std::vector<int64_t> not_gathered = NotReady(comm, gather_problem.empty());
-    if (!gather_problem.empty()) {
-      return out.Fail(FailureClass::kNativeRuntime, "gathering the DTensors: " + gather_problem);
-    }
-    if (!not_gathered.empty()) {
-      return out.Fail(FailureClass::kNativeRuntime,
-                      "rank(s) " + RankList(not_gathered) + " could not gather the DTensors (see their events)");
+    if (const std::string all = RankProblems(comm, gather_problem); !all.empty()) {
+      return out.Fail(FailureClass::kNativeRuntime, "gathering the DTensors: " + all);
     }
     if (rank0) {
       for (auto& [name, t] : *params) gathered.push_back({{name}, t});

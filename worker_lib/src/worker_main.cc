@@ -154,6 +154,8 @@ int main(int argc, char** argv) {
       if (const char* t = std::getenv("GATEHOUSE_GROUP_TIMEOUT_S")) {
         if (std::atoi(t) > 0) timeout = std::chrono::seconds(std::atoi(t));
       }
+      // The Python lane's torch.distributed group (python_lane.cc ShardLoaded) waits as long.
+      ::setenv("GATEHOUSE_GROUP_TIMEOUT_S", std::to_string(timeout.count()).c_str(), /*overwrite=*/1);
       // The device chooses the backend: NCCL for a CUDA cell on a worker that has CUDA and
       // NCCL, each rank on device LOCAL_RANK of the GPUs the agent made visible; gloo
       // otherwise (a CUDA cell without them then meets identity's and parallel's BLOCKED).
