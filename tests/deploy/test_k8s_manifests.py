@@ -176,7 +176,7 @@ class K8sManifestsTest(unittest.TestCase):
         (tmp / "var/lib/gatehouse").mkdir(parents=True)
         db = flag({"args": ctl_args}, "db")
         token = subprocess.run([str(BIN / "gatehouse-controller"), f"--db={db}", "tokens", "create",
-                                "--name", "k8s-node-test", "--kind", "agent"],
+                                "--name", "gpu-pool", "--kind", "agent"],
                                capture_output=True, text=True, timeout=60, check=True).stdout.strip()
         logs = open(tmp / "controller.log", "w")
         self.addCleanup(logs.close)
