@@ -7,6 +7,7 @@
 
 #include "agent/recipe.h"
 #include "agent/worker_launcher.h"
+#include "common/artifacts.h"
 #include "common/phases.h"
 #include "common/sha256.h"
 
@@ -164,7 +165,22 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.gpu_indices = config_.gpu_indices;
   launch.gpu_models = config_.gpu_models;
   launch.log_flush_timeout = config_.log_flush_timeout;
-  return RunWorker(launch, sink, cancel, &used_ports);
+  namespace fs = std::filesystem;
+  const fs::path attempt_dir = launch.attempt_dir;
+  AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
+  // The gates' plot data become the attempt's artifacts (common/artifacts.h) before the end is
+  // reported. They are not evidence the verdict rests on: a failed upload is logged, and the
+  // dashboard shows the plot as missing.
+  for (std::string_view name : kValidationArtifacts) {
+    if (artifacts_ == nullptr) break;
+    std::error_code ec;
+    const fs::path path = attempt_dir / name;
+    if (!fs::is_regular_file(path, ec)) continue;
+    if (Status stored = artifacts_->Put(id, std::string(name), path); !stored.ok()) {
+      spdlog::warn("attempt {}: artifact '{}' not stored: {}", id, name, stored.ToString());
+    }
+  }
+  return end;
 }
 
 Result<std::string> AttemptRunner::FetchReference(const std::vector<InputFile>& inputs,

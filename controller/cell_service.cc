@@ -231,13 +231,20 @@ Result<std::vector<ReadinessCombination>> CellService::Readiness() {
   return ComputeReadiness(all);
 }
 
+Result<std::pair<Matrix, MatrixChoices>> CellService::CellMatrix(const MatrixFilter& filter,
+                                                                 std::string_view status) {
+  GH_ASSIGN_OR_RETURN(std::vector<MatrixSquare> squares, store_.Matrix(filter));
+  GH_ASSIGN_OR_RETURN(MatrixChoices choices, store_.ListMatrixChoices());
+  return std::pair{ArrangeMatrix(squares, status), std::move(choices)};
+}
+
 Result<std::string> CellService::Report(const std::string& id) {
   GH_ASSIGN_OR_RETURN(CellDetail d, GetCell(id));
   return RenderReport(d);
 }
 
 Result<std::string> CellService::ReadLog(const std::string& id, const std::string& stream,
-                                            std::optional<int> number) {
+                                            std::optional<int> number, int64_t from) {
   GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(id));
   if (!cell) return CellNotFound(id);
   GH_ASSIGN_OR_RETURN(std::vector<AttemptRecord> attempts, store_.ListAttempts(id));
@@ -249,8 +256,8 @@ Result<std::string> CellService::ReadLog(const std::string& id, const std::strin
     return Status::NotFound("cell '" + id + "' has no attempt " +
                             (number ? std::to_string(*number) : std::string("yet")));
   }
-  GH_ASSIGN_OR_RETURN(std::string log, store_.ReadLog(chosen->id, stream));
-  if (!log.empty() || !IsTerminal(chosen->state)) return log;  // a running one may still write it
+  GH_ASSIGN_OR_RETURN(std::string log, store_.ReadLog(chosen->id, stream, from));
+  if (!log.empty() || !IsTerminal(chosen->state) || from > 0) return log;  // a running one may still write it
   // An ended attempt without that stream: a misspelt name reads as an empty log otherwise.
   GH_ASSIGN_OR_RETURN(std::vector<std::string> streams, store_.ListLogStreams(chosen->id));
   if (std::find(streams.begin(), streams.end(), stream) != streams.end()) return log;

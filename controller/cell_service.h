@@ -71,13 +71,18 @@ class CellService {
   /// failure.
   Result<std::vector<ReadinessCombination>> Readiness();
 
+  /// The dashboard's matrix: Store::Matrix arranged by ArrangeMatrix (controller/readiness.h),
+  /// and what it can be filtered by. INTERNAL on a store failure.
+  Result<std::pair<Matrix, MatrixChoices>> CellMatrix(const MatrixFilter& filter,
+                                                      std::string_view status);
+
   /// The Markdown evidence report (controller/report.h). NOT_FOUND as GetCell.
   Result<std::string> Report(const std::string& id);
 
   /// A log stream of the cell's latest attempt (or of attempt `number`), chunks in offset
-  /// order. NOT_FOUND for an unknown cell or attempt number.
+  /// order, from byte `from` on. NOT_FOUND for an unknown cell or attempt number.
   Result<std::string> ReadLog(const std::string& id, const std::string& stream,
-                              std::optional<int> number);
+                              std::optional<int> number, int64_t from = 0);
 
  private:
   Result<CellDetail> LoadDetail(const CellRecord& cell);

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/artifacts.h"
 #include "common/phases.h"
 #include "controller/scheduler.h"
 #include "controller/worker_event.h"
@@ -66,8 +67,8 @@ Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
   GH_ASSIGN_OR_RETURN(std::vector<AgentRecord> records, store_.ListAgents());
   GH_ASSIGN_OR_RETURN(std::vector<ActiveAttempt> active,
                       store_.ListActiveAttempts());
-  std::map<std::string, int> running;
-  for (const ActiveAttempt& a : active) ++running[a.agent_id];
+  std::map<std::string, std::vector<std::string>> running;
+  for (const ActiveAttempt& a : active) running[a.agent_id].push_back(a.cell_id);
   std::vector<AgentStatus> out;
   const auto wall_now = clock_();
   for (AgentRecord& r : records) {
@@ -81,7 +82,8 @@ Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
       st.last_seen_at = FormatTimestamp(
           wall_now - std::chrono::duration_cast<std::chrono::system_clock::duration>(*live.heard_ago));
     }
-    st.running = running[r.id];
+    st.running_cells = running[r.id];
+    st.running = static_cast<int>(st.running_cells.size());
     st.record = std::move(r);
     out.push_back(std::move(st));
   }
@@ -91,8 +93,13 @@ Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
 Result<std::string> ControllerCore::Report(const std::string& id) { return cells_.Report(id); }
 
 Result<std::string> ControllerCore::ReadLog(const std::string& id, const std::string& stream,
-                                            std::optional<int> number) {
-  return cells_.ReadLog(id, stream, number);
+                                            std::optional<int> number, int64_t from) {
+  return cells_.ReadLog(id, stream, number, from);
+}
+
+Result<std::pair<Matrix, MatrixChoices>> ControllerCore::CellMatrix(const MatrixFilter& filter,
+                                                                    std::string_view status) {
+  return cells_.CellMatrix(filter, status);
 }
 
 // ---- agent side ----
@@ -256,17 +263,27 @@ Result<std::unique_ptr<BlobStore::Writer>> ControllerCore::BeginArtifact(
     return Status::FailedPrecondition("attempt " + std::to_string(attempt_id) + " already ended (" +
                                       std::string(AttemptStateName(a.state)) + ")");
   }
-  // Today only reference cells store artifacts, and only their bundle's two files: an agent
-  // token cannot fill the controller's disk through another cell.
+  // A reference cell stores its bundle's two files, a validation cell its gates' plot data
+  // (common/artifacts.h, at most kValidationArtifactMaxBytes each): an agent token cannot fill
+  // the controller's disk through a cell.
   GH_ASSIGN_OR_RETURN(std::optional<CellRecord> cell, store_.GetCell(a.cell_id));
   const Result<CellSpec> spec =
       cell ? ParseCellSpecJson(cell->spec_json) : Result<CellSpec>(Status::NotFound(""));
-  if (!spec.ok() || !spec->IsReference() ||
-      (name != "reference/reference.json" && name != "reference/reference.safetensors")) {
-    return Status::InvalidArgument("artifact '" + name + "' of attempt " +
-                                   std::to_string(attempt_id) +
-                                   ": only a reference cell stores artifacts, "
-                                   "reference/reference.json and reference/reference.safetensors");
+  const bool reference_file =
+      name == "reference/reference.json" || name == "reference/reference.safetensors";
+  const bool plot_file = std::find(kValidationArtifacts.begin(), kValidationArtifacts.end(),
+                                   name) != kValidationArtifacts.end();
+  if (!spec.ok() || (spec->IsReference() ? !reference_file : !plot_file)) {
+    return Status::InvalidArgument(
+        "artifact '" + name + "' of attempt " + std::to_string(attempt_id) +
+        ": a reference cell stores reference/reference.json and reference/reference.safetensors, "
+        "a validation cell inference/kl_by_position.json and parallel/kl_by_position.json");
+  }
+  if (plot_file && size > kValidationArtifactMaxBytes) {
+    return Status::ResourceExhausted("artifact '" + name + "' of attempt " +
+                                     std::to_string(attempt_id) + ": " + std::to_string(size) +
+                                     " bytes, a validation cell's plot data is at most " +
+                                     std::to_string(kValidationArtifactMaxBytes));
   }
   GH_ASSIGN_OR_RETURN(std::vector<ArtifactRecord> stored, store_.ListArtifacts(attempt_id));
   for (const ArtifactRecord& r : stored) {

@@ -43,6 +43,7 @@ struct AgentStatus {
   std::string drain_reason;  // non-empty while it drains
   int slots = 0;             // while attached
   int running = 0;           // attempts leased to it or running on it
+  std::vector<std::string> running_cells;  // the cells of those attempts
   std::string last_seen_at;  // when this controller last heard from it; empty: not since start
 };
 
@@ -75,7 +76,10 @@ class ControllerCore {
   Result<CellDetail> RetryCell(const std::string& id);
   Result<std::string> Report(const std::string& id);
   Result<std::string> ReadLog(const std::string& id, const std::string& stream,
-                              std::optional<int> number);
+                              std::optional<int> number, int64_t from = 0);
+  /// CellService::CellMatrix.
+  Result<std::pair<Matrix, MatrixChoices>> CellMatrix(const MatrixFilter& filter,
+                                                      std::string_view status);
 
   /// Every agent that registered, with its live state (attached, silent, draining, running
   /// attempts). Errors: INTERNAL on a store failure.

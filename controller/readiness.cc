@@ -55,4 +55,37 @@ std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary
   return out;
 }
 
+Matrix ArrangeMatrix(const std::vector<MatrixSquare>& squares, std::string_view status) {
+  using ColumnOrder = std::tuple<std::string, std::string, int, int, int, int, std::string>;
+  std::map<ColumnOrder, MatrixColumn> columns;
+  Matrix out;
+  for (const MatrixSquare& q : squares) {
+    const std::string_view readiness = ReadinessOf(q.status);
+    if (!status.empty() && status != AttemptStateName(q.status) && status != readiness) continue;
+    MatrixColumn c{"", q.device, q.precision, {q.tp, q.dp, q.pp, q.ep}, q.mode};
+    c.key = q.device + " " + q.precision + " tp=" + std::to_string(q.tp) + " dp=" +
+            std::to_string(q.dp) + " pp=" + std::to_string(q.pp) + " ep=" + std::to_string(q.ep) +
+            " " + q.mode;
+    if (out.rows.empty() || out.rows.back().model_family != q.model_family ||
+        out.rows.back().checkpoint.digest != q.checkpoint_digest ||
+        out.rows.back().checkpoint.path != q.checkpoint_path) {
+      out.rows.push_back({q.model_family, {q.checkpoint_path, q.checkpoint_digest}, "", {}, {}});
+    }
+    MatrixRow& row = out.rows.back();
+    ++row.counts[std::string(readiness)];
+    row.squares.emplace(c.key, q);
+    columns.emplace(ColumnOrder{q.device, q.precision, q.tp, q.dp, q.pp, q.ep, q.mode}, std::move(c));
+  }
+  for (MatrixRow& row : out.rows) {
+    const int total = static_cast<int>(row.squares.size());
+    row.readiness = row.counts.count("failed")    ? "failed"
+                    : row.counts.count("blocked") ? "blocked"
+                    : row.counts["validated"] == total ? "validated"
+                                                      : "unverified";
+    std::erase_if(row.counts, [](const auto& kv) { return kv.second == 0; });
+  }
+  for (auto& [order, column] : columns) out.columns.push_back(std::move(column));
+  return out;
+}
+
 }  // namespace gatehouse::controller

@@ -5,6 +5,7 @@
 // cells.
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,5 +50,36 @@ std::string_view ReadinessOf(AttemptState status);
 /// commit) the newest cell decides, whatever its remaining inputs (decode length, training
 /// knobs, env). A cell whose stored spec does not parse is skipped.
 std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary>& cells);
+
+/// A column of the matrix: device x precision x topology x mode.
+struct MatrixColumn {
+  std::string key;  // "cpu fp32 tp=2 dp=1 pp=1 ep=1 eager": the column's name in MatrixJson
+  std::string device;
+  std::string precision;
+  CellSpec::Topology topology;
+  std::string mode;
+};
+
+/// A row of the matrix: model family x checkpoint, its squares by column key, and its
+/// readiness: "failed" when a square's newest cell FAILed, else "blocked" when one was blocked,
+/// else "validated" when every square's passed, else "unverified".
+struct MatrixRow {
+  std::string model_family;
+  DigestedPath checkpoint;
+  std::string readiness;
+  std::map<std::string, int> counts;  // squares per ReadinessOf
+  std::map<std::string, MatrixSquare> squares;  // by MatrixColumn::key
+};
+
+/// The dashboard's matrix (GET /api/v1/matrix).
+struct Matrix {
+  std::vector<MatrixColumn> columns;  // sorted by device, precision, topology, mode
+  std::vector<MatrixRow> rows;        // in the order of the squares (family, checkpoint)
+};
+
+/// Arranges `squares` (Store::Matrix, sorted by family and checkpoint) into rows and columns,
+/// keeping only squares whose status is `status` when it is not empty (an attempt state name,
+/// "passed", or a readiness word, "validated"); columns and rows left empty are dropped.
+Matrix ArrangeMatrix(const std::vector<MatrixSquare>& squares, std::string_view status);
 
 }  // namespace gatehouse::controller

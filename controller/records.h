@@ -126,6 +126,40 @@ struct CellSummary {
   AttemptState status = AttemptState::kQueued;
 };
 
+/// Which validation cells the matrix considers; an empty member matches every cell.
+struct MatrixFilter {
+  std::string repository;
+  std::string branch;
+  std::string commit;  // 40 hex
+  std::string model_family;
+};
+
+/// One square of the matrix (GET /api/v1/matrix): the newest validation cell of one model
+/// family x checkpoint x device x precision x topology x mode among those the filter matches.
+struct MatrixSquare {
+  std::string model_family;
+  std::string checkpoint_path;
+  std::string checkpoint_digest;
+  std::string device;
+  std::string precision;
+  int tp = 0, dp = 0, pp = 0, ep = 0;
+  std::string mode;
+  std::string cell_id;  // the newest cell
+  std::string repository;
+  std::string branch;
+  std::string commit_sha;
+  std::string created_at;
+  AttemptState status = AttemptState::kQueued;  // its latest attempt
+  int64_t cells = 0;  // cells of this square the filter matches
+};
+
+/// What the matrix can be filtered by: every repository with its branches, every model family
+/// (validation cells only).
+struct MatrixChoices {
+  std::vector<std::pair<std::string, std::vector<std::string>>> repositories;  // sorted
+  std::vector<std::string> model_families;                                    // sorted
+};
+
 /// An agent as it registered.
 struct AgentRecord {
   std::string id;

@@ -107,6 +107,7 @@ const std::vector<Route>& RestApi::Routes() {
       {"POST", "/api/v1/cells/{id}/cancel", Scope::kSubmit, "cancel_cell", &RestApi::CancelCell},
       {"POST", "/api/v1/cells/{id}/retry", Scope::kSubmit, "retry_cell", &RestApi::RetryCell},
       {"GET", "/api/v1/readiness", Scope::kRead, "readiness", &RestApi::Readiness},
+      {"GET", "/api/v1/matrix", Scope::kRead, "matrix", &RestApi::CellMatrix},
       {"GET", "/api/v1/cells/{id}/report", Scope::kRead, "cell_report", &RestApi::CellReport},
       {"GET", "/api/v1/cells/{id}/log", Scope::kRead, "cell_log", &RestApi::CellLog},
       {"GET", "/api/v1/artifacts/{digest}", Scope::kRead, "get_artifact", &RestApi::GetArtifact},
@@ -270,6 +271,14 @@ HttpResponse RestApi::Readiness(const RouteCall&) {
   return JsonResponse(200, ReadinessJson(*combinations));
 }
 
+HttpResponse RestApi::CellMatrix(const RouteCall& call) {
+  auto query = ParseMatrixQuery(call.url);
+  if (!query.ok()) return ErrorResponse(query.status());
+  auto matrix = core_.CellMatrix(query->filter, query->status);
+  if (!matrix.ok()) return ErrorResponse(matrix.status());
+  return JsonResponse(200, MatrixJson(matrix->first, matrix->second, query->filter, query->status));
+}
+
 HttpResponse RestApi::RetryCell(const RouteCall& call) {
   auto cell = core_.RetryCell(call.params.at(0));
   if (!cell.ok()) return ErrorResponse(cell.status());
@@ -285,9 +294,13 @@ HttpResponse RestApi::CellReport(const RouteCall& call) {
 HttpResponse RestApi::CellLog(const RouteCall& call) {
   auto query = ParseLogQuery(call.url);
   if (!query.ok()) return ErrorResponse(query.status());
-  auto log = core_.ReadLog(call.params.at(0), query->stream, query->attempt);
+  auto log = core_.ReadLog(call.params.at(0), query->stream, query->attempt, query->offset);
   if (!log.ok()) return ErrorResponse(log.status());
-  return TextResponse(200, "text/plain; charset=utf-8", std::move(*log));
+  const int64_t next = query->offset + static_cast<int64_t>(log->size());
+  HttpResponse r = TextResponse(200, "text/plain; charset=utf-8", std::move(*log));
+  // A live log is followed by asking again from here (bytes; the body may end mid-character).
+  r.headers["X-Log-Next-Offset"] = std::to_string(next);
+  return r;
 }
 
 HttpResponse RestApi::GetArtifact(const RouteCall& call) {

@@ -73,6 +73,7 @@ class RestApi {
   HttpResponse CancelCell(const RouteCall& call);
   HttpResponse RetryCell(const RouteCall& call);
   HttpResponse Readiness(const RouteCall& call);
+  HttpResponse CellMatrix(const RouteCall& call);
   HttpResponse CellReport(const RouteCall& call);
   HttpResponse CellLog(const RouteCall& call);
   HttpResponse GetArtifact(const RouteCall& call);

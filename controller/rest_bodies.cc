@@ -97,6 +97,34 @@ Result<LogQuery> ParseLogQuery(const boost::urls::url_view& url) {
   if (url.params().contains("attempt")) {
     GH_ASSIGN_OR_RETURN(q.attempt, IntParam(url, "attempt", 0, std::numeric_limits<int>::max()));
   }
+  GH_ASSIGN_OR_RETURN(q.offset, IntParam(url, "offset", 0, std::numeric_limits<int>::max()));
+  return q;
+}
+
+Result<MatrixQuery> ParseMatrixQuery(const boost::urls::url_view& url) {
+  MatrixQuery q;
+  auto text = [&url](const char* name) {
+    auto it = url.params().find(name);
+    return it == url.params().end() ? std::string() : std::string((*it).value);
+  };
+  q.filter.repository = text("repository");
+  q.filter.branch = text("branch");
+  q.filter.commit = text("commit");
+  q.filter.model_family = text("model_family");
+  q.status = text("status");
+  const bool hex40 = q.filter.commit.size() == 40 &&
+                     q.filter.commit.find_first_not_of("0123456789abcdef") == std::string::npos;
+  if (!q.filter.commit.empty() && !hex40) {
+    return Status::InvalidArgument("query parameter 'commit': expected 40 lower-case hex digits, got '" +
+                                   q.filter.commit + "'");
+  }
+  static constexpr std::string_view kReadiness[] = {"validated", "failed", "blocked", "unverified"};
+  if (!q.status.empty() && !ParseAttemptState(q.status) &&
+      std::find(std::begin(kReadiness), std::end(kReadiness), q.status) == std::end(kReadiness)) {
+    return Status::InvalidArgument("query parameter 'status': expected an attempt state (queued, "
+                                   "running, passed, failed, ...) or a readiness (validated, "
+                                   "failed, blocked, unverified), got '" + q.status + "'");
+  }
   return q;
 }
 

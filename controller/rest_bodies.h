@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "controller/auth.h"
+#include "controller/records.h"
 
 namespace gatehouse::controller {
 
@@ -34,12 +35,22 @@ struct ListQuery {
 };
 Result<ListQuery> ParseListQuery(const boost::urls::url_view& url);
 
-/// GET /api/v1/cells/{id}/log?stream=S&attempt=N: S defaults to "worker"; N (>= 0) absent is
-/// the latest attempt.
+/// GET /api/v1/cells/{id}/log?stream=S&attempt=N&offset=B: S defaults to "worker"; N (>= 0)
+/// absent is the latest attempt; B (>= 0, default 0) the first byte to return.
 struct LogQuery {
   std::string stream = "worker";
   std::optional<int> attempt;
+  int64_t offset = 0;
 };
 Result<LogQuery> ParseLogQuery(const boost::urls::url_view& url);
+
+/// GET /api/v1/matrix?repository=R&branch=B&commit=C&model_family=F&status=S: each absent or
+/// empty matches everything; C is 40 hex; S an attempt state ("failed") or a readiness word
+/// ("validated", controller/readiness.h).
+struct MatrixQuery {
+  MatrixFilter filter;
+  std::string status;
+};
+Result<MatrixQuery> ParseMatrixQuery(const boost::urls::url_view& url);
 
 }  // namespace gatehouse::controller

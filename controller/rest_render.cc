@@ -103,6 +103,52 @@ json ReadinessJson(const std::vector<ReadinessCombination>& combinations) {
   return {{"combinations", out}};
 }
 
+json MatrixJson(const Matrix& matrix, const MatrixChoices& choices, const MatrixFilter& filter,
+                const std::string& status) {
+  json columns = json::array();
+  for (const MatrixColumn& c : matrix.columns) {
+    columns.push_back({{"key", c.key},
+                       {"device", c.device},
+                       {"precision", c.precision},
+                       {"topology",
+                        {{"tp", c.topology.tp}, {"dp", c.topology.dp}, {"pp", c.topology.pp},
+                         {"ep", c.topology.ep}}},
+                       {"mode", c.mode}});
+  }
+  json rows = json::array();
+  for (const MatrixRow& r : matrix.rows) {
+    json squares = json::object();
+    for (const auto& [key, q] : r.squares) {
+      squares[key] = {{"cell", q.cell_id},
+                      {"status", AttemptStateName(q.status)},
+                      {"readiness", ReadinessOf(q.status)},
+                      {"repository", q.repository},
+                      {"branch", q.branch},
+                      {"commit", q.commit_sha},
+                      {"created_at", q.created_at},
+                      {"cells", q.cells}};
+    }
+    rows.push_back({{"model_family", r.model_family},
+                    {"checkpoint", {{"path", r.checkpoint.path}, {"digest", r.checkpoint.digest}}},
+                    {"readiness", r.readiness},
+                    {"counts", r.counts},
+                    {"squares", squares}});
+  }
+  json repositories = json::array();
+  for (const auto& [repository, branches] : choices.repositories) {
+    repositories.push_back({{"repository", repository}, {"branches", branches}});
+  }
+  return {{"filter",
+           {{"repository", filter.repository},
+            {"branch", filter.branch},
+            {"commit", filter.commit},
+            {"model_family", filter.model_family},
+            {"status", status}}},
+          {"choices", {{"repositories", repositories}, {"model_families", choices.model_families}}},
+          {"columns", columns},
+          {"rows", rows}};
+}
+
 json TokenJson(const TokenRecord& t) {
   json scopes = json::array();
   for (Scope s : ScopesOf(t)) scopes.push_back(ScopeName(s));
@@ -126,6 +172,7 @@ json AgentJson(const AgentStatus& a) {
           {"drain_reason", NullIfEmpty(a.drain_reason)},
           {"slots", a.slots},
           {"running", a.running},
+          {"running_cells", a.running_cells},
           {"capabilities", capabilities},
           {"registered_at", a.record.registered_at},
           {"last_heartbeat_at", NullIfEmpty(a.record.last_heartbeat_at)},

@@ -25,6 +25,11 @@ nlohmann::json TokenJson(const TokenRecord& token);
 /// The readiness document (protocols.md §1): {"combinations": [...]}.
 nlohmann::json ReadinessJson(const std::vector<ReadinessCombination>& combinations);
 
+/// GET /api/v1/matrix (docs/protocols.md §1): the filter as applied, the choices, the columns
+/// and the rows with their squares keyed by column.
+nlohmann::json MatrixJson(const Matrix& matrix, const MatrixChoices& choices,
+                          const MatrixFilter& filter, const std::string& status);
+
 /// `body` as JSON with `status`; invalid UTF-8 in a stored string becomes U+FFFD rather than
 /// an exception (which would turn any answer into a 500). Cache-Control: no-store.
 HttpResponse JsonResponse(int status, const nlohmann::json& body);

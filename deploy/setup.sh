@@ -18,13 +18,19 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config git python3-venv
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev libgit2-dev libspdlog-dev
   libfmt-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libssl-dev googletest libgtest-dev
-  libgmock-dev curl libgloo-dev clang libclang-rt-14-dev openssl python3.11-dev systemd)
+  libgmock-dev curl libgloo-dev clang libclang-rt-14-dev openssl python3.11-dev systemd
+  chromium chromium-driver python3-selenium debootstrap buildah podman runc patchelf)
 # libgloo-dev: declarations only, for c10d's ProcessGroupGloo.hpp (the torch wheel ships c10d's
 # headers, not gloo's); the code comes from the wheel's libtorch_cpu (worker_lib distributed.h).
 # python3.11-dev: libpython3.11 to embed, for the worker's Python lane (worker_lib/python_lane).
 # clang + libclang-rt-14-dev (libclang_rt.fuzzer; apt only recommends it): the libFuzzer
 # targets of tests/fuzz. systemd: systemd-analyze and systemd-sysusers check deploy/systemd
-# (tests/deploy); nothing here runs systemd as a service manager.
+# (tests/deploy); nothing here runs systemd as a service manager. chromium, chromium-driver,
+# python3-selenium: the dashboard's browser test (tests/web), with the system python3.
+# debootstrap + buildah: deploy/images/build.sh makes the container images from Debian packages
+# (no registry needed); podman runs the controller image in tests/deploy/test_images.py, with
+# runc (podman's default crun refuses hybrid-cgroup hosts, e.g. inside a Docker container);
+# patchelf relocates the agent image's binaries (build.sh --agent).
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -84,3 +84,60 @@ function setRefresh(text) {
   const r = document.getElementById('refresh');
   if (r) r.textContent = text;
 }
+
+/** The page's query parameter `name`, or ''. */
+function param(name) {
+  return new URLSearchParams(location.search).get(name) || '';
+}
+
+/** A link to a cell page, showing the first 12 hex of its id. */
+function cellLink(id, text) {
+  const a = el('a', 'mono', text || id.slice(0, 12));
+  a.href = `cell.html?id=${encodeURIComponent(id)}`;
+  a.title = id;
+  return a;
+}
+
+/** A figure's value as text: numbers with up to 4 significant digits (integers whole). */
+function fmt(v) {
+  if (typeof v !== 'number') return String(v);
+  if (Number.isInteger(v)) return String(v);
+  if (v === 0) return '0';
+  const a = Math.abs(v);
+  return a >= 1e-3 && a < 1e6 ? String(Number(v.toPrecision(4))) : v.toExponential(2);
+}
+
+/** "1.2 s" / "340 ms" for a duration in ms; '' for null. */
+function fmtMs(ms) {
+  if (ms === null || ms === undefined) return '';
+  return ms >= 1000 ? `${(ms / 1000).toFixed(ms >= 10000 ? 0 : 1)} s` : `${ms} ms`;
+}
+
+/** The topology as "tp=2 dp=1 pp=1 ep=1". */
+function topologyText(t) {
+  return t ? `tp=${t.tp} dp=${t.dp} pp=${t.pp} ep=${t.ep}` : '';
+}
+
+/**
+ * Runs `load` now and again after the delay in ms it returns (POLL_MS after an error; null:
+ * stop), showing its error or the time of the update; the page is marked loaded
+ * (body[data-loaded], for tests) after the first run. Returns a function that runs it at once.
+ */
+function poll(load) {
+  let timer = null;
+  const run = async () => {
+    clearTimeout(timer);
+    let delay = POLL_MS;
+    try {
+      delay = await load();
+      showError(null);
+      setRefresh(`updated ${when(new Date().toISOString())}`);
+    } catch (err) {
+      showError(err);
+    }
+    document.body.dataset.loaded = 'true';
+    if (delay) timer = setTimeout(run, delay);
+  };
+  run();
+  return run;
+}

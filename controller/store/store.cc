@@ -1031,13 +1031,81 @@ Result<bool> Store::AppendLog(int64_t attempt_id, const std::string& stream, int
   return sqlite3_changes(db_) > 0;
 }
 
-Result<std::string> Store::ReadLog(int64_t attempt_id, const std::string& stream) {
+Result<std::string> Store::ReadLog(int64_t attempt_id, const std::string& stream, int64_t from) {
   std::lock_guard lock(mu_);
-  Stmt s(*statements_, "SELECT data FROM logs WHERE attempt_id = ? AND stream = ? ORDER BY offset");
-  s.Bind(1, attempt_id).Bind(2, stream);
+  Stmt s(*statements_,
+         "SELECT offset, data FROM logs WHERE attempt_id = ? AND stream = ? "
+         "AND offset + length(data) > ? ORDER BY offset");
+  s.Bind(1, attempt_id).Bind(2, stream).Bind(3, from);
   std::string out;
-  while (s.Step()) out += s.Blob(0);
+  while (s.Step()) {
+    const int64_t offset = s.Int(0);
+    const std::string data = s.Blob(1);
+    // Offsets are contiguous per stream (docs/protocols.md §3.1): only the first chunk can
+    // start before `from`.
+    out += offset < from ? data.substr(static_cast<size_t>(from - offset)) : data;
+  }
   GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
+  std::lock_guard lock(mu_);
+  // One group per square; with a single max() SQLite takes the bare columns from the row that
+  // holds the max, i.e. the newest cell (https://sqlite.org/lang_select.html, "bare columns").
+  // The cells_matrix index covers every column read here.
+  Stmt s(*statements_,
+         "SELECT model_family, checkpoint_path, checkpoint_digest, device, precision, tp, dp, pp, "
+         "ep, mode, id, repository, branch, commit_sha, max(created_at), count(*), "
+         "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1) "
+         "FROM cells c WHERE kind = '' AND (?1 = '' OR repository = ?1) AND (?2 = '' OR branch = ?2) "
+         "AND (?3 = '' OR commit_sha = ?3) AND (?4 = '' OR model_family = ?4) "
+         "GROUP BY model_family, checkpoint_digest, device, precision, tp, dp, pp, ep, mode "
+         "ORDER BY model_family, checkpoint_path, checkpoint_digest, device, precision, tp, dp, pp, "
+         "ep, mode");
+  s.Bind(1, f.repository).Bind(2, f.branch).Bind(3, f.commit).Bind(4, f.model_family);
+  std::vector<MatrixSquare> out;
+  while (s.Step()) {
+    MatrixSquare q;
+    q.model_family = s.Text(0);
+    q.checkpoint_path = s.Text(1);
+    q.checkpoint_digest = s.Text(2);
+    q.device = s.Text(3);
+    q.precision = s.Text(4);
+    q.tp = static_cast<int>(s.Int(5));
+    q.dp = static_cast<int>(s.Int(6));
+    q.pp = static_cast<int>(s.Int(7));
+    q.ep = static_cast<int>(s.Int(8));
+    q.mode = s.Text(9);
+    q.cell_id = s.Text(10);
+    q.repository = s.Text(11);
+    q.branch = s.Text(12);
+    q.commit_sha = s.Text(13);
+    q.created_at = s.Text(14);
+    q.cells = s.Int(15);
+    GH_ASSIGN_OR_RETURN(q.status, StateColumn(s, 16));
+    out.push_back(std::move(q));
+  }
+  GH_RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+Result<MatrixChoices> Store::ListMatrixChoices() {
+  std::lock_guard lock(mu_);
+  MatrixChoices out;
+  Stmt r(*statements_,
+         "SELECT DISTINCT repository, branch FROM cells WHERE kind = '' ORDER BY repository, branch");
+  while (r.Step()) {
+    std::string repository = r.Text(0);
+    if (out.repositories.empty() || out.repositories.back().first != repository) {
+      out.repositories.push_back({repository, {}});
+    }
+    out.repositories.back().second.push_back(r.Text(1));
+  }
+  GH_RETURN_IF_ERROR(r.status());
+  Stmt m(*statements_, "SELECT DISTINCT model_family FROM cells WHERE kind = '' ORDER BY model_family");
+  while (m.Step()) out.model_families.push_back(m.Text(0));
+  GH_RETURN_IF_ERROR(m.status());
   return out;
 }
 

@@ -122,6 +122,14 @@ class Store {
   /// Cells newest first with their latest attempt's state.
   Result<std::vector<CellSummary>> ListCells(int limit, int offset);
 
+  /// The newest validation cell of every square (migrations/0011_matrix.sql) among the cells
+  /// `filter` matches, with its latest attempt's state and the square's count, sorted by
+  /// family, checkpoint, device, precision, topology and mode.
+  Result<std::vector<MatrixSquare>> Matrix(const MatrixFilter& filter);
+
+  /// The repositories, branches and model families of the stored validation cells.
+  Result<MatrixChoices> ListMatrixChoices();
+
   /// Attempts of a cell, by number ascending.
   Result<std::vector<AttemptRecord>> ListAttempts(const std::string& cell_id);
 
@@ -198,8 +206,9 @@ class Store {
   Result<bool> AppendLog(int64_t attempt_id, const std::string& stream, int64_t offset,
                          const std::string& data);
 
-  /// The chunks of one stream concatenated in offset order.
-  Result<std::string> ReadLog(int64_t attempt_id, const std::string& stream);
+  /// The chunks of one stream concatenated in offset order, from byte `from` on (a live log is
+  /// followed by asking from the length already read).
+  Result<std::string> ReadLog(int64_t attempt_id, const std::string& stream, int64_t from = 0);
   /// The names of the streams an attempt has chunks of, sorted.
   Result<std::vector<std::string>> ListLogStreams(int64_t attempt_id);
 

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/artifacts.h"
 #include "common/sha256.h"
 #include "controller/controller_core.h"
 #include "tests/controller/test_util.h"
@@ -626,7 +627,8 @@ TEST_F(ReferenceCellTest, ArtifactsAreCheckedBeforeTheyAreStored) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "bytes");
   EXPECT_EQ(core_->ArtifactPath("sha256:zz").status().code(), StatusCode::kInvalidArgument);
 
-  // A validation cell stores no artifacts; an ended attempt stores nothing more.
+  // A validation cell stores its plot data only (common/artifacts.h), within the size cap; an
+  // ended attempt stores nothing more.
   auto plain = Connect("plain");
   const std::string validation = Submit();
   const int64_t v_attempt = plain->AssignedIds().at(0);
@@ -634,6 +636,16 @@ TEST_F(ReferenceCellTest, ArtifactsAreCheckedBeforeTheyAreStored) {
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->BeginArtifact("plain", v_attempt, "inference/other.json", wrong, 1)
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->BeginArtifact("plain", v_attempt, "inference/kl_by_position.json", wrong,
+                                 kValidationArtifactMaxBytes + 1)
+                .status()
+                .code(),
+            StatusCode::kResourceExhausted);
+  ASSERT_TRUE(Upload("plain", v_attempt, "inference/kl_by_position.json", "{\"prompts\": []}").ok());
   Finish("ref", attempt, "PASS");
   EXPECT_EQ(core_->BeginArtifact("ref", attempt, "reference/reference.safetensors",
                                  "sha256:" + Sha256Hex("t"), 1)

@@ -104,5 +104,57 @@ TEST(ReadinessTest, AnUnreadableSpecIsSkipped) {
   EXPECT_TRUE(ComputeReadiness({broken}).empty());
 }
 
+MatrixSquare Square(const std::string& family, const std::string& precision, int tp,
+                    AttemptState status, const std::string& cell) {
+  MatrixSquare q;
+  q.model_family = family;
+  q.checkpoint_path = "/ckpt/" + family;
+  q.checkpoint_digest = "sha256:" + family;
+  q.device = "cpu";
+  q.precision = precision;
+  q.tp = tp;
+  q.dp = q.pp = q.ep = 1;
+  q.mode = "eager";
+  q.cell_id = cell;
+  q.status = status;
+  q.cells = 1;
+  return q;
+}
+
+TEST(MatrixTest, SquaresAreArrangedIntoRowsAndColumnsWithARowReadiness) {
+  // Verifies ArrangeMatrix: rows per family and checkpoint, sorted columns with their keys, a
+  // row's readiness (failed over blocked over all validated over unverified), the status filter
+  // by attempt state or readiness word dropping empty rows and columns.
+  const std::vector<MatrixSquare> squares = {
+      Square("llama", "bf16", 1, AttemptState::kPassed, "a"),
+      Square("llama", "fp32", 1, AttemptState::kFailed, "b"),
+      Square("llama", "fp32", 2, AttemptState::kPassed, "c"),
+      Square("qwen3", "fp32", 1, AttemptState::kPassed, "d"),
+      Square("qwen3", "fp32", 2, AttemptState::kRunning, "e"),
+      Square("zeta", "fp32", 1, AttemptState::kPassed, "f"),
+      Square("zeta", "fp32", 2, AttemptState::kBlocked, "g"),
+  };
+  const Matrix all = ArrangeMatrix(squares, "");
+  ASSERT_EQ(all.columns.size(), 3u);
+  EXPECT_EQ(all.columns[0].key, "cpu bf16 tp=1 dp=1 pp=1 ep=1 eager");
+  EXPECT_EQ(all.columns[2].key, "cpu fp32 tp=2 dp=1 pp=1 ep=1 eager");
+  ASSERT_EQ(all.rows.size(), 3u);
+  EXPECT_EQ(all.rows[0].readiness, "failed");
+  EXPECT_EQ(all.rows[0].counts.at("validated"), 2);
+  EXPECT_EQ(all.rows[0].squares.at("cpu fp32 tp=1 dp=1 pp=1 ep=1 eager").cell_id, "b");
+  EXPECT_EQ(all.rows[1].readiness, "unverified");
+  EXPECT_EQ(all.rows[2].readiness, "blocked");
+  EXPECT_EQ(ArrangeMatrix({squares[0], squares[2]}, "").rows[0].readiness, "validated");
+
+  const Matrix running = ArrangeMatrix(squares, "running");
+  ASSERT_EQ(running.rows.size(), 1u);
+  EXPECT_EQ(running.rows[0].model_family, "qwen3");
+  ASSERT_EQ(running.columns.size(), 1u);
+  EXPECT_EQ(running.columns[0].topology.tp, 2);
+  EXPECT_EQ(ArrangeMatrix(squares, "validated").rows.size(), 3u);
+  EXPECT_EQ(ArrangeMatrix(squares, "validated").columns.size(), 3u);
+  EXPECT_TRUE(ArrangeMatrix(squares, "lost").rows.empty());
+}
+
 }  // namespace
 }  // namespace gatehouse::controller

@@ -305,6 +305,33 @@ TEST_F(RestTest, CancelEndpoint) {
   EXPECT_EQ(combinations[1]["commits"][0]["cell"], s.id);
   EXPECT_EQ(combinations[1]["commits"][0]["readiness"], "unverified");
   EXPECT_EQ(Http(port_, "POST", "/api/v1/readiness").status, 405);
+
+  // The matrix: both cells' squares in one row (one family and checkpoint), filtered by status
+  // and refusing a malformed filter with the parameter and value named.
+  const Reply matrix = Http(port_, "GET", "/api/v1/matrix");
+  ASSERT_EQ(matrix.status, 200) << matrix.body;
+  const json m = json::parse(matrix.body);
+  ASSERT_EQ(m["rows"].size(), 1u) << matrix.body;
+  ASSERT_EQ(m["columns"].size(), 2u) << matrix.body;
+  const std::string fp32_key = m["columns"][1]["key"];
+  EXPECT_EQ(m["columns"][1]["precision"], "fp32");
+  EXPECT_EQ(m["rows"][0]["squares"][fp32_key]["cell"], s.id);
+  EXPECT_EQ(m["rows"][0]["squares"][fp32_key]["status"], "queued");
+  EXPECT_EQ(m["rows"][0]["readiness"], "unverified");
+  EXPECT_EQ(m["choices"]["model_families"], json::array({"llama"}));
+  const json by_status = json::parse(Http(port_, "GET", "/api/v1/matrix?status=queued").body);
+  // The other cell's attempt is leased to the fake agent; s's retry waits for a slot.
+  ASSERT_EQ(by_status["rows"][0]["squares"].size(), 1u) << by_status.dump();
+  EXPECT_EQ(by_status["rows"][0]["squares"][fp32_key]["cell"], s.id);
+  EXPECT_EQ(by_status["columns"].size(), 1u);
+  EXPECT_EQ(by_status["filter"]["status"], "queued");
+  EXPECT_TRUE(json::parse(Http(port_, "GET", "/api/v1/matrix?status=passed").body)["rows"].empty());
+  EXPECT_TRUE(json::parse(Http(port_, "GET", "/api/v1/matrix?model_family=qwen3").body)["rows"].empty());
+  const Reply bad_status = Http(port_, "GET", "/api/v1/matrix?status=great");
+  EXPECT_EQ(bad_status.status, 400);
+  EXPECT_NE(bad_status.body.find("'status'"), std::string::npos) << bad_status.body;
+  EXPECT_NE(bad_status.body.find("great"), std::string::npos) << bad_status.body;
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/matrix?commit=abc").status, 400);
 }
 
 TEST_F(RestTest, UnknownCellIs404WithItsId) {
@@ -443,6 +470,16 @@ TEST_F(RestTest, AnAttemptsEvidenceShowsInCellReportAndLog) {
   Reply log = Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker");
   ASSERT_EQ(log.status, 200);
   EXPECT_EQ(log.body, "line1\nline 2\n");
+  EXPECT_NE(log.head.find("X-Log-Next-Offset: 13"), std::string::npos) << log.head;
+  // Following from an offset: only the bytes after it, and where to ask next.
+  Reply tail = Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker&offset=6");
+  ASSERT_EQ(tail.status, 200);
+  EXPECT_EQ(tail.body, "line 2\n");
+  EXPECT_NE(tail.head.find("X-Log-Next-Offset: 13"), std::string::npos) << tail.head;
+  Reply past = Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=worker&offset=13");
+  EXPECT_EQ(past.status, 200);
+  EXPECT_EQ(past.body, "");
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/cells/" + id + "/log?offset=-1").status, 400);
   // The attempt ended without a build stream: a 404 naming the streams it has, not an empty
   // log that reads like a silent build.
   Reply missing = Http(port_, "GET", "/api/v1/cells/" + id + "/log?stream=build");
@@ -649,6 +686,7 @@ TEST_F(RestAuthTest, EveryApiRouteNeedsATokenWithItsScope) {
       {"GET", "/api/v1/cells/" + id + "/log?stream=worker", "", Scope::kRead},
       {"POST", "/api/v1/cells/" + id + "/cancel", "{\"reason\": \"test\"}", Scope::kSubmit},
       {"GET", "/api/v1/agents", "", Scope::kRead},
+      {"GET", "/api/v1/matrix", "", Scope::kRead},
       {"GET", "/api/v1/tokens", "", Scope::kAdmin},
       {"POST", "/api/v1/tokens", "{\"name\": \"made\", \"scopes\": [\"read\"]}", Scope::kAdmin},
       {"DELETE", "/api/v1/tokens/" + std::to_string(victim->record.id), "", Scope::kAdmin},

@@ -3,6 +3,7 @@
 #include "controller/store/store.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sqlite3.h>
 
 #include <atomic>
@@ -244,6 +245,85 @@ TEST_F(StoreTest, LogChunksKeepOffsetOrderAndIgnoreResends) {
   EXPECT_EQ(*store_->ReadLog(id, "none"), "");
   EXPECT_EQ(*store_->ListLogStreams(id), (std::vector<std::string>{"build", "worker"}));
   EXPECT_TRUE(store_->ListLogStreams(id + 1000)->empty());
+}
+
+TEST_F(StoreTest, ALogIsReadFromAnyByteOffset) {
+  // Verifies a live log can be followed: from an offset inside a chunk, at a boundary, past the
+  // end.
+  const int64_t id = LeasedAttempt("c1");
+  ASSERT_TRUE(store_->AppendLog(id, "worker", 0, "hello ").ok());
+  ASSERT_TRUE(store_->AppendLog(id, "worker", 6, "world\n").ok());
+  EXPECT_EQ(*store_->ReadLog(id, "worker", 3), "lo world\n");
+  EXPECT_EQ(*store_->ReadLog(id, "worker", 6), "world\n");
+  EXPECT_EQ(*store_->ReadLog(id, "worker", 12), "");
+  EXPECT_EQ(*store_->ReadLog(id, "worker", 100), "");
+}
+
+/// A validation cell record whose spec has the matrix's members (migrations/0011_matrix.sql).
+CellRecord MatrixCell(const std::string& id, const std::string& family, const std::string& precision,
+                      int tp, const std::string& branch, const std::string& commit,
+                      const std::string& kind = "") {
+  CellRecord c = MakeCell(id);
+  nlohmann::json spec = {{"model_family", family},
+                         {"checkpoint", {{"path", "/ckpt/" + family}, {"digest", "sha256:" + family}}},
+                         {"runtime", {{"torch", "2.11.0"}, {"device", "cpu"}}},
+                         {"topology", {{"tp", tp}, {"dp", 1}, {"pp", 1}, {"ep", 1}}},
+                         {"precision", precision},
+                         {"mode", "eager"},
+                         {"id", id}};
+  if (!kind.empty()) spec["kind"] = kind;
+  c.spec_json = spec.dump();
+  c.model_family = family;
+  c.branch = branch;
+  c.commit_sha = commit;
+  return c;
+}
+
+TEST_F(StoreTest, TheMatrixHoldsTheNewestCellOfEachSquare) {
+  // Verifies Store::Matrix: one square per family x checkpoint x device x precision x topology x
+  // mode, the newest cell of the filter's cells with its latest attempt's state and the count;
+  // reference cells are left out; the choices list repositories, branches and families.
+  const std::string c1(40, '1'), c2(40, '2');
+  for (const CellRecord& c :
+       {MatrixCell("a", "llama", "fp32", 1, "main", c1), MatrixCell("b", "llama", "bf16", 1, "main", c1),
+        MatrixCell("c", "llama", "fp32", 1, "dev", c2), MatrixCell("d", "llama", "fp32", 2, "main", c1),
+        MatrixCell("e", "qwen3", "fp32", 1, "main", c1),
+        MatrixCell("r", "", "", 0, "", "", "reference")}) {
+    ASSERT_TRUE(*store_->CreateCellIfAbsent(c));
+  }
+  ASSERT_TRUE(store_->LeaseAttempts({{(*store_->ListAttempts("c")).at(0).id, "agent-1"}}).ok());
+  ASSERT_TRUE(store_->FinishAttempt((*store_->ListAttempts("c")).at(0).id, AttemptState::kFailed, "").ok());
+
+  auto all = store_->Matrix({});
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  std::vector<std::string> ids;
+  for (const MatrixSquare& q : *all) ids.push_back(q.cell_id);
+  // Sorted by family, checkpoint, device, precision (bf16 < fp32), topology.
+  EXPECT_EQ(ids, (std::vector<std::string>{"b", "c", "d", "e"}));
+  const MatrixSquare& fp32 = all->at(1);
+  EXPECT_EQ(fp32.cells, 2);
+  EXPECT_EQ(fp32.status, AttemptState::kFailed);
+  EXPECT_EQ(fp32.branch, "dev");
+  EXPECT_EQ(fp32.checkpoint_digest, "sha256:llama");
+  EXPECT_EQ(fp32.device, "cpu");
+  EXPECT_EQ(all->at(2).tp, 2);
+
+  auto main_only = store_->Matrix({.branch = "main"});
+  ASSERT_TRUE(main_only.ok());
+  ASSERT_EQ(main_only->size(), 4u);
+  EXPECT_EQ(main_only->at(1).cell_id, "a");
+  EXPECT_EQ(main_only->at(1).status, AttemptState::kQueued);
+  EXPECT_EQ(main_only->at(1).cells, 1);
+  EXPECT_EQ(store_->Matrix({.commit = c2})->size(), 1u);
+  EXPECT_EQ(store_->Matrix({.model_family = "qwen3"})->size(), 1u);
+  EXPECT_TRUE(store_->Matrix({.repository = "/elsewhere"})->empty());
+
+  auto choices = store_->ListMatrixChoices();
+  ASSERT_TRUE(choices.ok());
+  ASSERT_EQ(choices->repositories.size(), 1u);
+  EXPECT_EQ(choices->repositories[0].first, "/repos/adapt");
+  EXPECT_EQ(choices->repositories[0].second, (std::vector<std::string>{"dev", "main"}));
+  EXPECT_EQ(choices->model_families, (std::vector<std::string>{"llama", "qwen3"}));
 }
 
 TEST_F(StoreTest, LogChunksAfterTheAttemptEndedAreFlaggedStale) {

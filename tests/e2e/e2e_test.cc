@@ -7,6 +7,8 @@
 // branch's plugin from the checked-out commit, so the two branches must give different verdicts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <sys/wait.h>
 
 #include <chrono>
@@ -313,6 +315,24 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
     ASSERT_NE(p, nullptr) << later;
     EXPECT_EQ(p->at("status"), "SKIPPED") << later;
     EXPECT_NE(p->at("reason").get<std::string>().find("inference"), std::string::npos) << later;
+  }
+  // Its plot data went worker -> agent -> controller as an artifact: KL along the position is
+  // 0 at position 0 (a token there attends only to itself, and RoPE rotates by angle 0) and
+  // rises after it, the shape the cell page draws for a RoPE bug.
+  std::string plot_digest;
+  for (const json& a : bug_cell.at("artifacts")) {
+    if (a.at("name") == "inference/kl_by_position.json") plot_digest = a.at("digest");
+  }
+  ASSERT_FALSE(plot_digest.empty()) << bug_cell.at("artifacts").dump();
+  HttpResponse plot = HttpRequest(http_port_, "GET", "/api/v1/artifacts/" + plot_digest, "", token_);
+  ASSERT_EQ(plot.status, 200) << plot.body;
+  const json kl_plot = json::parse(plot.body);
+  ASSERT_FALSE(kl_plot.at("prompts").empty());
+  for (const json& p : kl_plot.at("prompts")) {
+    const std::vector<double> by_position = p.at("kl");
+    ASSERT_GE(by_position.size(), 2u);
+    EXPECT_LT(by_position[0], 1e-9) << p.dump();
+    EXPECT_GT(*std::max_element(by_position.begin() + 1, by_position.end()), 1e-6) << p.dump();
   }
 
   // 5b. CI's path, the gatehouse CLI: the exit code is the verdict (0 PASS, 1 FAIL, 2 refused,

@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include "common/artifacts.h"
 #include "common/sha256.h"
 #include "gatehouse/worker/adamw.h"
 #include "gatehouse/worker/bars.h"
@@ -93,6 +94,22 @@ TEST(LogitComparisonTest, IdenticalLogitsAcrossPrompts) {
   EXPECT_NEAR(cmp.kl_mean(), 0.0, 1e-12);
   EXPECT_EQ(cmp.top1_agreement_percent(), 100.0);
   EXPECT_EQ(cmp.max_abs_diff(), 0.0);
+}
+
+// Verifies the per-position KL the plots draw is LogitComparison's per token: its mean and max
+// are the comparison's, its length the positions', across row chunks (70 positions > 32).
+TEST(LogitComparisonTest, KlByPositionIsThePerTokenKl) {
+  torch::manual_seed(3);
+  const torch::Tensor ref = torch::randn({70, 11}), ours = ref + 0.1 * torch::randn({70, 11});
+  LogitComparison cmp;
+  cmp.Add(ref, ours);
+  const torch::Tensor kl = internal::KlByPosition(ref, ours);
+  ASSERT_EQ(kl.sizes(), torch::IntArrayRef({70}));
+  EXPECT_EQ(kl.scalar_type(), torch::kDouble);
+  EXPECT_NEAR(kl.mean().item<double>(), cmp.kl_mean(), 1e-15);
+  EXPECT_DOUBLE_EQ(kl.max().item<double>(), cmp.kl_max());
+  EXPECT_EQ(internal::KlByPosition(ref, ref).abs().max().item<double>(), 0.0);
+  EXPECT_THROW(internal::KlByPosition(ref, ours.slice(0, 0, 5)), c10::Error);
 }
 
 // --- reference bundle --------------------------------------------------------------------------
@@ -801,6 +818,16 @@ TEST(InferenceGateTest, ReferenceFromAnotherModelBlocks) {
     GateOutcome out = InferenceGate(ctx);
     if (made_from == own) {
       EXPECT_STATUS(out, GateStatus::kPass);
+      // The plot data: one KL series per prompt, a value per position, written as an artifact.
+      ASSERT_EQ(out.artifacts.size(), 1u);
+      EXPECT_EQ(out.artifacts[0].path, std::string(kInferenceKlArtifact));
+      const nlohmann::json plot =
+          nlohmann::json::parse(std::ifstream(fx.attempt_dir / kInferenceKlArtifact));
+      ASSERT_EQ(plot["prompts"].size(), ctx.reference->prompts.size());
+      int64_t positions = 0;
+      for (const auto& p : plot["prompts"]) positions += static_cast<int64_t>(p["kl"].size());
+      EXPECT_EQ(positions, std::get<int64_t>(out.Find("tokens_compared")->value));
+      EXPECT_EQ(plot["unit"], "nats");
     } else {
       EXPECT_STATUS(out, GateStatus::kBlocked);
       EXPECT_THAT(out.reason, HasSubstr("was made from a qwen2 checkpoint"));

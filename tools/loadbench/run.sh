@@ -4,7 +4,7 @@
 #   1. N simulated agents (gRPC, one connection each) and M cells submitted over REST by commit
 #      SHA: submits/s, cells submitted and scheduled per second, submit-to-lease p50/p99;
 #   2. a database seeded with 100,000 finished cells: REST GET p50/p99 under closed-loop load
-#      (a cell, the first page of the list), and the dashboard's cells page.
+#      (a cell, the first page of the list), and the dashboard's matrix page.
 #   tools/loadbench/run.sh [--agents 1000] [--cells 5000] [--seeded 100000] [--seconds 10]
 # Environment: GATEHOUSE_BUILD_DIR (default <repo>/build).
 set -euo pipefail

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
@@ -16,7 +17,9 @@
 #include "gatehouse/worker/adamw.h"
 #include "gatehouse/worker/bars.h"
 #include "gatehouse/worker/detokenizer.h"
+#include "common/sha256.h"
 #include "gatehouse/worker/gates.h"
+#include "common/artifacts.h"
 #include "gates_internal.h"
 
 namespace gatehouse::worker {
@@ -130,6 +133,23 @@ bool RequireReference(GateContext& ctx, GateOutcome& out) {
   return true;
 }
 
+Result<Artifact> WriteJsonArtifact(const std::filesystem::path& attempt_dir, const std::string& rel,
+                                   const std::string& name, const nlohmann::json& value) {
+  namespace fs = std::filesystem;
+  const fs::path file = attempt_dir / rel;
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  if (ec) return Status::Internal("cannot create " + file.parent_path().string() + ": " + ec.message());
+  {
+    std::ofstream f(file, std::ios::binary | std::ios::trunc);
+    f << value.dump();
+    if (!f.flush()) return Status::Internal("cannot write " + file.string());
+  }
+  GH_ASSIGN_OR_RETURN(std::string digest, Sha256FileHex(file));
+  const uint64_t bytes = fs::file_size(file, ec);
+  return Artifact{name, rel, bytes, digest};
+}
+
 }  // namespace internal
 
 // --- inference -----------------------------------------------------------------------------
@@ -147,6 +167,9 @@ GateOutcome InferenceGate(GateContext& ctx) {
   // cell is reported beside it.
   const bool bf16 = ctx.spec.precision == "bf16";
   LogitComparison cmp, vs_fp32;
+  // Per prompt, KL along the position: a RoPE or sliding-window bug shows as a rise past a
+  // position that the mean hides. Kept as an artifact for the dashboard's plot.
+  nlohmann::json kl_by_position = nlohmann::json::array();
   double forward_ms = 0, comparison_ms = 0;  // the gate's two costs, timed apart
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const ReferencePrompt& p = ref.prompts[i];
@@ -168,6 +191,9 @@ GateOutcome InferenceGate(GateContext& ctx) {
     const torch::Tensor ours = logits[0].to(torch::kFloat);
     cmp.Add(p.For(ctx.spec.precision).logits, ours);
     if (bf16) vs_fp32.Add(p.fp32.logits, ours);
+    const torch::Tensor kl = internal::KlByPosition(p.For(ctx.spec.precision).logits, ours);
+    kl_by_position.push_back(
+        {{"prompt", i}, {"kl", std::vector<double>(kl.data_ptr<double>(), kl.data_ptr<double>() + kl.numel())}});
     comparison_ms += NowMsSteady() - comparison_start;
   }
   out.Real("forward_ms", forward_ms, "ms");
@@ -185,6 +211,14 @@ GateOutcome InferenceGate(GateContext& ctx) {
   }
   out.Count("tokens_compared", cmp.tokens());
   out.Count("prompts", static_cast<int64_t>(ref.prompts.size()));
+  if (!ctx.spec.attempt.dir.empty()) {
+    // Plot data, not evidence the verdict rests on: a failed write is named, never a FAIL.
+    Result<Artifact> a = internal::WriteJsonArtifact(
+        ctx.spec.attempt.dir, std::string(kInferenceKlArtifact), "kl_by_position",
+        {{"unit", "nats"}, {"reference", bf16 ? "bf16" : "fp32"}, {"prompts", kl_by_position}});
+    if (a.ok()) out.artifacts.push_back(*a);
+    else out.Text("kl_by_position", "not written: " + a.status().ToString());
+  }
   BarFigures(out, "", bars);
   out.Text("bars", bars.basis);
   const std::vector<std::string> missed = Misses(cmp, bars, "");

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -172,6 +173,17 @@ inline HfTensors HfNamesOf(const GateContext& ctx, const std::vector<ParamGroup>
   }
   return ToHfTensors(groups, *ctx.adapter);
 }
+
+/// KL(upstream || ours) of each position, in nats: ref, ours [T, V] logits (any floating
+/// dtype, any device) -> [T] float64 on the CPU. The formula LogitComparison accumulates
+/// (docs/gate-facts.md "Comparing logits"), computed a chunk of positions at a time.
+torch::Tensor KlByPosition(const torch::Tensor& ref, const torch::Tensor& ours);
+
+/// Writes `value` as JSON to `attempt_dir`/`rel` (creating its directory) and returns it as an
+/// artifact named `name` (path relative to the attempt directory, size, SHA-256); an error
+/// names the file.
+Result<Artifact> WriteJsonArtifact(const std::filesystem::path& attempt_dir, const std::string& rel,
+                                   const std::string& name, const nlohmann::json& value);
 
 /// Reads the reference bundle on first use; on failure sets `out` BLOCKED naming the bundle and
 /// the tensor or field at fault (the bundle is an outside input, not the adapter's).

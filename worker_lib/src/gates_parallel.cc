@@ -12,6 +12,7 @@
 #include "gatehouse/worker/gates.h"
 #include "gatehouse/worker/safetensors_torch.h"
 #include "gatehouse/worker/distributed.h"
+#include "common/artifacts.h"
 #include "gates_internal.h"
 
 namespace gatehouse::worker {
@@ -322,6 +323,7 @@ GateOutcome ParallelGate(GateContext& ctx) {
   const ReferenceBundle& ref = *ctx.reference;
   // vs_ranks: every rank's logits against rank 0's (each rank must get the full logits).
   LogitComparison vs_tp1, vs_upstream, vs_ranks;
+  nlohmann::json kl_vs_tp1 = nlohmann::json::array();  // per prompt, along the position
   // In bf16 a token whose upstream fp32 top-1 margin is within twice upstream's own bf16
   // rounding of that token's logits (reference logits_bf16 vs logits) has no decided argmax:
   // any reduction order may flip it. Top-1 is judged on the decided tokens.
@@ -355,6 +357,10 @@ GateOutcome ParallelGate(GateContext& ctx) {
       const torch::Tensor base_cpu = base[0].to(torch::kFloat).cpu();
       const torch::Tensor ours_cpu = ours[0].to(torch::kFloat).cpu();
       vs_tp1.Add(base_cpu, ours_cpu);
+      const torch::Tensor kl = internal::KlByPosition(base_cpu, ours_cpu);
+      kl_vs_tp1.push_back({{"prompt", kl_vs_tp1.size()},
+                           {"kl", std::vector<double>(kl.data_ptr<double>(),
+                                                      kl.data_ptr<double>() + kl.numel())}});
       vs_upstream.Add(p.fp32.logits, ours_cpu);
       torch::Tensor is_decided = torch::ones({t}, torch::kBool);
       if (judge_decided) {
@@ -572,6 +578,12 @@ GateOutcome ParallelGate(GateContext& ctx) {
     art_1 = *b;
     out.artifacts.push_back(*a);
     out.artifacts.push_back(*b);
+    // Plot data (TP=N against the TP=1 control along the position), never the verdict.
+    Result<Artifact> kl = internal::WriteJsonArtifact(
+        attempt_dir, std::string(kParallelKlArtifact), "kl_by_position_vs_tp1",
+        {{"unit", "nats"}, {"reference", "tp1"}, {"prompts", kl_vs_tp1}});
+    if (kl.ok()) out.artifacts.push_back(*kl);
+    else out.Text("kl_by_position", "not written: " + kl.status().ToString());
     if (a->sha256 != b->sha256) save_problems.push_back("model.safetensors SHA-256 differs from TP=1's");
   }
 
