@@ -1,5 +1,5 @@
-// Gatehouse dashboard helpers shared by index.html and cell.html. No build step, no external
-// resources. Data is always inserted as text (never as HTML).
+// Gatehouse dashboard helpers shared by every page. No build step, no external resources. Data
+// is always inserted as text (never as HTML).
 'use strict';
 
 const POLL_MS = 2000;
@@ -7,29 +7,78 @@ const IDLE_POLL_MS = 10000;
 const FINAL_STATES = new Set(['passed', 'failed', 'error', 'lost', 'cancelled', 'timed_out', 'blocked']);
 
 const TOKEN_KEY = 'gatehouse-token';
-let tokenAsked = false;
 
 /** The bearer token for this tab (sessionStorage), or ''. */
 function apiToken() {
   try { return sessionStorage.getItem(TOKEN_KEY) || ''; } catch (e) { return ''; }
 }
 
+/** {Authorization: "Bearer <token>"} when this tab has a token, else {}. */
+function authHeaders() {
+  const token = apiToken();
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+/**
+ * Makes `a` open controller path `path`: a plain link, but with a token the click fetches it
+ * with the token (a browser sends no header on a link) and opens the bytes as a blob.
+ */
+function apiLink(a, path) {
+  a.href = path;
+  a.addEventListener('click', async (ev) => {
+    if (!apiToken()) return;
+    ev.preventDefault();
+    try {
+      const res = await fetch(path, { cache: 'no-store', headers: authHeaders() });
+      if (!res.ok) throw new Error(`${res.status}: ${await res.text()}`);
+      const type = (res.headers.get('Content-Type') || '').startsWith('text/') ? 'text/plain; charset=utf-8'
+                                                                             : 'application/octet-stream';
+      const url = URL.createObjectURL(new Blob([await res.arrayBuffer()], { type }));
+      window.open(url, '_blank');
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+    } catch (err) {
+      showError(err);
+    }
+  });
+  return a;
+}
+
+/**
+ * Shows, once, a form at the top of the page asking for an API token with scope read; the
+ * token is kept for this tab only (sessionStorage) and the page reloads with it. A form rather
+ * than window.prompt, which blocks the page (and a headless browser) until answered.
+ */
+function askForToken(message) {
+  if (document.getElementById('token-form')) return;
+  const form = el('form', 'token-form');
+  form.id = 'token-form';
+  const label = el('label', null, `${message}: `);
+  const input = el('input');
+  input.type = 'password';
+  input.name = 'token';
+  input.autocomplete = 'off';
+  input.size = 40;
+  label.appendChild(input);
+  form.appendChild(label);
+  form.appendChild(Object.assign(el('button', null, 'use token'), { type: 'submit' }));
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    try { sessionStorage.setItem(TOKEN_KEY, input.value.trim()); } catch (e) { /* private mode */ }
+    location.reload();
+  });
+  document.querySelector('main').prepend(form);
+  input.focus();
+}
+
 /**
  * Fetches JSON (or text with asText) from the controller; throws Error(message) on failure.
- * On a 401 it asks once per page for a token with scope read, keeps it for this tab only
- * (sessionStorage) and retries.
+ * A 401 or 403 also asks for a token (askForToken).
  */
 async function fetchApi(path, asText) {
-  const token = apiToken();
-  const headers = token ? { Authorization: `Bearer ${token}` } : {};
-  const res = await fetch(path, { cache: 'no-store', headers });
-  if (res.status === 401 && !tokenAsked) {
-    tokenAsked = true;
-    const entered = window.prompt('This controller needs an API token with scope "read":', '');
-    if (entered) {
-      try { sessionStorage.setItem(TOKEN_KEY, entered.trim()); } catch (e) { /* private mode */ }
-      return fetchApi(path, asText);
-    }
+  const res = await fetch(path, { cache: 'no-store', headers: authHeaders() });
+  if (res.status === 401 || res.status === 403) {
+    askForToken(res.status === 401 ? 'This controller needs an API token with scope "read"'
+                                    : 'This token may not read here; another token with scope "read"');
   }
   const body = asText ? await res.text() : await res.json().catch(() => ({}));
   if (!res.ok) {

@@ -10,16 +10,19 @@ let plotsFor = '';  // the attempt and phase state the plots were drawn for
 
 function renderSummary(cell) {
   const s = cell.spec || {};
+  const reference = s.kind === 'reference';
   const entries = [
+    ['kind', reference ? 'reference cell: upstream (transformers) run on the checkpoint; its bundle is the reference of validation cells' : ''],
     ['repository', s.repository],
     ['commit', s.commit],
     ['branch', cell.labels.branch],
     ['model family', s.model_family],
     ['checkpoint', s.checkpoint ? `${s.checkpoint.path} (${s.checkpoint.digest})` : ''],
-    ['reference', s.reference ? (s.reference.cell ? `reference cell ${s.reference.cell}` : `${s.reference.path} (${s.reference.digest})`) : ''],
+    ['reference', s.reference && !s.reference.cell ? `${s.reference.path} (${s.reference.digest})` : ''],
+    ['reference cell', s.reference && s.reference.cell ? s.reference.cell : ''],
     ['runtime', s.runtime ? `torch ${s.runtime.torch}${s.runtime.cuda ? ', CUDA ' + s.runtime.cuda : ''}, ${s.runtime.device}` : ''],
     ['topology', topologyText(s.topology)],
-    ['precision / mode', `${s.precision || ''} / ${s.mode || ''}`],
+    ['precision / mode', reference ? '' : `${s.precision} / ${s.mode}`],
     ['submitted', `${when(cell.created_at)}${cell.labels.submitter ? ' by ' + cell.labels.submitter : ''}`],
   ];
   if (s.control) entries.push(['control', s.control]);
@@ -29,8 +32,9 @@ function renderSummary(cell) {
   for (const [k, v] of entries) {
     if (v === undefined || v === '') continue;
     dl.appendChild(el('dt', null, k));
-    const dd = el('dd', k === 'commit' || k === 'control' ? 'mono' : null);
-    if (k === 'control') dd.appendChild(cellLink(v, v)); else dd.textContent = v;
+    const linked = k === 'control' || k === 'reference cell';
+    const dd = el('dd', k === 'commit' || linked ? 'mono' : null);
+    if (linked) dd.appendChild(cellLink(v, v)); else dd.textContent = v;
     if (k === 'waiting') dd.id = 'waiting';
     dl.appendChild(dd);
   }
@@ -47,16 +51,17 @@ function renderPhases(cell) {
   const byName = {};
   for (const p of cell.phases) byName[p.phase] = p;
   const names = [...new Set([...(cell.spec.phases || []), ...cell.phases.map((p) => p.phase)])];
+  const missing = FINAL_STATES.has(cell.status) ? 'not reported' : 'not yet';
   const boxes = [], folds = [], why = [];
   for (const name of names) {
     const p = byName[name];
-    const status = p ? p.status : 'not-reported';
+    const status = p ? p.status : FINAL_STATES.has(cell.status) ? 'not-reported' : 'pending';
     const box = el('a', `phase phase-${status}`);
     box.href = `#phase-${name}`;
     box.dataset.phase = name;
     box.dataset.status = status;
     box.appendChild(el('div', 'phase-name', name));
-    box.appendChild(el('div', 'phase-status', p ? `${p.status} ${fmtMs(p.duration_ms)}` : 'not reported'));
+    box.appendChild(el('div', 'phase-status', p ? `${p.status} ${fmtMs(p.duration_ms)}` : missing));
     for (const k of p ? keyFigures(p) : []) box.appendChild(el('div', 'phase-figure mono', k));
     box.addEventListener('click', () => { const d = document.getElementById(`phase-${name}`); if (d) d.open = true; });
     boxes.push(box);
@@ -78,7 +83,8 @@ function renderPhases(cell) {
     sum.appendChild(el('strong', null, name));
     sum.appendChild(document.createTextNode(' '));
     sum.appendChild(badge(p.status));
-    sum.appendChild(el('span', 'muted', ` ${fmtMs(p.duration_ms)}, ${p.figures.length} figures`));
+    const took = fmtMs(p.duration_ms);
+    sum.appendChild(el('span', 'muted', ` ${took ? took + ', ' : ''}${p.figures.length} figure${p.figures.length === 1 ? '' : 's'}`));
     d.appendChild(sum);
     const t = el('table', 'figure-table');
     for (const f of p.figures) {
@@ -113,6 +119,15 @@ function renderDecode(cell) {
     return tr;
   }));
   document.getElementById('decode-section').hidden = rows.length === 0;
+  // The gate compares every prompt; the evidence keeps the ids of the first and the text of
+  // those whose bundle has text.
+  const m = p ? figureMap(p) : {};
+  const prompts = cell.phases.find((x) => x.phase === 'inference');
+  const count = prompts ? (figureMap(prompts).prompts || {}).value : undefined;
+  document.getElementById('decode-summary').textContent = m.tokens_total
+      ? `(${m.tokens_matched ? m.tokens_matched.value : 0} / ${m.tokens_total.value} tokens equal over ${count ?? 'all'} prompts; ` +
+        `${rows.length} shown: the evidence keeps the first prompt's ids and the text where the bundle has it)`
+      : '';
 }
 
 function renderAttempts(cell) {
@@ -130,10 +145,7 @@ function renderArtifacts(cell) {
   const body = document.querySelector('#artifacts tbody');
   body.replaceChildren(...(cell.artifacts || []).map((a) => {
     let name = a.name;
-    if (!a.expired_at) {
-      name = el('a', null, a.name);
-      name.href = `api/v1/artifacts/${encodeURIComponent(a.digest)}`;
-    }
+    if (!a.expired_at) name = apiLink(el('a', null, a.name), `api/v1/artifacts/${encodeURIComponent(a.digest)}`);
     const size = a.size >= 1 << 20 ? `${(a.size / (1 << 20)).toFixed(1)} MiB` : `${a.size} B`;
     return row([String(numbers[a.attempt_id] ?? a.attempt_id), name, a.expired_at ? `${size} (removed ${when(a.expired_at)})` : size,
                 el('span', 'mono', a.digest.slice(0, 19))]);
@@ -155,10 +167,9 @@ async function followLog(cell) {
   }
   log.busy = true;
   try {
-    const token = apiToken();
     const res = await fetch(`api/v1/cells/${encodeURIComponent(cellId)}/log?stream=${encodeURIComponent(log.stream)}` +
                             `&attempt=${log.attempt}&offset=${log.offset}`,
-                            { cache: 'no-store', headers: token ? { Authorization: `Bearer ${token}` } : {} });
+                            { cache: 'no-store', headers: authHeaders() });
     if (!res.ok) {
       document.getElementById('log-state').textContent = log.offset ? '' : (await res.text());
       return;
@@ -222,7 +233,7 @@ async function refreshCell() {
 
 document.getElementById('cell-id').textContent = cellId.slice(0, 16);
 document.getElementById('cell-id').title = cellId;
-document.getElementById('report-link').href = `api/v1/cells/${encodeURIComponent(cellId)}/report`;
+apiLink(document.getElementById('report-link'), `api/v1/cells/${encodeURIComponent(cellId)}/report`);
 document.getElementById('log-stream').addEventListener('change', (ev) => {
   log.stream = ev.target.value;
   log.attempt = null;
@@ -232,4 +243,9 @@ document.getElementById('compare-go').addEventListener('click', () => {
   const other = document.getElementById('compare-with').value.trim();
   if (other) location.href = `compare.html?a=${encodeURIComponent(cellId)}&b=${encodeURIComponent(other)}`;
 });
-refreshCell();
+if (cellId) {
+  refreshCell();
+} else {
+  showError('cell.html needs ?id=<cell id> (the cells are listed on cells.html and the matrix)');
+  document.querySelectorAll('main section').forEach((s) => { s.hidden = true; });
+}

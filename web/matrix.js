@@ -78,7 +78,8 @@ function renderMatrix(data) {
     row.dataset.family = r.model_family;
     const name = el('td', 'rowname');
     name.appendChild(el('div', null, r.model_family));
-    const ckpt = el('div', 'muted mono', r.checkpoint.path.split('/').pop() || r.checkpoint.path);
+    // The last two parts: checkpoints usually sit at <name>/checkpoint.
+    const ckpt = el('div', 'muted mono', r.checkpoint.path.split('/').slice(-2).join('/') || r.checkpoint.path);
     ckpt.title = `${r.checkpoint.path}\n${r.checkpoint.digest}`;
     name.appendChild(ckpt);
     row.appendChild(name);

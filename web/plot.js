@@ -71,9 +71,12 @@ function linePlot(series, opts) {
     if (opts.integerX && !Number.isInteger(v)) continue;
     svg.appendChild(svgEl('text', { x: px(v), y: H - B + 14, 'text-anchor': 'middle', class: 'tick' }, fmt(v)));
   }
+  // Log scale: a label per decade, or at round values inside the decade when the range spans
+  // less than two.
+  const wholeDecades = opts.logY && Math.floor(y1) - Math.ceil(y0) >= 1;
   for (const v of ticks(y0, y1, 4)) {
-    const label = opts.logY ? `1e${Math.round(v)}` : fmt(v);
-    if (opts.logY && Math.abs(v - Math.round(v)) > 1e-9) continue;
+    const label = !opts.logY ? fmt(v) : wholeDecades ? `1e${Math.round(v)}` : fmt(Number(Math.pow(10, v).toPrecision(2)));
+    if (wholeDecades && Math.abs(v - Math.round(v)) > 1e-9) continue;
     svg.appendChild(svgEl('line', { x1: L, y1: py(v), x2: W - R, y2: py(v), class: 'grid' }));
     svg.appendChild(svgEl('text', { x: L - 6, y: py(v) + 4, 'text-anchor': 'end', class: 'tick' }, label));
   }

@@ -307,7 +307,6 @@ def main():
         for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                   "--window-size=1400,1000", "--user-data-dir=" + os.path.join(tmp, "chrome")):
             opts.add_argument(a)
-        opts.set_capability("unhandledPromptBehavior", "ignore")  # the token prompt is checked
         driver = webdriver.Chrome(service=Service(chromedriver), options=opts)
         driver.set_page_load_timeout(60)
         shot = lambda name: driver.save_screenshot(os.path.join(args.screenshots, name))
@@ -379,6 +378,8 @@ def main():
         wait_for(driver, "the failed cell's KL plot",
                  lambda d: len(d.find_elements(By.CSS_SELECTOR, "figure[data-plot='kl_inference'] path.series")) == len(kl_broken["prompts"]))
         shot("cell-failed.png")
+        driver.get(ctl.url + "cell.html")
+        wait_for(driver, "a page without id", lambda d: "needs ?id=" in d.find_element(By.ID, "error").text)
 
         # --- the live log --------------------------------------------------------------------
         driver.get(ctl.url + f"cell.html?id={r_id}")
@@ -393,6 +394,8 @@ def main():
         stored = seed.db.execute("SELECT sum(length(data)) FROM logs WHERE attempt_id = ?", (r_att,)).fetchone()[0]
         assert offset == stored, (offset, stored)
         assert driver.find_element(By.CSS_SELECTOR, "a.phase[data-phase='load']").get_attribute("data-status") == "RUNNING"
+        assert driver.find_element(By.CSS_SELECTOR, "a.phase[data-phase='save']").get_attribute("data-status") == "pending"
+        driver.execute_script("document.getElementById('log').scrollIntoView();")
         shot("cell-live-log.png")
         print(f"live log: followed to byte {offset} by offset: ok")
 
@@ -430,12 +433,14 @@ def main():
         except urllib.error.HTTPError as e:
             assert e.code == 401, e.code
         driver.get(locked.url)
-        alert = wait_for(driver, "token prompt", lambda d: d.switch_to.alert)
-        assert "token" in alert.text, alert.text
-        alert.send_keys(token)
-        alert.accept()
-        wait_for(driver, "matrix after the token", lambda d: loaded(d) and d.find_element(By.ID, "error").get_attribute("hidden") is not None
-                 and not d.find_element(By.ID, "error").text)
+        form = wait_for(driver, "token form", lambda d: d.find_element(By.ID, "token-form"))
+        assert "token" in form.text and "401" in driver.find_element(By.ID, "error").text, form.text
+        shot("token-asked.png")
+        form.find_element(By.NAME, "token").send_keys(token)
+        form.find_element(By.TAG_NAME, "button").click()
+        wait_for(driver, "matrix after the token", lambda d: loaded(d) and not d.find_elements(By.ID, "token-form")
+                 and d.find_element(By.ID, "error").get_attribute("hidden") is not None)
+        assert driver.find_element(By.ID, "empty").is_displayed(), "the locked controller's (empty) matrix"
         shot("token-accepted.png")
         print("401: the page asked for a token and loaded with it: ok")
 
