@@ -1026,15 +1026,17 @@ TEST(DecodeGateTest, ReportsContinuationDiversity) {
   EXPECT_EQ(Count(out, "reference_distinct_tokens_min"), least);
 }
 
-// Verifies a reference with fewer greedy ids than the cell decodes is UNKNOWN.
-TEST(DecodeGateTest, ShortReferenceUnknown) {
+// Verifies a reference with fewer greedy ids than the cell decodes BLOCKS (two outside inputs
+// that do not fit; nothing is known about the adapter), saying how to make them fit.
+TEST(DecodeGateTest, ShortReferenceBlocks) {
   Fixture fx;
   fx.Write();
   GateContext ctx = fx.Context();
   ctx.spec.decode.max_new_tokens = 9;
   GateOutcome out = RunThrough(ctx, "decode");
-  EXPECT_STATUS(out, GateStatus::kUnknown);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
   EXPECT_THAT(out.reason, HasSubstr("has 6 greedy ids; the cell decodes 9"));
+  EXPECT_THAT(out.reason, HasSubstr("submit with at most 6"));
 }
 
 // --- packing --------------------------------------------------------------------------------
@@ -1519,9 +1521,14 @@ TEST(RunnerTest, FullRunPasses) {
   EXPECT_EQ(sink.events().front()["event"], "phase_start");
   EXPECT_EQ(sink.events().back()["event"], "run_end");
   EXPECT_EQ(sink.events().back()["status"], "PASS");
-  int artifacts = 0;
-  for (const auto& e : sink.events()) artifacts += e["event"] == "artifact";
-  EXPECT_EQ(artifacts, 1);
+  // The save gate's checkpoint and the inference gate's plot data (common/artifacts.h).
+  std::map<std::string, std::string> artifacts;  // name -> path
+  for (const auto& e : sink.events()) {
+    if (e["event"] == "artifact") artifacts[e["name"]] = e["path"];
+  }
+  EXPECT_EQ(artifacts, (std::map<std::string, std::string>{
+                           {"kl_by_position", std::string(kInferenceKlArtifact)},
+                           {"saved_checkpoint", "save/model.safetensors"}}));
 }
 
 // Verifies after a FAIL every later requested phase is SKIPPED naming it; run_end is FAIL.

@@ -309,8 +309,13 @@ GateOutcome DecodeGate(GateContext& ctx) {
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const int64_t have = ref.prompts[i].For(precision).greedy_ids.size(0);
     if (have < n) {
-      return out.Unknown("reference prompt " + std::to_string(i) + " has " +
-                         std::to_string(have) + " greedy ids; the cell decodes " +
+      // The bundle and the cell's decode length are both outside inputs that do not fit: the
+      // gate cannot run, and it says nothing about the adapter.
+      return out.Blocked("reference bundle " + ctx.spec.reference.path + ": prompt " +
+                         std::to_string(i) + " has " + std::to_string(have) +
+                         " greedy ids; the cell decodes " + std::to_string(n) +
+                         " (decode.max_new_tokens): submit with at most " +
+                         std::to_string(have) + " or make a bundle that decodes " +
                          std::to_string(n));
     }
   }
