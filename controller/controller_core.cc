@@ -83,7 +83,6 @@ Result<std::vector<AgentStatus>> ControllerCore::ListAgents() {
           wall_now - std::chrono::duration_cast<std::chrono::system_clock::duration>(*live.heard_ago));
     }
     st.running_cells = running[r.id];
-    st.running = static_cast<int>(st.running_cells.size());
     st.record = std::move(r);
     out.push_back(std::move(st));
   }

@@ -42,8 +42,7 @@ struct AgentStatus {
   bool silent = false;       // not heard from within the lease timeout: takes no new work
   std::string drain_reason;  // non-empty while it drains
   int slots = 0;             // while attached
-  int running = 0;           // attempts leased to it or running on it
-  std::vector<std::string> running_cells;  // the cells of those attempts
+  std::vector<std::string> running_cells;  // the cells of its attempts leased or running
   std::string last_seen_at;  // when this controller last heard from it; empty: not since start
 };
 

@@ -77,12 +77,13 @@ Matrix ArrangeMatrix(const std::vector<MatrixSquare>& squares, std::string_view 
     columns.emplace(ColumnOrder{q.device, q.precision, q.tp, q.dp, q.pp, q.ep, q.mode}, std::move(c));
   }
   for (MatrixRow& row : out.rows) {
-    const int total = static_cast<int>(row.squares.size());
+    const auto validated = row.counts.find("validated");
+    const bool all_validated = validated != row.counts.end() &&
+                               validated->second == static_cast<int>(row.squares.size());
     row.readiness = row.counts.count("failed")    ? "failed"
                     : row.counts.count("blocked") ? "blocked"
-                    : row.counts["validated"] == total ? "validated"
-                                                      : "unverified";
-    std::erase_if(row.counts, [](const auto& kv) { return kv.second == 0; });
+                    : all_validated               ? "validated"
+                                                  : "unverified";
   }
   for (auto& [order, column] : columns) out.columns.push_back(std::move(column));
   return out;

@@ -171,7 +171,7 @@ json AgentJson(const AgentStatus& a) {
           {"silent", a.silent},
           {"drain_reason", NullIfEmpty(a.drain_reason)},
           {"slots", a.slots},
-          {"running", a.running},
+          {"running", a.running_cells.size()},
           {"running_cells", a.running_cells},
           {"capabilities", capabilities},
           {"registered_at", a.record.registered_at},

@@ -114,7 +114,8 @@ function renderDecode(cell) {
   const body = document.querySelector('#decode tbody');
   body.replaceChildren(...rows.map((r) => {
     const tr = row([r.input ? `${r.prompt}: ${r.input}` : String(r.prompt), el('pre', 'decoded', r.ours),
-                    el('pre', 'decoded', r.upstream), r.same ? badge('PASS') : el('span', 'status status-FAIL', 'differs')]);
+                    el('pre', 'decoded', r.upstream),
+                    r.same === null ? el('span', 'muted', 'not compared') : r.same ? badge('PASS') : el('span', 'status status-FAIL', 'differs')]);
     tr.dataset.same = String(r.same);
     return tr;
   }));

@@ -141,21 +141,25 @@ async function evidencePlots(cell) {
   return out;
 }
 
-/** [{prompt, input, ours, upstream, same}] from the decode phase's text figures. */
+/**
+ * [{prompt, input, ours, upstream, same}] from the decode phase's text figures; same is null
+ * when the evidence keeps nothing of upstream's to compare that prompt with.
+ */
 function decodeRows(phase) {
   const m = figureMap(phase);
-  const rows = [];
-  for (let i = 0; ; ++i) {
-    const s = `_prompt_${i}`;
-    if (!m['generated_text' + s] && !m['generated_ids' + s] && !m['reference_text' + s]) {
-      if (i > 0 || !m.generated_text_prompt_1) break;
-      continue;
-    }
-    // Like with like: the texts when both were decoded, else the token ids.
-    const texts = m['generated_text' + s] && m['reference_text' + s];
-    const pick = (a, b) => ((texts ? m[a + s] : m[b + s]) || {}).value || '';
-    const ours = pick('generated_text', 'generated_ids'), up = pick('reference_text', 'reference_ids');
-    rows.push({ prompt: i, input: (m['input_text' + s] || {}).value || '', ours, upstream: up, same: ours === up });
+  const prompts = new Set();
+  for (const name of Object.keys(m)) {
+    const k = /^(?:generated|reference)_(?:text|ids)_prompt_(\d+)$/.exec(name);
+    if (k) prompts.add(Number(k[1]));
   }
-  return rows;
+  return [...prompts].sort((a, b) => a - b).map((i) => {
+    const s = `_prompt_${i}`;
+    // Like with like: the texts when both were decoded, else the token ids when both are kept.
+    const v = (name) => (m[name + s] || {}).value;
+    const texts = v('generated_text') !== undefined && v('reference_text') !== undefined;
+    const ids = v('generated_ids') !== undefined && v('reference_ids') !== undefined;
+    const ours = (texts || !ids ? v('generated_text') : v('generated_ids')) ?? v('generated_ids') ?? '';
+    const up = (texts ? v('reference_text') : v('reference_ids')) ?? v('reference_text') ?? '';
+    return { prompt: i, input: v('input_text') || '', ours, upstream: up, same: texts || ids ? ours === up : null };
+  });
 }

@@ -145,8 +145,16 @@ Result<Artifact> WriteJsonArtifact(const std::filesystem::path& attempt_dir, con
     f << value.dump();
     if (!f.flush()) return Status::Internal("cannot write " + file.string());
   }
+  return ArtifactOf(attempt_dir, rel, name);
+}
+
+Result<Artifact> ArtifactOf(const std::filesystem::path& attempt_dir, const std::string& rel,
+                            const std::string& name) {
+  const std::filesystem::path file = attempt_dir / rel;
   GH_ASSIGN_OR_RETURN(std::string digest, Sha256FileHex(file));
-  const uint64_t bytes = fs::file_size(file, ec);
+  std::error_code ec;
+  const uint64_t bytes = std::filesystem::file_size(file, ec);
+  if (ec) return Status::Internal("cannot stat " + file.string() + ": " + ec.message());
   return Artifact{name, rel, bytes, digest};
 }
 
@@ -189,11 +197,9 @@ GateOutcome InferenceGate(GateContext& ctx) {
     }
     const double comparison_start = NowMsSteady();
     const torch::Tensor ours = logits[0].to(torch::kFloat);
-    cmp.Add(p.For(ctx.spec.precision).logits, ours);
+    const torch::Tensor kl = cmp.Add(p.For(ctx.spec.precision).logits, ours);
     if (bf16) vs_fp32.Add(p.fp32.logits, ours);
-    const torch::Tensor kl = internal::KlByPosition(p.For(ctx.spec.precision).logits, ours);
-    kl_by_position.push_back(
-        {{"prompt", i}, {"kl", std::vector<double>(kl.data_ptr<double>(), kl.data_ptr<double>() + kl.numel())}});
+    kl_by_position.push_back({{"prompt", i}, {"kl", internal::DoublesOf(kl)}});
     comparison_ms += NowMsSteady() - comparison_start;
   }
   out.Real("forward_ms", forward_ms, "ms");

@@ -174,10 +174,16 @@ inline HfTensors HfNamesOf(const GateContext& ctx, const std::vector<ParamGroup>
   return ToHfTensors(groups, *ctx.adapter);
 }
 
-/// KL(upstream || ours) of each position, in nats: ref, ours [T, V] logits (any floating
-/// dtype, any device) -> [T] float64 on the CPU. The formula LogitComparison accumulates
-/// (docs/gate-facts.md "Comparing logits"), computed a chunk of positions at a time.
-torch::Tensor KlByPosition(const torch::Tensor& ref, const torch::Tensor& ours);
+/// [T] float64 (LogitComparison::Add's per-position KL) as a JSON array of numbers.
+inline std::vector<double> DoublesOf(const torch::Tensor& t) {
+  const torch::Tensor c = t.to(torch::kDouble).cpu().contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+/// The artifact record of a file the gate wrote under `attempt_dir` at `rel`: its size and
+/// SHA-256; an error names the file.
+Result<Artifact> ArtifactOf(const std::filesystem::path& attempt_dir, const std::string& rel,
+                            const std::string& name);
 
 /// Writes `value` as JSON to `attempt_dir`/`rel` (creating its directory) and returns it as an
 /// artifact named `name` (path relative to the attempt directory, size, SHA-256); an error

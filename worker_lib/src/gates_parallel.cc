@@ -44,16 +44,6 @@ TpThresholds TpThresholdsFor(std::string_view precision) {
   return {1e-6, 100.0, 1e-5, 1e-4};
 }
 
-/// Every rank says whether it is ready; returns the ranks that are not (same on every rank).
-std::vector<int64_t> NotReady(TpCommunicator& comm, bool ready) {
-  const auto flags = comm.AllGather(torch::tensor({ready ? int64_t{1} : int64_t{0}}));
-  std::vector<int64_t> bad;
-  for (size_t r = 0; r < flags.size(); ++r) {
-    if (flags[r].item<int64_t>() == 0) bad.push_back(static_cast<int64_t>(r));
-  }
-  return bad;
-}
-
 /// Every rank's `problem` ("" when none) gathered, the same on every rank: "" when no rank has
 /// one, else "rank r: <problem>; ..." in rank order. Each is cut to 600 bytes (an adapter's
 /// traceback can be long). A collective: every rank calls it, so a rank's failure is never
@@ -86,12 +76,6 @@ void RankSpread(const std::vector<torch::Tensor>& copies, double& max_diff, doub
   }
 }
 
-std::string RankList(const std::vector<int64_t>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 std::string LoadProblems(const LoadReport& rep) {
   std::vector<std::string> all;
   for (const auto* l : {&rep.missing, &rep.unexpected, &rep.unknown_params, &rep.shape_mismatches,
@@ -113,9 +97,7 @@ Result<Artifact> WriteCheckpoint(const std::filesystem::path& attempt_dir,
   const std::string rel = rel_dir + "/model.safetensors";
   const fs::path file = attempt_dir / rel;
   GH_RETURN_IF_ERROR(safetensors::WriteTensors(file, tensors, {{"format", "pt"}}));
-  GH_ASSIGN_OR_RETURN(std::string digest, Sha256FileHex(file));
-  const uint64_t bytes = fs::file_size(file, ec);
-  return Artifact{name, rel, bytes, digest};
+  return internal::ArtifactOf(attempt_dir, rel, name);
 }
 
 /// Cross entropy of next-token prediction on `ids` [T] (T >= 2), in fp32.
@@ -200,19 +182,15 @@ GateOutcome ParallelGate(GateContext& ctx) {
       plan_status = p.status();
     }
   }
-  const std::vector<int64_t> bad = NotReady(comm, not_ready.empty() && plan_status.ok());
+  const std::string plan_problem =
+      plan_status.ok() ? "" : "tensor-parallel plan (" + std::string(by_code ? "parallelize" : "Parallelize") +
+                                  ", tp=" + std::to_string(tp_size) + "): " + plan_status.message();
+  const std::string every_rank = RankProblems(comm, not_ready.empty() ? plan_problem : not_ready);
   if (!not_ready.empty()) {
     return scratch.status == GateStatus::kBlocked ? out.Blocked(not_ready) : out.Unknown(not_ready);
   }
-  if (!plan_status.ok()) {
-    return out.Fail(FailureClass::kAdapterContract,
-                    "tensor-parallel plan (" +
-                        std::string(by_code ? "parallelize" : "Parallelize") +
-                        ", tp=" + std::to_string(tp_size) + "): " + plan_status.message());
-  }
-  if (!bad.empty()) {
-    return out.Unknown("rank(s) " + RankList(bad) + " not ready for the parallel gate (see their events)");
-  }
+  if (!plan_problem.empty()) return out.Fail(FailureClass::kAdapterContract, plan_problem);
+  if (!every_rank.empty()) return out.Unknown("not ready for the parallel gate: " + every_rank);
   if (plan) {
     int64_t n_sharded = 0, n_replicated = 0;
     for (const ShardRule& r : plan->rules()) (r.style == ShardStyle::kReplicated ? n_replicated : n_sharded)++;
@@ -356,11 +334,8 @@ GateOutcome ParallelGate(GateContext& ctx) {
       const torch::Tensor base = control->Forward(tokens, Positions(0, t, ctx.device), nullptr);
       const torch::Tensor base_cpu = base[0].to(torch::kFloat).cpu();
       const torch::Tensor ours_cpu = ours[0].to(torch::kFloat).cpu();
-      vs_tp1.Add(base_cpu, ours_cpu);
-      const torch::Tensor kl = internal::KlByPosition(base_cpu, ours_cpu);
-      kl_vs_tp1.push_back({{"prompt", kl_vs_tp1.size()},
-                           {"kl", std::vector<double>(kl.data_ptr<double>(),
-                                                      kl.data_ptr<double>() + kl.numel())}});
+      const torch::Tensor kl = vs_tp1.Add(base_cpu, ours_cpu);
+      kl_vs_tp1.push_back({{"prompt", kl_vs_tp1.size()}, {"kl", internal::DoublesOf(kl)}});
       vs_upstream.Add(p.fp32.logits, ours_cpu);
       torch::Tensor is_decided = torch::ones({t}, torch::kBool);
       if (judge_decided) {

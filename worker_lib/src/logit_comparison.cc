@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "gates_internal.h"
 
@@ -20,51 +21,30 @@ namespace {
 // V = 151936, instead of eight of the whole [T, V] (3 GB for 300 positions).
 constexpr int64_t kRowsPerChunk = 32;
 
-/// [T] KL_t(p || q) in nats from float64 log-softmaxes [T, V]. 0 * log(0 / q) = 0: reference
-/// entries of probability 0 (masked logits) contribute nothing.
-torch::Tensor KlOfLogSoftmax(const torch::Tensor& log_p, const torch::Tensor& log_q) {
-  const torch::Tensor p = log_p.exp();
-  return torch::where(p > 0, p * (log_p - log_q), torch::zeros_like(p)).sum(-1);
-}
-
 }  // namespace
 
-namespace internal {
-
-torch::Tensor KlByPosition(const torch::Tensor& ref, const torch::Tensor& ours) {
-  TORCH_CHECK(ref.dim() == 2 && ref.sizes() == ours.sizes(), "KlByPosition: reference ",
-              ShapeString(ref.sizes()), " vs ours ", ShapeString(ours.sizes()),
-              "; both must be [T, V]");
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> parts;
-  for (int64_t begin = 0; begin < ref.size(0); begin += kRowsPerChunk) {
-    const int64_t end = std::min(begin + kRowsPerChunk, ref.size(0));
-    const torch::Tensor r = ref.slice(0, begin, end).detach().to(torch::kCPU, torch::kDouble);
-    const torch::Tensor o = ours.slice(0, begin, end).detach().to(torch::kCPU, torch::kDouble);
-    parts.push_back(KlOfLogSoftmax(torch::log_softmax(r, -1), torch::log_softmax(o, -1)));
-  }
-  return parts.empty() ? torch::zeros({0}, torch::kDouble) : torch::cat(parts);
-}
-
-}  // namespace internal
-
-void LogitComparison::Add(const torch::Tensor& ref, const torch::Tensor& ours) {
+torch::Tensor LogitComparison::Add(const torch::Tensor& ref, const torch::Tensor& ours) {
   TORCH_CHECK(ref.dim() == 2 && ref.sizes() == ours.sizes(), "LogitComparison: reference ",
               ShapeString(ref.sizes()), " vs ours ", ShapeString(ours.sizes()),
               "; both must be [T, V]");
+  std::vector<torch::Tensor> kl;
   for (int64_t begin = 0; begin < ref.size(0); begin += kRowsPerChunk) {
     const int64_t end = std::min(begin + kRowsPerChunk, ref.size(0));
-    AddRows(ref.slice(0, begin, end), ours.slice(0, begin, end));
+    kl.push_back(AddRows(ref.slice(0, begin, end), ours.slice(0, begin, end)));
   }
+  return kl.empty() ? torch::zeros({0}, torch::kDouble) : torch::cat(kl);
 }
 
-void LogitComparison::AddRows(const torch::Tensor& ref, const torch::Tensor& ours) {
+torch::Tensor LogitComparison::AddRows(const torch::Tensor& ref, const torch::Tensor& ours) {
   torch::NoGradGuard no_grad;
   const torch::Tensor r = ref.detach().to(torch::kCPU, torch::kDouble);
   const torch::Tensor o = ours.detach().to(torch::kCPU, torch::kDouble);
   const torch::Tensor log_p = torch::log_softmax(r, -1);
   const torch::Tensor log_q = torch::log_softmax(o, -1);
-  const torch::Tensor kl = KlOfLogSoftmax(log_p, log_q);  // [T] nats
+  const torch::Tensor p = log_p.exp();
+  // 0 * log(0 / q) = 0: reference entries of probability 0 (masked logits) contribute nothing.
+  const torch::Tensor terms = torch::where(p > 0, p * (log_p - log_q), torch::zeros_like(p));
+  const torch::Tensor kl = terms.sum(-1);  // [T] nats
   kl_sum_ += kl.sum().item<double>();
   const double kl_max = kl.max().item<double>();
   if (std::isnan(kl_max) || kl_max > kl_max_) kl_max_ = kl_max;
@@ -75,6 +55,7 @@ void LogitComparison::AddRows(const torch::Tensor& ref, const torch::Tensor& our
   if (std::isnan(max_abs) || max_abs > max_abs_) max_abs_ = max_abs;
   abs_sum_ += diff.sum().item<double>();
   elements_ += diff.numel();
+  return kl;
 }
 
 double LogitComparison::kl_mean() const {

@@ -236,8 +236,10 @@ HfTensors ToHfTensorsByCode(const std::vector<ParamGroup>& groups, const ModelFa
 /// Units: KL in nats; logit differences in logits.
 class LogitComparison {
  public:
-  /// ref, ours: [T, V] logits (any floating dtype, CPU). Throws c10::Error on shape mismatch.
-  void Add(const torch::Tensor& ref, const torch::Tensor& ours);
+  /// ref, ours: [T, V] logits (any floating dtype, CPU). Returns KL_t of each position, [T]
+  /// float64 nats (what the dashboard plots along the position). Throws c10::Error on shape
+  /// mismatch.
+  torch::Tensor Add(const torch::Tensor& ref, const torch::Tensor& ours);
 
   int64_t tokens() const { return tokens_; }
   double kl_mean() const;                // nats; NaN when no token was added
@@ -247,8 +249,8 @@ class LogitComparison {
   double mean_abs_diff() const;           // mean over all T x V elements
 
  private:
-  /// Add over a slice of positions (Add cuts [T, V] into such slices).
-  void AddRows(const torch::Tensor& ref, const torch::Tensor& ours);
+  /// Add over a slice of positions (Add cuts [T, V] into such slices); returns their KL.
+  torch::Tensor AddRows(const torch::Tensor& ref, const torch::Tensor& ours);
   double kl_sum_ = 0;
   double kl_max_ = 0;
   int64_t tokens_ = 0;
