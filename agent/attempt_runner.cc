@@ -165,6 +165,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.gpu_indices = config_.gpu_indices;
   launch.gpu_models = config_.gpu_models;
   launch.log_flush_timeout = config_.log_flush_timeout;
+  launch.slurm = config_.slurm;
   namespace fs = std::filesystem;
   const fs::path attempt_dir = launch.attempt_dir;
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
@@ -243,6 +244,7 @@ AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec, AttemptS
   launch.gpu_indices = config_.gpu_indices;
   launch.gpu_models = config_.gpu_models;
   launch.log_flush_timeout = config_.log_flush_timeout;
+  launch.slurm = config_.slurm;
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
   if (end.outcome != kOutcomeFinished || !fs::is_directory(out, ec)) return end;
   // The bundle becomes the reference cell's artifacts before the end is reported, so a cell

@@ -15,6 +15,7 @@
 #include "agent/cleanup.h"
 #include "agent/process.h"
 #include "agent/redaction.h"
+#include "agent/slurm.h"
 #include "common/cell_spec.h"
 
 namespace gatehouse::agent {
@@ -51,6 +52,9 @@ struct RunnerConfig {
   /// The Python lane's interpreter (BuildConfig::python: its pip installs Python-lane
   /// recipes). Empty: Python-lane attempts end with a build error saying so.
   std::filesystem::path python;
+  /// Set on an agent for a Slurm cluster (gatehouse-agent --slurm): every worker and reference
+  /// runner runs as a Slurm job step (WorkerLaunch::slurm). Not owned.
+  const SlurmConfig* slurm = nullptr;
 };
 
 /// Runs attempts one after another, reporting to an AttemptSink.

@@ -18,6 +18,10 @@ inline constexpr std::string_view kCleanupStream = "cleanup";  // agent/cleanup.
 /// AttemptEnd outcomes (proto/gatehouse/agent/v1/agent.proto).
 inline constexpr std::string_view kOutcomeFinished = "finished";
 inline constexpr std::string_view kOutcomeError = "error";
+/// The attempt's resources were taken away (a Slurm node failure, a job cancelled outside
+/// Gatehouse): no word on the adaptation; the controller ends it `lost` and retries it as for an
+/// expired lease.
+inline constexpr std::string_view kOutcomeLost = "lost";
 
 /// The agent's final word on an attempt (AttemptEnd).
 struct AttemptEndReport {
@@ -25,7 +29,7 @@ struct AttemptEndReport {
   /// Continues the attempt's event sequence: the number of events sent + 1, so the controller
   /// can order the end after every event it has applied.
   int64_t seq = 0;
-  std::string outcome;  // kOutcomeFinished or kOutcomeError
+  std::string outcome;  // kOutcomeFinished, kOutcomeError or kOutcomeLost
   std::string reason;   // empty when finished
   int32_t exit_code = 0;
 };

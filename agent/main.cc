@@ -24,6 +24,8 @@
 #include "agent/agent_client.h"
 #include "agent/attempt_runner.h"
 #include "agent/capabilities.h"
+#include "agent/slurm.h"
+#include "agent/slurm_launcher.h"
 #include "common/file_util.h"
 
 namespace {
@@ -112,6 +114,28 @@ int main(int argc, char** argv) {
                  "name of an environment variable whose value is a secret (repeatable): the "
                  "worker and build inherit it, and its value is replaced by [REDACTED:NAME] in "
                  "every log and event before they leave this node");
+  gatehouse::agent::SlurmConfig slurm;
+  bool use_slurm = false;
+  std::string slurm_rank;
+  app.add_flag("--slurm", use_slurm,
+               "run every attempt as a Slurm job step through srun on the cluster this machine "
+               "submits to (docs/deploy.md, \"Slurm\"); the work dir, worker and "
+               "gatehouse-slurm-rank must be at the same paths on the nodes");
+  app.add_option("--slurm-partition", slurm.partition, "srun --partition (default: the cluster's)");
+  app.add_option("--slurm-nodes", slurm.nodes, "nodes one attempt may use")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--slurm-gpus-per-node", slurm.gpus_per_node,
+                 "GPUs of each node; a cuda cell runs one rank per GPU")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--slurm-gpu-model", slurm.gpu_model,
+                 "the nodes' GPU model as nvidia-smi names it (\"NVIDIA H200\")");
+  app.add_option("--slurm-cpu-ranks-per-node", slurm.cpu_ranks_per_node,
+                 "ranks of a cpu cell per node")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--slurm-arg", slurm.extra_args,
+                 "one more srun argument (repeatable): --account=..., --qos=...");
+  app.add_option("--slurm-rank", slurm_rank,
+                 "gatehouse-slurm-rank (default: beside this executable)");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));
@@ -208,8 +232,37 @@ int main(int argc, char** argv) {
       spdlog::warn("no reference cells on this agent: {}", transformers.status().ToString());
     }
   }
+  if (use_slurm) {
+    // The nodes' GPUs are Slurm's to hand out; this machine's are not used.
+    std::error_code exe_ec;
+    const fs::path self = fs::read_symlink("/proc/self/exe", exe_ec);
+    slurm.rank_exe = slurm_rank.empty() ? self.parent_path() / "gatehouse-slurm-rank"
+                                        : fs::absolute(slurm_rank).lexically_normal();
+    if (!fs::exists(slurm.rank_exe)) {
+      spdlog::error("--slurm: {} does not exist (--slurm-rank)", slurm.rank_exe.string());
+      return 2;
+    }
+    if (slurm.gpus_per_node > 0 && slurm.gpu_model.empty()) {
+      spdlog::error("--slurm-gpus-per-node {} needs --slurm-gpu-model", slurm.gpus_per_node);
+      return 2;
+    }
+    client_config.capabilities =
+        gatehouse::agent::SlurmCapabilities(slurm, std::move(client_config.capabilities));
+    runner_config.slurm = &slurm;
+    // The jobs a killed run of this agent left behind: their attempts are lost already.
+    if (auto left = gatehouse::agent::CancelLeftoverJobs(slurm, name); !left.ok()) {
+      spdlog::warn("Slurm: cannot look for jobs an earlier run left: {}", left.status().message());
+    } else if (!left->empty()) {
+      spdlog::warn("Slurm: cancelled {} job(s) an earlier run of this agent left", left->size());
+    }
+    spdlog::info("Slurm engine: {} node(s) x {} GPU(s){}, {} cpu rank(s) per node, partition {}",
+                 slurm.nodes, slurm.gpus_per_node,
+                 slurm.gpu_model.empty() ? "" : " " + slurm.gpu_model, slurm.cpu_ranks_per_node,
+                 slurm.partition.empty() ? "(default)" : slurm.partition);
+  }
   const auto& caps = client_config.capabilities;
   for (const auto& gpu : caps.gpus) {
+    if (use_slurm) break;
     runner_config.gpu_indices.push_back(gpu.index);
     runner_config.gpu_models.push_back(gpu.model);
   }

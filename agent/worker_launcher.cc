@@ -2,6 +2,8 @@
 // through output_relay.h.
 #include "agent/worker_launcher.h"
 
+#include "agent/slurm_launcher.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -375,7 +377,7 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
   const int64_t id = launch.attempt_id;
   const int world_size = launch.spec.topology.world_size();
   int master_port = 0;
-  if (world_size > 1) {
+  if (world_size > 1 && launch.slurm == nullptr) {
     auto port = FindFreePort();
     if (!port.ok()) {
       return ErrorEnd(id, 0, "cannot find a free port for MASTER_PORT: " + port.status().message());
@@ -383,7 +385,15 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     master_port = *port;
     if (used_ports != nullptr) used_ports->push_back(master_port);
   }
-  auto visible = VisibleDevices(launch.spec, launch.gpu_indices, launch.gpu_models);
+  std::optional<SlurmShape> shape;
+  if (launch.slurm != nullptr) {
+    auto slurm_shape = ShapeOf(launch.spec, *launch.slurm);
+    if (!slurm_shape.ok()) return ErrorEnd(id, 0, slurm_shape.status().message());
+    shape = *slurm_shape;
+  }
+  auto visible = launch.slurm != nullptr
+                     ? Result<std::optional<std::string>>(std::optional<std::string>())
+                     : VisibleDevices(launch.spec, launch.gpu_indices, launch.gpu_models);
   if (!visible.ok()) return ErrorEnd(id, 0, visible.status().message());
   std::vector<ProcessSpec> specs(static_cast<size_t>(world_size));
   for (int rank = 0; rank < world_size; ++rank) {
@@ -425,6 +435,19 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     }
     spec.args.insert(spec.args.end(), launch.args_after.begin(), launch.args_after.end());
     spec.cwd = launch.attempt_dir;
+  }
+  if (launch.slurm != nullptr) {
+    // Slurm starts the ranks and gives them their numbers (gatehouse-slurm-rank); they get the
+    // spec's env, and a cpu cell no GPU (Slurm gives a cuda cell its node's GPUs).
+    SlurmRun run;
+    run.attempt_id = id;
+    run.worker = specs[0];
+    run.worker.env.assign(launch.spec.env.begin(), launch.spec.env.end());
+    run.cuda = launch.spec.runtime.device == "cuda";
+    if (!run.cuda) run.worker.env.emplace_back("CUDA_VISIBLE_DEVICES", "");
+    run.job_name = SlurmJobName(launch.agent_name, id);
+    run.shape = *shape;
+    return RunSlurmRanks(*launch.slurm, run, sink, cancel);
   }
   return WorkerGroup(launch.attempt_id, sink, cancel, std::move(specs)).Run();
 }

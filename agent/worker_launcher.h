@@ -17,6 +17,7 @@
 #include "agent/checkout.h"
 #include "agent/output_relay.h"
 #include "agent/process.h"
+#include "agent/slurm.h"
 #include "common/cell_spec.h"
 #include "common/status.h"
 
@@ -41,6 +42,9 @@ struct WorkerLaunch {
   std::vector<int> gpu_indices;       // this agent's GPUs (nvidia-smi index); empty: none
   std::vector<std::string> gpu_models;  // their models, parallel to gpu_indices ("NVIDIA H200")
   std::chrono::milliseconds log_flush_timeout{2000};  // ProcessSpec::log_flush_timeout
+  /// Set on an agent for a Slurm cluster: the ranks run as one Slurm job step
+  /// (RunSlurmRanks, slurm_launcher.h) instead of local processes.
+  const SlurmConfig* slurm = nullptr;
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.
@@ -100,7 +104,8 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvironment(const CellSpe
 ///    [(signal S)] before|after run_end[; ranks a, b stopped]", "cannot start rank R of N: ...",
 ///    or "ranks a, b of N stopped before run_end (cancelled)"; exit_code is the failed rank's.
 /// Errors before any launch (too few GPUs, attempt dir, run.json, no free port) are "error" ends
-/// too. `seq` is events + 1.
+/// too. With launch.slurm set, the ranks run through RunSlurmRanks instead, with the same
+/// streams and the end it reports (a job too large for the Slurm config is an "error" end). `seq` is events + 1.
 /// `used_ports`, when given, receives the ports the ranks were told to use (MASTER_PORT), for
 /// the cleanup check.
 AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel = {},

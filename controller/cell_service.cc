@@ -234,6 +234,9 @@ Result<std::vector<ReadinessCombination>> CellService::Readiness() {
 Result<std::pair<Matrix, MatrixChoices>> CellService::CellMatrix(const MatrixFilter& filter,
                                                                  std::string_view status) {
   GH_ASSIGN_OR_RETURN(std::vector<MatrixSquare> squares, store_.Matrix(filter));
+  for (MatrixSquare& q : squares) {
+    if (q.status == AttemptState::kQueued) q.waiting_reason = dispatcher_.WaitingReason(q.attempt_id);
+  }
   GH_ASSIGN_OR_RETURN(MatrixChoices choices, store_.ListMatrixChoices());
   return std::pair{ArrangeMatrix(squares, status), std::move(choices)};
 }

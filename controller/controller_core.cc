@@ -203,6 +203,17 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
     Schedule();
     return Status::Ok();
   }
+  if (outcome == "lost" && a.cancel_reason.empty()) {
+    // Taken away on the agent's side (a Slurm node failure): ended and retried exactly as an
+    // expired lease, in one transaction.
+    const std::string why = reason.empty() ? "the agent reported the attempt lost" : reason;
+    GH_ASSIGN_OR_RETURN(std::optional<int64_t> retry,
+                        store_.LoseAttempt(attempt_id, why, agents_.lease().retry_limit));
+    spdlog::warn("attempt {} of cell {} lost: {}{}", attempt_id, a.cell_id, why,
+                 retry ? "; retried as attempt id " + std::to_string(*retry) : "; no retry");
+    Schedule();
+    return Status::Ok();
+  }
   AttemptState to = AttemptState::kError;
   std::string why;
   if (!a.cancel_reason.empty() && (outcome != "finished" || a.run_status.empty())) {
@@ -240,7 +251,9 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
     why = reason.empty()
               ? "the agent reported an error (exit code " + std::to_string(exit_code) + ")"
               : reason;
-    if (outcome != "error") why = "unknown outcome '" + outcome + "': " + why;
+    if (outcome != "error" && outcome != "lost") {
+      why = "unknown outcome '" + outcome + "': " + why;
+    }
   }
   GH_ASSIGN_OR_RETURN(bool changed, store_.FinishAttempt(attempt_id, to, why));
   if (changed) {

@@ -132,7 +132,9 @@ class ControllerCore {
                    int64_t offset, const std::string& data);
 
   /// The agent ended an attempt. outcome "finished": passed if run_end said PASS, else failed
-  /// (error when no run_end arrived); "error" (or anything else): error with `reason`. A resend
+  /// (error when no run_end arrived); "lost" (what ran it was taken away, protocols.md §3.5):
+  /// lost with `reason` and retried within the retry limit, as an expired lease (cancelled when
+  /// a cancel was requested); "error" (or anything else): error with `reason`. A resend
   /// for an attempt already ended is ignored. Then schedules. Errors as RecordEvent.
   Status EndAttempt(const std::string& agent_id, int64_t attempt_id, const std::string& outcome,
                     const std::string& reason, int exit_code);

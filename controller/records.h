@@ -150,7 +150,10 @@ struct MatrixSquare {
   std::string commit_sha;
   std::string created_at;
   AttemptState status = AttemptState::kQueued;  // its latest attempt
+  int64_t attempt_id = 0;  // that attempt
   int64_t cells = 0;  // cells of this square the filter matches
+  /// Why that attempt is still queued (the dispatcher's latest reason); empty otherwise.
+  std::string waiting_reason;
 };
 
 /// What the matrix can be filtered by: every repository with its branches, every model family

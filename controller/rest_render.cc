@@ -127,6 +127,7 @@ json MatrixJson(const Matrix& matrix, const MatrixChoices& choices, const Matrix
                       {"commit", q.commit_sha},
                       {"created_at", q.created_at},
                       {"cells", q.cells}};
+      if (!q.waiting_reason.empty()) squares[key]["waiting_reason"] = q.waiting_reason;
     }
     rows.push_back({{"model_family", r.model_family},
                     {"checkpoint", {{"path", r.checkpoint.path}, {"digest", r.checkpoint.digest}}},

@@ -206,12 +206,26 @@ async function fillCompareCandidates(cell) {
 
 let cellNow = null;
 
+// One log stream per rank beyond rank 0 (worker.rank1, ...; docs/protocols.md §3.1), offered
+// once the cell's topology is known.
+function addRankStreams(cell) {
+  const select = document.getElementById('log-stream');
+  const t = cell.spec.topology || {};
+  const world = (t.tp || 1) * (t.dp || 1) * (t.pp || 1);
+  for (let r = 1; r < world && r < 64; ++r) {
+    const name = `worker.rank${r}`;
+    if (select.querySelector(`option[value="${name}"]`)) continue;
+    select.appendChild(Object.assign(el('option', null, name), { value: name }));
+  }
+}
+
 async function refreshCell() {
   let final = false;
   try {
     const cell = await fetchApi(`api/v1/cells/${encodeURIComponent(cellId)}`);
     cellNow = cell;
     renderSummary(cell);
+    addRankStreams(cell);
     renderPhases(cell);
     renderAttempts(cell);
     renderArtifacts(cell);

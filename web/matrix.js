@@ -60,6 +60,12 @@ function square(q) {
   a.dataset.status = q.status;
   a.title = `${q.readiness}: cell ${q.cell.slice(0, 12)}\n${q.repository}\n${q.branch} @ ${q.commit.slice(0, 10)}\n` +
             `${when(q.created_at)}\n${q.cells} cell${q.cells === 1 ? '' : 's'} in this square`;
+  if (q.waiting_reason) {
+    // A queued cell says why it waits where it is shown, not only on its page.
+    a.title += `\nwaiting: ${q.waiting_reason}`;
+    a.dataset.waiting = q.waiting_reason;
+    a.classList.add('waiting');
+  }
   return a;
 }
 

@@ -1057,7 +1057,8 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
   Stmt s(*statements_,
          "SELECT model_family, checkpoint_path, checkpoint_digest, device, precision, tp, dp, pp, "
          "ep, mode, id, repository, branch, commit_sha, max(created_at), count(*), "
-         "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1) "
+         "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1), "
+         "(SELECT a.id FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1) "
          "FROM cells c WHERE kind = '' AND (?1 = '' OR repository = ?1) AND (?2 = '' OR branch = ?2) "
          "AND (?3 = '' OR commit_sha = ?3) AND (?4 = '' OR model_family = ?4) "
          "GROUP BY model_family, checkpoint_digest, device, precision, tp, dp, pp, ep, mode "
@@ -1084,6 +1085,7 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
     q.created_at = s.Text(14);
     q.cells = s.Int(15);
     GH_ASSIGN_OR_RETURN(q.status, StateColumn(s, 16));
+    q.attempt_id = s.Int(17);
     out.push_back(std::move(q));
   }
   GH_RETURN_IF_ERROR(s.status());

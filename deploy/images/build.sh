@@ -105,7 +105,7 @@ BUILD_DIR=$(cd "$BUILD_DIR" && pwd) || die "no build tree $BUILD_DIR"
 BIN=$BUILD_DIR/bin
 [ "$CONTROLLER" = 0 ] || [ -x "$BIN/gatehouse-controller" ] || die "$BIN/gatehouse-controller is not built (deploy/setup.sh)"
 if [ "$AGENT" = 1 ]; then
-  for b in gatehouse-agent gatehouse-worker; do
+  for b in gatehouse-agent gatehouse-slurm-rank gatehouse-worker; do
     [ -x "$BIN/$b" ] || die "$BIN/$b is not built (deploy/setup.sh)"
   done
   [ -f "$BUILD_DIR/sdk/GatehouseWorkerConfig.cmake" ] || die "no worker SDK in $BUILD_DIR/sdk"
@@ -420,7 +420,7 @@ if [ "$AGENT" = 1 ]; then
     while IFS= read -r -d '' f; do if [ -e "$f" ]; then printf '%s\0' "$f"; fi; done |
     tar --null --no-recursion -T - -cf -) | tar -C "$MNT$OPT" -xpf -
   mkdir -p "$MNT$OPT/build/bin" "$MNT$OPT/build/common" "$MNT$OPT/build/worker_lib"
-  for b in gatehouse-agent gatehouse-worker gatehouse; do
+  for b in gatehouse-agent gatehouse-slurm-rank gatehouse-worker gatehouse; do
     [ -x "$BIN/$b" ] || continue
     if [ "$STRIP" = 1 ]; then strip --strip-debug -o "$MNT$OPT/build/bin/$b" "$BIN/$b"; else cp "$BIN/$b" "$MNT$OPT/build/bin/"; fi
   done

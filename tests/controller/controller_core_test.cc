@@ -279,6 +279,30 @@ TEST_F(ControllerCoreTest, CancelQueuedRunningAndEnded) {
   EXPECT_EQ(core_->CancelCell("nope", "").status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(ControllerCoreTest, AnAttemptTheAgentReportsLostIsRetriedLikeAnExpiredLease) {
+  // Verifies outcome "lost" (a Slurm node failure, protocols.md §3.5): the attempt ends lost
+  // with the agent's reason and the cell gets its next attempt (retry_of), up to the retry
+  // limit; with a cancel requested, the same end is a cancel, not a retry.
+  auto agent = Connect("a");
+  const std::string id = Submit();
+  const int64_t first = agent->AssignedIds().at(0);
+  ASSERT_TRUE(core_->RecordEvent("a", first, 1, R"({"event":"phase_start","phase":"identity"})").ok());
+  ASSERT_TRUE(core_->EndAttempt("a", first, "lost", "slurm job 7 NODE_FAIL (NodeDown) on n1", 0).ok());
+  CellDetail d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 2u);
+  EXPECT_EQ(d.attempts[0].state, AttemptState::kLost);
+  EXPECT_EQ(d.attempts[0].reason, "slurm job 7 NODE_FAIL (NodeDown) on n1");
+  EXPECT_EQ(d.attempts[1].retry_of, first);
+  EXPECT_FALSE(IsTerminal(d.attempts[1].state));
+
+  const int64_t second = d.attempts[1].id;
+  ASSERT_TRUE(core_->CancelCell(id, "enough").ok());
+  ASSERT_TRUE(core_->EndAttempt("a", second, "lost", "slurm job 8 CANCELLED", 0).ok());
+  d = Cell(id);
+  ASSERT_EQ(d.attempts.size(), 2u);
+  EXPECT_EQ(d.status, AttemptState::kCancelled);
+}
+
 TEST_F(ControllerCoreTest, CancelledAttemptWhoseAgentIsLostIsNotRetried) {
   // Verifies a cancel recorded for an agent that then goes silent ends the attempt cancelled
   // at lease expiry, without a retry.

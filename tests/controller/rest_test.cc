@@ -325,6 +325,10 @@ TEST_F(RestTest, CancelEndpoint) {
   EXPECT_EQ(by_status["rows"][0]["squares"][fp32_key]["cell"], s.id);
   EXPECT_EQ(by_status["columns"].size(), 1u);
   EXPECT_EQ(by_status["filter"]["status"], "queued");
+  // A queued square says why it waits, as the cell does.
+  const json waiting = json::parse(Http(port_, "GET", "/api/v1/cells/" + s.id).body);
+  ASSERT_TRUE(waiting["waiting_reason"].is_string()) << waiting.dump();
+  EXPECT_EQ(by_status["rows"][0]["squares"][fp32_key]["waiting_reason"], waiting["waiting_reason"]);
   EXPECT_TRUE(json::parse(Http(port_, "GET", "/api/v1/matrix?status=passed").body)["rows"].empty());
   EXPECT_TRUE(json::parse(Http(port_, "GET", "/api/v1/matrix?model_family=qwen3").body)["rows"].empty());
   const Reply bad_status = Http(port_, "GET", "/api/v1/matrix?status=great");

@@ -72,7 +72,7 @@ using test_util::FreePort;
 /// Runs `world` ranks (one thread each) through JoinGlooGroup, then allreduce (sum) of
 /// [rank + 1, 10 * (rank + 1)] and allgather of [rank]; returns per rank the reduced tensor
 /// and the gathered ranks, or fails the test with the rank's error.
-void ExpectCollectives(int world) {
+void ExpectCollectives(int world, const std::string& master_addr = "127.0.0.1") {
   const int port = FreePort();
   std::vector<torch::Tensor> reduced(world), gathered(world);
   std::vector<std::string> errors(world);
@@ -82,7 +82,7 @@ void ExpectCollectives(int world) {
       RankEnv env;
       env.rank = r;
       env.world_size = world;
-      env.master_addr = "127.0.0.1";
+      env.master_addr = master_addr;
       env.master_port = port;
       auto group = JoinGlooGroup(env, std::chrono::seconds(30));
       if (!group.ok()) {
@@ -114,6 +114,10 @@ TEST(GlooGroupTest, TwoRanks) { ExpectCollectives(2); }
 // Verifies the same with 4 ranks (the TP=4 case of issue 4).
 TEST(GlooGroupTest, FourRanks) { ExpectCollectives(4); }
 
+// Verifies a master given by host name (Slurm's first node, docs/protocols.md §3.5) is
+// resolved: "localhost" is loopback, so the group stays on this host.
+TEST(GlooGroupTest, HostNameMaster) { ExpectCollectives(2, "localhost"); }
+
 // Verifies a rank whose peers never come fails with UNAVAILABLE at the timeout, naming the
 // address, instead of hanging.
 TEST(GlooGroupTest, MissingPeerTimesOut) {
@@ -127,11 +131,12 @@ TEST(GlooGroupTest, MissingPeerTimesOut) {
   EXPECT_THAT(group.status().message(), HasSubstr("127.0.0.1:" + std::to_string(env.master_port)));
 }
 
-// Verifies a master address that is not IPv4 is INVALID_ARGUMENT naming it.
+// Verifies a master address that is neither IPv4 nor a name that resolves is INVALID_ARGUMENT
+// naming it.
 TEST(GlooGroupTest, BadMasterAddress) {
   RankEnv env;
   env.world_size = 2;
-  env.master_addr = "not-an-address";
+  env.master_addr = "not-an-address.invalid";
   env.master_port = FreePort();
   auto group = JoinGlooGroup(env, std::chrono::milliseconds(500));
   EXPECT_EQ(group.status().code(), StatusCode::kInvalidArgument);

@@ -3,6 +3,7 @@
 #include "gatehouse/worker/distributed.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -31,14 +32,35 @@ Result<std::optional<int>> IntVar(const std::function<const char*(const char*)>&
   return std::optional<int>(v);
 }
 
-/// A TCP socket listening on addr:port (IPv4), for the TCPStore server to take over.
-Result<int> ListenOn(const std::string& addr, int port) {
+/// MASTER_ADDR as an IPv4 address: a literal as is, a host name (Slurm's first node) through
+/// the resolver. Errors: INVALID_ARGUMENT naming the value when it does not resolve.
+Result<in_addr> ResolveMaster(const std::string& addr) {
+  in_addr out{};
+  if (inet_pton(AF_INET, addr.c_str(), &out) == 1) return out;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(addr.c_str(), nullptr, &hints, &found); rc != 0) {
+    return Status::InvalidArgument("MASTER_ADDR='" + addr + "' is not an IPv4 address and does "
+                                   "not resolve to one: " + ::gai_strerror(rc));
+  }
+  out = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
+  ::freeaddrinfo(found);
+  return out;
+}
+
+/// True for 127.0.0.0/8: every rank is on this host.
+bool IsLoopback(in_addr a) { return (ntohl(a.s_addr) >> 24) == 127; }
+
+/// A TCP socket listening on `bind_to`:port, for the TCPStore server to take over.
+Result<int> ListenOn(in_addr bind_to, int port) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
-    return Status::InvalidArgument("MASTER_ADDR='" + addr + "' is not an IPv4 address");
-  }
+  sa.sin_addr = bind_to;
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &bind_to, text, sizeof(text));
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::Unavailable(std::string("socket(): ") + std::strerror(errno));
   const int one = 1;
@@ -46,8 +68,8 @@ Result<int> ListenOn(const std::string& addr, int port) {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(fd, 128) != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd);
-    return Status::Unavailable("cannot listen on " + addr + ":" + std::to_string(port) + ": " +
-                               why);
+    return Status::Unavailable("cannot listen on " + std::string(text) + ":" +
+                               std::to_string(port) + ": " + why);
   }
   return fd;
 }
@@ -133,7 +155,13 @@ Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
     opts.waitWorkers = false;
     opts.timeout = timeout;
     if (env.rank == 0) {
-      GH_ASSIGN_OR_RETURN(int fd, ListenOn(env.master_addr, env.master_port));
+      // A loopback master (one host) is bound on that address only; any other is bound on
+      // every address, as torchrun's store is: a name of the first node may resolve to another
+      // of its addresses there than on the other nodes.
+      GH_ASSIGN_OR_RETURN(in_addr master, ResolveMaster(env.master_addr));
+      in_addr any{};
+      any.s_addr = htonl(INADDR_ANY);
+      GH_ASSIGN_OR_RETURN(int fd, ListenOn(IsLoopback(master) ? master : any, env.master_port));
       opts.isServer = true;
       opts.masterListenFd = fd;
     }
@@ -149,10 +177,15 @@ Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
 Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
                                                        std::chrono::milliseconds timeout) {
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  GH_ASSIGN_OR_RETURN(in_addr master, ResolveMaster(env.master_addr));
   GH_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store, ConnectStore(env, timeout));
   try {
     auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
-    gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr));
+    // One host: the transport on the loopback master's address. Across nodes each rank binds
+    // its own host's address (gloo's default device: the host name's, else loopback).
+    gloo->devices.push_back(IsLoopback(master)
+                                ? c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr)
+                                : c10d::ProcessGroupGloo::createDefaultDevice());
     c10::intrusive_ptr<c10d::Backend> group =
         c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, gloo);
     return group;

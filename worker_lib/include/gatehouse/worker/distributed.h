@@ -37,15 +37,18 @@ Result<RankEnv> ReadRankEnv(
       return std::getenv(name);
     });
 
-/// The group's rendezvous: rank 0 binds a listening socket to master_addr:master_port (that
-/// address only) and hosts a c10d::TCPStore on it; every rank connects to it. Errors:
-/// INVALID_ARGUMENT (bad master_addr), UNAVAILABLE naming the address and the cause.
+/// The group's rendezvous: rank 0 binds a listening socket to master_addr:master_port and
+/// hosts a c10d::TCPStore on it; every rank connects to it. master_addr is an IPv4 literal or a
+/// host name (Slurm's first node, resolved); a loopback one (one host) is bound on that address
+/// only, any other on every address (torchrun's way across nodes). Errors: INVALID_ARGUMENT
+/// (master_addr neither an IPv4 address nor resolving to one), UNAVAILABLE naming the address
+/// and the cause.
 Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
                                                     std::chrono::milliseconds timeout);
 
-/// Joins the group of `env.world_size` ranks: rank 0 binds a listening socket to
-/// master_addr:master_port (that address only) and hosts a c10d::TCPStore on it; every rank
-/// connects to it and creates a c10d ProcessGroupGloo whose transport binds to master_addr.
+/// Joins the group of `env.world_size` ranks: the rendezvous of ConnectStore, then a c10d
+/// ProcessGroupGloo whose transport binds to a loopback master_addr (one host), or across
+/// nodes to each rank's own host address (gloo's default device).
 /// Blocks until all ranks joined or `timeout` passed. Errors: INVALID_ARGUMENT (bad
 /// master_addr), UNAVAILABLE naming the address and the cause (cannot bind, a rank missing at
 /// the timeout, gloo failures).
