@@ -168,7 +168,22 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.slurm = config_.slurm;
   namespace fs = std::filesystem;
   const fs::path attempt_dir = launch.attempt_dir;
+  std::unique_ptr<AttemptSandbox> sandbox;
+  if (config_.sandbox != nullptr && config_.slurm == nullptr) {
+    SandboxPaths paths;
+    paths.attempt_dir = attempt_dir;
+    std::error_code ec;
+    fs::create_directories(attempt_dir, ec);
+    paths.read_only.push_back(launch.checkout.path);
+    for (const fs::path& plugin : launch.plugins) paths.read_only.push_back(plugin.parent_path());
+    for (const fs::path& dir : launch.python_path) paths.read_only.push_back(dir);
+    auto opened = AttemptSandbox::Open(*config_.sandbox, std::move(paths));
+    if (!opened.ok()) return Error(id, opened.status().message());
+    sandbox = std::move(opened).value();
+    launch.sandbox = sandbox.get();
+  }
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
+  sandbox.reset();
   // The gates' plot data become the attempt's artifacts (common/artifacts.h) before the end is
   // reported. They are not evidence the verdict rests on: a failed upload is logged, and the
   // dashboard shows the plot as missing.

@@ -15,6 +15,7 @@
 #include "agent/cleanup.h"
 #include "agent/process.h"
 #include "agent/redaction.h"
+#include "agent/sandbox.h"
 #include "agent/slurm.h"
 #include "common/cell_spec.h"
 
@@ -55,6 +56,11 @@ struct RunnerConfig {
   /// Set on an agent for a Slurm cluster (gatehouse-agent --slurm): every worker and reference
   /// runner runs as a Slurm job step (WorkerLaunch::slurm). Not owned.
   const SlurmConfig* slurm = nullptr;
+  /// Set when validation attempts are isolated (gatehouse-agent --sandbox bwrap): their ranks
+  /// run in an AttemptSandbox seeing their checkout, plugins, Python paths and attempt dir only.
+  /// An attempt whose sandbox cannot be made ends with outcome "error" ("sandbox: ..."), never
+  /// unsandboxed. Not owned.
+  const SandboxConfig* sandbox = nullptr;
 };
 
 /// Runs attempts one after another, reporting to an AttemptSink.

@@ -24,6 +24,7 @@
 #include "agent/agent_client.h"
 #include "agent/attempt_runner.h"
 #include "agent/capabilities.h"
+#include "agent/sandbox.h"
 #include "agent/slurm.h"
 #include "agent/slurm_launcher.h"
 #include "common/file_util.h"
@@ -136,6 +137,20 @@ int main(int argc, char** argv) {
                  "one more srun argument (repeatable): --account=..., --qos=...");
   app.add_option("--slurm-rank", slurm_rank,
                  "gatehouse-slurm-rank (default: beside this executable)");
+  std::string sandbox_kind = "none";
+  gatehouse::agent::SandboxConfig sandbox;
+  sandbox.max_processes = 4096;
+  std::vector<std::string> sandbox_hide;
+  app.add_option("--sandbox", sandbox_kind,
+                 "isolate each validation attempt's ranks: 'bwrap' (bubblewrap: a user and "
+                 "network namespace per attempt, read-only root, the work dir and token file "
+                 "hidden; docs/deploy.md) or 'none'")
+      ->check(CLI::IsMember({"none", "bwrap"}));
+  app.add_option("--sandbox-max-processes", sandbox.max_processes,
+                 "RLIMIT_NPROC of a sandboxed attempt's ranks (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--sandbox-hide", sandbox_hide,
+                 "one more directory a sandboxed attempt must not see (repeatable)");
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));
@@ -274,6 +289,14 @@ int main(int argc, char** argv) {
                caps.nccl_version.empty() ? "-" : caps.nccl_version,
                caps.cuda_driver_version.empty() ? "-" : caps.cuda_driver_version,
                runner_config.work_dir.string());
+  if (sandbox_kind == "bwrap") {
+    sandbox.work_dir = runner_config.work_dir;
+    if (!token_file.empty()) sandbox.hidden_files.push_back(fs::absolute(token_file));
+    for (const auto& dir : sandbox_hide) sandbox.hidden_dirs.push_back(fs::absolute(dir));
+    runner_config.sandbox = &sandbox;
+    spdlog::info("sandbox: bwrap per attempt, work dir {} hidden{}", sandbox.work_dir.string(),
+                 token_file.empty() ? "" : ", token file hidden");
+  }
   AttemptRunner runner(runner_config);
 
   AgentClient client(client_config, runner);

@@ -17,6 +17,7 @@
 #include "agent/checkout.h"
 #include "agent/output_relay.h"
 #include "agent/process.h"
+#include "agent/sandbox.h"
 #include "agent/slurm.h"
 #include "common/cell_spec.h"
 #include "common/status.h"
@@ -45,6 +46,9 @@ struct WorkerLaunch {
   /// Set on an agent for a Slurm cluster: the ranks run as one Slurm job step
   /// (RunSlurmRanks, slurm_launcher.h) instead of local processes.
   const SlurmConfig* slurm = nullptr;
+  /// Set when attempts are isolated (gatehouse-agent --sandbox bwrap): every local rank runs
+  /// inside it (AttemptSandbox::Wrap). Not used for Slurm steps.
+  const AttemptSandbox* sandbox = nullptr;
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.

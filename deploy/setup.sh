@@ -20,7 +20,7 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config git python3-venv
   libfmt-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libssl-dev googletest libgtest-dev
   libgmock-dev curl libgloo-dev clang libclang-rt-14-dev openssl python3.11-dev systemd
   chromium chromium-driver python3-selenium debootstrap buildah podman runc patchelf
-  slurm-wlm munge)
+  slurm-wlm munge bubblewrap)
 # libgloo-dev: declarations only, for c10d's ProcessGroupGloo.hpp (the torch wheel ships c10d's
 # headers, not gloo's); the code comes from the wheel's libtorch_cpu (worker_lib distributed.h).
 # python3.11-dev: libpython3.11 to embed, for the worker's Python lane (worker_lib/python_lane).
@@ -33,7 +33,8 @@ PACKAGES=(build-essential cmake ninja-build ccache pkg-config git python3-venv
 # runc (podman's default crun refuses hybrid-cgroup hosts, e.g. inside a Docker container);
 # patchelf relocates the agent image's binaries (build.sh --agent). slurm-wlm + munge: the Slurm
 # engine's end-to-end test starts its own munged, slurmctld and slurmd on 127.0.0.1
-# (tests/e2e/slurm_test.cc); the packages' services are not used.
+# (tests/e2e/slurm_test.cc); the packages' services are not used. bubblewrap: the agent's
+# per-attempt sandbox (--sandbox bwrap; tests/agent/sandbox_test.cc, the e2e test).
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

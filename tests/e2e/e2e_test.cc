@@ -64,18 +64,22 @@ class EndToEndTest : public ::testing::Test {
     ASSERT_TRUE(ports) << controller_->Stderr();
     http_port_ = ports->http;
 
-    agent_ = std::make_unique<Daemon>(
-        bin + "/gatehouse-agent",
-        std::vector<std::string>{"--controller", "127.0.0.1:" + std::to_string(ports->grpc),
-                                 "--name", "e2e-agent",
-                                 "--work-dir", (root_ / "agent").string(), "--sdk-dir",
-                                 GATEHOUSE_SDK_DIR, "--cmake-prefix-path",
-                                 GATEHOUSE_TORCH_PREFIX, "--worker",
-                                 bin + "/gatehouse-worker", "--torch-version",
-                                 GATEHOUSE_TORCH_VERSION, "--token-file",
-                                 (root_ / "agent.token").string()},
-        root_ / "logs" / "agent");
-    ASSERT_TRUE(agent_->WaitForLine(std::regex("registered as"), seconds(30)))
+    std::vector<std::string> agent_args = {
+        "--controller", "127.0.0.1:" + std::to_string(ports->grpc), "--name", "e2e-agent",
+        "--work-dir", (root_ / "agent").string(), "--sdk-dir", GATEHOUSE_SDK_DIR,
+        "--cmake-prefix-path", GATEHOUSE_TORCH_PREFIX, "--worker", bin + "/gatehouse-worker",
+        "--torch-version", GATEHOUSE_TORCH_VERSION, "--token-file",
+        (root_ / "agent.token").string()};
+    // Every attempt runs sandboxed where bubblewrap can make a user and network namespace
+    // (docs/protocols.md §3.6); the identity gate then names the sandbox.
+    sandboxed_ = RunCommand("bwrap", {"--unshare-user", "--unshare-net", "--ro-bind", "/", "/",
+                                      "true"},
+                            root_)
+                     .exit_code == 0;
+    if (sandboxed_) agent_args.insert(agent_args.end(), {"--sandbox", "bwrap"});
+    agent_ = std::make_unique<Daemon>(bin + "/gatehouse-agent", agent_args,
+                                      root_ / "logs" / "agent");
+    ASSERT_TRUE(agent_->WaitForLine(std::regex("registered as"), seconds(120)))
         << agent_->Stderr();
   }
 
@@ -187,6 +191,16 @@ class EndToEndTest : public ::testing::Test {
       EXPECT_EQ(p->at("status"), "SKIPPED") << gate;
       EXPECT_FALSE(p->at("reason").get<std::string>().empty()) << gate << " skipped silently";
     }
+    const json* identity = FindPhase(cell, "identity");
+    std::string sandbox;
+    for (const json& f : identity->at("figures")) {
+      if (f.value("name", "") == "sandbox") sandbox = f.value("value", "");
+    }
+    if (sandboxed_) {
+      EXPECT_EQ(sandbox.rfind("bubblewrap", 0), 0u) << identity->dump();
+    } else {
+      EXPECT_EQ(sandbox, "none") << identity->dump();
+    }
     const json* inference = FindPhase(cell, "inference");
     auto kl = Figure(*inference, "kl_mean");
     auto top1 = Figure(*inference, "top1_agreement");
@@ -207,6 +221,7 @@ class EndToEndTest : public ::testing::Test {
   int http_port_ = 0;
   std::unique_ptr<Daemon> controller_;
   std::unique_ptr<Daemon> agent_;
+  bool sandboxed_ = false;  // the agent runs with --sandbox bwrap
 };
 
 // A repository whose adapter is Python (the gh_archon llama adapter, recipe lane "python"):

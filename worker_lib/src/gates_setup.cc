@@ -5,6 +5,7 @@
 #include <caffe2/core/common.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -78,6 +79,9 @@ GateOutcome IdentityGate(GateContext& ctx) {
   out.Text("cudnn_version", ctx.runtime.cudnn_version);
   out.Text("nccl_version", ctx.runtime.nccl_version);
   out.Text("cuda_driver_version", ctx.runtime.cuda_driver_version);
+  // Where the submitter's code ran: the agent's sandbox (GATEHOUSE_SANDBOX, protocols.md §3.6).
+  const char* sandbox = std::getenv("GATEHOUSE_SANDBOX");
+  out.Text("sandbox", sandbox != nullptr && *sandbox != '\0' ? sandbox : "none");
 
   // A wrong or dirty checkout: the evidence could not be attributed to the frozen commit.
   std::vector<std::string> fails;
