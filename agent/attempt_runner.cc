@@ -14,6 +14,17 @@
 namespace gatehouse::agent {
 namespace {
 
+// A tool's cache directory as the tool finds it: $<variable>, else $XDG_CACHE_HOME/<name>, else
+// $HOME/.cache/<name> (ccache 4, pip).
+std::filesystem::path CacheDir(const char* variable, const char* name) {
+  if (const char* set = std::getenv(variable); set != nullptr && *set != '\0') return set;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return std::filesystem::path(xdg) / name;
+  }
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home != nullptr ? home : "/") / ".cache" / name;
+}
+
 AttemptEndReport Error(int64_t attempt_id, std::string reason) {
   AttemptEndReport end;
   end.attempt_id = attempt_id;
@@ -143,6 +154,30 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   build_config.log_flush_timeout = config_.log_flush_timeout;
   build_config.python = config_.python;
   BuildRequest request{checkout->path, RepoKey(spec.repository), std::move(recipe).value()};
+  namespace fs = std::filesystem;
+  const fs::path attempt_dir = config_.work_dir / "attempts" / std::to_string(id);
+  // The sandbox (when configured) holds the build and the ranks: the submitter's CMake, pip
+  // and adapter code all run in it.
+  std::unique_ptr<AttemptSandbox> sandbox;
+  if (config_.sandbox != nullptr && config_.slurm == nullptr) {
+    SandboxPaths paths;
+    paths.attempt_dir = attempt_dir;
+    auto opened = AttemptSandbox::Open(*config_.sandbox, paths);
+    if (!opened.ok()) return Error(id, opened.status().message());
+    sandbox = std::move(opened).value();
+    SandboxPaths build_paths;
+    build_paths.attempt_dir = attempt_dir;
+    build_paths.read_only.push_back(checkout->path);
+    build_paths.writable = {config_.work_dir / "build" / request.repo_key,
+                            config_.work_dir / "python-deps", CacheDir("CCACHE_DIR", "ccache"),
+                            CacheDir("PIP_CACHE_DIR", "pip")};
+    std::error_code ec;
+    for (const fs::path& dir : build_paths.writable) fs::create_directories(dir, ec);
+    fs::create_directories(attempt_dir, ec);
+    build_config.wrap = [&sandbox, build_paths](ProcessSpec& step, bool needs_network) {
+      sandbox->Wrap(step, build_paths, /*loopback_only=*/!needs_network);
+    };
+  }
   LogStream build_log(sink, id, kBuildStream);
   auto built = RunBuild(
       build_config, request, [&](std::string_view bytes) { build_log.Write(bytes); }, cancel);
@@ -154,7 +189,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
 
   WorkerLaunch launch;
   launch.attempt_id = id;
-  launch.attempt_dir = config_.work_dir / "attempts" / std::to_string(id);
+  launch.attempt_dir = attempt_dir;
   launch.spec = std::move(spec);
   launch.checkout = *checkout;
   launch.plugins = built->plugins;
@@ -166,21 +201,16 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.gpu_models = config_.gpu_models;
   launch.log_flush_timeout = config_.log_flush_timeout;
   launch.slurm = config_.slurm;
-  namespace fs = std::filesystem;
-  const fs::path attempt_dir = launch.attempt_dir;
-  std::unique_ptr<AttemptSandbox> sandbox;
-  if (config_.sandbox != nullptr && config_.slurm == nullptr) {
-    SandboxPaths paths;
-    paths.attempt_dir = attempt_dir;
-    std::error_code ec;
-    fs::create_directories(attempt_dir, ec);
-    paths.read_only.push_back(launch.checkout.path);
-    for (const fs::path& plugin : launch.plugins) paths.read_only.push_back(plugin.parent_path());
-    for (const fs::path& dir : launch.python_path) paths.read_only.push_back(dir);
-    auto opened = AttemptSandbox::Open(*config_.sandbox, std::move(paths));
-    if (!opened.ok()) return Error(id, opened.status().message());
-    sandbox = std::move(opened).value();
+  SandboxPaths rank_paths;
+  if (sandbox) {
+    rank_paths.attempt_dir = attempt_dir;
+    rank_paths.read_only.push_back(launch.checkout.path);
+    for (const fs::path& plugin : launch.plugins) {
+      rank_paths.read_only.push_back(plugin.parent_path());
+    }
+    for (const fs::path& dir : launch.python_path) rank_paths.read_only.push_back(dir);
     launch.sandbox = sandbox.get();
+    launch.sandbox_paths = &rank_paths;
   }
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
   sandbox.reset();

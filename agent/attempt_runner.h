@@ -56,8 +56,10 @@ struct RunnerConfig {
   /// Set on an agent for a Slurm cluster (gatehouse-agent --slurm): every worker and reference
   /// runner runs as a Slurm job step (WorkerLaunch::slurm). Not owned.
   const SlurmConfig* slurm = nullptr;
-  /// Set when validation attempts are isolated (gatehouse-agent --sandbox bwrap): their ranks
-  /// run in an AttemptSandbox seeing their checkout, plugins, Python paths and attempt dir only.
+  /// Set when validation attempts are isolated (gatehouse-agent --sandbox bwrap): their build
+  /// steps (BuildConfig::wrap: checkout read-only, build dir and caches writable, the node's
+  /// network for pip's index steps only) and ranks (their checkout, plugins, Python paths and
+  /// attempt dir only) run in one AttemptSandbox.
   /// An attempt whose sandbox cannot be made ends with outcome "error" ("sandbox: ..."), never
   /// unsandboxed. Not owned.
   const SandboxConfig* sandbox = nullptr;

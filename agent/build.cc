@@ -102,14 +102,16 @@ Result<nlohmann::json> ReadReport(const std::filesystem::path& path) {
 
 // One command of the build, its output teed into the log and a tail for the error.
 Status RunStep(const ProcessSpec& spec, const std::string& step, const BuildConfig& config,
-               const OutputHandler& log, const CancelToken& cancel) {
+               const OutputHandler& log, const CancelToken& cancel, bool needs_network = false) {
   OutputTail tail;
   const OutputHandler tee = [&](std::string_view data) {
     tail.Append(data);
     log(data);
   };
   tee(CommandLine(spec));
-  GH_ASSIGN_OR_RETURN(const ProcessExit exit, RunProcess(spec, tee, tee, cancel));
+  ProcessSpec run = spec;
+  if (config.wrap) config.wrap(run, needs_network);
+  GH_ASSIGN_OR_RETURN(const ProcessExit exit, RunProcess(run, tee, tee, cancel));
   if (exit.output_cut) {
     log("\n[gatehouse-agent] log flush timed out: processes " + step +
         " left still held its output " + std::to_string(config.log_flush_timeout.count()) +
@@ -223,7 +225,7 @@ Result<DependencyLayer> MakeDependencyLayer(const BuildConfig& config,
   const fs::path report_path = build_dir / "dependencies-report.json";
   fs::remove(report_path, ec);
   GH_RETURN_IF_ERROR(RunStep(ResolveDependenciesCommand(config, layer.requires_dist, report_path),
-                             "pip resolve", config, log, cancel));
+                             "pip resolve", config, log, cancel, /*needs_network=*/true));
   GH_ASSIGN_OR_RETURN(const nlohmann::json report, ReadReport(report_path));
   for (const auto& item : report["install"]) {
     const nlohmann::json& m = item.value("metadata", nlohmann::json::object());
@@ -243,7 +245,8 @@ Result<DependencyLayer> MakeDependencyLayer(const BuildConfig& config,
   if (ec) return Status::Internal("cannot create " + staging.string() + ": " + ec.message());
   if (!layer.packages.empty()) {
     if (Status s = RunStep(InstallDependenciesCommand(config, layer.packages, staging / "site"),
-                           "pip install dependencies", config, log, cancel);
+                           "pip install dependencies", config, log, cancel,
+                           /*needs_network=*/true);
         !s.ok()) {
       fs::remove_all(staging, ec);
       return s;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,10 @@ struct BuildConfig {
   /// installs a Python-lane recipe; pip >= 22.2 for --report). Empty: a Python-lane recipe
   /// fails to build, saying so.
   std::filesystem::path python;
+  /// Rewrites each command before it runs (the attempt's sandbox, agent/sandbox.h);
+  /// `needs_network` is true for the steps that fetch from the package index (pip resolve,
+  /// pip install dependencies). Empty: commands run as they are.
+  std::function<void(ProcessSpec& spec, bool needs_network)> wrap;
 };
 
 /// One build of one checkout.

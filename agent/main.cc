@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
   sandbox.max_processes = 4096;
   std::vector<std::string> sandbox_hide;
   app.add_option("--sandbox", sandbox_kind,
-                 "isolate each validation attempt's ranks: 'bwrap' (bubblewrap: a user and "
+                 "isolate each validation attempt's build and ranks: 'bwrap' (bubblewrap: a "
+                 "user and "
                  "network namespace per attempt, read-only root, the work dir and token file "
                  "hidden; docs/deploy.md) or 'none'")
       ->check(CLI::IsMember({"none", "bwrap"}));

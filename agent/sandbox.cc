@@ -33,6 +33,9 @@ std::vector<std::string> BwrapArgs(const SandboxConfig& config, const SandboxPat
   for (const auto& path : paths.read_only) {
     args.insert(args.end(), {"--ro-bind", path.string(), path.string()});
   }
+  for (const auto& path : paths.writable) {
+    args.insert(args.end(), {"--bind", path.string(), path.string()});
+  }
   args.insert(args.end(),
               {"--bind", paths.attempt_dir.string(), paths.attempt_dir.string()});
   return args;
@@ -77,10 +80,14 @@ Result<std::unique_ptr<AttemptSandbox>> AttemptSandbox::Open(const SandboxConfig
   }
   // The holder reads a pipe only the agent writes: when the agent dies (or the sandbox closes)
   // it reads EOF and exits, taking the namespaces with it.
-  int info[2], errors[2], lifeline[2];
+  int info[2] = {-1, -1}, errors[2] = {-1, -1}, lifeline[2] = {-1, -1};
   if (::pipe2(info, O_CLOEXEC) != 0 || ::pipe2(errors, O_CLOEXEC) != 0 ||
       ::pipe2(lifeline, O_CLOEXEC) != 0) {
-    return Status::Unavailable(std::string("sandbox: pipe: ") + std::strerror(errno));
+    const std::string why = std::strerror(errno);
+    for (const int fd : {info[0], info[1], errors[0], errors[1], lifeline[0], lifeline[1]}) {
+      if (fd >= 0) ::close(fd);
+    }
+    return Status::Unavailable("sandbox: pipe: " + why);
   }
   const std::string bwrap = config.bwrap.string();
   std::vector<std::string> argv = {bwrap,          "--die-with-parent", "--unshare-user",
@@ -153,10 +160,12 @@ AttemptSandbox::~AttemptSandbox() {
   }
 }
 
-void AttemptSandbox::Wrap(ProcessSpec& spec) const {
-  std::vector<std::string> args = {"--target", std::to_string(inner_), "--user", "--net",
-                                   "--preserve-credentials", "--", config_.bwrap.string()};
-  const std::vector<std::string> bwrap = BwrapArgs(config_, paths_);
+void AttemptSandbox::Wrap(ProcessSpec& spec, const SandboxPaths& paths,
+                          bool loopback_only) const {
+  std::vector<std::string> args = {"--target", std::to_string(inner_), "--user"};
+  if (loopback_only) args.push_back("--net");
+  args.insert(args.end(), {"--preserve-credentials", "--", config_.bwrap.string()});
+  const std::vector<std::string> bwrap = BwrapArgs(config_, paths);
   args.insert(args.end(), bwrap.begin(), bwrap.end());
   if (!spec.cwd.empty()) args.insert(args.end(), {"--chdir", spec.cwd.string()});
   args.push_back("--");
@@ -169,7 +178,7 @@ void AttemptSandbox::Wrap(ProcessSpec& spec) const {
   spec.args = std::move(args);
   spec.env.emplace_back("GATEHOUSE_SANDBOX", description_);
   // The root (and /tmp with it) is read-only: temporary files go to the attempt's own dir.
-  const std::filesystem::path tmp = paths_.attempt_dir / "tmp";
+  const std::filesystem::path tmp = paths.attempt_dir / "tmp";
   std::error_code ec;
   std::filesystem::create_directories(tmp, ec);
   spec.env.emplace_back("TMPDIR", tmp.string());

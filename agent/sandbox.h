@@ -31,8 +31,9 @@ struct SandboxConfig {
 
 /// What one attempt may see inside its sandbox (absolute paths).
 struct SandboxPaths {
-  std::filesystem::path attempt_dir;                // read-write
+  std::filesystem::path attempt_dir;                // read-write; the ranks' TMPDIR is under it
   std::vector<std::filesystem::path> read_only;     // its checkout, plugins' dirs, Python paths
+  std::vector<std::filesystem::path> writable;      // a build's dir and caches
 };
 
 /// bwrap's arguments (no program) for one attempt: a read-only root (/tmp included: Wrap sets
@@ -60,7 +61,12 @@ class AttemptSandbox {
   /// --preserve-credentials -- bwrap <BwrapArgs> [--chdir cwd] -- [prlimit --nproc=N --] <exe>
   /// <args>, with GATEHOUSE_SANDBOX=Describe() and TMPDIR=<attempt dir>/tmp (created) added to
   /// its environment.
-  void Wrap(ProcessSpec& spec) const;
+  void Wrap(ProcessSpec& spec) const { Wrap(spec, paths_, /*loopback_only=*/true); }
+
+  /// The same with other paths (a build step: its build dir and caches writable) and, with
+  /// `loopback_only` false, the node's network instead of the attempt's loopback (pip fetching
+  /// from the package index). The user namespace is the attempt's either way.
+  void Wrap(ProcessSpec& spec, const SandboxPaths& paths, bool loopback_only) const;
 
   /// The evidence line: "bwrap 0.8.0: user+network namespace (loopback only), read-only root,
   /// work dir hidden, token hidden, attempt dir writable, nproc 4096".

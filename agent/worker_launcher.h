@@ -49,6 +49,9 @@ struct WorkerLaunch {
   /// Set when attempts are isolated (gatehouse-agent --sandbox bwrap): every local rank runs
   /// inside it (AttemptSandbox::Wrap). Not used for Slurm steps.
   const AttemptSandbox* sandbox = nullptr;
+  /// What the ranks see in it (their checkout, plugins' dirs, Python paths, attempt dir);
+  /// nullptr: the sandbox's own paths.
+  const SandboxPaths* sandbox_paths = nullptr;
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.

@@ -31,12 +31,14 @@ TEST(SandboxTest, BwrapArgumentsHideTheWorkDirThenBindTheAttemptsOwn) {
   SandboxPaths paths;
   paths.attempt_dir = "/var/lib/agent/attempts/7";
   paths.read_only = {"/var/lib/agent/repos/abc"};
+  paths.writable = {"/var/lib/agent/build/abc"};
   const std::vector<std::string> expected = {
       "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
       "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
       "--tmpfs", "/var/lib/agent", "--tmpfs", "/srv/secrets",
       "--ro-bind", "/dev/null", "/etc/gatehouse/agent.token",
       "--ro-bind", "/var/lib/agent/repos/abc", "/var/lib/agent/repos/abc",
+      "--bind", "/var/lib/agent/build/abc", "/var/lib/agent/build/abc",
       "--bind", "/var/lib/agent/attempts/7", "/var/lib/agent/attempts/7"};
   EXPECT_EQ(BwrapArgs(config, paths), expected);
 }
@@ -147,6 +149,47 @@ TEST_F(SandboxRunTest, AnAdapterSeesItsOwnAttemptOnly) {
       << ranks[0].dump() << ranks[1].dump();
   EXPECT_NE((*sandbox)->Describe().find("token hidden"), std::string::npos);
   EXPECT_TRUE(std::filesystem::exists(launch_.attempt_dir / "out1"));
+}
+
+TEST_F(SandboxRunTest, ABuildStepWritesItsBuildDirOnlyAndKeepsTheNetworkOnlyWhenAsked) {
+  // Verifies a build step's sandbox (BuildConfig::wrap): its build dir writable, the token and
+  // other attempts hidden, and the network namespace the attempt's unless the step fetches
+  // from the package index (then the node's, as this process's).
+  SandboxPaths attempt;
+  attempt.attempt_dir = launch_.attempt_dir;
+  std::filesystem::create_directories(attempt.attempt_dir);
+  auto sandbox = AttemptSandbox::Open(config_, attempt);
+  if (!sandbox.ok()) GTEST_SKIP() << "no sandbox here: " << sandbox.status().message();
+  SandboxPaths build = attempt;
+  build.read_only = {launch_.checkout.path};
+  build.writable = {work_ / "build" / "abc"};
+  std::filesystem::create_directories(build.writable[0]);
+  const auto run = [&](bool loopback_only) {
+    ProcessSpec step;
+    step.exe = "/bin/sh";
+    step.args = {"-c", "readlink /proc/self/ns/net; echo built > " +
+                           (work_ / "build" / "abc" / "out").string() + " && echo wrote; cat " +
+                           token_.string() + " || echo no-token; ls " +
+                           (work_ / "attempts" / "6").string() + " || echo no-other"};
+    (*sandbox)->Wrap(step, build, loopback_only);
+    std::string out;
+    auto exit = RunProcess(step, [&](std::string_view b) { out.append(b); },
+                           [&](std::string_view) {});
+    EXPECT_TRUE(exit.ok()) << exit.status().ToString();
+    return out;
+  };
+  char own[64] = {};
+  ASSERT_GT(::readlink("/proc/self/ns/net", own, sizeof(own) - 1), 0);
+  const std::string isolated = run(true), networked = run(false);
+  for (const std::string& out : {isolated, networked}) {
+    EXPECT_NE(out.find("wrote"), std::string::npos) << out;
+    EXPECT_NE(out.find("no-token"), std::string::npos) << out;
+    EXPECT_EQ(out.find("agent-token-s3cret"), std::string::npos) << out;
+    EXPECT_NE(out.find("no-other"), std::string::npos) << out;
+  }
+  EXPECT_EQ(isolated.find(own), std::string::npos) << isolated;
+  EXPECT_EQ(networked.rfind(own, 0), 0u) << networked;
+  EXPECT_EQ(testing::ReadFile(work_ / "build" / "abc" / "out"), "built\n");
 }
 
 }  // namespace
