@@ -160,9 +160,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   // and adapter code all run in it.
   std::unique_ptr<AttemptSandbox> sandbox;
   if (config_.sandbox != nullptr && config_.slurm == nullptr) {
-    SandboxPaths paths;
-    paths.attempt_dir = attempt_dir;
-    auto opened = AttemptSandbox::Open(*config_.sandbox, paths);
+    auto opened = AttemptSandbox::Open(*config_.sandbox);
     if (!opened.ok()) return Error(id, opened.status().message());
     sandbox = std::move(opened).value();
     SandboxPaths build_paths;
@@ -201,16 +199,14 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.gpu_models = config_.gpu_models;
   launch.log_flush_timeout = config_.log_flush_timeout;
   launch.slurm = config_.slurm;
-  SandboxPaths rank_paths;
   if (sandbox) {
-    rank_paths.attempt_dir = attempt_dir;
-    rank_paths.read_only.push_back(launch.checkout.path);
-    for (const fs::path& plugin : launch.plugins) {
-      rank_paths.read_only.push_back(plugin.parent_path());
-    }
-    for (const fs::path& dir : launch.python_path) rank_paths.read_only.push_back(dir);
     launch.sandbox = sandbox.get();
-    launch.sandbox_paths = &rank_paths;
+    launch.sandbox_paths.attempt_dir = attempt_dir;
+    launch.sandbox_paths.read_only.push_back(launch.checkout.path);
+    for (const fs::path& plugin : launch.plugins) {
+      launch.sandbox_paths.read_only.push_back(plugin.parent_path());
+    }
+    for (const fs::path& dir : launch.python_path) launch.sandbox_paths.read_only.push_back(dir);
   }
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
   sandbox.reset();

@@ -291,6 +291,13 @@ int main(int argc, char** argv) {
                caps.cuda_driver_version.empty() ? "-" : caps.cuda_driver_version,
                runner_config.work_dir.string());
   if (sandbox_kind == "bwrap") {
+    // Checked once here: an agent that cannot sandbox says so at start, not per attempt.
+    auto version = gatehouse::agent::ProbeSandbox(sandbox);
+    if (!version.ok()) {
+      spdlog::error("--sandbox bwrap: {}", version.status().message());
+      return 2;
+    }
+    sandbox.version = *version;
     sandbox.work_dir = runner_config.work_dir;
     if (!token_file.empty()) sandbox.hidden_files.push_back(fs::absolute(token_file));
     for (const auto& dir : sandbox_hide) sandbox.hidden_dirs.push_back(fs::absolute(dir));

@@ -191,4 +191,18 @@ Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_
   return result;
 }
 
+Result<std::string> RunForOutput(const ProcessSpec& spec) {
+  std::string out, err;
+  GH_ASSIGN_OR_RETURN(const ProcessExit exit,
+                      RunProcess(
+                          spec, [&](std::string_view b) { out.append(b); },
+                          [&](std::string_view b) { err.append(b); }));
+  if (!exit.ok()) {
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    return Status::Unavailable(spec.exe.filename().string() + " " + exit.Describe() +
+                               (err.empty() ? "" : ": " + err));
+  }
+  return out;
+}
+
 }  // namespace gatehouse::agent

@@ -65,6 +65,11 @@ struct CancelToken {
 Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_stdout,
                                const OutputHandler& on_stderr, CancelToken cancel = {});
 
+/// Runs `spec` to completion (RunProcess) and returns its standard output, for short client
+/// commands (squeue, bwrap --version). Errors: as RunProcess; UNAVAILABLE "<program> exited
+/// with code N: <its standard error>" when it does not exit 0.
+Result<std::string> RunForOutput(const ProcessSpec& spec);
+
 /// The absolute path of a program named `name` in PATH, or an empty path.
 std::filesystem::path FindProgram(std::string_view name);
 

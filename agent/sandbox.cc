@@ -64,20 +64,23 @@ std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-Result<std::unique_ptr<AttemptSandbox>> AttemptSandbox::Open(const SandboxConfig& config,
-                                                             SandboxPaths paths) {
-  std::string version;
-  {
+Result<std::string> ProbeSandbox(const SandboxConfig& config) {
+  const auto run = [&](std::vector<std::string> args) -> Result<std::string> {
     ProcessSpec probe;
     probe.exe = config.bwrap;
-    probe.args = {"--version"};
-    std::string err;
-    auto exit = RunProcess(
-        probe, [&](std::string_view b) { version.append(b); },
-        [&](std::string_view b) { err.append(b); });
-    if (!exit.ok()) return Status::Unavailable("sandbox: " + exit.status().message());
-    while (!version.empty() && version.back() == '\n') version.pop_back();
-  }
+    probe.args = std::move(args);
+    auto out = RunForOutput(probe);
+    if (!out.ok()) return Status::Unavailable("sandbox: " + out.status().message());
+    while (!out->empty() && out->back() == '\n') out->pop_back();
+    return out;
+  };
+  GH_ASSIGN_OR_RETURN(std::string version, run({"--version"}));
+  GH_RETURN_IF_ERROR(
+      run({"--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"}).status());
+  return version;
+}
+
+Result<std::unique_ptr<AttemptSandbox>> AttemptSandbox::Open(const SandboxConfig& config) {
   // The holder reads a pipe only the agent writes: when the agent dies (or the sandbox closes)
   // it reads EOF and exits, taking the namespaces with it.
   int info[2] = {-1, -1}, errors[2] = {-1, -1}, lifeline[2] = {-1, -1};
@@ -133,20 +136,18 @@ Result<std::unique_ptr<AttemptSandbox>> AttemptSandbox::Open(const SandboxConfig
                                (why.empty() ? std::string() : ": " + why));
   }
   ::close(errors[0]);
-  std::string description = version + ": user+network namespace of the attempt (loopback only), "
+  std::string description = config.version + ": user+network namespace of the attempt (loopback only), "
                                       "read-only root, agent work dir hidden";
   if (!config.hidden_files.empty()) description += ", token hidden";
   description += ", attempt dir writable";
   if (config.max_processes > 0) description += ", nproc " + std::to_string(config.max_processes);
   return std::unique_ptr<AttemptSandbox>(
-      new AttemptSandbox(config, std::move(paths), holder, inner, lifeline[1],
-                         std::move(description)));
+      new AttemptSandbox(config, holder, inner, lifeline[1], std::move(description)));
 }
 
-AttemptSandbox::AttemptSandbox(SandboxConfig config, SandboxPaths paths, pid_t holder,
-                               pid_t inner, int lifeline, std::string description)
+AttemptSandbox::AttemptSandbox(SandboxConfig config, pid_t holder, pid_t inner, int lifeline,
+                               std::string description)
     : config_(std::move(config)),
-      paths_(std::move(paths)),
       holder_(holder),
       inner_(inner),
       lifeline_(lifeline),

@@ -27,7 +27,13 @@ struct SandboxConfig {
   std::vector<std::filesystem::path> hidden_dirs;   // replaced by an empty directory
   /// RLIMIT_NPROC of the ranks (processes and threads of the sandbox's user namespace); 0: none.
   int64_t max_processes = 0;
+  /// What `bwrap --version` printed ("bubblewrap 0.8.0"), set by ProbeSandbox at agent start.
+  std::string version = "bwrap";
 };
+
+/// Checks once, at agent start, that bwrap runs and can make a user and network namespace
+/// here, and returns its version line. Errors: UNAVAILABLE with bwrap's message.
+Result<std::string> ProbeSandbox(const SandboxConfig& config);
 
 /// What one attempt may see inside its sandbox (absolute paths).
 struct SandboxPaths {
@@ -51,33 +57,30 @@ class AttemptSandbox {
  public:
   /// Starts the holder and waits for its namespaces. Errors: UNAVAILABLE naming what failed
   /// (bwrap missing, user namespaces not allowed: bwrap's message).
-  static Result<std::unique_ptr<AttemptSandbox>> Open(const SandboxConfig& config,
-                                                      SandboxPaths paths);
+  static Result<std::unique_ptr<AttemptSandbox>> Open(const SandboxConfig& config);
   ~AttemptSandbox();
   AttemptSandbox(const AttemptSandbox&) = delete;
   AttemptSandbox& operator=(const AttemptSandbox&) = delete;
 
-  /// Rewrites `spec` to run inside the sandbox: nsenter -t <holder> -U -n
+  /// Rewrites `spec` to run inside the sandbox: nsenter -t <holder> -U [-n]
   /// --preserve-credentials -- bwrap <BwrapArgs> [--chdir cwd] -- [prlimit --nproc=N --] <exe>
   /// <args>, with GATEHOUSE_SANDBOX=Describe() and TMPDIR=<attempt dir>/tmp (created) added to
   /// its environment.
-  void Wrap(ProcessSpec& spec) const { Wrap(spec, paths_, /*loopback_only=*/true); }
-
-  /// The same with other paths (a build step: its build dir and caches writable) and, with
-  /// `loopback_only` false, the node's network instead of the attempt's loopback (pip fetching
-  /// from the package index). The user namespace is the attempt's either way.
-  void Wrap(ProcessSpec& spec, const SandboxPaths& paths, bool loopback_only) const;
+  /// `paths`: what the process sees (a rank: its checkout, plugins, Python paths; a build step:
+  /// its build dir and caches writable). With `loopback_only` false the process keeps the
+  /// node's network instead of the attempt's loopback (pip fetching from the package index);
+  /// the user namespace is the attempt's either way.
+  void Wrap(ProcessSpec& spec, const SandboxPaths& paths, bool loopback_only = true) const;
 
   /// The evidence line: "bwrap 0.8.0: user+network namespace (loopback only), read-only root,
   /// work dir hidden, token hidden, attempt dir writable, nproc 4096".
   const std::string& Describe() const { return description_; }
 
  private:
-  AttemptSandbox(SandboxConfig config, SandboxPaths paths, pid_t holder, pid_t inner,
-                 int lifeline, std::string description);
+  AttemptSandbox(SandboxConfig config, pid_t holder, pid_t inner, int lifeline,
+                 std::string description);
 
   SandboxConfig config_;
-  SandboxPaths paths_;
   pid_t holder_ = -1;  // the bwrap process we started
   pid_t inner_ = -1;   // its child in the new namespaces (bwrap --info-fd "child-pid")
   int lifeline_ = -1;  // the write end of the holder's standard input

@@ -33,17 +33,7 @@ Result<std::string> RunClient(const std::filesystem::path& exe, std::vector<std:
   ProcessSpec spec;
   spec.exe = exe;
   spec.args = std::move(args);
-  std::string out, err;
-  GH_ASSIGN_OR_RETURN(ProcessExit exit,
-                      RunProcess(
-                          spec, [&](std::string_view b) { out.append(b); },
-                          [&](std::string_view b) { err.append(b); }));
-  if (!exit.ok()) {
-    while (!err.empty() && err.back() == '\n') err.pop_back();
-    return Status::Unavailable(exe.filename().string() + " " + exit.Describe() +
-                               (err.empty() ? "" : ": " + err));
-  }
-  return out;
+  return RunForOutput(spec);
 }
 
 Result<std::optional<SlurmJob>> QueryJob(const SlurmConfig& config, const std::string& name) {

@@ -436,11 +436,7 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     spec.args.insert(spec.args.end(), launch.args_after.begin(), launch.args_after.end());
     spec.cwd = launch.attempt_dir;
     if (launch.sandbox != nullptr && launch.slurm == nullptr) {
-      if (launch.sandbox_paths != nullptr) {
-        launch.sandbox->Wrap(spec, *launch.sandbox_paths, /*loopback_only=*/true);
-      } else {
-        launch.sandbox->Wrap(spec);
-      }
+      launch.sandbox->Wrap(spec, launch.sandbox_paths);
     }
   }
   if (launch.slurm != nullptr) {

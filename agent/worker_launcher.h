@@ -47,11 +47,10 @@ struct WorkerLaunch {
   /// (RunSlurmRanks, slurm_launcher.h) instead of local processes.
   const SlurmConfig* slurm = nullptr;
   /// Set when attempts are isolated (gatehouse-agent --sandbox bwrap): every local rank runs
-  /// inside it (AttemptSandbox::Wrap). Not used for Slurm steps.
+  /// inside it (AttemptSandbox::Wrap), seeing `sandbox_paths` (its checkout, plugins' dirs,
+  /// Python paths, attempt dir). Not used for Slurm steps.
   const AttemptSandbox* sandbox = nullptr;
-  /// What the ranks see in it (their checkout, plugins' dirs, Python paths, attempt dir);
-  /// nullptr: the sandbox's own paths.
-  const SandboxPaths* sandbox_paths = nullptr;
+  SandboxPaths sandbox_paths;
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.

@@ -206,13 +206,12 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
   if (outcome == "lost" && a.cancel_reason.empty()) {
     // Taken away on the agent's side (a Slurm node failure): ended and retried exactly as an
     // expired lease, in one transaction.
-    const std::string why = reason.empty() ? "the agent reported the attempt lost" : reason;
-    GH_ASSIGN_OR_RETURN(std::optional<int64_t> retry,
-                        store_.LoseAttempt(attempt_id, why, agents_.lease().retry_limit));
-    spdlog::warn("attempt {} of cell {} lost: {}{}", attempt_id, a.cell_id, why,
-                 retry ? "; retried as attempt id " + std::to_string(*retry) : "; no retry");
+    const bool ended =
+        leases_.Lose(attempt_id, a.cell_id, reason.empty() ? "the agent reported it lost" : reason);
     Schedule();
-    return Status::Ok();
+    return ended ? Status::Ok()
+                 : Status::Unavailable("attempt " + std::to_string(attempt_id) +
+                                       " could not be ended lost (see the controller's log)");
   }
   AttemptState to = AttemptState::kError;
   std::string why;

@@ -88,8 +88,9 @@ std::vector<std::pair<int64_t, std::string>> LeaseKeeper::Reconcile(
         std::find(held.begin(), held.end(), a.attempt_id) != held.end()) {
       continue;
     }
-    Lose(a, "agent '" + agent_id + "' registered again without attempt " +
-                std::to_string(a.attempt_id) + " (it restarted, or never received the assignment)");
+    Lose(a.attempt_id, a.cell_id,
+         "agent '" + agent_id + "' registered again without attempt " +
+             std::to_string(a.attempt_id) + " (it restarted, or never received the assignment)");
   }
   // What the agent holds but should stop: attempts that ended here while it was away (lost,
   // cancelled: their retry may wait behind them), and cancels it may have missed.
@@ -107,14 +108,15 @@ std::vector<std::pair<int64_t, std::string>> LeaseKeeper::Reconcile(
   return cancels;
 }
 
-bool LeaseKeeper::Lose(const ActiveAttempt& a, const std::string& reason) {
+bool LeaseKeeper::Lose(int64_t attempt_id, const std::string& cell_id,
+                       const std::string& reason) {
   Result<std::optional<int64_t>> retry =
-      store_.LoseAttempt(a.attempt_id, reason, agents_.lease().retry_limit);
+      store_.LoseAttempt(attempt_id, reason, agents_.lease().retry_limit);
   if (!retry.ok()) {
-    spdlog::error("attempt {}: {}", a.attempt_id, retry.status().ToString());
+    spdlog::error("attempt {}: {}", attempt_id, retry.status().ToString());
     return false;
   }
-  spdlog::warn("attempt {} of cell {} lost: {}{}", a.attempt_id, a.cell_id, reason,
+  spdlog::warn("attempt {} of cell {} lost: {}{}", attempt_id, cell_id, reason,
                *retry ? "; retried as attempt id " + std::to_string(**retry) : "; no retry");
   return true;
 }
@@ -134,9 +136,10 @@ int LeaseKeeper::ExpireLeases() {
     if (!silent) continue;
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.1f", std::chrono::duration<double>(*silent).count());
-    if (Lose(a, "agent '" + a.agent_id + "' unreachable: not heard from for " + seconds +
-                    " s (heartbeat every " + std::to_string(lease.heartbeat_interval.count()) +
-                    " ms, " + std::to_string(lease.missed_heartbeats) + " missed)")) {
+    if (Lose(a.attempt_id, a.cell_id,
+             "agent '" + a.agent_id + "' unreachable: not heard from for " + seconds +
+                 " s (heartbeat every " + std::to_string(lease.heartbeat_interval.count()) +
+                 " ms, " + std::to_string(lease.missed_heartbeats) + " missed)")) {
       ++lost;
     }
   }

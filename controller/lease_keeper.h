@@ -58,9 +58,12 @@ class LeaseKeeper {
   /// Sends a Cancel for `attempt_id` to `agent_id` if it is attached; false when it is not.
   bool SendCancel(const std::string& agent_id, int64_t attempt_id, const std::string& reason);
 
+  /// Ends attempt `attempt_id` (of cell `cell_id`) lost with `reason` and retries it within the
+  /// retry limit (Store::LoseAttempt), logged: for an expired lease, an agent that registers
+  /// again without it, or an agent's end with outcome "lost". False (logged) on a store error.
+  bool Lose(int64_t attempt_id, const std::string& cell_id, const std::string& reason);
+
  private:
-  /// Store::LoseAttempt with the retry limit, logged; false (logged) on a store error.
-  bool Lose(const ActiveAttempt& a, const std::string& reason);
 
   Store& store_;
   AgentRegistry& agents_;

@@ -94,6 +94,23 @@ TEST(ProcessTest, ExecFailureIsUnavailable) {
       << c.exit.status().message();
 }
 
+// Verifies RunForOutput: standard output when the program exits 0; UNAVAILABLE naming the
+// program, its exit and its standard error otherwise.
+TEST(ProcessTest, RunForOutputReturnsStdoutOrTheFailure) {
+  ProcessSpec ok;
+  ok.exe = "/bin/sh";
+  ok.args = {"-c", "echo out; echo noise >&2"};
+  auto out = RunForOutput(ok);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out, "out\n");
+  ProcessSpec bad = ok;
+  bad.args = {"-c", "echo partial; echo 'no such job' >&2; exit 3"};
+  auto failed = RunForOutput(bad);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(failed.status().message(), "sh exited with code 3: no such job");
+}
+
 // Verifies that cancelling sends SIGTERM to the child's whole group (a grandchild too), and that
 // the call returns promptly with the signal recorded.
 TEST(ProcessTest, CancelTerminatesProcessGroup) {

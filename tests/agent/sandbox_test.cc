@@ -100,6 +100,8 @@ class SandboxRunTest : public ::testing::Test {
   std::vector<json> Run(const AttemptSandbox* sandbox) {
     std::filesystem::create_directories(launch_.attempt_dir);
     launch_.sandbox = sandbox;
+    launch_.sandbox_paths.attempt_dir = launch_.attempt_dir;
+    launch_.sandbox_paths.read_only = {launch_.checkout.path};
     FakeAttemptSink sink;
     const AttemptEndReport end = RunWorker(launch_, sink);
     EXPECT_EQ(end.outcome, "finished") << end.reason << "\n" << sink.logs["worker"]
@@ -125,11 +127,11 @@ TEST_F(SandboxRunTest, AnAdapterSeesItsOwnAttemptOnly) {
   EXPECT_EQ(open[0]["other_attempt"], "another attempt's evidence\n");
   EXPECT_EQ(open[0]["sandbox"], "none");
 
-  SandboxPaths paths;
-  paths.attempt_dir = launch_.attempt_dir;
-  paths.read_only = {launch_.checkout.path};
-  auto sandbox = AttemptSandbox::Open(config_, paths);
-  if (!sandbox.ok()) GTEST_SKIP() << "no sandbox here: " << sandbox.status().message();
+  auto version = ProbeSandbox(config_);
+  if (!version.ok()) GTEST_SKIP() << "no sandbox here: " << version.status().message();
+  config_.version = *version;
+  auto sandbox = AttemptSandbox::Open(config_);
+  ASSERT_TRUE(sandbox.ok()) << sandbox.status().ToString();
   const std::vector<json> ranks = Run(sandbox->get());
   ASSERT_EQ(ranks.size(), 2u);
   for (const json& r : ranks) {
@@ -148,6 +150,7 @@ TEST_F(SandboxRunTest, AnAdapterSeesItsOwnAttemptOnly) {
               (ranks[1]["loopback"] == "hello" && ranks[0]["loopback"] == "sent"))
       << ranks[0].dump() << ranks[1].dump();
   EXPECT_NE((*sandbox)->Describe().find("token hidden"), std::string::npos);
+  EXPECT_EQ((*sandbox)->Describe().rfind("bubblewrap ", 0), 0u) << (*sandbox)->Describe();
   EXPECT_TRUE(std::filesystem::exists(launch_.attempt_dir / "out1"));
 }
 
@@ -158,8 +161,11 @@ TEST_F(SandboxRunTest, ABuildStepWritesItsBuildDirOnlyAndKeepsTheNetworkOnlyWhen
   SandboxPaths attempt;
   attempt.attempt_dir = launch_.attempt_dir;
   std::filesystem::create_directories(attempt.attempt_dir);
-  auto sandbox = AttemptSandbox::Open(config_, attempt);
-  if (!sandbox.ok()) GTEST_SKIP() << "no sandbox here: " << sandbox.status().message();
+  if (auto version = ProbeSandbox(config_); !version.ok()) {
+    GTEST_SKIP() << "no sandbox here: " << version.status().message();
+  }
+  auto sandbox = AttemptSandbox::Open(config_);
+  ASSERT_TRUE(sandbox.ok()) << sandbox.status().ToString();
   SandboxPaths build = attempt;
   build.read_only = {launch_.checkout.path};
   build.writable = {work_ / "build" / "abc"};
