@@ -1,6 +1,8 @@
 // The attempt lifecycle, in order: spec, checkout, recipe, build, worker, end.
 #include "agent/attempt_runner.h"
 
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +25,50 @@ std::filesystem::path CacheDir(const char* variable, const char* name) {
   }
   const char* home = std::getenv("HOME");
   return std::filesystem::path(home != nullptr ? home : "/") / ".cache" / name;
+}
+
+// An attempt's cgroup (RunnerConfig::cgroup) and the line its evidence records (the ranks'
+// GATEHOUSE_CGROUP): its description, or "none: <why>" when the agent has none; both empty when
+// the agent was given no cgroup config at all.
+struct CgroupSlot {
+  std::unique_ptr<AttemptCgroup> cgroup;
+  std::string evidence;
+  std::vector<std::filesystem::path> Join() const {
+    return cgroup ? cgroup->Join() : std::vector<std::filesystem::path>{};
+  }
+};
+
+Result<CgroupSlot> OpenCgroup(const CgroupConfig* config, int64_t attempt_id) {
+  CgroupSlot slot;
+  if (config == nullptr) return slot;
+  if (config->version == 0) {
+    slot.evidence = "none: " + config->none_reason;
+    return slot;
+  }
+  // The agent's pid in the name: two agents sharing a cgroup never collide.
+  GH_ASSIGN_OR_RETURN(slot.cgroup,
+                      AttemptCgroup::Create(*config, "gatehouse-a" + std::to_string(attempt_id) +
+                                                         "-p" + std::to_string(::getpid())));
+  slot.evidence = slot.cgroup->Describe();
+  return slot;
+}
+
+// Adds to a failed attempt's end reason that its cgroup hit the memory limit, logs its peak,
+// and kills what the attempt left running in it.
+void CloseCgroup(CgroupSlot& slot, AttemptEndReport& end) {
+  if (!slot.cgroup) return;
+  const std::string note = slot.cgroup->OomNote();
+  if (!note.empty() && end.outcome != kOutcomeFinished) {
+    end.reason = end.reason.empty() ? note : end.reason + "; " + note;
+  }
+  if (const int64_t peak = slot.cgroup->PeakBytes(); peak >= 0) {
+    spdlog::info("attempt {}: peak memory {} ({})", end.attempt_id, FormatBytes(peak),
+                 slot.cgroup->Describe());
+  }
+  if (const int left = slot.cgroup->KillAll(); left > 0) {
+    spdlog::warn("attempt {}: killed {} process(es) it left running", end.attempt_id, left);
+  }
+  slot.cgroup.reset();
 }
 
 AttemptEndReport Error(int64_t attempt_id, std::string reason) {
@@ -157,13 +203,15 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   namespace fs = std::filesystem;
   const fs::path attempt_dir = config_.work_dir / "attempts" / std::to_string(id);
   // The sandbox (when configured) holds the build and the ranks: the submitter's CMake, pip
-  // and adapter code all run in it.
+  // and adapter code all run in it; the cgroup (when the agent has one) counts and limits them.
+  auto cgroup = OpenCgroup(config_.cgroup, id);
+  if (!cgroup.ok()) return Error(id, cgroup.status().message());
   std::unique_ptr<AttemptSandbox> sandbox;
+  SandboxPaths build_paths;
   if (config_.sandbox != nullptr && config_.slurm == nullptr) {
     auto opened = AttemptSandbox::Open(*config_.sandbox);
     if (!opened.ok()) return Error(id, opened.status().message());
     sandbox = std::move(opened).value();
-    SandboxPaths build_paths;
     build_paths.attempt_dir = attempt_dir;
     build_paths.read_only.push_back(checkout->path);
     build_paths.writable = {config_.work_dir / "build" / request.repo_key,
@@ -172,8 +220,12 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
     std::error_code ec;
     for (const fs::path& dir : build_paths.writable) fs::create_directories(dir, ec);
     fs::create_directories(attempt_dir, ec);
-    build_config.wrap = [&sandbox, build_paths](ProcessSpec& step, bool needs_network) {
-      sandbox->Wrap(step, build_paths, /*loopback_only=*/!needs_network);
+  }
+  if (sandbox || cgroup->cgroup) {
+    build_config.wrap = [&sandbox, build_paths, dirs = cgroup->Join()](ProcessSpec& step,
+                                                                       bool needs_network) {
+      step.cgroups = dirs;
+      if (sandbox) sandbox->Wrap(step, build_paths, /*loopback_only=*/!needs_network);
     };
   }
   LogStream build_log(sink, id, kBuildStream);
@@ -182,7 +234,10 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   if (cancel.requested()) return Error(id, "cancelled: during the build");
   if (!built.ok()) {
     const std::string message = built.status().message();
-    return Error(id, message.rfind("build failed", 0) == 0 ? message : "build failed: " + message);
+    AttemptEndReport end =
+        Error(id, message.rfind("build failed", 0) == 0 ? message : "build failed: " + message);
+    CloseCgroup(*cgroup, end);
+    return end;
   }
 
   WorkerLaunch launch;
@@ -208,7 +263,10 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
     }
     for (const fs::path& dir : launch.python_path) launch.sandbox_paths.read_only.push_back(dir);
   }
+  launch.cgroup_dirs = cgroup->Join();
+  launch.cgroup_evidence = cgroup->evidence;
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
+  CloseCgroup(*cgroup, end);
   sandbox.reset();
   // The gates' plot data become the attempt's artifacts (common/artifacts.h) before the end is
   // reported. They are not evidence the verdict rests on: a failed upload is logged, and the
@@ -286,7 +344,14 @@ AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec, AttemptS
   launch.gpu_models = config_.gpu_models;
   launch.log_flush_timeout = config_.log_flush_timeout;
   launch.slurm = config_.slurm;
+  // The reference runs upstream's code, not the submitter's: no sandbox, but the same cgroup
+  // (a 70 GB checkpoint loaded twice would take the node down as surely).
+  auto cgroup = OpenCgroup(config_.cgroup, id);
+  if (!cgroup.ok()) return Error(id, cgroup.status().message());
+  launch.cgroup_dirs = cgroup->Join();
+  launch.cgroup_evidence = cgroup->evidence;
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
+  CloseCgroup(*cgroup, end);
   if (end.outcome != kOutcomeFinished || !fs::is_directory(out, ec)) return end;
   // The bundle becomes the reference cell's artifacts before the end is reported, so a cell
   // waiting for it finds them once it has passed.

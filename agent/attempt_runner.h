@@ -12,6 +12,7 @@
 #include "agent/attempt_sink.h"
 #include "agent/build.h"
 #include "agent/checkout.h"
+#include "agent/cgroup.h"
 #include "agent/cleanup.h"
 #include "agent/process.h"
 #include "agent/redaction.h"
@@ -63,6 +64,13 @@ struct RunnerConfig {
   /// An attempt whose sandbox cannot be made ends with outcome "error" ("sandbox: ..."), never
   /// unsandboxed. Not owned.
   const SandboxConfig* sandbox = nullptr;
+  /// The agent's cgroup settings (PrepareCgroups; gatehouse-agent --cgroup): with version 1 or 2
+  /// each attempt's build steps and ranks (a reference cell's runner too) run in an
+  /// AttemptCgroup of their own, which is emptied and removed at the attempt's end; a failed
+  /// attempt whose processes the OOM killer ended says so in its end reason. With version 0 the
+  /// ranks' evidence says "none: <why>". An attempt whose cgroup cannot be made ends with
+  /// outcome "error" ("cgroup: ..."). nullptr: no cgroup and no evidence line. Not owned.
+  const CgroupConfig* cgroup = nullptr;
 };
 
 /// Runs attempts one after another, reporting to an AttemptSink.

@@ -152,6 +152,19 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--sandbox-hide", sandbox_hide,
                  "one more directory a sandboxed attempt must not see (repeatable)");
+  std::string cgroup_mode = "auto";
+  gatehouse::agent::CgroupConfig cgroup;
+  app.add_option("--cgroup", cgroup_mode,
+                 "run each attempt (build and ranks) in a cgroup of its own under the one "
+                 "delegated to the agent: 'auto' (where one is; otherwise the evidence says "
+                 "none and why), 'required' (exit at start where none is) or 'none'")
+      ->check(CLI::IsMember({"auto", "required", "none"}));
+  app.add_option("--attempt-memory-limit", cgroup.memory_limit_bytes,
+                 "memory limit of each attempt's cgroup, swap included (64G, 512M; 0: none)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--attempt-max-processes", cgroup.max_processes,
+                 "pids.max of each attempt's cgroup: processes and threads (0: none)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));
@@ -305,6 +318,34 @@ int main(int argc, char** argv) {
     spdlog::info("sandbox: bwrap per attempt, work dir {} hidden{}", sandbox.work_dir.string(),
                  token_file.empty() ? "" : ", token file hidden");
   }
+  const bool limits = cgroup.memory_limit_bytes > 0 || cgroup.max_processes > 0;
+  if (cgroup_mode == "none") {
+    if (limits) {
+      spdlog::error("--attempt-memory-limit and --attempt-max-processes need a cgroup "
+                    "(--cgroup auto or required)");
+      return 2;
+    }
+    cgroup.none_reason = "gatehouse-agent --cgroup none";
+  } else {
+    // Found and prepared once here (on cgroup v2 the agent moves into a leaf of its own).
+    cgroup = gatehouse::agent::PrepareCgroups(cgroup);
+    if (cgroup.version == 0 && (cgroup_mode == "required" || limits)) {
+      spdlog::error("--cgroup {}{}: {}", cgroup_mode,
+                    limits ? " with attempt limits" : "", cgroup.none_reason);
+      return 2;
+    }
+    if (cgroup.version == 0) {
+      spdlog::info("cgroup: attempts run in none: {}", cgroup.none_reason);
+    } else {
+      spdlog::info("cgroup v{}: each attempt in one under {} (memory limit {}, process limit {})",
+                   cgroup.version, cgroup.parent.string(),
+                   cgroup.memory_limit_bytes > 0
+                       ? gatehouse::agent::FormatBytes(cgroup.memory_limit_bytes)
+                       : "none",
+                   cgroup.max_processes > 0 ? std::to_string(cgroup.max_processes) : "none");
+    }
+  }
+  runner_config.cgroup = &cgroup;
   AttemptRunner runner(runner_config);
 
   AgentClient client(client_config, runner);

@@ -1,6 +1,7 @@
 // Child processes through Boost.Process v1 (argv only; no shell), output drained with poll(2).
 #include "agent/process.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -50,6 +51,30 @@ void PrepareChild(int keep) {
   } else {
     if (keep > 3) ::close_range(3, static_cast<unsigned>(keep) - 1, 0);
     ::close_range(static_cast<unsigned>(keep) + 1, ~0U, 0);
+  }
+}
+
+// Runs in the forked child before exec: writes its pid to each `procs` file (cgroup.procs of
+// the cgroups to join). Only async-signal-safe calls; a failure ends the child (code 126) with
+// a line on its standard error.
+void JoinCgroups(const std::vector<std::string>& procs) {
+  if (procs.empty()) return;
+  char digits[24];
+  size_t n = 0;
+  for (pid_t pid = ::getpid(); pid > 0; pid /= 10) digits[n++] = static_cast<char>('0' + pid % 10);
+  char text[24];
+  for (size_t i = 0; i < n; ++i) text[i] = digits[n - 1 - i];
+  for (const std::string& path : procs) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    const bool joined = fd >= 0 && ::write(fd, text, n) == static_cast<ssize_t>(n);
+    if (fd >= 0) ::close(fd);
+    if (!joined) {
+      static constexpr char kMessage[] = "gatehouse-agent: cannot join the attempt's cgroup: ";
+      (void)!::write(2, kMessage, sizeof(kMessage) - 1);
+      (void)!::write(2, path.c_str(), path.size());
+      (void)!::write(2, "\n", 1);
+      ::_exit(126);
+    }
   }
 }
 
@@ -103,8 +128,11 @@ Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_
   bp::environment env = boost::this_process::environment();
   for (const auto& [key, value] : spec.env) env[key] = value;
   const std::filesystem::path cwd = spec.cwd.empty() ? std::filesystem::current_path() : spec.cwd;
+  std::vector<std::string> cgroup_procs;
+  for (const auto& dir : spec.cgroups) cgroup_procs.push_back((dir / "cgroup.procs").string());
   // Must come after the redirections in the argument list: handlers run in that order.
-  const auto exec_setup = bp::extend::on_exec_setup = [](auto& exec) {
+  const auto exec_setup = bp::extend::on_exec_setup = [&cgroup_procs](auto& exec) {
+    JoinCgroups(cgroup_procs);
     const auto used = exec.get_used_handles();
     PrepareChild(used.empty() ? -1 : used.front());
   };

@@ -27,6 +27,10 @@ struct ProcessSpec {
   /// Send standard error into the standard-output pipe, so both arrive as one ordered stream
   /// through `on_stdout` (the build log).
   bool merge_stderr = false;
+  /// Cgroup directories the child joins before it execs (its pid written to each one's
+  /// cgroup.procs, agent/cgroup.h), so it and all it starts are counted and limited there. A
+  /// child that cannot join says so on its standard error and exits with code 126.
+  std::vector<std::filesystem::path> cgroups;
   /// The final log flush: after the child exits, how long descendants that still hold its
   /// pipes are waited for before its process group is killed and the output cut
   /// (gatehouse-agent --log-flush-timeout-ms).

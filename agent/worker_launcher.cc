@@ -435,6 +435,12 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     }
     spec.args.insert(spec.args.end(), launch.args_after.begin(), launch.args_after.end());
     spec.cwd = launch.attempt_dir;
+    if (launch.slurm == nullptr) {
+      spec.cgroups = launch.cgroup_dirs;
+      if (!launch.cgroup_evidence.empty()) {
+        spec.env.emplace_back("GATEHOUSE_CGROUP", launch.cgroup_evidence);
+      }
+    }
     if (launch.sandbox != nullptr && launch.slurm == nullptr) {
       launch.sandbox->Wrap(spec, launch.sandbox_paths);
     }

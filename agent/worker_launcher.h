@@ -51,6 +51,12 @@ struct WorkerLaunch {
   /// Python paths, attempt dir). Not used for Slurm steps.
   const AttemptSandbox* sandbox = nullptr;
   SandboxPaths sandbox_paths;
+  /// The attempt's cgroup (AttemptCgroup::Join): every local rank joins it before it execs.
+  /// Empty: none. Not used for Slurm steps.
+  std::vector<std::filesystem::path> cgroup_dirs;
+  /// GATEHOUSE_CGROUP for the local ranks (the identity gate's `cgroup` figure):
+  /// AttemptCgroup::Describe(), or "none: <why>". Empty: not set.
+  std::string cgroup_evidence;
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.

@@ -1053,17 +1053,19 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
   std::lock_guard lock(mu_);
   // One group per square; with a single max() SQLite takes the bare columns from the row that
   // holds the max, i.e. the newest cell (https://sqlite.org/lang_select.html, "bare columns").
-  // The cells_matrix index covers every column read here.
+  // The cells_matrix index covers every column read here. The newest attempt of that cell is
+  // looked up once (its id), then its state by primary key.
   Stmt s(*statements_,
-         "SELECT model_family, checkpoint_path, checkpoint_digest, device, precision, tp, dp, pp, "
-         "ep, mode, id, repository, branch, commit_sha, max(created_at), count(*), "
-         "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1), "
-         "(SELECT a.id FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1) "
+         "SELECT g.*, a.state, a.id FROM (SELECT model_family, checkpoint_path, "
+         "checkpoint_digest, device, precision, tp, dp, pp, ep, mode, id, repository, branch, "
+         "commit_sha, max(created_at), count(*), (SELECT a.id FROM attempts a WHERE a.cell_id = "
+         "c.id ORDER BY a.number DESC LIMIT 1) AS last_attempt "
          "FROM cells c WHERE kind = '' AND (?1 = '' OR repository = ?1) AND (?2 = '' OR branch = ?2) "
          "AND (?3 = '' OR commit_sha = ?3) AND (?4 = '' OR model_family = ?4) "
-         "GROUP BY model_family, checkpoint_digest, device, precision, tp, dp, pp, ep, mode "
-         "ORDER BY model_family, checkpoint_path, checkpoint_digest, device, precision, tp, dp, pp, "
-         "ep, mode");
+         "GROUP BY model_family, checkpoint_digest, device, precision, tp, dp, pp, ep, mode) g "
+         "LEFT JOIN attempts a ON a.id = g.last_attempt "
+         "ORDER BY g.model_family, g.checkpoint_path, g.checkpoint_digest, g.device, g.precision, "
+         "g.tp, g.dp, g.pp, g.ep, g.mode");
   s.Bind(1, f.repository).Bind(2, f.branch).Bind(3, f.commit).Bind(4, f.model_family);
   std::vector<MatrixSquare> out;
   while (s.Step()) {
@@ -1084,8 +1086,8 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
     q.commit_sha = s.Text(13);
     q.created_at = s.Text(14);
     q.cells = s.Int(15);
-    GH_ASSIGN_OR_RETURN(q.status, StateColumn(s, 16));
-    q.attempt_id = s.Int(17);
+    GH_ASSIGN_OR_RETURN(q.status, StateColumn(s, 17));
+    q.attempt_id = s.Int(18);
     out.push_back(std::move(q));
   }
   GH_RETURN_IF_ERROR(s.status());

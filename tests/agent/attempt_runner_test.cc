@@ -2,6 +2,8 @@
 // a recipe, checked out, built and handed to a fake worker, all reported to a recording sink.
 #include "agent/attempt_runner.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -298,6 +300,66 @@ TEST_F(AttemptRunnerTest, AReferenceFileThatDoesNotMatchItsDigestBlocks) {
   EXPECT_NE(reason.find("another digest"), std::string::npos) << reason;
   EXPECT_EQ(json::parse(sink_.events.back().json)["status"], "BLOCKED");
   EXPECT_EQ(sink_.LogText("build"), "") << "nothing is checked out or built";
+}
+
+
+// Verifies an attempt's own cgroup (RunnerConfig::cgroup, agent/cgroup.h) end to end: the
+// build and the worker run in it, the worker is told it (GATEHOUSE_CGROUP, the identity gate's
+// `cgroup` figure), a worker that allocates past the memory limit is OOM-killed and the end
+// reason says the limit was reached, and the cgroup is gone afterwards. SKIPPED where no cgroup
+// is delegated here.
+TEST_F(AttemptRunnerTest, AnAttemptRunsInItsOwnCgroupAndAnOomKillIsNamed) {
+  CgroupConfig cgroup;
+  cgroup.memory_limit_bytes = 256 << 20;
+  cgroup = PrepareCgroups(cgroup);
+  if (cgroup.version == 0) GTEST_SKIP() << "no cgroup delegated here: " << cgroup.none_reason;
+  const auto worker = tmp_.path() / "hungry-worker.sh";
+  WriteFile(worker,
+            "#!/bin/sh\n"
+            "echo '{\"event\":\"phase_start\",\"phase\":\"identity\",\"ts_ms\":1}'\n"
+            "echo \"GATEHOUSE_CGROUP=$GATEHOUSE_CGROUP\" >&2\n"
+            "cat /proc/self/cgroup >&2\n"
+            "exec python3 -c \"b = b'x' * (1 << 30)\"\n",
+            true);
+  config_.worker = worker;
+  config_.cgroup = &cgroup;
+  AttemptRunner runner(config_);
+  runner.Run(Assignment(41, good_), sink_);
+  ASSERT_EQ(sink_.ends.size(), 1u);
+  const std::string name = "gatehouse-a41-p" + std::to_string(::getpid());
+  EXPECT_EQ(sink_.ends[0].outcome, "error");
+  EXPECT_EQ(sink_.ends[0].reason,
+            "worker exited with code 137 (signal 9) before run_end; the attempt's cgroup "
+            "reached its memory limit (256 MiB): the kernel killed 1 process");
+  const std::string log = sink_.LogText("worker");
+  EXPECT_NE(log.find("GATEHOUSE_CGROUP=cgroup v" + std::to_string(cgroup.version) + " " +
+                     (cgroup.parent / name).string()),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("memory limit 256 MiB (no swap)"), std::string::npos) << log;
+  EXPECT_NE(log.find(name + "\n"), std::string::npos) << "the worker runs in it: " << log;
+  EXPECT_NE(sink_.LogText("build").find("+ cmake --build"), std::string::npos)
+      << "the build ran (in the cgroup: it could not have otherwise)";
+  EXPECT_FALSE(std::filesystem::exists(cgroup.parent / name)) << "removed after the attempt";
+}
+
+// Verifies an agent without a cgroup tells its ranks so, with the reason.
+TEST_F(AttemptRunnerTest, WithoutACgroupTheWorkerIsToldWhy) {
+  CgroupConfig none;
+  none.none_reason = "gatehouse-agent --cgroup none";
+  const auto worker = tmp_.path() / "telling-worker.sh";
+  WriteFile(worker,
+            "#!/bin/sh\n"
+            "echo \"GATEHOUSE_CGROUP=$GATEHOUSE_CGROUP\" >&2\n"
+            "echo '{\"event\":\"run_end\",\"status\":\"PASS\",\"ts_ms\":2}'\n",
+            true);
+  config_.worker = worker;
+  config_.cgroup = &none;
+  AttemptRunner runner(config_);
+  runner.Run(Assignment(42, good_), sink_);
+  ASSERT_EQ(sink_.ends.size(), 1u);
+  EXPECT_EQ(sink_.ends[0].outcome, "finished") << sink_.ends[0].reason;
+  EXPECT_EQ(sink_.LogText("worker"), "GATEHOUSE_CGROUP=none: gatehouse-agent --cgroup none\n");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 - `systemd-analyze security --offline=yes --threshold=...`: each unit's exposure stays at or
   below its bar (the agent's is higher: it keeps the GPUs and executable memory);
 - the agent's token arrives as a credential, never through the environment;
+- the isolation drop-in (gatehouse-agent.service.d/isolation.conf) verifies with the unit;
 - `systemd-sysusers --root` makes both system users from deploy/systemd/gatehouse.sysusers;
 - the checks themselves: a unit with an unknown key, and one whose binary is missing, fail verify.
 
@@ -67,6 +68,31 @@ class SystemdUnitsTest(unittest.TestCase):
             self.assertIsNotNone(level, r.stdout + r.stderr)
             print(f"{unit}: exposure {level.group(1)} (bar {bar})")
             self.assertEqual(r.returncode, 0, f"{unit}: exposure {level.group(1)} > {bar}")
+
+    def test_isolation_drop_in_verifies_and_is_read(self):
+        # The drop-in that lets the agent sandbox and limit attempts (docs/deploy.md): the unit
+        # with it verifies cleanly, its exposure is printed, and verify does read it (a broken
+        # drop-in beside the unit fails).
+        unit = rendered("gatehouse-agent.service", self.tmp)
+        drop_in = self.tmp / "gatehouse-agent.service.d" / "isolation.conf"
+        drop_in.parent.mkdir()
+        text = (UNITS / "gatehouse-agent.service.d" / "isolation.conf").read_text()
+        for needed in ("Delegate=memory pids", "ProtectControlGroups=no",
+                       "RestrictNamespaces=user net mnt pid ipc uts", "--sandbox=bwrap",
+                       "--cgroup=required", "--attempt-memory-limit="):
+            self.assertIn(needed, text)
+        drop_in.write_text(text)
+        r = verify(unit)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr.strip(), "", "systemd-analyze warned")
+        r = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager",
+                            str(unit)], capture_output=True, text=True, timeout=60)
+        level = re.search(r"Overall exposure level for \S+: ([0-9.]+)", r.stdout + r.stderr)
+        self.assertIsNotNone(level, r.stdout + r.stderr)
+        print(f"gatehouse-agent.service with isolation.conf: exposure {level.group(1)} (bar 3.9)")
+        self.assertLessEqual(float(level.group(1)), 3.9, "still 'OK' in systemd's scale")
+        drop_in.write_text(text.replace("Delegate=", "DelegateAll="))
+        self.assertIn("Unknown key", verify(unit).stderr)
 
     def test_agent_token_is_a_credential(self):
         text = (UNITS / "gatehouse-agent.service").read_text()

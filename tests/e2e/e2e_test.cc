@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -77,6 +78,11 @@ class EndToEndTest : public ::testing::Test {
                             root_)
                      .exit_code == 0;
     if (sandboxed_) agent_args.insert(agent_args.end(), {"--sandbox", "bwrap"});
+    // And in a cgroup with a memory limit where this (root) process may make cgroups, on
+    // cgroup v1's memory hierarchy or v2 (§3.7); the identity gate then names it.
+    limited_ = ::geteuid() == 0 && (::access("/sys/fs/cgroup/memory", W_OK) == 0 ||
+                                    ::access("/sys/fs/cgroup/cgroup.subtree_control", W_OK) == 0);
+    if (limited_) agent_args.insert(agent_args.end(), {"--attempt-memory-limit", "12G"});
     agent_ = std::make_unique<Daemon>(bin + "/gatehouse-agent", agent_args,
                                       root_ / "logs" / "agent");
     ASSERT_TRUE(agent_->WaitForLine(std::regex("registered as"), seconds(120)))
@@ -192,14 +198,21 @@ class EndToEndTest : public ::testing::Test {
       EXPECT_FALSE(p->at("reason").get<std::string>().empty()) << gate << " skipped silently";
     }
     const json* identity = FindPhase(cell, "identity");
-    std::string sandbox;
+    std::string sandbox, cgroup;
     for (const json& f : identity->at("figures")) {
       if (f.value("name", "") == "sandbox") sandbox = f.value("value", "");
+      if (f.value("name", "") == "cgroup") cgroup = f.value("value", "");
     }
     if (sandboxed_) {
       EXPECT_EQ(sandbox.rfind("bubblewrap", 0), 0u) << identity->dump();
     } else {
       EXPECT_EQ(sandbox, "none") << identity->dump();
+    }
+    if (limited_) {
+      EXPECT_EQ(cgroup.rfind("cgroup v", 0), 0u) << identity->dump();
+      EXPECT_NE(cgroup.find("memory limit 12 GiB (no swap)"), std::string::npos) << cgroup;
+    } else {
+      EXPECT_TRUE(cgroup.rfind("cgroup v", 0) == 0 || cgroup.rfind("none: ", 0) == 0) << cgroup;
     }
     const json* inference = FindPhase(cell, "inference");
     auto kl = Figure(*inference, "kl_mean");
@@ -222,6 +235,7 @@ class EndToEndTest : public ::testing::Test {
   std::unique_ptr<Daemon> controller_;
   std::unique_ptr<Daemon> agent_;
   bool sandboxed_ = false;  // the agent runs with --sandbox bwrap
+  bool limited_ = false;    // ... and --attempt-memory-limit 12G
 };
 
 // A repository whose adapter is Python (the gh_archon llama adapter, recipe lane "python"):

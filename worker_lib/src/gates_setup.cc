@@ -82,6 +82,9 @@ GateOutcome IdentityGate(GateContext& ctx) {
   // Where the submitter's code ran: the agent's sandbox (GATEHOUSE_SANDBOX, protocols.md §3.6).
   const char* sandbox = std::getenv("GATEHOUSE_SANDBOX");
   out.Text("sandbox", sandbox != nullptr && *sandbox != '\0' ? sandbox : "none");
+  // And in which cgroup, with what memory and process limits (GATEHOUSE_CGROUP, §3.7).
+  const char* cgroup = std::getenv("GATEHOUSE_CGROUP");
+  out.Text("cgroup", cgroup != nullptr && *cgroup != '\0' ? cgroup : "none");
 
   // A wrong or dirty checkout: the evidence could not be attributed to the frozen commit.
   std::vector<std::string> fails;
