@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
-#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -55,6 +54,9 @@ std::string Unescape(std::string_view field) {
 // `mount_point`; empty when the path is outside that root.
 fs::path UnderMount(const std::string& mount_point, const std::string& root,
                     const std::string& path) {
+  for (const fs::path& part : fs::path(path)) {
+    if (part == "..") return {};  // never outside the mount
+  }
   std::string rest;
   if (root == "/") {
     rest = path;
@@ -125,13 +127,17 @@ std::set<pid_t> Pids(const std::vector<fs::path>& dirs) {
   return pids;
 }
 
+int KillCgroup(int version, const std::vector<fs::path>& dirs, int wait_ms);
+
 // Why the agent cannot make cgroups in `dir`, or "" when it can.
 std::string NotWritable(const fs::path& dir, bool v2) {
   for (const fs::path& path :
        {dir, dir / "cgroup.procs", v2 ? dir / "cgroup.subtree_control" : dir}) {
     if (::access(path.c_str(), W_OK) != 0) {
       return path.string() + ": not writable by uid " + std::to_string(::geteuid()) + " (" +
-             std::strerror(errno) + "; is the agent's cgroup delegated to it, systemd's Delegate=?)";
+             std::strerror(errno) +
+             "; is it delegated to the agent: systemd's Delegate=, a container's writable "
+             "cgroupfs?)";
     }
   }
   return "";
@@ -144,7 +150,8 @@ CgroupPlace LocateCgroups(std::string_view proc_self_cgroup, std::string_view mo
   struct Mount {
     std::string root, point;
   };
-  std::optional<Mount> v2_mount, memory_mount, pids_mount;
+  // Every mount of each kind: a bind mount of a subtree may come before the one holding us.
+  std::vector<Mount> v2_mounts, memory_mounts, pids_mounts;
   for (const std::string& line : Split(mountinfo, '\n')) {
     const std::vector<std::string> fields = Split(line, ' ');
     size_t dash = 0;
@@ -152,14 +159,21 @@ CgroupPlace LocateCgroups(std::string_view proc_self_cgroup, std::string_view mo
     if (dash < 6 || dash + 3 >= fields.size()) continue;  // fstype, source, super options
     const std::string& type = fields[dash + 1];
     const Mount mount{Unescape(fields[3]), Unescape(fields[4])};
-    if (type == "cgroup2" && !v2_mount) {
-      v2_mount = mount;
+    if (type == "cgroup2") {
+      v2_mounts.push_back(mount);
     } else if (type == "cgroup") {
       const std::vector<std::string> options = Split(fields[dash + 3], ',');
-      if (Contains(options, "memory") && !memory_mount) memory_mount = mount;
-      if (Contains(options, "pids") && !pids_mount) pids_mount = mount;
+      if (Contains(options, "memory")) memory_mounts.push_back(mount);
+      if (Contains(options, "pids")) pids_mounts.push_back(mount);
     }
   }
+  // The first mount that shows `path`.
+  const auto find = [](const std::vector<Mount>& mounts, const std::string& path) {
+    for (const Mount& m : mounts) {
+      if (fs::path dir = UnderMount(m.point, m.root, path); !dir.empty()) return dir;
+    }
+    return fs::path();
+  };
   CgroupPlace place;
   for (const std::string& line : Split(proc_self_cgroup, '\n')) {
     const size_t first = line.find(':');
@@ -170,15 +184,11 @@ CgroupPlace LocateCgroups(std::string_view proc_self_cgroup, std::string_view mo
         Split(std::string_view(line).substr(first + 1, second - first - 1), ',');
     const std::string path = line.substr(second + 1);
     if (id == "0" && controllers == std::vector<std::string>{""}) {
-      if (v2_mount) place.v2 = UnderMount(v2_mount->point, v2_mount->root, path);
+      place.v2 = find(v2_mounts, path);
       continue;
     }
-    if (Contains(controllers, "memory") && memory_mount) {
-      place.v1_memory = UnderMount(memory_mount->point, memory_mount->root, path);
-    }
-    if (Contains(controllers, "pids") && pids_mount) {
-      place.v1_pids = UnderMount(pids_mount->point, pids_mount->root, path);
-    }
+    if (Contains(controllers, "memory")) place.v1_memory = find(memory_mounts, path);
+    if (Contains(controllers, "pids")) place.v1_pids = find(pids_mounts, path);
   }
   return place;
 }
@@ -195,6 +205,11 @@ CgroupConfig PrepareCgroups(CgroupConfig config, std::string_view proc_self_cgro
       config.none_reason = std::move(why);
       return config;
     }
+    if (config.max_processes > 0 && !Contains(controllers, "pids")) {
+      config.none_reason = "a process limit needs the pids controller, which " +
+                           place.v2.string() + " does not offer (cgroup.controllers)";
+      return config;
+    }
     std::vector<std::string> wanted = {"memory"};
     if (Contains(controllers, "pids")) wanted.push_back("pids");
     const std::vector<std::string> enabled = Words(ReadText(place.v2 / "cgroup.subtree_control"));
@@ -205,6 +220,7 @@ CgroupConfig PrepareCgroups(CgroupConfig config, std::string_view proc_self_cgro
     if (!enable.empty()) {
       // A cgroup that hands controllers to its children holds no processes: the agent (and
       // only it; others would block this) moves into a leaf of its own first.
+      bool moved = false;
       if (!Words(ReadText(place.v2 / "cgroup.procs")).empty()) {
         std::error_code ec;
         fs::create_directory(place.v2 / "agent", ec);
@@ -218,9 +234,14 @@ CgroupConfig PrepareCgroups(CgroupConfig config, std::string_view proc_self_cgro
           config.none_reason = s.message();
           return config;
         }
+        moved = true;
       }
       if (Status s = WriteValue(place.v2 / "cgroup.subtree_control", enable); !s.ok()) {
         config.none_reason = s.message() + " (another process shares the agent's cgroup?)";
+        if (moved) {  // back where it was, as if never tried
+          (void)WriteValue(place.v2 / "cgroup.procs", std::to_string(self));
+          ::rmdir((place.v2 / "agent").c_str());
+        }
         return config;
       }
     }
@@ -233,11 +254,16 @@ CgroupConfig PrepareCgroups(CgroupConfig config, std::string_view proc_self_cgro
       config.none_reason = std::move(why);
       return config;
     }
+    const std::string pids_why =
+        place.v1_pids.empty() ? "the agent's cgroups have no pids hierarchy"
+                              : NotWritable(place.v1_pids, false);
+    if (config.max_processes > 0 && !pids_why.empty()) {
+      config.none_reason = "a process limit needs the pids controller: " + pids_why;
+      return config;
+    }
     config.version = 1;
     config.parent = place.v1_memory;
-    if (!place.v1_pids.empty() && NotWritable(place.v1_pids, false).empty()) {
-      config.v1_pids_parent = place.v1_pids;
-    }
+    if (pids_why.empty()) config.v1_pids_parent = place.v1_pids;
     return config;
   }
   config.none_reason = "no cgroup hierarchy offers the memory controller to the agent's cgroup";
@@ -284,13 +310,15 @@ Result<std::unique_ptr<AttemptCgroup>> AttemptCgroup::Create(const CgroupConfig&
     }
   }
   std::vector<std::pair<fs::path, std::string>> writes;
+  bool swap_limited = false;  // the kernel accounts swap (swapaccount) and it is limited too
   std::string description = "cgroup v" + std::to_string(config.version) + " " + dirs[0].string();
   const std::string limit = std::to_string(config.memory_limit_bytes);
   if (config.version == 2) {
     if (config.memory_limit_bytes > 0) {
       writes.emplace_back(dirs[0] / "memory.max", limit);
       // Swap would let the attempt pass its limit slowly instead of being stopped.
-      if (fs::exists(dirs[0] / "memory.swap.max")) writes.emplace_back(dirs[0] / "memory.swap.max", "0");
+      swap_limited = fs::exists(dirs[0] / "memory.swap.max");
+      if (swap_limited) writes.emplace_back(dirs[0] / "memory.swap.max", "0");
     }
     if (config.max_processes > 0) {
       if (!fs::exists(dirs[0] / "pids.max")) {
@@ -305,9 +333,8 @@ Result<std::unique_ptr<AttemptCgroup>> AttemptCgroup::Create(const CgroupConfig&
     if (dirs.size() > 1) description += " and " + dirs[1].string();
     if (config.memory_limit_bytes > 0) {
       writes.emplace_back(dirs[0] / "memory.limit_in_bytes", limit);
-      if (fs::exists(dirs[0] / "memory.memsw.limit_in_bytes")) {
-        writes.emplace_back(dirs[0] / "memory.memsw.limit_in_bytes", limit);
-      }
+      swap_limited = fs::exists(dirs[0] / "memory.memsw.limit_in_bytes");
+      if (swap_limited) writes.emplace_back(dirs[0] / "memory.memsw.limit_in_bytes", limit);
     }
     if (config.max_processes > 0) {
       if (dirs.size() < 2) {
@@ -326,7 +353,9 @@ Result<std::unique_ptr<AttemptCgroup>> AttemptCgroup::Create(const CgroupConfig&
     }
   }
   description += ": memory limit " + (config.memory_limit_bytes > 0
-                                          ? FormatBytes(config.memory_limit_bytes) + " (no swap)"
+                                          ? FormatBytes(config.memory_limit_bytes) +
+                                                (swap_limited ? " (no swap)"
+                                                              : " (swap not accounted)")
                                           : std::string("none"));
   description += ", process limit " + (config.max_processes > 0
                                            ? std::to_string(config.max_processes)
@@ -377,23 +406,65 @@ std::string AttemptCgroup::OomNote() const {
          ": the kernel killed " + std::to_string(kills) + (kills == 1 ? " process" : " processes");
 }
 
-int AttemptCgroup::KillAll(int wait_ms) {
-  std::set<pid_t> pids = Pids(dirs_);
+int AttemptCgroup::KillAll(int wait_ms) { return KillCgroup(version_, dirs_, wait_ms); }
+
+namespace {
+
+// SIGKILL to every process in `dirs` (v2 `cgroup.kill` where the kernel has it), then waits up
+// to `wait_ms` for them to leave. Returns how many were found.
+int KillCgroup(int version, const std::vector<fs::path>& dirs, int wait_ms) {
+  std::set<pid_t> pids = Pids(dirs);
   const int found = static_cast<int>(pids.size());
   if (pids.empty()) return 0;
-  const bool kill_file = version_ == 2 && fs::exists(dirs_[0] / "cgroup.kill");
+  const bool kill_file = version == 2 && fs::exists(dirs[0] / "cgroup.kill");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   while (!pids.empty() && std::chrono::steady_clock::now() < deadline) {
     // cgroup.kill reaches processes forked meanwhile too; the v1 loop catches them next round.
     if (kill_file) {
-      (void)WriteValue(dirs_[0] / "cgroup.kill", "1");
+      (void)WriteValue(dirs[0] / "cgroup.kill", "1");
     } else {
       for (const pid_t pid : pids) ::kill(pid, SIGKILL);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    pids = Pids(dirs_);
+    pids = Pids(dirs);
   }
   return found;
+}
+
+}  // namespace
+
+int RemoveStaleCgroups(const CgroupConfig& config) {
+  if (config.version == 0) return 0;
+  int removed = 0;
+  for (const fs::path& parent : {config.parent, config.v1_pids_parent}) {
+    if (parent.empty()) continue;
+    std::error_code ec;
+    for (const fs::directory_entry& entry : fs::directory_iterator(parent, ec)) {
+      // gatehouse-a<attempt>-p<agent pid>: stale when that agent is gone.
+      const std::string name = entry.path().filename().string();
+      const size_t p = name.rfind("-p");
+      if (name.rfind("gatehouse-a", 0) != 0 || p == std::string::npos || !entry.is_directory()) {
+        continue;
+      }
+      pid_t owner = 0;
+      try {
+        owner = static_cast<pid_t>(std::stol(name.substr(p + 2)));
+      } catch (const std::exception&) {
+        continue;
+      }
+      if (owner <= 0 || owner == ::getpid() || ::kill(owner, 0) == 0 || errno != ESRCH) continue;
+      const int left = KillCgroup(config.version, {entry.path()}, 30000);
+      if (::rmdir(entry.path().c_str()) == 0) {
+        ++removed;
+        spdlog::info("cgroup: removed {} of a gone agent (pid {}){}", entry.path().string(),
+                     owner, left > 0 ? ", killing " + std::to_string(left) + " process(es)" : "");
+      } else {
+        spdlog::warn("cgroup: cannot remove {} of a gone agent: {}", entry.path().string(),
+                     std::strerror(errno));
+      }
+    }
+  }
+  return removed;
 }
 
 }  // namespace gatehouse::agent

@@ -64,6 +64,12 @@ CgroupConfig PrepareCgroups(CgroupConfig config, std::string_view proc_self_cgro
 /// The same, reading this process's /proc/self/cgroup and /proc/self/mountinfo.
 CgroupConfig PrepareCgroups(CgroupConfig config);
 
+/// At agent start: removes the attempt cgroups (`gatehouse-a<id>-p<pid>`) under config.parent
+/// (and its v1 pids twin) whose agent process is gone, killing what still runs in them (a
+/// crashed agent's attempts). Those of live agents sharing the cgroup are left alone. Returns
+/// how many were removed.
+int RemoveStaleCgroups(const CgroupConfig& config);
+
 /// "8 GiB", "512 MiB", "1234 bytes".
 std::string FormatBytes(int64_t bytes);
 
@@ -84,8 +90,9 @@ class AttemptCgroup {
   /// The directories whose cgroup.procs a process writes its pid to.
   const std::vector<std::filesystem::path>& Join() const { return dirs_; }
 
-  /// The evidence line: "cgroup v2 /sys/fs/cgroup/.../gatehouse-a7-p123: memory.max 8 GiB,
-  /// pids.max 4096" ("memory.max none" when no limit is set).
+  /// The evidence line: "cgroup v2 /sys/fs/cgroup/.../gatehouse-a7-p123: memory limit 8 GiB
+  /// (no swap), process limit 4096" ("none" for a limit not set; "(swap not accounted)" where
+  /// the kernel does not account swap, so swap is not limited).
   const std::string& Describe() const { return description_; }
 
   /// Processes the kernel's OOM killer ended inside this cgroup (memory.events or
@@ -100,7 +107,7 @@ class AttemptCgroup {
 
   /// Sends SIGKILL to every process still in the cgroup (v2 cgroup.kill where the kernel has
   /// it) and waits up to `wait_ms` for it to empty. Returns how many processes were found.
-  int KillAll(int wait_ms = 5000);
+  int KillAll(int wait_ms = 30000);
 
  private:
   AttemptCgroup(int version, std::vector<std::filesystem::path> dirs, int64_t memory_limit,

@@ -157,17 +157,26 @@ int main(int argc, char** argv) {
   app.add_option("--cgroup", cgroup_mode,
                  "run each attempt (build and ranks) in a cgroup of its own under the one "
                  "delegated to the agent: 'auto' (where one is; otherwise the evidence says "
-                 "none and why), 'required' (exit at start where none is) or 'none'")
+                 "none and why; a limit below makes it required), 'required' (exit at start "
+                 "where none is) or 'none'")
       ->check(CLI::IsMember({"auto", "required", "none"}));
   app.add_option("--attempt-memory-limit", cgroup.memory_limit_bytes,
-                 "memory limit of each attempt's cgroup, swap included (64G, 512M; 0: none)")
+                 "memory limit of each attempt's cgroup, swap included: a whole number of "
+                 "bytes or K/M/G/T (binary: 64G, 512M), at least 64M; 0: none")
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--attempt-max-processes", cgroup.max_processes,
-                 "pids.max of each attempt's cgroup: processes and threads (0: none)")
-      ->check(CLI::NonNegativeNumber);
+                 "pids.max of each attempt's cgroup: its processes and threads together "
+                 "(0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{4194304}));
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_default_logger(spdlog::stderr_color_mt("agent"));
+  // Below 64 MiB no worker starts (LibTorch alone maps more); past 1 EiB it is no limit.
+  if (const int64_t m = cgroup.memory_limit_bytes;
+      m < 0 || (m > 0 && m < (int64_t{64} << 20)) || m > (int64_t{1} << 60)) {
+    spdlog::error("--attempt-memory-limit {} bytes: expected 0 (none) or 64M to 1E", m);
+    return 2;
+  }
 
   // The token comes from a file or the environment, never argv (argv is visible in ps).
   std::string token;
@@ -321,8 +330,9 @@ int main(int argc, char** argv) {
   const bool limits = cgroup.memory_limit_bytes > 0 || cgroup.max_processes > 0;
   if (cgroup_mode == "none") {
     if (limits) {
-      spdlog::error("--attempt-memory-limit and --attempt-max-processes need a cgroup "
-                    "(--cgroup auto or required)");
+      spdlog::error("{} needs a cgroup (--cgroup auto or required), not --cgroup none",
+                    cgroup.memory_limit_bytes > 0 ? "--attempt-memory-limit"
+                                                  : "--attempt-max-processes");
       return 2;
     }
     cgroup.none_reason = "gatehouse-agent --cgroup none";
@@ -337,6 +347,7 @@ int main(int argc, char** argv) {
     if (cgroup.version == 0) {
       spdlog::info("cgroup: attempts run in none: {}", cgroup.none_reason);
     } else {
+      gatehouse::agent::RemoveStaleCgroups(cgroup);  // a crashed run's attempts
       spdlog::info("cgroup v{}: each attempt in one under {} (memory limit {}, process limit {})",
                    cgroup.version, cgroup.parent.string(),
                    cgroup.memory_limit_bytes > 0

@@ -56,7 +56,7 @@ void PrepareChild(int keep) {
 
 // Runs in the forked child before exec: writes its pid to each `procs` file (cgroup.procs of
 // the cgroups to join). Only async-signal-safe calls; a failure ends the child (code 126) with
-// a line on its standard error.
+// a line on its standard error naming the file and errno.
 void JoinCgroups(const std::vector<std::string>& procs) {
   if (procs.empty()) return;
   char digits[24];
@@ -66,13 +66,25 @@ void JoinCgroups(const std::vector<std::string>& procs) {
   for (size_t i = 0; i < n; ++i) text[i] = digits[n - 1 - i];
   for (const std::string& path : procs) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    const bool joined = fd >= 0 && ::write(fd, text, n) == static_cast<ssize_t>(n);
-    if (fd >= 0) ::close(fd);
+    bool joined = false;
+    int err = errno;
+    if (fd >= 0) {
+      joined = ::write(fd, text, n) == static_cast<ssize_t>(n);
+      err = errno;
+      ::close(fd);
+    }
     if (!joined) {
+      char code[16];
+      size_t k = sizeof(code);
+      for (int e = err > 0 ? err : 0; k == sizeof(code) || e > 0; e /= 10) {
+        code[--k] = static_cast<char>('0' + e % 10);
+      }
       static constexpr char kMessage[] = "gatehouse-agent: cannot join the attempt's cgroup: ";
       (void)!::write(2, kMessage, sizeof(kMessage) - 1);
       (void)!::write(2, path.c_str(), path.size());
-      (void)!::write(2, "\n", 1);
+      (void)!::write(2, " (errno ", 8);
+      (void)!::write(2, code + k, sizeof(code) - k);
+      (void)!::write(2, ")\n", 2);
       ::_exit(126);
     }
   }

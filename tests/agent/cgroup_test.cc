@@ -8,7 +8,10 @@
 #include "agent/cgroup.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <gtest/gtest.h>
 
@@ -64,6 +67,21 @@ TEST(CgroupLocateTest, MountRootAndEscapesAreHonoured) {
   EXPECT_EQ(LocateCgroups("0::/a\n", "41 30 0:30 / /mnt/cg\\040two rw - cgroup2 none rw\n").v2,
             fs::path("/mnt/cg two/a"));
   EXPECT_TRUE(LocateCgroups("0::/a\n", "").v2.empty()) << "nothing mounted";
+  EXPECT_TRUE(LocateCgroups("0::/../x\n", mount).v2.empty()) << "never above the mount";
+  EXPECT_TRUE(LocateCgroups("0::/kubepods/pod1/../../x\n", mount).v2.empty());
+}
+
+// A bind mount of another subtree listed first does not hide the mount that holds the cgroup.
+TEST(CgroupLocateTest, EveryMountOfAKindIsTried) {
+  const std::string mounts =
+      "40 30 0:30 /machine.slice/vm1 /var/lib/vm1/cgroup rw - cgroup2 cgroup2 rw\n"
+      "41 30 0:30 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+      "42 30 0:31 /other /mnt/mem rw - cgroup cgroup rw,memory\n"
+      "43 30 0:31 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+  const CgroupPlace place =
+      LocateCgroups("4:memory:/system.slice/a.service\n0::/system.slice/a.service\n", mounts);
+  EXPECT_EQ(place.v2, fs::path("/sys/fs/cgroup/system.slice/a.service"));
+  EXPECT_EQ(place.v1_memory, fs::path("/sys/fs/cgroup/memory/system.slice/a.service"));
 }
 
 // A fake cgroup2 tree in a temporary directory (regular files stand in for the kernel's).
@@ -110,6 +128,37 @@ TEST_F(CgroupV2FakeTest, NoMemoryControllerMeansNoneWithTheReason) {
   EXPECT_EQ(config.none_reason,
             "no cgroup hierarchy offers the memory controller to the agent's cgroup");
   EXPECT_EQ(ReadFile(service_ / "cgroup.subtree_control"), "") << "nothing written";
+}
+
+TEST_F(CgroupV2FakeTest, AProcessLimitWithoutThePidsControllerMeansNone) {
+  // Verifies the agent refuses at start (version 0, main exits 2) rather than failing every
+  // attempt later.
+  WriteFile(service_ / "cgroup.controllers", "cpu memory\n");
+  CgroupConfig config;
+  config.max_processes = 100;
+  config = PrepareCgroups(config, "0::/system.slice/gatehouse-agent.service\n", mountinfo_, 4242);
+  EXPECT_EQ(config.version, 0);
+  EXPECT_EQ(config.none_reason, "a process limit needs the pids controller, which " +
+                                    service_.string() + " does not offer (cgroup.controllers)");
+  config.max_processes = 0;
+  config = PrepareCgroups(config, "0::/system.slice/gatehouse-agent.service\n", mountinfo_, 4242);
+  EXPECT_EQ(config.version, 2) << "memory alone is enough without a process limit";
+  EXPECT_EQ(ReadFile(service_ / "cgroup.subtree_control"), "+memory");
+}
+
+TEST_F(CgroupV2FakeTest, SwapNotAccountedIsSaid) {
+  // Without memory.swap.max (swap accounting off) the limit does not cover swap: the evidence
+  // must not claim it does.
+  const fs::path attempt = service_ / "gatehouse-a8-p1";
+  for (const char* file : {"memory.max", "cgroup.procs"}) WriteFile(attempt / file, "");
+  CgroupConfig config;
+  config.memory_limit_bytes = int64_t{1} << 30;
+  config = PrepareCgroups(config, "0::/system.slice/gatehouse-agent.service\n", mountinfo_, 4242);
+  auto cgroup = AttemptCgroup::Create(config, "gatehouse-a8-p1");
+  ASSERT_TRUE(cgroup.ok()) << cgroup.status().ToString();
+  EXPECT_EQ((*cgroup)->Describe(), "cgroup v2 " + attempt.string() +
+                                       ": memory limit 1 GiB (swap not accounted), process "
+                                       "limit none");
 }
 
 TEST_F(CgroupV2FakeTest, AnAttemptCgroupGetsItsLimitsBeforeAnyProcessJoins) {
@@ -162,7 +211,8 @@ TEST(CgroupJoinTest, AChildThatCannotJoinItsCgroupSaysSoAndExits126) {
   EXPECT_EQ(out, "");
   EXPECT_EQ(err,
             "gatehouse-agent: cannot join the attempt's cgroup: "
-            "/nonexistent/gatehouse-cgroup/cgroup.procs\n");
+            "/nonexistent/gatehouse-cgroup/cgroup.procs (errno " + std::to_string(ENOENT) +
+                ")\n");
 }
 
 // True while `pid` runs (exists and is not a zombie waiting for its reaper).
@@ -292,6 +342,38 @@ TEST_F(CgroupRealTest, WhatAnAttemptLeftRunningDiesWithItsCgroup) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_FALSE(Running(daemon)) << "pid " << daemon << " still runs";
+}
+
+TEST_F(CgroupRealTest, ACrashedAgentsAttemptCgroupsAreRemovedAtStart) {
+  // Verifies RemoveStaleCgroups: the cgroup of an agent that is gone (a pid that exited) is
+  // emptied and removed; one of a live agent (this process) is left alone.
+  auto config = Prepare(0, 0);
+  if (!config) GTEST_SKIP() << "no cgroup delegated here: " << skip_;
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_GT(gone, 0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
+  const fs::path stale = config->parent / ("gatehouse-a1-p" + std::to_string(gone));
+  const fs::path live = config->parent / ("gatehouse-a2-p" + std::to_string(::getpid()));
+  ASSERT_TRUE(fs::create_directory(stale));
+  ASSERT_TRUE(fs::create_directory(live));
+  ProcessSpec spec;
+  spec.exe = "/bin/sh";
+  spec.args = {"-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!"};
+  spec.cgroups = {stale};
+  std::string out;
+  auto exit = RunProcess(spec, [&](std::string_view b) { out.append(b); }, [](std::string_view) {});
+  ASSERT_TRUE(exit.ok() && exit->ok()) << out;
+  const pid_t orphan = std::stoi(out);
+  ASSERT_TRUE(Running(orphan));
+  EXPECT_GE(RemoveStaleCgroups(*config), 1);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live)) << "a live agent's cgroup is its own";
+  for (int i = 0; i < 100 && Running(orphan); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(Running(orphan));
+  ::rmdir(live.c_str());
 }
 
 }  // namespace
