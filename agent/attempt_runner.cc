@@ -203,12 +203,13 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   namespace fs = std::filesystem;
   const fs::path attempt_dir = config_.work_dir / "attempts" / std::to_string(id);
   // The sandbox (when configured) holds the build and the ranks: the submitter's CMake, pip
-  // and adapter code all run in it; the cgroup (when the agent has one) counts and limits them.
+  // and adapter code all run in it (a Slurm step's tasks in a bwrap of their own, on their
+  // node); the cgroup (when the agent has one) counts and limits them.
   auto cgroup = OpenCgroup(config_.cgroup, id);
   if (!cgroup.ok()) return Error(id, cgroup.status().message());
   std::unique_ptr<AttemptSandbox> sandbox;
   SandboxPaths build_paths;
-  if (config_.sandbox != nullptr && config_.slurm == nullptr) {
+  if (config_.sandbox != nullptr) {
     auto opened = AttemptSandbox::Open(*config_.sandbox);
     if (!opened.ok()) return Error(id, opened.status().message());
     sandbox = std::move(opened).value();

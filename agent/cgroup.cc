@@ -275,6 +275,16 @@ CgroupConfig PrepareCgroups(CgroupConfig config) {
                         ReadText("/proc/self/mountinfo"), ::getpid());
 }
 
+std::string DescribeCgroupConfig(const CgroupConfig& config) {
+  if (config.version == 0) return "none: " + config.none_reason;
+  return "v" + std::to_string(config.version) + " under " + config.parent.string() +
+         ": memory limit " +
+         (config.memory_limit_bytes > 0 ? FormatBytes(config.memory_limit_bytes) : "none") +
+         ", process limit " +
+         (config.max_processes > 0 ? std::to_string(config.max_processes) : "none") +
+         " per attempt";
+}
+
 std::string FormatBytes(int64_t bytes) {
   static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
   if (bytes < 1024) return std::to_string(bytes) + " bytes";

@@ -70,6 +70,11 @@ CgroupConfig PrepareCgroups(CgroupConfig config);
 /// how many were removed.
 int RemoveStaleCgroups(const CgroupConfig& config);
 
+/// What the agent's registration says of its attempts' cgroups (label `cgroup`, shown on the
+/// agents page): "v2 under /sys/fs/cgroup/gatehouse: memory limit 64 GiB, process limit 16384
+/// per attempt" (a limit "none" when not set), or "none: <none_reason>".
+std::string DescribeCgroupConfig(const CgroupConfig& config);
+
 /// "8 GiB", "512 MiB", "1234 bytes".
 std::string FormatBytes(int64_t bytes);
 

@@ -152,6 +152,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--sandbox-hide", sandbox_hide,
                  "one more directory a sandboxed attempt must not see (repeatable)");
+  std::vector<std::string> sandbox_devices;
+  app.add_option("--sandbox-device", sandbox_devices,
+                 "one more device node (or directory of them) a sandboxed attempt may use, "
+                 "beside the GPUs' and RDMA's /dev entries found for each attempt (repeatable)");
   std::string cgroup_mode = "auto";
   gatehouse::agent::CgroupConfig cgroup;
   app.add_option("--cgroup", cgroup_mode,
@@ -323,9 +327,26 @@ int main(int argc, char** argv) {
     sandbox.work_dir = runner_config.work_dir;
     if (!token_file.empty()) sandbox.hidden_files.push_back(fs::absolute(token_file));
     for (const auto& dir : sandbox_hide) sandbox.hidden_dirs.push_back(fs::absolute(dir));
+    for (const auto& device : sandbox_devices) {
+      if (!fs::exists(device)) {
+        spdlog::error("--sandbox-device {}: no such device here", device);
+        return 2;
+      }
+      sandbox.devices.push_back(fs::absolute(device));
+    }
     runner_config.sandbox = &sandbox;
-    spdlog::info("sandbox: bwrap per attempt, work dir {} hidden{}", sandbox.work_dir.string(),
-                 token_file.empty() ? "" : ", token file hidden");
+    if (const int stale = gatehouse::agent::RemoveStaleShmDirs(); stale > 0) {
+      spdlog::info("sandbox: removed {} /dev/shm dir(s) of gone agents", stale);
+    }
+    // The accelerator's are found again for each attempt (AttemptSandbox::Open).
+    std::string devices;
+    for (const auto& device : gatehouse::agent::AcceleratorDevices()) {
+      devices += " " + device.string();
+    }
+    for (const auto& device : sandbox.devices) devices += " " + device.string();
+    spdlog::info("sandbox: bwrap per attempt, work dir {} hidden{}, devices:{}",
+                 sandbox.work_dir.string(), token_file.empty() ? "" : ", token file hidden",
+                 devices.empty() ? " none" : devices);
   }
   const bool limits = cgroup.memory_limit_bytes > 0 || cgroup.max_processes > 0;
   if (cgroup_mode == "none") {
@@ -357,6 +378,16 @@ int main(int argc, char** argv) {
     }
   }
   runner_config.cgroup = &cgroup;
+  // How this agent isolates attempts, for the agents page (labels are not scheduled on).
+  auto& labels = client_config.capabilities.labels;
+  labels["sandbox"] = sandbox_kind == "bwrap" ? sandbox.version : "none";
+  labels["cgroup"] = gatehouse::agent::DescribeCgroupConfig(cgroup);
+  if (use_slurm) {
+    if (sandbox_kind == "bwrap") {
+      labels["sandbox"] += " (Slurm tasks: each in its own, node network)";
+    }
+    labels["cgroup"] += " (build only: Slurm steps run in Slurm's)";
+  }
   AttemptRunner runner(runner_config);
 
   AgentClient client(client_config, runner);

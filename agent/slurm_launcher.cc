@@ -101,6 +101,7 @@ AttemptEndReport RunSlurmRanks(const SlurmConfig& config, const SlurmRun& run, A
   srun.exe = config.srun;
   srun.args = SrunArgs(config, run.shape, run.cuda, run.job_name, run.worker.cwd);
   srun.args.push_back(config.rank_exe.string());
+  if (run.sandboxed) srun.args.push_back("--sandboxed");
   srun.args.push_back("--");
   srun.args.push_back(run.worker.exe.string());
   srun.args.insert(srun.args.end(), run.worker.args.begin(), run.worker.args.end());

@@ -21,12 +21,15 @@ struct SlurmRun {
   std::string job_name;  // SlurmJobName
   SlurmShape shape;
   bool cuda = false;
+  /// `worker` is a bwrap command (AttemptSandbox::WrapSlurmTask): each task runs
+  /// `gatehouse-slurm-rank --sandboxed`, which drops the covers its node has nothing under.
+  bool sandboxed = false;
 };
 
-/// Runs `srun <SrunArgs> <config.rank_exe> -- <worker.exe> <worker.args>` (the allocation and
-/// the step in one: the job lives as long as srun) and relays it as RunWorker relays local ranks:
-/// srun --label prefixes each task's line with its number, so task r's standard output goes
-/// through its own WorkerStdoutRelay (events share one sequence; text on
+/// Runs `srun <SrunArgs> <config.rank_exe> [--sandboxed] -- <worker.exe> <worker.args>` (the
+/// allocation and the step in one: the job lives as long as srun) and relays it as RunWorker
+/// relays local ranks: srun --label prefixes each task's line with its number, so task r's
+/// standard output goes through its own WorkerStdoutRelay (events share one sequence; text on
 /// RankLogStream("worker-stdout", r)) and its standard error to RankLogStream("worker", r);
 /// srun's own lines go to kSlurmStream.
 ///

@@ -454,6 +454,14 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     run.worker.env.assign(launch.spec.env.begin(), launch.spec.env.end());
     run.cuda = launch.spec.runtime.device == "cuda";
     if (!run.cuda) run.worker.env.emplace_back("CUDA_VISIBLE_DEVICES", "");
+    run.worker.env.emplace_back(
+        "GATEHOUSE_CGROUP",
+        "none: a Slurm step runs in the cgroups Slurm makes for it (slurm.conf's "
+        "TaskPlugin/ProctrackType), not in one of the agent's");
+    if (launch.sandbox != nullptr) {
+      launch.sandbox->WrapSlurmTask(run.worker, launch.sandbox_paths);
+      run.sandboxed = true;
+    }
     run.job_name = SlurmJobName(launch.agent_name, id);
     run.shape = *shape;
     return RunSlurmRanks(*launch.slurm, run, sink, cancel);

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "controller/http_gzip.h"
 
 namespace gatehouse::controller {
 namespace {
@@ -137,6 +138,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
         response.content_type = "application/json";
         response.body = ErrorBody("internal error");
       }
+      CompressIfAccepted(request, response);  // here, on the pool, not on the I/O thread
       asio::post(self->stream_.get_executor(),
                  [self, response = std::move(response), keep_alive, version, head]() mutable {
                    self->Write(std::move(response), keep_alive, version, head);

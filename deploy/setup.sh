@@ -17,7 +17,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config git python3-venv
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost1.81-dev libboost-json1.81-dev libboost-url1.81-dev libgit2-dev libspdlog-dev
-  libfmt-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libssl-dev googletest libgtest-dev
+  libfmt-dev nlohmann-json3-dev libsqlite3-dev zlib1g-dev libcli11-dev libssl-dev googletest libgtest-dev
   libgmock-dev curl libgloo-dev clang libclang-rt-14-dev openssl python3.11-dev systemd
   chromium chromium-driver python3-selenium debootstrap buildah podman runc patchelf
   slurm-wlm munge bubblewrap)

@@ -1,5 +1,5 @@
-// The agents: state, lane, GPUs with memory, attempts running of slots and their cells, drain
-// reason, last seen. Polls every 10 s.
+// The agents: state, lane, GPUs with memory, how attempts are isolated, attempts running of
+// slots and their cells, drain reason, last seen. Polls every 10 s.
 'use strict';
 
 function gib(bytes) {
@@ -21,9 +21,18 @@ async function loadAgents() {
       gpus.appendChild(el('li', null, `#${g.index || 0} ${g.model || 'GPU'}${mem ? ', ' + gib(mem) : ''}`));
     }
     if (!(caps.gpus || []).length) gpus.appendChild(el('li', 'muted', 'none'));
+    // How the agent isolates attempts (its `sandbox` and `cgroup` labels, protocols.md §3.2).
+    const isolation = el('ul', 'figures');
+    for (const key of ['sandbox', 'cgroup']) {
+      const value = (caps.labels && caps.labels[key]) || '';
+      const item = el('li', value && !value.startsWith('none') ? null : 'muted',
+                      `${key}: ${value || 'not reported'}`);
+      item.dataset.isolation = key;
+      isolation.appendChild(item);
+    }
     const runs = el('div');
     for (const id of a.running_cells || []) { runs.appendChild(cellLink(id)); runs.appendChild(el('br')); }
-    const r = row([el('span', 'mono', a.id), badge(state), lane, gpus,
+    const r = row([el('span', 'mono', a.id), badge(state), lane, gpus, isolation,
                    a.attached ? `${a.running} / ${a.slots}` : String(a.running),
                    runs, a.drain_reason || '', when(a.last_seen_at)]);
     r.dataset.agent = a.id;

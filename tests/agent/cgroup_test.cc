@@ -197,6 +197,24 @@ TEST(CgroupFormatTest, BytesInBinaryUnits) {
   EXPECT_EQ(FormatBytes(int64_t{70} << 40), "70 TiB");
 }
 
+TEST(CgroupFormatTest, TheAgentsCgroupsAsRegistered) {
+  // Verifies the `cgroup` label of the agent's registration: where, and each limit or "none".
+  CgroupConfig config;
+  config.none_reason = "gatehouse-agent --cgroup none";
+  EXPECT_EQ(DescribeCgroupConfig(config), "none: gatehouse-agent --cgroup none");
+  config.version = 2;
+  config.parent = "/sys/fs/cgroup/system.slice/gatehouse-agent.service";
+  config.memory_limit_bytes = int64_t{64} << 30;
+  EXPECT_EQ(DescribeCgroupConfig(config),
+            "v2 under /sys/fs/cgroup/system.slice/gatehouse-agent.service: memory limit 64 GiB, "
+            "process limit none per attempt");
+  config.memory_limit_bytes = 0;
+  config.max_processes = 16384;
+  EXPECT_EQ(DescribeCgroupConfig(config),
+            "v2 under /sys/fs/cgroup/system.slice/gatehouse-agent.service: memory limit none, "
+            "process limit 16384 per attempt");
+}
+
 TEST(CgroupJoinTest, AChildThatCannotJoinItsCgroupSaysSoAndExits126) {
   // Verifies ProcessSpec::cgroups: a cgroup that cannot be joined never runs the program.
   ProcessSpec spec;

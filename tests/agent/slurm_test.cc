@@ -216,8 +216,9 @@ class SlurmLauncherTest : public ::testing::Test {
               "#!/bin/sh\necho \"$@\" >> " + (dir / "scancel.args").string() + "\ntouch " +
                   (dir / "stop").string() + "\n",
               true);
-    // What gatehouse-slurm-rank does, without Slurm: drop "--", run the worker.
-    WriteFile(dir / "rank", "#!/bin/sh\nshift\nexec \"$@\"\n", true);
+    // What gatehouse-slurm-rank does, without Slurm: drop its options and "--", run the worker.
+    WriteFile(dir / "rank",
+              "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n", true);
     config_.srun = dir / "srun";
     config_.squeue = dir / "squeue";
     config_.scancel = dir / "scancel";
@@ -259,6 +260,21 @@ TEST_F(SlurmLauncherTest, EveryRanksRunEndFinishesAndEachRankHasItsStreams) {
   EXPECT_NE(sink_.logs["slurm"].find("srun: done\n"), std::string::npos);
   EXPECT_NE(sink_.logs["slurm"].find("slurm job 42 ended COMPLETED"), std::string::npos);
   EXPECT_NE(ReadFile(tmp_.path() / "srun.args").find("--ntasks=2"), std::string::npos);
+}
+
+TEST_F(SlurmLauncherTest, ASandboxedRunTellsEachTaskSo) {
+  // Verifies a sandboxed run's command: gatehouse-slurm-rank --sandboxed -- <the bwrap command>
+  // (here a stand-in that runs its program), so each task drops the covers its node lacks.
+  WriteFile(tmp_.path() / "squeue.out", "42|COMPLETED|None|localhost\n");
+  Worker("echo '{\"event\":\"run_end\",\"status\":\"PASS\"}'\n");
+  run_.sandboxed = true;
+  const AttemptEndReport end = RunSlurmRanks(config_, run_, sink_);
+  EXPECT_EQ(end.outcome, "finished") << end.reason;
+  EXPECT_NE(ReadFile(tmp_.path() / "srun.args")
+                .find((tmp_.path() / "rank").string() + " --sandboxed -- " +
+                      (tmp_.path() / "worker").string()),
+            std::string::npos)
+      << ReadFile(tmp_.path() / "srun.args");
 }
 
 TEST_F(SlurmLauncherTest, ARankWithoutRunEndEndsAsTheJobDid) {

@@ -20,6 +20,7 @@
 #include "common/sha256.h"
 #include "controller/auth.h"
 #include "controller/controller_core.h"
+#include "controller/http_gzip.h"
 #include "controller/http_server.h"
 #include "controller/rest_api.h"
 #include "tests/controller/test_util.h"
@@ -252,6 +253,37 @@ TEST_F(RestTest, BadSubmissionsAreRejectedWithMessagesNamingTheProblem) {
   EXPECT_NE(no_ckpt.body.find("/no/such/ckpt"), std::string::npos);
 
   EXPECT_EQ(Http(port_, "GET", "/healthz").status, 200);
+}
+
+TEST_F(RestTest, LargeAnswersAreGzippedForClientsThatAcceptIt) {
+  // Verifies the server compresses over the wire: the same document, gzip-encoded (with
+  // Content-Encoding and Vary) when the client accepts gzip, plain otherwise or when refused.
+  Reply plain = Http(port_, "GET", "/api/v1/openapi.json");
+  ASSERT_EQ(plain.status, 200);
+  ASSERT_GT(plain.body.size(), 1024u);
+  EXPECT_EQ(plain.head.find("Content-Encoding"), std::string::npos) << plain.head;
+  EXPECT_NE(plain.head.find("Vary: Accept-Encoding"), std::string::npos) << plain.head;
+  Reply packed = Http(port_, "GET", "/api/v1/openapi.json", "",
+                      "Accept-Encoding: gzip, deflate, br\r\n");
+  ASSERT_EQ(packed.status, 200);
+  EXPECT_NE(packed.head.find("Content-Encoding: gzip"), std::string::npos) << packed.head;
+  EXPECT_NE(packed.head.find("Content-Length: " + std::to_string(packed.body.size())),
+            std::string::npos)
+      << packed.head;
+  auto expected = Gzip(plain.body);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(packed.body, *expected);
+  EXPECT_LT(packed.body.size(), plain.body.size() / 3);
+  Reply refused = Http(port_, "GET", "/api/v1/openapi.json", "", "Accept-Encoding: gzip;q=0\r\n");
+  EXPECT_EQ(refused.body, plain.body);
+  // HEAD: the headers a GET with the same Accept-Encoding gets, no body.
+  Reply head = Http(port_, "HEAD", "/api/v1/openapi.json", "", "Accept-Encoding: gzip\r\n");
+  EXPECT_EQ(head.status, 200);
+  EXPECT_TRUE(head.body.empty());
+  EXPECT_NE(head.head.find("Content-Encoding: gzip"), std::string::npos) << head.head;
+  EXPECT_NE(head.head.find("Content-Length: " + std::to_string(packed.body.size())),
+            std::string::npos)
+      << head.head;
 }
 
 TEST_F(RestTest, CancelEndpoint) {

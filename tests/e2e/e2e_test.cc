@@ -198,11 +198,8 @@ class EndToEndTest : public ::testing::Test {
       EXPECT_FALSE(p->at("reason").get<std::string>().empty()) << gate << " skipped silently";
     }
     const json* identity = FindPhase(cell, "identity");
-    std::string sandbox, cgroup;
-    for (const json& f : identity->at("figures")) {
-      if (f.value("name", "") == "sandbox") sandbox = f.value("value", "");
-      if (f.value("name", "") == "cgroup") cgroup = f.value("value", "");
-    }
+    const std::string sandbox = TextFigure(*identity, "sandbox");
+    const std::string cgroup = TextFigure(*identity, "cgroup");
     if (sandboxed_) {
       EXPECT_EQ(sandbox.rfind("bubblewrap", 0), 0u) << identity->dump();
     } else {
@@ -213,6 +210,22 @@ class EndToEndTest : public ::testing::Test {
       EXPECT_NE(cgroup.find("memory limit 12 GiB (no swap)"), std::string::npos) << cgroup;
     } else {
       EXPECT_TRUE(cgroup.rfind("cgroup v", 0) == 0 || cgroup.rfind("none: ", 0) == 0) << cgroup;
+    }
+    // The agents page shows the same: the agent registered its sandbox and cgroups as labels.
+    HttpResponse agents = HttpRequest(http_port_, "GET", "/api/v1/agents", "", token_);
+    ASSERT_EQ(agents.status, 200) << agents.body;
+    const json listed = json::parse(agents.body, nullptr, false);
+    ASSERT_TRUE(listed.is_object() && listed.contains("agents") && !listed["agents"].empty())
+        << agents.body;
+    const json labels = listed["agents"][0]["capabilities"].value("labels", json::object());
+    EXPECT_EQ(labels.value("sandbox", ""),
+              sandboxed_ ? sandbox.substr(0, sandbox.find(':')) : std::string("none"))
+        << labels.dump();
+    if (limited_) {
+      EXPECT_NE(labels.value("cgroup", "").find("memory limit 12 GiB, process limit none per "
+                                                "attempt"),
+                std::string::npos)
+          << labels.dump();
     }
     const json* inference = FindPhase(cell, "inference");
     auto kl = Figure(*inference, "kl_mean");

@@ -114,4 +114,11 @@ std::optional<double> Figure(const json& phase, const std::string& name) {
   return std::nullopt;
 }
 
+std::string TextFigure(const json& phase, const std::string& name) {
+  for (const auto& f : phase.at("figures")) {
+    if (f.at("name") == name && f.at("value").is_string()) return f.at("value").get<std::string>();
+  }
+  return "";
+}
+
 }  // namespace gatehouse::testing

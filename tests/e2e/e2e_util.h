@@ -49,4 +49,7 @@ const nlohmann::json* FindPhase(const nlohmann::json& cell, const std::string& n
 /// The numeric figure `name` of a phase object.
 std::optional<double> Figure(const nlohmann::json& phase, const std::string& name);
 
+/// The text figure `name` of a phase object ("" when it has none).
+std::string TextFigure(const nlohmann::json& phase, const std::string& name);
+
 }  // namespace gatehouse::testing

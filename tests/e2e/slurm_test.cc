@@ -154,16 +154,21 @@ class SlurmEngineTest : public ::testing::Test {
     auto ports = WaitForControllerPorts(*controller_);
     ASSERT_TRUE(ports) << controller_->Stderr();
     http_port_ = ports->http;
-    agent_ = std::make_unique<Daemon>(
-        bin + "/gatehouse-agent",
-        std::vector<std::string>{
-            "--controller", "127.0.0.1:" + std::to_string(ports->grpc), "--name", "slurm-agent",
-            "--work-dir", (root_ / "agent").string(), "--sdk-dir", GATEHOUSE_SDK_DIR,
-            "--cmake-prefix-path", GATEHOUSE_TORCH_PREFIX, "--worker", bin + "/gatehouse-worker",
-            "--torch-version", GATEHOUSE_TORCH_VERSION, "--token-file",
-            (root_ / "agent.token").string(), "--slurm", "--slurm-nodes", "1",
-            "--slurm-cpu-ranks-per-node", "2", "--slurm-partition", "gatehouse"},
-        root_ / "logs" / "agent");
+    std::vector<std::string> agent_args = {
+        "--controller", "127.0.0.1:" + std::to_string(ports->grpc), "--name", "slurm-agent",
+        "--work-dir", (root_ / "agent").string(), "--sdk-dir", GATEHOUSE_SDK_DIR,
+        "--cmake-prefix-path", GATEHOUSE_TORCH_PREFIX, "--worker", bin + "/gatehouse-worker",
+        "--torch-version", GATEHOUSE_TORCH_VERSION, "--token-file",
+        (root_ / "agent.token").string(), "--slurm", "--slurm-nodes", "1",
+        "--slurm-cpu-ranks-per-node", "2", "--slurm-partition", "gatehouse"};
+    // The build and every task run sandboxed where bubblewrap works (docs/protocols.md §3.6).
+    sandboxed_ = RunCommand("bwrap", {"--unshare-user", "--unshare-net", "--ro-bind", "/", "/",
+                                      "true"},
+                            root_)
+                     .exit_code == 0;
+    if (sandboxed_) agent_args.insert(agent_args.end(), {"--sandbox", "bwrap"});
+    agent_ = std::make_unique<Daemon>(bin + "/gatehouse-agent", agent_args,
+                                      root_ / "logs" / "agent");
     ASSERT_TRUE(agent_->WaitForLine(std::regex("registered as"), seconds(120))) << agent_->Stderr();
   }
 
@@ -272,6 +277,7 @@ class SlurmEngineTest : public ::testing::Test {
   }
 
   fs::path root_, repo_;
+  bool sandboxed_ = false;  // the agent runs with --sandbox bwrap
   std::string token_;
   int http_port_ = 0;
   std::unique_ptr<Daemon> munged_, slurmctld_, slurmd_, controller_, agent_;
@@ -311,6 +317,25 @@ TEST_F(SlurmEngineTest, CellsRunAsSlurmJobsAndEndAsTheirJobsDo) {
                         std::to_string(rank) + " LOCAL_WORLD_SIZE=2 MASTER_ADDR=localhost")))
         << stream << ":\n" << log.substr(0, 2000);
   }
+
+  // Both ranks ran in the sandbox of a Slurm task (a bwrap of their own; the node's network),
+  // and in Slurm's cgroups, not the agent's; the identity gate says so.
+  const json* identity = FindPhase(cell, "identity");
+  ASSERT_NE(identity, nullptr) << cell.dump(2);
+  const std::string sandbox = TextFigure(*identity, "sandbox");
+  const std::string cgroup = TextFigure(*identity, "cgroup");
+  if (sandboxed_) {
+    EXPECT_EQ(sandbox.rfind("bubblewrap", 0), 0u) << identity->dump();
+    EXPECT_NE(sandbox.find(" in each Slurm task: user and IPC namespaces and /dev/shm of the "
+                           "job's tasks on the node, the node's network"),
+              std::string::npos)
+        << sandbox;
+    EXPECT_NE(sandbox.find("token hidden"), std::string::npos) << sandbox;
+  } else {
+    EXPECT_EQ(sandbox, "none") << identity->dump();
+  }
+  EXPECT_EQ(cgroup.rfind("none: a Slurm step runs in the cgroups Slurm makes for it", 0), 0u)
+      << cgroup;
 
   // 2. Cancel through the API: the agent scancels the job.
   const std::string cancelled = Submit(Body("cancel"));

@@ -17,6 +17,7 @@ Exit 0: passed; 77: SKIPPED (a tool is missing; the reason is printed); else fai
 """
 import argparse
 import array
+import gzip
 import hashlib
 import json
 import os
@@ -208,8 +209,11 @@ class Controller:
                 sys.exit(f"controller {name} did not start: " + open(os.path.join(self.dir, "controller.log")).read()[-2000:])
             time.sleep(0.2)
 
-    def get(self, path, token=None):
-        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+    def get(self, path, token=None, headers=None):
+        headers = dict(headers or {})
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(self.url + path, headers=headers)
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.read()
 
@@ -300,7 +304,9 @@ def main():
             "VALUES ('node-1', 'node-1', ?, ?, ?, 'disconnected')",
             (json.dumps({"cpu_cores": 16, "gpus": [{"index": 0, "model": "NVIDIA H200", "memory_bytes": str(141 * 2**30)},
                                                    {"index": 1, "model": "NVIDIA H200", "memory_bytes": str(141 * 2**30)}],
-                         "labels": {"lane": "gpu"}}), now_iso(-400), now_iso(-10)))
+                         "labels": {"lane": "gpu", "sandbox": "bubblewrap 0.8.0",
+                                    "cgroup": "none: gatehouse-agent --cgroup none"}}),
+             now_iso(-400), now_iso(-10)))
 
         opts = webdriver.ChromeOptions()
         opts.binary_location = chromium
@@ -419,6 +425,12 @@ def main():
         driver.get(ctl.url + "agents.html")
         agent = wait_for(driver, "agent row", lambda d: d.find_elements(By.CSS_SELECTOR, "#agents tr[data-agent='node-1']"))
         assert "NVIDIA H200, 141 GiB" in agent[0].text and "gpu" in agent[0].text, agent[0].text
+        isolation = {li.get_attribute("data-isolation"): li
+                     for li in agent[0].find_elements(By.CSS_SELECTOR, "li[data-isolation]")}
+        assert isolation["sandbox"].text == "sandbox: bubblewrap 0.8.0", isolation["sandbox"].text
+        assert isolation["cgroup"].text == "cgroup: none: gatehouse-agent --cgroup none", isolation["cgroup"].text
+        assert "muted" in isolation["cgroup"].get_attribute("class").split()
+        assert "muted" not in (isolation["sandbox"].get_attribute("class") or "").split()
         shot("agents.png")
 
         # --- a controller with tokens asks for one ----------------------------------------------
@@ -456,11 +468,19 @@ def main():
             driver.get(ctl.url)
             wait_for(driver, "bulk matrix", lambda d: loaded(d) and len(d.find_elements(By.CSS_SELECTOR, "a.square")) > 100, timeout=120)
             render_ms = (time.time() - t) * 1000
+            # What crossed the wire: the browser asked for gzip and got it (encoded < decoded).
+            sizes = driver.execute_script(
+                "const e = performance.getEntriesByType('resource').filter(r => r.name.includes('api/v1/matrix'));"
+                "return e.length ? [e[e.length - 1].encodedBodySize, e[e.length - 1].decodedBodySize] : null;")
+            assert sizes and 0 < sizes[0] < sizes[1], (sizes, len(body))
+            packed = ctl.get("api/v1/matrix", headers={"Accept-Encoding": "gzip"})
+            assert gzip.decompress(packed) == body, "the gzip answer is not the same matrix"
             n_sq = len(driver.find_elements(By.CSS_SELECTOR, "a.square"))
             weight = sum(os.path.getsize(os.path.join(args.source, "web", f)) for f in ("index.html", "app.js", "matrix.js", "style.css"))
             shot("matrix-bulk.png")
             print(f"FIGURES cells={args.bulk_cells + 5} rows={len(data['rows'])} columns={len(data['columns'])} "
                   f"squares={n_sq} matrix_api_ms={api_ms:.0f} matrix_json_bytes={len(body)} "
+                  f"matrix_gzip_bytes={len(packed)} browser_matrix_transfer_bytes={sizes[0]} "
                   f"page_static_bytes={weight} time_to_render_ms={render_ms:.0f}")
         print("screenshots:", ", ".join(sorted(os.listdir(args.screenshots))))
         return 0
