@@ -16,6 +16,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "agent/process.h"
+
 namespace gatehouse::agent {
 namespace fs = std::filesystem;
 
@@ -456,18 +458,13 @@ int RemoveStaleCgroups(const CgroupConfig& config) {
       if (name.rfind("gatehouse-a", 0) != 0 || p == std::string::npos || !entry.is_directory()) {
         continue;
       }
-      pid_t owner = 0;
-      try {
-        owner = static_cast<pid_t>(std::stol(name.substr(p + 2)));
-      } catch (const std::exception&) {
-        continue;
-      }
-      if (owner <= 0 || owner == ::getpid() || ::kill(owner, 0) == 0 || errno != ESRCH) continue;
+      const std::optional<pid_t> owner = GoneProcess(std::string_view(name).substr(p + 2));
+      if (!owner) continue;
       const int left = KillCgroup(config.version, {entry.path()}, 30000);
       if (::rmdir(entry.path().c_str()) == 0) {
         ++removed;
         spdlog::info("cgroup: removed {} of a gone agent (pid {}){}", entry.path().string(),
-                     owner, left > 0 ? ", killing " + std::to_string(left) + " process(es)" : "");
+                     *owner, left > 0 ? ", killing " + std::to_string(left) + " process(es)" : "");
       } else {
         spdlog::warn("cgroup: cannot remove {} of a gone agent: {}", entry.path().string(),
                      std::strerror(errno));

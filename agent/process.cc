@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -243,6 +244,14 @@ Result<std::string> RunForOutput(const ProcessSpec& spec) {
                                (err.empty() ? "" : ": " + err));
   }
   return out;
+}
+
+std::optional<pid_t> GoneProcess(std::string_view digits) {
+  pid_t pid = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+  if (ec != std::errc() || end != digits.data() + digits.size() || pid <= 0) return std::nullopt;
+  if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) return std::nullopt;
+  return pid;
 }
 
 }  // namespace gatehouse::agent

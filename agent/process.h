@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -73,6 +74,12 @@ Result<ProcessExit> RunProcess(const ProcessSpec& spec, const OutputHandler& on_
 /// commands (squeue, bwrap --version). Errors: as RunProcess; UNAVAILABLE "<program> exited
 /// with code N: <its standard error>" when it does not exit 0.
 Result<std::string> RunForOutput(const ProcessSpec& spec);
+
+/// The pid written as `digits` (the "<pid>" an agent puts in the names of what it makes:
+/// cgroups `gatehouse-a7-p812`, /dev/shm dirs `gatehouse-sandbox-p812-...`) when that process
+/// is gone: not this one, and kill(pid, 0) says ESRCH. nullopt when it runs or `digits` is not
+/// a positive number. What it names was a crashed agent's, for the agent at start to remove.
+std::optional<pid_t> GoneProcess(std::string_view digits);
 
 /// The absolute path of a program named `name` in PATH, or an empty path.
 std::filesystem::path FindProgram(std::string_view name);

@@ -98,12 +98,11 @@ bool RunsProgram(pid_t pid, pid_t parent, std::string_view program,
   return false;
 }
 
-// The evidence's words for what a sandboxed process sees and may do (BwrapArgs, prlimit).
-std::string FileSystemView(const SandboxConfig& config) {
+// The evidence's words for what a sandboxed process sees and may do (BwrapArgs, prlimit);
+// `devices` says which device paths are bound ("" for none).
+std::string FileSystemView(const SandboxConfig& config, const std::string& devices) {
   std::string view = "read-only root, agent work dir hidden";
-  if (!config.devices.empty()) {
-    view += ", " + std::to_string(config.devices.size()) + " device paths bound";
-  }
+  if (!devices.empty()) view += ", " + devices;
   if (!config.hidden_files.empty()) view += ", token hidden";
   view += ", attempt dir writable";
   if (config.max_processes > 0) view += ", nproc " + std::to_string(config.max_processes);
@@ -218,10 +217,12 @@ Result<std::unique_ptr<AttemptSandbox>> AttemptSandbox::Open(const SandboxConfig
       local.devices.push_back(device);
     }
   }
-  std::string description = config.version +
-                            ": user, network (loopback only), IPC and UTS namespaces and /dev/shm "
-                            "of the attempt, " +
-                            FileSystemView(local);
+  std::string description =
+      config.version +
+      ": user, network (loopback only), IPC and UTS namespaces and /dev/shm of the attempt, " +
+      FileSystemView(local, local.devices.empty()
+                                ? ""
+                                : std::to_string(local.devices.size()) + " device paths bound");
   return std::unique_ptr<AttemptSandbox>(new AttemptSandbox(
       std::move(local), config.devices, shm_dir, holder, inner, lifeline[1],
       std::move(description)));
@@ -297,14 +298,12 @@ void AttemptSandbox::WrapSlurmTask(ProcessSpec& spec, const SandboxPaths& paths)
 }
 
 std::string AttemptSandbox::DescribeSlurmTask() const {
-  SandboxConfig task = config_;
-  task.devices = task_devices_;
-  std::string view = FileSystemView(task);
-  view.replace(view.find(", attempt dir"), 0, ", the node's accelerator devices bound");
+  std::string devices = "the node's accelerator devices";
+  if (!task_devices_.empty()) devices += " and " + std::to_string(task_devices_.size()) + " more";
   return config_.version +
          " in each Slurm task: user and IPC namespaces and /dev/shm of the job's tasks on the "
          "node, the node's network (ranks span nodes), " +
-         view;
+         FileSystemView(config_, devices + " bound");
 }
 
 std::vector<std::filesystem::path> AcceleratorDevices(const std::filesystem::path& dev) {
@@ -333,13 +332,9 @@ int RemoveStaleShmDirs(const std::filesystem::path& shm_root) {
     if (name.rfind(kPrefix, 0) != 0) continue;
     const size_t dash = name.find('-', kPrefix.size());
     if (dash == std::string::npos) continue;
-    pid_t owner = 0;
-    try {
-      owner = static_cast<pid_t>(std::stol(name.substr(kPrefix.size(), dash - kPrefix.size())));
-    } catch (const std::exception&) {
+    if (!GoneProcess(std::string_view(name).substr(kPrefix.size(), dash - kPrefix.size()))) {
       continue;
     }
-    if (owner <= 0 || owner == ::getpid() || ::kill(owner, 0) == 0 || errno != ESRCH) continue;
     std::error_code rm;
     if (std::filesystem::remove_all(entry.path(), rm) > 0 && !rm) ++removed;
   }

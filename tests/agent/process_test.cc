@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -30,6 +32,20 @@ Captured Capture(const ProcessSpec& spec, CancelToken cancel = {}) {
 }
 
 // Verifies that arguments with shell metacharacters reach the program unchanged.
+TEST(ProcessTest, GoneProcessIsAPidThatNoLongerRuns) {
+  // Verifies what marks a crashed agent's leftovers: a pid that has exited, never this process,
+  // a live one (init) or text that is not a positive number.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(GoneProcess(std::to_string(child)), child);
+  EXPECT_EQ(GoneProcess(std::to_string(::getpid())), std::nullopt);
+  EXPECT_EQ(GoneProcess("1"), std::nullopt);
+  for (const char* bad : {"", "0", "-5", "12x", "x12", "99999999999999"}) {
+    EXPECT_EQ(GoneProcess(bad), std::nullopt) << bad;
+  }
+}
+
 TEST(ProcessTest, ArgumentsAreNotInterpretedByAShell) {
   ProcessSpec spec;
   spec.exe = "printf";

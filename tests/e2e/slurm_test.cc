@@ -331,6 +331,10 @@ TEST_F(SlurmEngineTest, CellsRunAsSlurmJobsAndEndAsTheirJobsDo) {
               std::string::npos)
         << sandbox;
     EXPECT_NE(sandbox.find("token hidden"), std::string::npos) << sandbox;
+    // Not only the words: srun started each task as a sandboxed command.
+    EXPECT_NE(slurm_log.find("--sandboxed -- bwrap --unshare-user --unshare-ipc "),
+              std::string::npos)
+        << slurm_log.substr(0, 2000);
   } else {
     EXPECT_EQ(sandbox, "none") << identity->dump();
   }
