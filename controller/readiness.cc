@@ -49,6 +49,23 @@ std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary
                                    std::string(ReadinessOf(c.status)), c.status, c.cell.id,
                                    c.cell.created_at});
   }
+  // bf16 combinations: the same commit's standing where the numerics are claimed, in fp32.
+  for (auto& [key, combination] : combinations) {
+    if (combination.precision != "bf16") continue;
+    combination.numerics = std::string(kBf16NumericsNote);
+    Key fp32_key = key;
+    std::get<4>(fp32_key) = "fp32";
+    auto fp32 = combinations.find(fp32_key);
+    for (ReadinessCommit& commit : combination.commits) {
+      commit.fp32_readiness = "none";
+      if (fp32 == combinations.end()) continue;
+      for (const ReadinessCommit& other : fp32->second.commits) {
+        if (other.repository == commit.repository && other.commit == commit.commit) {
+          commit.fp32_readiness = other.readiness;
+        }
+      }
+    }
+  }
   std::vector<ReadinessCombination> out;
   out.reserve(combinations.size());
   for (auto& [key, combination] : combinations) out.push_back(std::move(combination));

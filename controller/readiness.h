@@ -24,6 +24,9 @@ struct ReadinessCommit {
   AttemptState status = AttemptState::kQueued;  // the newest cell's latest attempt
   std::string cell_id;
   std::string created_at;  // the newest cell's
+  /// bf16 combinations only: the same commit's readiness in the fp32 combination that is
+  /// otherwise equal ("none" without such a cell); empty for fp32 ones.
+  std::string fp32_readiness;
 };
 
 /// One combination and every commit validated on it, newest cell first.
@@ -37,7 +40,18 @@ struct ReadinessCombination {
   std::vector<std::string> phases;  // the gates the cells ran
   std::string torch;                // the runtime pin
   std::vector<ReadinessCommit> commits;
+  /// What the combination's verdicts say about the numerics (kBf16NumericsNote for bf16
+  /// combinations: their bars are bf16's own rounding envelope; empty for fp32).
+  std::string numerics;
 };
+
+/// A bf16 cell is held to bf16's envelope of correct implementations, whose rounding is as wide
+/// as some real bugs (an RMSNorm without its fp32 upcast, a softmax in bf16: docs/mutations.md):
+/// the numerics are claimed by the fp32 cell of the same combination.
+inline constexpr std::string_view kBf16NumericsNote =
+    "bf16 bars are the envelope of bf16 rounding, wide enough to pass numerics bugs of that size "
+    "(an RMSNorm without its fp32 upcast, a softmax in bf16): a numerics claim needs the fp32 "
+    "cell of this combination (fp32_readiness per commit)";
 
 /// "validated" (passed), "failed" (a gate FAILed: the adapter is wrong at that commit),
 /// "blocked" (the cell could not run: its reference cell or control did not pass), or
@@ -48,7 +62,8 @@ std::string_view ReadinessOf(AttemptState status);
 /// reference cells validate no adapter and are left out) by combination, sorted by family,
 /// checkpoint, device, precision, topology, mode, phases and torch pin; per (repository,
 /// commit) the newest cell decides, whatever its remaining inputs (decode length, training
-/// knobs, env). A cell whose stored spec does not parse is skipped.
+/// knobs, env). A cell whose stored spec does not parse is skipped. A bf16 combination carries
+/// kBf16NumericsNote and, per commit, its readiness in the equal fp32 combination.
 std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary>& cells);
 
 /// A column of the matrix: device x precision x topology x mode.

@@ -129,6 +129,18 @@ std::vector<std::string> EvidenceSummaryLines(const CellDetail& d, const CellSpe
   }
   row("variant (this cell)",
       fmt::format("**{}**: {} of {} phases that ran passed", AttemptStateName(d.status), passed, ran));
+  // The numeric gates' claims (worker_lib bars.h ClaimOf): PASS means correct, inside the
+  // envelope of correct implementations; bit-exact (equal to upstream) is a claim of its own.
+  std::string claims;
+  for (const PhaseRecord& p : d.phases) {
+    auto claim = std::find_if(p.figures.begin(), p.figures.end(),
+                              [](const FigureRecord& f) { return f.name == "claim"; });
+    if (claim == p.figures.end()) continue;
+    json v = json::parse(claim->value_json, nullptr, false);
+    claims += fmt::format("{}{}: {}", claims.empty() ? "" : "; ", p.phase,
+                          v.is_string() ? v.get<std::string>() : claim->value_json);
+  }
+  if (!claims.empty()) row("numerics", claims);
   std::string extensions;
   for (std::string_view name : kPhases) {
     if (std::find(c.phases.begin(), c.phases.end(), name) == c.phases.end()) {

@@ -80,13 +80,15 @@ json ReadinessJson(const std::vector<ReadinessCombination>& combinations) {
   for (const ReadinessCombination& c : combinations) {
     json commits = json::array();
     for (const ReadinessCommit& r : c.commits) {
-      commits.push_back({{"repository", r.repository},
-                         {"branch", r.branch},
-                         {"commit", r.commit},
-                         {"readiness", r.readiness},
-                         {"status", AttemptStateName(r.status)},
-                         {"cell", r.cell_id},
-                         {"created_at", r.created_at}});
+      json commit{{"repository", r.repository},
+                  {"branch", r.branch},
+                  {"commit", r.commit},
+                  {"readiness", r.readiness},
+                  {"status", AttemptStateName(r.status)},
+                  {"cell", r.cell_id},
+                  {"created_at", r.created_at}};
+      if (!r.fp32_readiness.empty()) commit["fp32_readiness"] = r.fp32_readiness;
+      commits.push_back(std::move(commit));
     }
     out.push_back({{"model_family", c.model_family},
                    {"checkpoint", {{"path", c.checkpoint.path}, {"digest", c.checkpoint.digest}}},
@@ -99,6 +101,7 @@ json ReadinessJson(const std::vector<ReadinessCombination>& combinations) {
                    {"phases", c.phases},
                    {"torch", c.torch},
                    {"commits", commits}});
+    if (!c.numerics.empty()) out.back()["numerics"] = c.numerics;
   }
   return {{"combinations", out}};
 }

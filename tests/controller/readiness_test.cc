@@ -81,6 +81,29 @@ TEST(ReadinessTest, TheNewestCellOfEachCommitDecidesPerCombination) {
   EXPECT_EQ(r[2].commits.at(0).cell_id, "c5");
 }
 
+// Verifies a bf16 combination says its numerics need the fp32 cell and names, per commit, that
+// commit's readiness in the otherwise equal fp32 combination ("none" without one); fp32
+// combinations carry no such note.
+TEST(ReadinessTest, Bf16CombinationsPointAtTheirFp32Cell) {
+  const std::string a(40, 'a'), b(40, 'b');
+  const std::vector<CellSummary> cells = {
+      MakeSummary("c4", b, AttemptState::kPassed, "bf16"),
+      MakeSummary("c3", a, AttemptState::kPassed, "bf16"),
+      MakeSummary("c2", a, AttemptState::kFailed, "fp32", /*tp=*/2),
+      MakeSummary("c1", a, AttemptState::kPassed, "fp32"),
+  };
+  const std::vector<ReadinessCombination> r = ComputeReadiness(cells);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].precision, "bf16");
+  EXPECT_EQ(r[0].numerics, kBf16NumericsNote);
+  ASSERT_EQ(r[0].commits.size(), 2u);
+  EXPECT_EQ(r[0].commits[0].commit, b);
+  EXPECT_EQ(r[0].commits[0].fp32_readiness, "none");
+  EXPECT_EQ(r[0].commits[1].fp32_readiness, "validated");  // tp=1's fp32 cell, not tp=2's
+  EXPECT_TRUE(r[1].numerics.empty());
+  EXPECT_TRUE(r[1].commits[0].fp32_readiness.empty());
+}
+
 TEST(ReadinessTest, ACellThatRanFewerGatesIsAnotherCombination) {
   // A later identity-only PASS must not stand for the full run's FAIL of the same commit.
   const std::string a(40, 'a');

@@ -190,5 +190,26 @@ TEST(ReportTest, EvidenceSummaryNamesEveryFieldAndWhatDidNotRunOrPass) {
   EXPECT_NE(b.find("blocked: its reference cell eee ended failed"), std::string::npos) << b;
 }
 
+// Verifies the summary's numerics row lists each numeric phase's claim (correct within the
+// envelope, or bit-exact), and that a cell without claims has no such row.
+TEST(ReportTest, EvidenceSummaryListsTheNumericClaims) {
+  CellSpec spec = gatehouse::testing::SampleSpec();
+  spec.phases = {"inference", "decode", "training"};
+  CellDetail d;
+  d.cell.id = std::string(64, 'n');
+  d.cell.spec_json = CanonicalSpecJson(spec);
+  d.status = AttemptState::kPassed;
+  d.phases = {Phase("inference", "PASS", "", {{"claim", R"("correct, not bit-exact")", "text"}}),
+              Phase("decode", "PASS", "", {{"claim", R"("bit-exact")", "text"}}),
+              Phase("training", "PASS", "", {{"claim", R"("correct, not bit-exact")", "text"}})};
+  const std::string r = RenderReport(d);
+  EXPECT_NE(r.find("| numerics | inference: correct, not bit-exact; decode: bit-exact; training: "
+                   "correct, not bit-exact |"),
+            std::string::npos)
+      << r;
+  d.phases = {Phase("inference", "PASS")};
+  EXPECT_EQ(RenderReport(d).find("| numerics |"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gatehouse::controller

@@ -37,7 +37,7 @@ import reference_cell  # noqa: E402  (directory_digest, constants)
 
 WORKER = None  # set from --worker
 TORCH = torch.__version__.split("+")[0]
-UNITS = {"count", "bytes", "ms", "tokens/s", "ratio", "nats", "percent", "text"}
+UNITS = {"count", "bytes", "ms", "tokens/s", "ratio", "nats", "percent", "text", "logits"}
 STATUSES = {"PASS", "FAIL", "BLOCKED", "UNKNOWN", "SKIPPED"}
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -249,6 +249,21 @@ class ReferenceCellTest(unittest.TestCase):
                 self.assertEqual(greedy.tolist(),
                                  tensors[f"prompts.{i}.decode_logits{suffix}"].argmax(-1).tolist(),
                                  f"prompt {i}{suffix}")
+        # The envelope of correct implementations (tools/refgen/envelope.py), measured with the
+        # bundle: every variation of this model that upstream accepts, the canonical path
+        # reproduced exactly by its harness, its cost a figure of the phase.
+        env = meta["envelope"]
+        self.assertIn("combined", env["variations"])
+        self.assertIn("rope=complex", env["variations"])
+        for precision in ("fp32", "bf16"):
+            e = env[precision]
+            self.assertTrue(e["harness_exact"], e["harness"])
+            self.assertEqual(set(e["by_variation"]), set(env["variations"]))
+            self.assertEqual(len(e["training"]["loss_rel"]), 2)
+            for section in ("prompt", "decode_steps"):
+                self.assertGreaterEqual(e[section]["max_abs_diff"], 0.0)
+                self.assertIn(e[section]["max_abs_diff_from"], env["variations"])
+        self.assertGreater(figs["envelope_ms"], 0)
         self.check_reference(out, meta, max_new_tokens)
         return meta, tensors
 

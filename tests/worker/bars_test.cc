@@ -109,6 +109,89 @@ TEST(BarsTest, TrainingBarsFollowTheFloor) {
   EXPECT_GT(other.first_loss_rel, 0.0);
 }
 
+LogitEnvelope Env(double max_abs, double kl, double top1) {
+  LogitEnvelope e;
+  e.max_abs_diff = max_abs;
+  e.kl_mean = kl;
+  e.top1_percent = top1;
+  return e;
+}
+
+// Verifies logits with an envelope: on the same kernels the margins over the envelope alone
+// (never equality, so a correct adapter in another op order passes); elsewhere over the
+// envelope plus the site's measured spread, top-1 disagreements added.
+TEST(BarsTest, EnvelopeBarsAreMarginsOverItPlusTheSite) {
+  const LogitEnvelope env = Env(3e-6, 1e-13, 100);
+  const LogitBars same =
+      LogitBarsFor(Site("fp32", "cpu", "cpu", "AVX512", "AVX512"), LogitKind::kPrompt, true, &env);
+  EXPECT_FALSE(same.exact);
+  EXPECT_TRUE(same.from_envelope);
+  EXPECT_DOUBLE_EQ(same.max_abs_diff, kFloorMargin * 3e-6);
+  EXPECT_DOUBLE_EQ(same.kl_mean, kFloorMargin * kFloorMargin * 1e-13);
+  EXPECT_EQ(same.top1_percent, 100.0);
+  EXPECT_THAT(same.basis, HasSubstr("envelope of correct implementations"));
+  const LogitBars other =
+      LogitBarsFor(Site("fp32", "cpu", "cpu", "AVX512", "AVX2"), LogitKind::kPrompt, true, &env);
+  EXPECT_DOUBLE_EQ(other.max_abs_diff, kFloorMargin * (3e-6 + 1.17e-5));
+  EXPECT_THAT(other.basis, HasSubstr("CPU kernel families"));
+  const LogitEnvelope bf16_env = Env(0.08, 6e-5, 98.0);
+  const LogitBars bf16 = LogitBarsFor(Site("bf16", "cpu", "cpu", "AVX512", "AVX2"),
+                                      LogitKind::kPrompt, true, &bf16_env);
+  EXPECT_DOUBLE_EQ(bf16.top1_percent, 100 - kTop1DisagreementMargin * ((100 - 98.0) + (100 - 99.11)));
+  const LogitBars gpu = LogitBarsFor(Site("fp32", "cpu", "cuda", "AVX512", "AVX512"),
+                                     LogitKind::kPrompt, true, &env);
+  EXPECT_TRUE(std::isinf(gpu.max_abs_diff));
+}
+
+// Verifies decode-step bars with an envelope add, before the margins, upstream's KV-cache
+// spread and the gate's extra spread (upstream's cached-vs-forced one past a sliding window).
+TEST(BarsTest, EnvelopeDecodeStepsAddCacheAndExtraSpreads) {
+  const LogitEnvelope env = Env(2e-6, 1e-13, 100);
+  const ComparisonSite same = Site("fp32", "cpu", "cpu", "AVX512", "AVX512");
+  const LogitBars plain = EnvelopeDecodeStepBars(same, env, 1e-6, 1e-14);
+  EXPECT_DOUBLE_EQ(plain.max_abs_diff, kFloorMargin * 3e-6);
+  EXPECT_DOUBLE_EQ(plain.kl_mean, kFloorMargin * kFloorMargin * (1e-13 + 1e-14));
+  const LogitBars window = EnvelopeDecodeStepBars(same, env, 1e-6, 1e-14, LogitSpread{4e-6, 0, 99});
+  EXPECT_DOUBLE_EQ(window.max_abs_diff, kFloorMargin * 7e-6);
+  EXPECT_DOUBLE_EQ(window.top1_percent, 100 - kTop1DisagreementMargin * 1);
+  EXPECT_THAT(window.basis, HasSubstr("KV caches"));
+}
+
+// Verifies training bars with an envelope: margins over it (gradient norm or sum, whichever is
+// wider; the largest loss spread through the cell's steps), never below one fp32 rounding, with
+// upstream's MoE floor and the site's spread added.
+TEST(BarsTest, EnvelopeTrainingBars) {
+  TrainingEnvelope env;
+  env.first_loss_rel = 0;  // a forward whose loss the variations left equal: rounding luck
+  env.loss_rel = {0, 1.6e-7, 0, 4e-7};
+  TrainingEnvelope flat = env;
+  flat.loss_rel = {0, 0};
+  env.grad_norm_rel = 4.7e-7;
+  env.grad_sum_rel = 2e-7;
+  const ComparisonSite same = Site("fp32", "cpu", "cpu", "AVX512", "AVX512");
+  const TrainingBars two = TrainingBarsFor(same, 0, 0, env, 2);
+  EXPECT_DOUBLE_EQ(two.first_loss_rel, kFloorMargin * kRoundingFloor);
+  EXPECT_DOUBLE_EQ(two.loss_rel, kFloorMargin * 1.6e-7);  // steps 1..2 only
+  EXPECT_DOUBLE_EQ(two.grad_norm_rel, kFloorMargin * 4.7e-7);
+  EXPECT_DOUBLE_EQ(TrainingBarsFor(same, 0, 0, flat, 2).loss_rel, kFloorMargin * kRoundingFloor);
+  const TrainingBars four = TrainingBarsFor(same, 0, 0, env, 4);
+  EXPECT_DOUBLE_EQ(four.loss_rel, kFloorMargin * 4e-7);
+  const TrainingBars beyond = TrainingBarsFor(same, 0, 0, env, 9);
+  EXPECT_DOUBLE_EQ(beyond.loss_rel, kFloorMargin * 4e-7);
+  const TrainingBars moe = TrainingBarsFor(same, 1e-6, 2e-6, env, 2);
+  EXPECT_DOUBLE_EQ(moe.grad_norm_rel, kFloorMargin * (4.7e-7 + 1e-6));
+  EXPECT_THAT(moe.basis, HasSubstr("its own implementations"));
+  const TrainingBars other = TrainingBarsFor(Site("fp32", "cpu", "cpu", "AVX512", "AVX2"), 0, 0, env, 2);
+  EXPECT_DOUBLE_EQ(other.grad_norm_rel, kFloorMargin * (4.7e-7 + 3.2e-6));
+}
+
+// Verifies the claims: equality is bit-exact whatever the bars, inside them correct.
+TEST(BarsTest, Claims) {
+  EXPECT_EQ(ClaimOf(true, true), "bit-exact");
+  EXPECT_EQ(ClaimOf(true, false), "correct, not bit-exact");
+  EXPECT_EQ(ClaimOf(false, false), "outside the bars");
+}
+
 // Verifies the site's description names both sides and the CPU kernel families.
 TEST(BarsTest, SiteDescription) {
   EXPECT_EQ(Site("bf16", "cpu", "cuda", "AVX512", "AVX2", 2, 0).Describe(),

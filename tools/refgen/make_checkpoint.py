@@ -384,7 +384,7 @@ def training_floor(checkpoint_dir, model_class, prompts, dtype, trace, steps=TRA
 def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_extra=None,
                    min_distinct=MIN_DISTINCT_TOKENS, max_new_tokens=MAX_NEW_TOKENS,
                    train_steps=TRAIN_STEPS, train_lr=TRAIN_LR, train_seed=TRAIN_SEED,
-                   release_model=False):
+                   release_model=False, envelope=False):
     """Writes reference.safetensors and reference.json (the bundle of the module docstring) for
     `model` (fp32, saved in checkpoint_dir) into out_dir.
 
@@ -397,7 +397,9 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
     decode length and the training trace's AdamW steps, lr and seed (defaults: this module's
     MAX_NEW_TOKENS, TRAIN_STEPS, TRAIN_LR, TRAIN_SEED). release_model: free `model`'s weights
     (to_empty on the meta device) once the forwards are done, so the training traces, which load
-    their own copies, do not run beside it; the caller must not use `model` afterwards."""
+    their own copies, do not run beside it; the caller must not use `model` afterwards.
+    envelope: also measure the envelope of correct implementations (envelope.py) into
+    reference.json "envelope", on the model's device, after the traces."""
     device_type = next(model.parameters()).device.type
     tensors = {}
     described = []
@@ -445,6 +447,15 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         trace["floor"] = training_floor(checkpoint_dir, type(model), prompts, dtype, trace,
                                         train_steps, train_lr, train_seed)
         training[precision] = trace
+    envelope_json = None
+    if envelope:
+        import envelope as envelope_module  # noqa: E402  (tools/refgen, on sys.path above)
+        device = (torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda"
+                  else torch.device("cpu"))
+        envelope_json = envelope_module.make_envelope(
+            type(model), checkpoint_dir, device,
+            [tensors[f"prompts.{i}.input_ids"] for i in range(len(prompts))],
+            envelope_module.runs_of(tensors, len(prompts)), (train_steps, train_lr, train_seed))
     out_dir.mkdir(parents=True)
     save_file(tensors, str(out_dir / "reference.safetensors"))
     meta = {
@@ -476,6 +487,8 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
     }
     if describe is not None:
         meta["prompts"] = described
+    if envelope_json is not None:
+        meta["envelope"] = envelope_json
     meta.update(meta_extra or {})
     (out_dir / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
 

@@ -321,6 +321,7 @@ class Job:
     train_steps = make_checkpoint.TRAIN_STEPS
     train_lr = make_checkpoint.TRAIN_LR
     train_seed = make_checkpoint.TRAIN_SEED
+    envelope = True          # measure the envelope of correct implementations (envelope.py)
     prompts = ()             # parsed: [{"ids": [...]}] or [{"text": str, "chat": bool}]
     phases = None            # None: all
     attempt_dir = None
@@ -794,7 +795,7 @@ def _make_bundle(job, out):
                 model, ckpt, bundle, [ids for ids, *_ in prompts], describe=describe,
                 meta_extra=meta_extra, min_distinct=None, max_new_tokens=job.max_new_tokens,
                 train_steps=job.train_steps, train_lr=job.train_lr, train_seed=job.train_seed,
-                release_model=True)
+                release_model=True, envelope=job.envelope)
         except (torch.OutOfMemoryError, MemoryError) as e:
             return out.fail(exception_text(e), "resource")
         except Exception as e:
@@ -802,6 +803,7 @@ def _make_bundle(job, out):
         written = json.loads((bundle / "reference.json").read_text())
         for i, n in enumerate(written.get("continuation_distinct_tokens", {}).get("fp32", [])):
             out.figure(f"prompt_{i}_distinct_tokens", n, "count")
+        envelope_figures(out, written.get("envelope"))
         problems = bundle_problems(bundle)
         if problems:
             return out.fail("upstream's own output cannot be a reference (the bundle reader "
@@ -816,6 +818,28 @@ def _make_bundle(job, out):
         out.artifacts.append({"name": name, "path": artifact_path(path, job.attempt_dir),
                               "bytes": path.stat().st_size, "sha256": sha256_file(path)})
     return out
+
+
+def envelope_figures(out, envelope):
+    """The envelope's cost and widest spreads as figures of the reference phase (or why there is
+    none)."""
+    if envelope is None:
+        out.text("envelope", "not measured (--no-envelope): validation cells against this bundle "
+                             "get the site's own bars")
+        return
+    out.figure("envelope_ms", round(envelope["seconds"] * 1000), "ms")
+    out.text("envelope", ", ".join(envelope["variations"]))
+    for precision in ("fp32", "bf16"):
+        e = envelope.get(precision)
+        if not e:
+            continue
+        out.figure(f"envelope_{precision}_max_abs_diff", e["prompt"]["max_abs_diff"], "logits")
+        out.figure(f"envelope_{precision}_grad_norm_rel", e["training"]["grad_norm_rel"], "ratio")
+        if not e.get("harness_exact", True):
+            out.text(f"envelope_{precision}_harness",
+                     "the canonical run here differs from the bundle's (max abs "
+                     f"{e['harness']['prompt']['max_abs_diff']:.3g}): variations were measured "
+                     "against this run")
 
 
 def bundle_problems(bundle):
@@ -868,6 +892,9 @@ def main(argv=None):
     parser.add_argument("--train-steps", type=int, default=make_checkpoint.TRAIN_STEPS)
     parser.add_argument("--train-lr", type=float, default=make_checkpoint.TRAIN_LR)
     parser.add_argument("--train-seed", type=int, default=make_checkpoint.TRAIN_SEED)
+    parser.add_argument("--no-envelope", action="store_true",
+                        help="person mode: skip the envelope of correct implementations (faster; "
+                             "validation cells then get the site's own bars)")
     args = parser.parse_args(argv)
     if args.print_runtime:
         print(json.dumps({"torch": strip_local_version(torch.__version__),
@@ -895,6 +922,7 @@ def main(argv=None):
             job.checkpoint, job.out, job.device = args.checkpoint, args.out, args.device
             job.max_new_tokens = args.max_new_tokens
             job.train_steps, job.train_lr, job.train_seed = args.train_steps, args.train_lr, args.train_seed
+            job.envelope = not args.no_envelope
             if args.prompts is not None:
                 try:
                     raw = json.loads(args.prompts.read_text())

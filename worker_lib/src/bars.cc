@@ -48,7 +48,59 @@ LogitBars FromFloor(const Floor& f, std::string basis) {
   return b;
 }
 
+const Floor& CpuKernelsFloor(bool bf16, LogitKind kind) {
+  const bool steps = kind == LogitKind::kDecodeSteps;
+  return bf16 ? (steps ? kCpuKernelsBf16Steps : kCpuKernelsBf16Prompt)
+              : (steps ? kCpuKernelsFp32Steps : kCpuKernelsFp32Prompt);
+}
+
+/// The envelope bars' basis: what the envelope measured, and the site part where there is one.
+std::string EnvelopeBasis(const ComparisonSite& s, LogitKind kind) {
+  std::string basis = "margins over the bundle's envelope of correct implementations (upstream "
+                      "run with other attention backends, RoPE formulations, fused projections, "
+                      "norm kernels and thread counts on this checkpoint";
+  basis += kind == LogitKind::kDecodeSteps ? ", its KV-cached decode steps)" : ")";
+  if (SameCpuKernels(s)) return basis + ", same device kind, dtype and CPU kernels as upstream's run";
+  if (s.reference_device == "cpu" && s.run_device == "cpu") {
+    return basis + " plus upstream's own spread between CPU kernel families (docs/bars.md)";
+  }
+  return basis + " plus upstream's own spread between CPU and CUDA (H200, docs/bars.md; no "
+                 "max-abs bar there until that floor is measured)";
+}
+
 }  // namespace
+
+LogitSpread& LogitSpread::operator+=(const LogitSpread& o) {
+  max_abs_diff += o.max_abs_diff;
+  kl_mean += o.kl_mean;
+  top1_percent = std::max(0.0, 100.0 - ((100.0 - top1_percent) + (100.0 - o.top1_percent)));
+  return *this;
+}
+
+LogitSpread SpreadOf(const LogitEnvelope& e) {
+  return LogitSpread{e.max_abs_diff, e.kl_mean, e.top1_percent};
+}
+
+LogitSpread SiteSpread(const ComparisonSite& s, LogitKind kind) {
+  if (SameCpuKernels(s)) return LogitSpread{};
+  const bool bf16 = s.precision == "bf16";
+  const Floor& f = s.reference_device == "cpu" && s.run_device == "cpu"
+                       ? CpuKernelsFloor(bf16, kind)
+                       : (bf16 ? kCudaBf16Prompt : kCudaFp32Prompt);
+  return LogitSpread{f.max_abs_diff, f.kl_mean, f.top1_percent};
+}
+
+LogitBars MarginsOver(const LogitSpread& spread, std::string basis) {
+  LogitBars b = FromFloor(Floor{spread.max_abs_diff, spread.kl_mean, spread.top1_percent},
+                          std::move(basis));
+  b.from_envelope = true;
+  return b;
+}
+
+std::string ClaimOf(bool within_bars, bool equal) {
+  if (equal) return "bit-exact";
+  return within_bars ? "correct, not bit-exact" : "outside the bars";
+}
 
 std::string CpuCapability() { return at::get_cpu_capability(); }
 
@@ -62,12 +114,17 @@ std::string ComparisonSite::Describe() const {
          where(reference_device, reference_cpu, reference_threads);
 }
 
-LogitBars LogitBarsFor(const ComparisonSite& s, LogitKind kind, bool same_reductions) {
+LogitBars LogitBarsFor(const ComparisonSite& s, LogitKind kind, bool same_reductions,
+                       const LogitEnvelope* envelope) {
   const bool bf16 = s.precision == "bf16";
   const bool steps = kind == LogitKind::kDecodeSteps;
+  if (envelope != nullptr) {
+    LogitSpread spread = SiteSpread(s, kind);
+    spread += SpreadOf(*envelope);
+    return MarginsOver(spread, EnvelopeBasis(s, kind));
+  }
   if (SameCpuKernels(s) && !same_reductions) {
-    const Floor& f = bf16 ? (steps ? kCpuKernelsBf16Steps : kCpuKernelsBf16Prompt)
-                          : (steps ? kCpuKernelsFp32Steps : kCpuKernelsFp32Prompt);
+    const Floor& f = CpuKernelsFloor(bf16, kind);
     return FromFloor(f, "same CPU kernels as upstream's run, but sums of other lengths (past a "
                         "sliding window upstream's KV cache keeps only the window's keys, ours "
                         "masks the rest): margins over upstream's own spread between CPU kernel "
@@ -86,8 +143,7 @@ LogitBars LogitBarsFor(const ComparisonSite& s, LogitKind kind, bool same_reduct
     return b;
   }
   if (s.reference_device == "cpu" && s.run_device == "cpu") {
-    const Floor& f = bf16 ? (steps ? kCpuKernelsBf16Steps : kCpuKernelsBf16Prompt)
-                          : (steps ? kCpuKernelsFp32Steps : kCpuKernelsFp32Prompt);
+    const Floor& f = CpuKernelsFloor(bf16, kind);
     return FromFloor(f, "another CPU kernel family or thread count than upstream's run (or an "
                         "unknown one): margins over upstream's own spread between CPU kernel "
                         "families (docs/bars.md)");
@@ -118,6 +174,17 @@ LogitBars DecodeStepBars(const LogitBars& site_bars, double floor_max_abs_diff,
   return b;
 }
 
+LogitBars EnvelopeDecodeStepBars(const ComparisonSite& s, const LogitEnvelope& envelope,
+                                 double floor_max_abs_diff, double floor_kl_mean,
+                                 const LogitSpread& extra) {
+  LogitSpread spread = SiteSpread(s, LogitKind::kDecodeSteps);
+  spread += SpreadOf(envelope);
+  spread += LogitSpread{floor_max_abs_diff, floor_kl_mean, 100};
+  spread += extra;
+  return MarginsOver(spread, EnvelopeBasis(s, LogitKind::kDecodeSteps) +
+                                 "; plus upstream's own spread between its KV caches");
+}
+
 TrainingBars TrainingBarsFor(const ComparisonSite& s, double floor_grad_norm_rel,
                              double floor_loss_rel) {
   TrainingBars b;
@@ -145,6 +212,36 @@ TrainingBars TrainingBarsFor(const ComparisonSite& s, double floor_grad_norm_rel
                   "between CPU kernel families (docs/bars.md)"
                 : "across device kinds: upstream's training spread there is not measured; the "
                   "CPU kernel-family margins (docs/bars.md)";
+  return b;
+}
+
+TrainingBars TrainingBarsFor(const ComparisonSite& s, double floor_grad_norm_rel,
+                             double floor_loss_rel, const TrainingEnvelope& envelope,
+                             int64_t steps) {
+  TrainingBars b;
+  const bool bf16 = s.precision == "bf16";
+  double site_grad = 0, site_loss = 0;
+  if (!SameCpuKernels(s)) {
+    site_grad = bf16 ? kCpuKernelsBf16GradRel : kCpuKernelsFp32GradRel;
+    site_loss = bf16 ? kCpuKernelsBf16LossRel : kCpuKernelsFp32LossRel;
+  }
+  auto spread = [](double measured) { return std::max(measured, kRoundingFloor); };
+  b.first_loss_rel = kFloorMargin * (spread(envelope.first_loss_rel) + site_loss);
+  b.loss_rel = kFloorMargin * (spread(envelope.LossRelThrough(steps)) + floor_loss_rel + site_loss);
+  b.grad_norm_rel = kFloorMargin * (spread(std::max(envelope.grad_norm_rel, envelope.grad_sum_rel)) +
+                                    floor_grad_norm_rel + site_grad);
+  b.basis = "margins over the bundle's envelope of correct implementations (upstream's training "
+            "trace with other attention backends, RoPE formulations, fused projections, norm "
+            "kernels and thread counts on this checkpoint";
+  b.basis += floor_grad_norm_rel > 0 || floor_loss_rel > 0
+                 ? ", plus its spread between its own implementations of the same math)"
+                 : ")";
+  if (!SameCpuKernels(s)) {
+    b.basis += s.reference_device == "cpu" && s.run_device == "cpu"
+                   ? " plus upstream's training spread between CPU kernel families (docs/bars.md)"
+                   : " plus the CPU kernel-family training spread (across device kinds not "
+                     "measured yet; docs/bars.md)";
+  }
   return b;
 }
 

@@ -109,9 +109,14 @@ GateOutcome CudaGraphGate(GateContext& ctx) {
   const ComparisonSite site{ctx.spec.precision, ref.device, "cuda", ref.cpu_capability,
                             CpuCapability()};
   const DecodeFloor& floor = ref.DecodeFloorFor(ctx.spec.precision);
-  const LogitBars bars = DecodeStepBars(LogitBarsFor(site, LogitKind::kDecodeSteps),
-                                        floor.max_abs_diff, floor.kl_mean);
+  const Envelope* envelope = ref.envelope.For(ctx.spec.precision);
+  const LogitBars bars =
+      envelope ? EnvelopeDecodeStepBars(site, envelope->decode_steps, floor.max_abs_diff,
+                                        floor.kl_mean)
+               : DecodeStepBars(LogitBarsFor(site, LogitKind::kDecodeSteps), floor.max_abs_diff,
+                                floor.kl_mean);
   out.Text("site", site.Describe());
+  internal::EnvelopeFigure(out, envelope);
   out.Real("steps_max_abs_diff", vs_decode.max_abs_diff(), "logits");
   out.Real("steps_kl_mean", vs_decode.kl_mean(), "nats");
   out.Real("steps_top1_agreement", vs_decode.top1_agreement_percent(), "percent");

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gatehouse/worker/bars.h"
 #include "gatehouse/worker/gates.h"
 
 #if defined(__GLIBC__)
@@ -190,6 +191,30 @@ Result<Artifact> ArtifactOf(const std::filesystem::path& attempt_dir, const std:
 /// names the file.
 Result<Artifact> WriteJsonArtifact(const std::filesystem::path& attempt_dir, const std::string& rel,
                                    const std::string& name, const nlohmann::json& value);
+
+/// Where the two sides of a comparison with the bundle ran: upstream's site from the bundle,
+/// ours from the context (the CPU's kernel family and this process's thread count).
+inline ComparisonSite SiteOf(const GateContext& ctx, const ReferenceBundle& ref) {
+  ComparisonSite site{ctx.spec.precision, ref.device, ctx.device.is_cuda() ? "cuda" : "cpu",
+                      ref.cpu_capability, CpuCapability()};
+  site.reference_threads = ref.num_threads;
+  site.run_threads = ctx.device.is_cuda() ? 0 : torch::get_num_threads();
+  return site;
+}
+
+/// The comparison's claim (bars.h ClaimOf) as the gate's first figure, "claim", so that a
+/// report showing a phase's first figures shows it; the envelope the bars came from, or that
+/// the bundle has none, as figure "envelope".
+inline void PutClaim(GateOutcome& out, bool within_bars, bool equal) {
+  out.figures.insert(out.figures.begin(), Figure{"claim", ClaimOf(within_bars, equal), "text"});
+}
+inline void EnvelopeFigure(GateOutcome& out, const Envelope* envelope) {
+  out.Text("envelope", envelope != nullptr
+                           ? envelope->Describe()
+                           : "none in the bundle: the site's own bars (equality on the same "
+                             "kernels), so a correct adapter that computes in another order can "
+                             "FAIL; add one with tools/refgen/envelope.py --bundle");
+}
 
 /// Reads the reference bundle on first use; on failure sets `out` BLOCKED naming the bundle and
 /// the tensor or field at fault (the bundle is an outside input, not the adapter's).

@@ -373,6 +373,7 @@ Result<ReferenceBundle> LoadReference(const std::filesystem::path& dir) {
   if (auto n = bundle.meta.find("num_threads"); n != bundle.meta.end() && n->is_number_integer()) {
     bundle.num_threads = n->get<int64_t>();
   }
+  GH_ASSIGN_OR_RETURN(bundle.envelope, ParseEnvelope(bundle.meta, meta_path.string()));
   return bundle;
 }
 

@@ -12,6 +12,8 @@
 #include <limits>
 #include <string>
 
+#include "gatehouse/worker/envelope.h"
+
 
 namespace gatehouse::worker {
 
@@ -41,8 +43,34 @@ struct LogitBars {
   double kl_mean = 0;
   double top1_percent = 100;
   bool exact = false;  // bit-exact site: every bar is equality
+  bool from_envelope = false;  // margins over the bundle's envelope of correct implementations
   std::string basis;   // why these bars, with the measurement they come from
 };
+
+/// Which logits are compared: a prompt's forward, or KV-cached decode steps.
+enum class LogitKind { kPrompt, kDecodeSteps };
+
+/// How far two runs' logits are apart: max abs diff (logits), mean per-token KL (nats), top-1
+/// agreement (percent). Spreads of independent causes add (+=): max abs and KL add, and so do
+/// top-1 disagreements.
+struct LogitSpread {
+  double max_abs_diff = 0;
+  double kl_mean = 0;
+  double top1_percent = 100;
+  LogitSpread& operator+=(const LogitSpread& o);
+};
+
+/// The spread of an envelope's logits (envelope.h).
+LogitSpread SpreadOf(const LogitEnvelope& envelope);
+
+/// Upstream's own spread between the two sites of `site` for logits of `kind`: zero where both
+/// ran the same device kind, dtype and CPU kernels; elsewhere the measured floors of the table
+/// in docs/bars.md (infinite max abs across device kinds: not measured).
+LogitSpread SiteSpread(const ComparisonSite& site, LogitKind kind);
+
+/// Bars at the margins over `spread`: kFloorMargin x max abs, kFloorMargin^2 x KL,
+/// kTop1DisagreementMargin x top-1 disagreement; from_envelope set, `basis` kept.
+LogitBars MarginsOver(const LogitSpread& spread, std::string basis);
 
 /// Bars for a training trace compared with upstream's (TrainingGate): loss per step and the
 /// L2 norm of each parameter's step-1 gradient, as |ours - upstream| / max(|upstream|, tiny).
@@ -59,15 +87,17 @@ struct TrainingBars {
 inline constexpr double kFloorMargin = 4.0;
 inline constexpr double kTop1DisagreementMargin = 2.0;
 
-/// Which logits are compared: a prompt's forward, or KV-cached decode steps.
-enum class LogitKind { kPrompt, kDecodeSteps };
 
 /// `same_reductions` false: our computation sums over other lengths than upstream's although
 /// the math is the same (decode past a sliding window: upstream's sliding KV cache holds only
 /// the window's keys, ours masks the rest), so even the same kernels are not bit-exact; such a
 /// site gets the bars of another CPU kernel family.
+/// With `envelope` (the bundle's, this precision's, for logits of `kind`): the margins over the
+/// envelope plus the site's spread (SiteSpread); PASS then means correct, and equality is a
+/// claim of its own (a gate's "claim" figure). `same_reductions` is not read then: the decode
+/// gate adds upstream's own cached-vs-forced spread past a sliding window itself.
 LogitBars LogitBarsFor(const ComparisonSite& site, LogitKind kind = LogitKind::kPrompt,
-                       bool same_reductions = true);
+                       bool same_reductions = true, const LogitEnvelope* envelope = nullptr);
 
 /// Bars for KV-cached decode-step logits against upstream's decode logits. Upstream's own
 /// decode differs between its dynamic and its static (preallocated, masked) KV cache in fp32 by
@@ -77,12 +107,37 @@ LogitBars LogitBarsFor(const ComparisonSite& site, LogitKind kind = LogitKind::k
 LogitBars DecodeStepBars(const LogitBars& site_bars, double floor_max_abs_diff,
                          double floor_kl_mean);
 
+/// Decode-step bars from the bundle's envelope: the margins over the site's spread, the
+/// envelope's decode steps, upstream's own spread between its dynamic and static KV caches
+/// (`floor_max_abs_diff`, `floor_kl_mean`) and `extra` (the decode gate's: upstream's own
+/// cached-vs-forced spread, past a sliding window).
+LogitBars EnvelopeDecodeStepBars(const ComparisonSite& site, const LogitEnvelope& envelope,
+                                 double floor_max_abs_diff, double floor_kl_mean,
+                                 const LogitSpread& extra = LogitSpread{});
+
 /// Training bars for `site`. On a bit-exact site: kFloorMargin times upstream's own spread
 /// between its implementations of the same math (`floor_grad_norm_rel`, `floor_loss_rel`, the
 /// largest per-step value; 0 for dense models, so equality); elsewhere the measured cross-site
 /// bars or, unmeasured, the tensor-parallel gate's.
 TrainingBars TrainingBarsFor(const ComparisonSite& site, double floor_grad_norm_rel,
                              double floor_loss_rel);
+
+/// Training bars from the bundle's envelope (this precision's) for a cell of `steps` steps:
+/// kFloorMargin x (the envelope's spread + upstream's implementation floor + the site's
+/// training spread, zero on the same kernels). Each relative figure's spread is at least
+/// kRoundingFloor (one fp32 rounding, 2^-23): a zero measured on a figure the variations move
+/// elsewhere (a step's loss, computed in fp32 from logits that moved) is rounding luck, not a
+/// bar a correct implementation can be held to.
+TrainingBars TrainingBarsFor(const ComparisonSite& site, double floor_grad_norm_rel,
+                             double floor_loss_rel, const TrainingEnvelope& envelope,
+                             int64_t steps);
+
+/// One fp32 rounding, relative (2^-23): the least spread a relative training figure gets.
+inline constexpr double kRoundingFloor = 1.0 / 8388608.0;
+
+/// The claim a comparison supports: "bit-exact" (equal to upstream), "correct, not bit-exact"
+/// (inside its bars), or "outside the bars".
+std::string ClaimOf(bool within_bars, bool equal);
 
 /// A top-1 flip between two tokens whose log-probabilities lie within this many nats of each
 /// other is a near-tie, which any rounding can flip (the decode gate's allowance where it has

@@ -34,6 +34,8 @@
 // Where the forwards ran: "device" ("cpu" when absent), and on the CPU "cpu_capability" (the
 // kernel family torch dispatched to, torch.backends.cpu.get_cpu_capability()) and
 // "num_threads".
+// reference.json "envelope" (optional): the envelope of correct implementations per precision
+// (envelope.h, tools/refgen/envelope.py).
 #pragma once
 
 #include <torch/torch.h>
@@ -46,6 +48,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "gatehouse/worker/envelope.h"
 
 namespace gatehouse::worker {
 
@@ -124,6 +127,9 @@ struct ReferenceBundle {
   std::string device = "cpu";
   std::string cpu_capability;
   int64_t num_threads = 0;
+  /// reference.json "envelope" (envelope.h): upstream's spread under the choices a correct
+  /// implementation may make; empty for a bundle that holds none.
+  Envelopes envelope;
 };
 
 /// Reads and validates a bundle: the format tag, at least one prompt, every tensor above

@@ -1,0 +1,572 @@
+"""The envelope of correct implementations: upstream's own spread under the choices a correct
+adapter may make, measured on the checkpoint and probe prompts at hand.
+
+What
+    A correct adaptation computes upstream's function, but rarely in upstream's order of
+    floating-point operations: training frameworks use scaled_dot_product_attention or flash
+    kernels instead of an eager softmax, complex-number RoPE on interleaved pairs (torchtitan),
+    fused QKV and gate/up projections (vLLM, Phi-3), a fused RMSNorm, another thread count. Each
+    choice moves the logits, the decode steps and the training trace by rounding alone. This
+    module runs transformers itself under each such variation (VARIATIONS) and records, per
+    precision, how far each figure moved from the canonical run (eager attention, the
+    bundle's): the envelope. A gate holds an adapter to a margin over it (docs/bars.md).
+
+    Variations (each on a fresh from_pretrained copy; names are what the bundle records):
+      attention=sdpa        attn_implementation="sdpa" (torch's scaled_dot_product_attention)
+      rope=complex          RoPE as torchtitan computes it: the tables in fp32, each (i, i+d/2)
+                            pair of the head made one complex number on interleaved pairs (the
+                            layout torchtitan's permuted wq/wk hold), rotated by a complex
+                            multiply in fp32 and cast back; q and k stay interleaved, so the
+                            attention's dot products sum in that order
+      projections=fused     q/k/v and gate/up projected by one GEMM over the concatenated
+                            weights (vLLM's QKVParallelLinear / MergedColumnParallelLinear); a
+                            checkpoint that ships them fused (Phi-3) is split instead
+      norm=fused            RMSNorm as torch.nn.functional.rms_norm in fp32 with the weight
+                            applied before the cast back (torch.nn.RMSNorm on fp32 activations)
+      threads=N             another intra-op thread count (CPU only): reductions split apart
+      combined              the first four together, as a framework's model makes them at once
+    Not run, with the reason in the bundle: torch.compile (minutes of compilation per model on
+    a CPU; the other variations already reorder what it fuses).
+
+Figures per variation and precision, against the canonical run:
+      prompt        the probe prompts' logits: max abs diff, mean per-token KL(canonical ||
+                    variation) in nats (summed over the vocabulary, float64), top-1 agreement %
+      decode_steps  KV-cached decode along upstream's greedy tokens: the same three figures
+                    against the bundle's decode_logits
+      training      upstream's AdamW trace (the bundle's batches, lr, seed and steps): relative
+                    loss difference per step, and at step 1 the largest relative difference of
+                    a parameter's gradient L2 norm and of its gradient sum (scaled by sqrt(numel)
+                    x the norm, as the training gate scales it)
+    The envelope of a figure is its worst value over the variations, with the variation named.
+
+Self-check
+    The canonical path re-run through this module's own harness (decode steps fed one by one)
+    must equal the bundle's figures exactly; its spread is recorded as "harness" and a nonzero
+    one is named in the envelope ("harness_exact": false), because it would widen every bar by
+    a difference no adapter made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_SDPA = "attention=sdpa"
+ROPE_COMPLEX = "rope=complex"
+PROJECTIONS_FUSED = "projections=fused"
+NORM_FUSED = "norm=fused"
+COMBINED = "combined"
+FORMULATIONS = (ROPE_COMPLEX, PROJECTIONS_FUSED, NORM_FUSED)
+# Bump when what the envelope measures changes: a bundle holding an older one is measured again.
+ENVELOPE_VERSION = 1
+NOT_RUN = [{"variation": "torch.compile",
+            "why": "minutes of compilation per model on a CPU; the variations run reorder the "
+                   "same operations compile fuses"}]
+
+
+def log(msg):
+    print(f"envelope: {msg}", file=sys.stderr, flush=True)
+
+
+# --- comparisons (the gates' reductions: docs/gate-facts.md "Comparing logits") -------------
+
+class Spread:
+    """Accumulates the comparison of [N, V] logit rows: max abs diff, KL(ref || ours) summed over
+    the vocabulary and averaged over rows (float64), top-1 agreement."""
+
+    def __init__(self):
+        self.max_abs, self.kl_sum, self.kl_max, self.agree, self.rows = 0.0, 0.0, 0.0, 0, 0
+
+    def add(self, ref, ours):
+        ref, ours = ref.to(torch.float32), ours.to(torch.float32)
+        self.max_abs = max(self.max_abs, (ref - ours).abs().max().item())
+        log_p = torch.log_softmax(ref.double(), -1)
+        log_q = torch.log_softmax(ours.double(), -1)
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)
+        self.kl_sum += kl.sum().item()
+        self.kl_max = max(self.kl_max, kl.max().item())
+        self.agree += int((ref.argmax(-1) == ours.argmax(-1)).sum().item())
+        self.rows += ref.shape[0]
+
+    def figures(self):
+        return {"max_abs_diff": self.max_abs,
+                "kl_mean": self.kl_sum / max(self.rows, 1),
+                "kl_max": self.kl_max,
+                "top1_percent": 100.0 * self.agree / max(self.rows, 1),
+                "rows": self.rows}
+
+
+# --- the variations ------------------------------------------------------------------------
+
+def _model_module(model):
+    return sys.modules[type(model).__module__]
+
+
+def _rms_norms(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+
+
+def _norm_eps(m):
+    for name in ("variance_epsilon", "eps"):
+        v = getattr(m, name, None)
+        if isinstance(v, float):
+            return v
+    raise RuntimeError(f"{type(m).__name__} has no eps attribute")
+
+
+def _gemma_style(m):
+    """Gemma's norms compute x * (1 + w) (their weight is stored around 0)."""
+    return type(m).__name__.startswith("Gemma")
+
+
+@contextlib.contextmanager
+def norm_fused(model):
+    """Every *RMSNorm of the model as F.rms_norm in fp32 with the weight (1 + w for Gemma)
+    applied before the cast back."""
+    norms = _rms_norms(model)
+    if not norms:
+        raise RuntimeError("no *RMSNorm module to replace")
+    for m in norms:
+        eps, gemma = _norm_eps(m), _gemma_style(m)
+
+        def forward(x, m=m, eps=eps, gemma=gemma):
+            w = m.weight.float()
+            w = 1.0 + w if gemma else w
+            return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
+        m.forward = forward
+    try:
+        yield len(norms)
+    finally:
+        for m in norms:
+            del m.forward
+
+
+def _rotate_complex(x, cos, sin):
+    """x [..., D] with rotate-half pairs (i, i + r/2) over the first r = cos.shape[-1] dims; cos,
+    sin fp32 [..., r] (broadcastable). Returns the rotated head in x's dtype with the rotated
+    pairs interleaved (re0, im0, re1, im1, ...) and the rest of the head after them."""
+    r = cos.shape[-1]
+    half = r // 2
+    rot, rest = x[..., :r], x[..., r:]
+    pairs = torch.stack((rot[..., :half], rot[..., half:]), dim=-1).float()  # [..., r/2, 2]
+    freqs = torch.complex(cos[..., :half].float(), sin[..., :half].float())
+    out = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * freqs).flatten(-2)
+    return torch.cat((out.to(x.dtype), rest), dim=-1)
+
+
+@contextlib.contextmanager
+def rope_complex(model):
+    """The model module's apply_rotary_pos_emb replaced by _rotate_complex, and its rotary
+    embedding modules made to return fp32 tables (torchtitan's freqs_cis are fp32)."""
+    module = _model_module(model)
+    if not hasattr(module, "apply_rotary_pos_emb"):
+        raise RuntimeError(f"{module.__name__} has no apply_rotary_pos_emb")
+    original = module.apply_rotary_pos_emb
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, **_):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return _rotate_complex(q, cos, sin), _rotate_complex(k, cos, sin)
+
+    rotaries = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    for m in rotaries:
+        def forward(x, *a, m=m, **kw):
+            return type(m).forward(m, x.float(), *a, **kw)
+        m.forward = forward
+    module.apply_rotary_pos_emb = apply_rotary_pos_emb
+    try:
+        yield len(rotaries)
+    finally:
+        module.apply_rotary_pos_emb = original
+        for m in rotaries:
+            del m.forward
+
+
+class _FusedGroup:
+    """Linears that read the same input computed by one GEMM over their concatenated weights:
+    the first member's call computes all, the others take their slice (a member called on
+    another input computes its own)."""
+
+    def __init__(self, linears):
+        self.linears = linears
+        self.pending = None  # (input, outputs)
+        self.unfused = 0     # member calls on another input than the first member's
+
+    def call(self, i, x):
+        if i == 0:
+            weight = torch.cat([l.weight for l in self.linears])
+            biases = [l.bias for l in self.linears]
+            if any(b is None for b in biases) and any(b is not None for b in biases):
+                raise RuntimeError("fused projections with and without bias")
+            bias = torch.cat(biases) if biases[0] is not None else None
+            y = F.linear(x, weight, bias)
+            self.pending = (x, y.split([l.out_features for l in self.linears], dim=-1))
+        elif self.pending is None or self.pending[0] is not x:
+            self.unfused += 1
+            return F.linear(x, self.linears[i].weight, self.linears[i].bias)
+        out = self.pending[1][i]
+        if i == len(self.linears) - 1:
+            self.pending = None
+        return out
+
+
+def _split_call(linear, sizes):
+    def forward(x):
+        ws = linear.weight.split(sizes)
+        bs = linear.bias.split(sizes) if linear.bias is not None else [None] * len(sizes)
+        return torch.cat([F.linear(x, w, b) for w, b in zip(ws, bs)], dim=-1)
+    return forward
+
+
+@contextlib.contextmanager
+def projections_fused(model):
+    """q/k/v and gate/up fused into one GEMM each; already fused ones (qkv_proj, gate_up_proj)
+    split into their parts."""
+    config = model.config
+    patched, groups = [], 0
+    for m in model.modules():
+        children = dict(m.named_children())
+        for names in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            if all(isinstance(children.get(n), torch.nn.Linear) for n in names):
+                group = _FusedGroup([children[n] for n in names])
+                for i, n in enumerate(names):
+                    children[n].forward = (lambda x, g=group, i=i: g.call(i, x))
+                    patched.append(children[n])
+                groups += 1
+        qkv = children.get("qkv_proj")
+        if isinstance(qkv, torch.nn.Linear):
+            head_dim = getattr(m, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            q = config.num_attention_heads * head_dim
+            kv = config.num_key_value_heads * head_dim
+            qkv.forward = _split_call(qkv, [q, kv, kv])
+            patched.append(qkv)
+            groups += 1
+        gate_up = children.get("gate_up_proj")
+        if isinstance(gate_up, torch.nn.Linear):
+            gate_up.forward = _split_call(gate_up, [gate_up.out_features // 2] * 2)
+            patched.append(gate_up)
+            groups += 1
+    if not groups:
+        raise RuntimeError("no projection to fuse or split")
+    try:
+        yield groups
+    finally:
+        for linear in patched:
+            del linear.forward
+
+
+@contextlib.contextmanager
+def threads(n):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+
+
+def other_thread_count(n):
+    """The thread count a variation runs at: half the bundle's, or 2 when it used one."""
+    return max(1, n // 2) if n > 1 else 2
+
+
+def variation_names(device_type, num_threads):
+    names = [ATTENTION_SDPA, *FORMULATIONS]
+    if device_type == "cpu":
+        names.append(f"threads={other_thread_count(num_threads)}")
+    names.append(COMBINED)
+    return names
+
+
+@contextlib.contextmanager
+def applied(name, model):
+    """The variation `name` applied to `model` (attention=sdpa is chosen at load, see
+    load_for); yields what it changed, for the record."""
+    with contextlib.ExitStack() as stack:
+        changed = {}
+        if name in (ROPE_COMPLEX, COMBINED):
+            changed["rotary_modules"] = stack.enter_context(rope_complex(model))
+        if name in (PROJECTIONS_FUSED, COMBINED):
+            changed["projection_groups"] = stack.enter_context(projections_fused(model))
+        if name in (NORM_FUSED, COMBINED):
+            changed["norms"] = stack.enter_context(norm_fused(model))
+        if name.startswith("threads="):
+            changed["threads"] = stack.enter_context(threads(int(name.split("=", 1)[1])))
+        yield changed
+
+
+def attention_of(name):
+    return "sdpa" if name in (ATTENTION_SDPA, COMBINED) else "eager"
+
+
+# --- the measurements -----------------------------------------------------------------------
+
+@torch.no_grad()
+def cached_decode_steps(model, ids, forced):
+    """Upstream's KV-cached decode fed `forced` [N] after the prompt ids [T]: the [N, V] float32
+    logits each step predicts from (row k predicts forced[k]), on the CPU."""
+    device = next(model.parameters()).device
+    # generate() asks the prefill for the last position's logits only (logits_to_keep=1): the
+    # head's GEMM over one row rounds differently from the same row of a [T, V] product.
+    keep = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}
+    out = model(input_ids=ids.unsqueeze(0).to(device), use_cache=True, **keep)
+    rows = [out.logits[0, -1].to(torch.float32).cpu()]
+    cache = out.past_key_values
+    for k in range(forced.numel() - 1):
+        out = model(input_ids=forced[k].view(1, 1).to(device), past_key_values=cache,
+                    use_cache=True)
+        cache = out.past_key_values
+        rows.append(out.logits[0, -1].to(torch.float32).cpu())
+    return torch.stack(rows)
+
+
+@torch.no_grad()
+def logits_figures(model, prompts, runs):
+    """(prompt Spread, decode-steps Spread) of `model` against the bundle's `runs` [(logits,
+    greedy_ids, decode_logits)] per prompt."""
+    device = next(model.parameters()).device
+    prompt, steps = Spread(), Spread()
+    for ids, (logits, greedy, decode_logits) in zip(prompts, runs):
+        ours = model(input_ids=ids.unsqueeze(0).to(device)).logits[0]
+        prompt.add(logits, ours.cpu())
+        steps.add(decode_logits, cached_decode_steps(model, ids, greedy))
+    return prompt, steps
+
+
+def training_stats(model, prompts, steps, lr, seed):
+    """Upstream's AdamW trace as make_checkpoint.training_trace runs it, keyed by parameter
+    name: (losses, {name: step-1 grad L2 norm}, {name: step-1 grad sum}, {name: numel})."""
+    model.train()
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    usable = [p for p in prompts if p.numel() >= 2]
+    losses, norms, sums, numel = [], {}, {}, {}
+    device = next(model.parameters()).device
+    for step in range(1, steps + 1):
+        ids = usable[(step - 1) % len(usable)].to(device)
+        optimizer.zero_grad()
+        logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
+        loss.backward()
+        losses.append(loss.item())
+        if step == 1:
+            for name, p in model.named_parameters():
+                if p.grad is None:
+                    continue
+                g = p.grad.to(torch.float64)
+                norms[name], sums[name], numel[name] = g.norm().item(), g.sum().item(), g.numel()
+        optimizer.step()
+    model.eval()
+    return losses, norms, sums, numel
+
+
+def training_spread(ref, ours):
+    """Relative spread of training_stats `ours` against `ref`."""
+    ref_losses, ref_norms, ref_sums, numel = ref
+    losses, norms, sums, _ = ours
+    loss_rel = [abs(a - b) / abs(b) if b else abs(a - b) for a, b in zip(losses, ref_losses)]
+    grad_rel, sum_rel, worst = 0.0, 0.0, ""
+    for name, want in ref_norms.items():
+        got = norms.get(name)
+        if got is None:
+            raise RuntimeError(f"variation left {name} without a gradient")
+        rel = abs(got - want) / want if want else abs(got - want)
+        if rel > grad_rel or not worst:
+            grad_rel, worst = rel, name
+        scale = math.sqrt(numel[name]) * want
+        d = abs(sums[name] - ref_sums[name])
+        sum_rel = max(sum_rel, d / scale if scale > 0 else d)
+    return {"loss_rel": loss_rel, "first_loss_rel": loss_rel[0] if loss_rel else 0.0,
+            "grad_norm_rel": grad_rel, "grad_norm_worst_key": worst, "grad_sum_rel": sum_rel}
+
+
+def _worst(by_variation, section, figure, larger_is_worse=True):
+    pick = max if larger_is_worse else min
+    name = pick(by_variation, key=lambda v: by_variation[v][section][figure])
+    return by_variation[name][section][figure], name
+
+
+def summarize(by_variation):
+    """The envelope: every figure's worst value over the variations, with its variation."""
+    out = {}
+    for section in ("prompt", "decode_steps"):
+        s = {}
+        for figure in ("max_abs_diff", "kl_mean", "kl_max"):
+            s[figure], s[figure + "_from"] = _worst(by_variation, section, figure)
+        s["top1_percent"], s["top1_percent_from"] = _worst(by_variation, section, "top1_percent",
+                                                           larger_is_worse=False)
+        out[section] = s
+    t = {}
+    for figure in ("first_loss_rel", "grad_norm_rel", "grad_sum_rel"):
+        t[figure], t[figure + "_from"] = _worst(by_variation, "training", figure)
+    steps = len(next(iter(by_variation.values()))["training"]["loss_rel"])
+    t["loss_rel"] = [max(v["training"]["loss_rel"][i] for v in by_variation.values())
+                     for i in range(steps)]
+    out["training"] = t
+    return out
+
+
+@torch.no_grad()
+def canonical_rows(model, prompts, runs):
+    """The canonical model's own rows through this harness: per prompt (prompt logits [T, V],
+    greedy ids [N], decode-step logits [N, V]), float32 on the CPU."""
+    device = next(model.parameters()).device
+    rows = []
+    for ids, (_, greedy, _) in zip(prompts, runs):
+        logits = model(input_ids=ids.unsqueeze(0).to(device)).logits[0].to(torch.float32).cpu()
+        rows.append((logits, greedy, cached_decode_steps(model, ids, greedy)))
+    return rows
+
+
+def measure(model_class, checkpoint_dir, device, prompts, runs, training, precision):
+    """The envelope of one precision. runs: per prompt (logits, greedy_ids, decode_logits) of
+    the bundle's run in this precision; training: (steps, lr, seed) of the trace. Variations
+    are compared with the canonical path run here (the bundle's figures are reproduced exactly
+    when this runs where the bundle was made: "harness")."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    steps, lr, seed = training
+
+    def load(attention):
+        return model_class.from_pretrained(str(checkpoint_dir), dtype=dtype,
+                                           attn_implementation=attention).to(device).eval()
+
+    model = load("eager")
+    canonical = canonical_rows(model, prompts, runs)
+    harness_prompt, harness_steps = Spread(), Spread()
+    for (logits, _, decode_logits), (ours, _, steps_ours) in zip(runs, canonical):
+        harness_prompt.add(logits, ours)
+        harness_steps.add(decode_logits, steps_ours)
+    canonical_training = training_stats(model, prompts, steps, lr, seed)
+    del model
+    gc.collect()
+
+    by_variation, not_run = {}, []
+    for name in variation_names(device.type, torch.get_num_threads()):
+        t0 = time.monotonic()
+        attention = attention_of(name)
+        try:
+            model = load(attention)
+        except ValueError as e:
+            # Upstream refuses the backend for this class (Gemma 2's soft-capping has no SDPA
+            # path): not a variation a correct adapter of this model can make either.
+            if attention == "eager":
+                raise
+            why = f"upstream refuses attn_implementation={attention!r}: {str(e).split('. ')[0]}"
+            if name != COMBINED:
+                not_run.append({"variation": name, "why": why})
+                continue
+            changed_attention = f"eager ({why})"
+            model = load("eager")
+        else:
+            changed_attention = attention
+        with applied(name, model) as changed:
+            changed["attention"] = changed_attention
+            prompt, decode = logits_figures(model, prompts, canonical)
+            trained = training_stats(model, prompts, steps, lr, seed)
+        by_variation[name] = {"prompt": prompt.figures(), "decode_steps": decode.figures(),
+                              "training": training_spread(canonical_training, trained),
+                              "changed": changed, "seconds": time.monotonic() - t0}
+        del model
+        gc.collect()
+        v = by_variation[name]
+        log(f"{precision} {name}: prompt max abs {v['prompt']['max_abs_diff']:.3g}, decode steps "
+            f"{v['decode_steps']['max_abs_diff']:.3g}, grad norm rel "
+            f"{v['training']['grad_norm_rel']:.3g} ({v['seconds']:.1f} s)")
+    result = summarize(by_variation)
+    result["by_variation"] = by_variation
+    result["not_run"] = not_run
+    result["harness"] = {"prompt": harness_prompt.figures(),
+                         "decode_steps": harness_steps.figures()}
+    result["harness_exact"] = (harness_prompt.max_abs == 0 and harness_steps.max_abs == 0)
+    result["canonical_losses"] = canonical_training[0]
+    return result
+
+
+def make_envelope(model_class, checkpoint_dir, device, prompts, runs_by_precision, training):
+    """reference.json "envelope" (docs/protocols.md §6): measure() for each precision of
+    runs_by_precision ({"fp32": runs, "bf16": runs}), what was not run and why, and how long
+    it took. Runs at this process's thread count: the bundle's, for the harness to be exact."""
+    t0 = time.monotonic()
+    env = {"version": ENVELOPE_VERSION,
+           "method": "transformers under each variation against its canonical eager run on the "
+                     "bundle's prompts and training batches (tools/refgen/envelope.py)",
+           "variations": variation_names(device.type, torch.get_num_threads()),
+           "not_run": NOT_RUN}
+    for precision, runs in runs_by_precision.items():
+        env[precision] = measure(model_class, checkpoint_dir, device, prompts, runs, training,
+                                 precision)
+    # What ran: a variation upstream refuses for this model is in the precisions' "not_run".
+    env["variations"] = [v for v in env["variations"]
+                         if any(v in env[p]["by_variation"] for p in runs_by_precision)]
+    env["seconds"] = time.monotonic() - t0
+    return env
+
+
+def runs_of(tensors, num_prompts):
+    """{"fp32": runs, "bf16": runs} from a bundle's tensors (reference.safetensors)."""
+    return {precision: [(tensors[f"prompts.{i}.logits{suffix}"],
+                         tensors[f"prompts.{i}.greedy_ids{suffix}"],
+                         tensors[f"prompts.{i}.decode_logits{suffix}"])
+                        for i in range(num_prompts)]
+            for precision, suffix in (("fp32", ""), ("bf16", "_bf16"))}
+
+
+def add_to_bundle(bundle_dir, checkpoint_dir, device="cpu", force=False):
+    """Measures the envelope of the bundle in bundle_dir (made from checkpoint_dir) and writes
+    it into its reference.json (a temporary file renamed into place: readers see the old file
+    or the new one). Skipped when the bundle already holds this version's envelope, unless
+    `force`. Returns True when written."""
+    import json
+    import os
+    from pathlib import Path
+
+    import transformers
+    from safetensors.torch import load_file
+
+    bundle_dir, checkpoint_dir = Path(bundle_dir), Path(checkpoint_dir)
+    meta_path = bundle_dir / "reference.json"
+    meta = json.loads(meta_path.read_text())
+    if not force and meta.get("envelope", {}).get("version") == ENVELOPE_VERSION:
+        log(f"{bundle_dir}: envelope up to date")
+        return False
+    if meta.get("num_threads") and device == "cpu":
+        torch.set_num_threads(int(meta["num_threads"]))
+    tensors = load_file(str(bundle_dir / "reference.safetensors"))
+    prompts = [tensors[f"prompts.{i}.input_ids"] for i in range(meta["num_prompts"])]
+    training = meta["training"]
+    env = make_envelope(transformers.AutoModelForCausalLM, checkpoint_dir, torch.device(device),
+                        prompts, runs_of(tensors, meta["num_prompts"]),
+                        (training["steps"], training["lr"], training["seed"]))
+    meta["envelope"] = env
+    tmp = meta_path.with_name(f".reference.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, meta_path)
+    log(f"{bundle_dir}: envelope written ({env['seconds']:.1f} s)")
+    return True
+
+
+def main(argv=None):
+    import argparse
+    import os
+
+    # As the bundle makers run: MKL's results independent of alignment (make_checkpoint.py).
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+    ap = argparse.ArgumentParser(description="Adds the envelope of correct implementations to "
+                                             "an existing reference bundle.")
+    ap.add_argument("--bundle", required=True, help="the bundle directory (reference.json, "
+                                                    "reference.safetensors)")
+    ap.add_argument("--checkpoint", required=True, help="the checkpoint it was made from")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--force", action="store_true", help="measure again even when up to date")
+    args = ap.parse_args(argv)
+    add_to_bundle(args.bundle, args.checkpoint, args.device, args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
