@@ -19,8 +19,9 @@ CKPT=${GATEHOUSE_DEMO_CHECKPOINT:-llama-tiny-untied}
 TRAINED=${GATEHOUSE_DEMO_TRAINED:-1}
 log() { printf '[demo] %s\n' "$*" >&2; }
 
-# The demo needs the daemons and the worker SDK; the adapter plugin is built by the agent.
-"$ROOT/deploy/setup.sh" gatehouse-controller gatehouse-agent gatehouse-worker
+# The demo needs the daemons and the worker SDK (the adapter plugin is built by the agent), and
+# the `gatehouse` command line the README goes on with (build/bin/gatehouse).
+"$ROOT/deploy/setup.sh" gatehouse-controller gatehouse-agent gatehouse-worker gatehouse
 mkdir -p "$VAR/logs" "$VAR/demo"
 
 # 1. The bundled checkpoints: tiny Llama models saved by transformers' save_pretrained, with the
@@ -146,6 +147,7 @@ done
 printf '%s' "$SUMMARY"
 echo "Dashboard: http://127.0.0.1:$HTTP_PORT/   (cell pages: http://127.0.0.1:$HTTP_PORT/cell.html?id=${IDS[0]})"
 echo "API token (read, submit): $VAR/demo/ci.token   e.g. curl -H \"Authorization: Bearer \$(cat $VAR/demo/ci.token)\" $API/cells"
+echo "CLI: GATEHOUSE_URL=http://127.0.0.1:$HTTP_PORT GATEHOUSE_TOKEN_FILE=$VAR/demo/ci.token $BUILD_DIR/bin/gatehouse report ${IDS[0]}"
 if [ -t 0 ]; then
   echo "Serving the dashboard; press Ctrl-C to stop the controller and agent."
   wait

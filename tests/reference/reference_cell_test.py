@@ -263,7 +263,25 @@ class ReferenceCellTest(unittest.TestCase):
             for section in ("prompt", "decode_steps"):
                 self.assertGreaterEqual(e[section]["max_abs_diff"], 0.0)
                 self.assertIn(e[section]["max_abs_diff_from"], env["variations"])
+            # Version 2: the rollout/training log-prob gap and packed-vs-alone spread, worst
+            # over upstream's own run and the variations; a decode and a forward never agree
+            # to the last bit in fp32 (other matrix shapes).
+            self.assertEqual(env["version"], 2)
+            self.assertGreater(e["logprobs"]["max_abs_diff"], 0.0 if precision == "fp32" else -1)
+            self.assertGreaterEqual(e["logprobs"]["max_abs_diff"], e["logprobs"]["mean_abs_diff"])
+            sources = {"canonical"} | set(env["variations"]) | {
+                v + " against canonical" for v in env["variations"]}
+            self.assertIn(e["logprobs"]["max_abs_diff_from"], sources)
+            for figure in ("kl_max", "loss_rel", "grad_rel"):
+                self.assertGreaterEqual(e["packing"][figure], 0.0)
+                self.assertIn(e["packing"][figure + "_from"], {"canonical"} | set(env["variations"]))
         self.assertGreater(figs["envelope_ms"], 0)
+        # Where the time and memory went: one figure pair per stage of make_reference.
+        self.assertEqual([s["stage"] for s in meta["stages"]],
+                         ["forwards", "training_fp32", "training_bf16", "envelope"])
+        for st in meta["stages"]:
+            self.assertGreater(figs[f"stage_{st['stage']}_peak_rss_bytes"], 10 << 20)
+            self.assertIn(f"stage_{st['stage']}_ms", figs)
         self.check_reference(out, meta, max_new_tokens)
         return meta, tensors
 

@@ -125,7 +125,6 @@ TEST(BarsTest, EnvelopeBarsAreMarginsOverItPlusTheSite) {
   const LogitBars same =
       LogitBarsFor(Site("fp32", "cpu", "cpu", "AVX512", "AVX512"), LogitKind::kPrompt, true, &env);
   EXPECT_FALSE(same.exact);
-  EXPECT_TRUE(same.from_envelope);
   EXPECT_DOUBLE_EQ(same.max_abs_diff, kFloorMargin * 3e-6);
   EXPECT_DOUBLE_EQ(same.kl_mean, kFloorMargin * kFloorMargin * 1e-13);
   EXPECT_EQ(same.top1_percent, 100.0);
@@ -183,6 +182,57 @@ TEST(BarsTest, EnvelopeTrainingBars) {
   EXPECT_THAT(moe.basis, HasSubstr("its own implementations"));
   const TrainingBars other = TrainingBarsFor(Site("fp32", "cpu", "cpu", "AVX512", "AVX2"), 0, 0, env, 2);
   EXPECT_DOUBLE_EQ(other.grad_norm_rel, kFloorMargin * (4.7e-7 + 3.2e-6));
+}
+
+// Verifies the near-tie gap follows the max-abs bar: twice it (0 on a bit-exact site), or the
+// fixed allowance where there is no max-abs bar.
+TEST(BarsTest, NearTieGapFollowsTheMaxAbsBar) {
+  const LogitEnvelope env = Env(3e-6, 1e-13, 100);
+  const ComparisonSite same = Site("fp32", "cpu", "cpu", "AVX512", "AVX512");
+  EXPECT_EQ(NearTieGap(LogitBarsFor(same)), 0.0);
+  EXPECT_DOUBLE_EQ(NearTieGap(LogitBarsFor(same, LogitKind::kPrompt, true, &env)),
+                   2 * kFloorMargin * 3e-6);
+  EXPECT_EQ(NearTieGap(LogitBarsFor(Site("bf16", "cpu", "cuda", "AVX512", "AVX512"))),
+            kNearTieGapNats);
+}
+
+// Verifies the packing and logprob_parity bars: margins over their envelopes, each figure
+// floored at one rounding where upstream measured none, and the fixed bars (no max log-prob
+// bar) without an envelope.
+TEST(BarsTest, PackingAndLogprobBarsFromTheirEnvelopes) {
+  PackingEnvelope pe;
+  pe.kl_max = 2e-12;
+  pe.loss_rel = 0;  // upstream's packed and unpacked losses equal: floored
+  pe.grad_rel = 3e-6;
+  const PackingBars p = PackingBarsFor("fp32", &pe);
+  EXPECT_DOUBLE_EQ(p.kl_max, kFloorMargin * kFloorMargin * 2e-12);
+  EXPECT_DOUBLE_EQ(p.loss_rel, kFloorMargin * kRoundingFloor);
+  EXPECT_DOUBLE_EQ(RoundingFloorOf("bf16"), 1.0 / 256);
+  EXPECT_NEAR(KlRoundingFloor("fp32"), 1.82e-12, 1e-14);
+  EXPECT_NEAR(KlRoundingFloor("bf16"), 1.95e-3, 1e-5);
+  EXPECT_DOUBLE_EQ(p.grad_rel, kFloorMargin * 3e-6);
+  EXPECT_EQ(p.near_tie_ulps, 0);
+  const PackingBars pb = PackingBarsFor("bf16", &pe);
+  EXPECT_EQ(pb.near_tie_ulps, 2);
+  EXPECT_EQ(pb.mantissa_bits, 7);
+  EXPECT_DOUBLE_EQ(pb.grad_rel, kFloorMargin * 3e-6 > kFloorMargin / 256 ? kFloorMargin * 3e-6
+                                                                         : kFloorMargin / 256);
+  EXPECT_TRUE(std::isfinite(pb.kl_max));  // bf16 KL barred once upstream's spread is known
+  EXPECT_TRUE(std::isinf(PackingBarsFor("bf16").kl_max));
+  EXPECT_EQ(PackingBarsFor("fp32").grad_rel, 1e-4);
+
+  LogprobEnvelope le;
+  le.mean_abs_diff = 0;
+  le.max_abs_diff = 2e-5;
+  const LogprobBars l = LogprobBarsFor("fp32", &le);
+  EXPECT_TRUE(l.from_envelope);
+  EXPECT_DOUBLE_EQ(l.mean_abs, kFloorMargin * kLogprobRoundingFloor);
+  EXPECT_DOUBLE_EQ(l.max_abs, kFloorMargin * 2e-5);
+  const LogprobBars fixed = LogprobBarsFor("bf16");
+  EXPECT_FALSE(fixed.from_envelope);
+  EXPECT_EQ(fixed.mean_abs, 1e-2);
+  EXPECT_TRUE(std::isinf(fixed.max_abs));
+  EXPECT_NE(fixed.basis.find("no max bar"), std::string::npos);
 }
 
 // Verifies the claims: equality is bit-exact whatever the bars, inside them correct.

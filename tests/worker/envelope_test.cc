@@ -19,6 +19,9 @@ namespace {
 
 using nlohmann::json;
 using testing::Fixture;
+using testing::FakeFamily;
+using testing::FakeOptions;
+using testing::FixtureOptions;
 using testing::RunThrough;
 using ::testing::HasSubstr;
 
@@ -206,6 +209,124 @@ TEST(EnvelopeTest, DecodeStepsInsideTheEnvelopeAreCorrect) {
   EXPECT_EQ(Text(out, "claim"), "correct, not bit-exact");
   EXPECT_DOUBLE_EQ(Real(out, "steps_bar_max_abs_diff"), kFloorMargin * 1e-3);
   EXPECT_DOUBLE_EQ(Real(out, "steps_envelope_max_abs_diff"), 1e-3);
+}
+
+// --- version 2: the log-prob and packing envelopes -------------------------------------------
+
+/// `envelope` (EnvelopeJson) made version 2 with one log-prob and one packing envelope in both
+/// precisions.
+json WithLogprobsAndPacking(json envelope, double lp_mean, double lp_max, double kl_max,
+                            double loss_rel, double grad_rel) {
+  envelope["version"] = 2;
+  for (const char* precision : {"fp32", "bf16"}) {
+    envelope[precision]["logprobs"] = {{"mean_abs_diff", lp_mean},
+                                       {"mean_abs_diff_from", "attention=sdpa against canonical"},
+                                       {"max_abs_diff", lp_max},
+                                       {"max_abs_diff_from", "canonical"}};
+    envelope[precision]["packing"] = {{"max_abs_diff", 0.0}, {"kl_mean", 0.0},
+                                      {"kl_max", kl_max}, {"kl_max_from", "combined"},
+                                      {"top1_percent", 100.0}, {"loss_rel", loss_rel},
+                                      {"loss_rel_from", "canonical"}, {"grad_rel", grad_rel},
+                                      {"grad_rel_from", "norm=fused"}};
+  }
+  return envelope;
+}
+
+// Verifies the reader takes version 2's log-prob and packing envelopes (and a version 1
+// envelope without them as absent), and refuses a malformed figure naming it.
+TEST(EnvelopeTest, ReadsTheLogprobAndPackingEnvelopes) {
+  Fixture fx;
+  fx.Write();
+  SetEnvelope(fx, WithLogprobsAndPacking(EnvelopeJson(3e-6, 1e-13, 100, 4e-7, 1e-7), 2e-7,
+                                         3e-6, 1e-12, 5e-8, 6e-7));
+  Result<ReferenceBundle> ref = LoadReference(fx.reference_dir);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  const Envelope* e = ref->envelope.For("fp32");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->version, 2);
+  ASSERT_TRUE(e->logprobs.has_value());
+  EXPECT_DOUBLE_EQ(e->logprobs->max_abs_diff, 3e-6);
+  EXPECT_EQ(e->logprobs->max_abs_diff_from, "canonical");
+  ASSERT_TRUE(e->packing.has_value());
+  EXPECT_DOUBLE_EQ(e->packing->grad_rel, 6e-7);
+  EXPECT_EQ(e->packing->grad_rel_from, "norm=fused");
+
+  SetEnvelope(fx, EnvelopeJson(3e-6, 1e-13, 100, 4e-7, 1e-7));
+  ref = LoadReference(fx.reference_dir);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_FALSE(ref->envelope.For("bf16")->logprobs.has_value());
+  EXPECT_FALSE(ref->envelope.For("bf16")->packing.has_value());
+
+  json bad = WithLogprobsAndPacking(EnvelopeJson(3e-6, 1e-13, 100, 4e-7, 1e-7), 2e-7, 3e-6,
+                                    1e-12, 5e-8, 6e-7);
+  bad["bf16"]["packing"]["grad_rel"] = "wide";
+  SetEnvelope(fx, bad);
+  const Result<ReferenceBundle> r = LoadReference(fx.reference_dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("envelope.bf16.packing.grad_rel' is \"wide\""));
+}
+
+// Verifies the logprob_parity gate's bars come from the log-prob envelope, and that its max
+// bar catches a packed forward wrong at each sequence's last column only, which the mean over
+// every sampled token lets through; without an envelope the gate says it has no max bar.
+TEST(EnvelopeTest, LogprobMaxBarCatchesOneTokenPerSequence) {
+  Fixture fx(FixtureOptions{.fake = FakeOptions{.packed_last_column_scale = 0.05}});
+  fx.WriteCheckpoint();
+  {
+    FakeFamily upstream{FakeOptions{}};  // upstream: the same weights, no bug
+    std::shared_ptr<CausalLM> model = *upstream.Construct(*fx.args, torch::kFloat32, torch::kCPU);
+    torch::NoGradGuard no_grad;
+    auto from = fx.model->named_parameters();
+    for (auto& item : model->named_parameters()) item.value().copy_(from[item.key()]);
+    fx.WriteReference(*model);
+  }
+  auto run = [&](const json& envelope) {
+    SetEnvelope(fx, envelope);
+    GateContext ctx = fx.Context();
+    EXPECT_EQ(RunThrough(ctx, "load").status, GateStatus::kPass);
+    return LogprobParityGate(ctx);
+  };
+  const json base = EnvelopeJson(0, 0, 100, 0, 0);
+  // The mean bar wide (4 nats), the max bar at 4 x 1e-6: the one column per sequence FAILs.
+  const GateOutcome caught = run(WithLogprobsAndPacking(base, 1.0, 1e-6, 0, 0, 0));
+  EXPECT_STATUS(caught, GateStatus::kFail);
+  EXPECT_THAT(caught.reason, HasSubstr("max abs log-prob diff"));
+  EXPECT_LT(Real(caught, "mean_abs_diff"), Real(caught, "max_abs_diff") / 2);
+  EXPECT_DOUBLE_EQ(Real(caught, "bar_max_abs_diff"), kFloorMargin * 1e-6);
+  EXPECT_DOUBLE_EQ(Real(caught, "bar_mean_abs_diff"), kFloorMargin * 1.0);
+  EXPECT_DOUBLE_EQ(Real(caught, "envelope_max_abs_diff"), 1e-6);
+  EXPECT_THAT(Text(caught, "bars"), HasSubstr("decode-vs-forward log-prob gap"));
+
+  // Both bars wide: PASS.
+  EXPECT_STATUS(run(WithLogprobsAndPacking(base, 1.0, 1.0, 0, 0, 0)), GateStatus::kPass);
+
+  // No log-prob envelope: no max bar, and the gate says so.
+  const GateOutcome none = run(base);
+  EXPECT_THAT(Text(none, "bar_max_abs_diff"), HasSubstr("none"));
+}
+
+// Verifies the packing gate's bars come from the packing envelope (margins over it, floored at
+// one rounding) and still FAIL a packed forward that counts positions along the whole row.
+TEST(EnvelopeTest, PackingBarsFromTheEnvelope) {
+  Fixture fx;
+  fx.Write();
+  SetEnvelope(fx, WithLogprobsAndPacking(EnvelopeJson(0, 0, 100, 0, 0), 1e-6, 1e-6, 0, 2e-7,
+                                         3e-6));
+  GateContext ctx = fx.Context();
+  const GateOutcome out = RunThrough(ctx, "packing");
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_DOUBLE_EQ(Real(out, "bar_grad_rel"), kFloorMargin * 3e-6);
+  EXPECT_DOUBLE_EQ(Real(out, "bar_loss_rel"), kFloorMargin * 2e-7);
+  EXPECT_DOUBLE_EQ(Real(out, "bar_kl_max"), kFloorMargin * kFloorMargin * KlRoundingFloor("fp32"));
+  EXPECT_DOUBLE_EQ(Real(out, "envelope_grad_rel"), 3e-6);
+  EXPECT_THAT(Text(out, "bars"), HasSubstr("upstream's own packed-vs-unpacked spread"));
+
+  Fixture bad(FixtureOptions{.fake = FakeOptions{.packed_ignores_positions = true}});
+  bad.Write();
+  SetEnvelope(bad, WithLogprobsAndPacking(EnvelopeJson(0, 0, 100, 0, 0), 1e-6, 1e-6, 0, 2e-7,
+                                          3e-6));
+  GateContext b = bad.Context();
+  EXPECT_STATUS(RunThrough(b, "packing"), GateStatus::kFail);
 }
 
 }  // namespace

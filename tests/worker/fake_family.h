@@ -31,6 +31,10 @@ struct FakeOptions {
   /// forward does not: rollout and training log-probs drift apart (the logprob_parity gate's
   /// bug class: a decode path that computes RoPE in another order or precision).
   double decode_position_drift = 0;
+  /// The packed forward scales each sequence's last column of logits by 1 + this (a bug that
+  /// hits one token per packed sequence: the logprob_parity gate's max bar catches it where
+  /// the mean over all sampled tokens stays small).
+  double packed_last_column_scale = 0;
 };
 
 class FakeArgs : public ModelArgs {
@@ -133,6 +137,12 @@ class FakeLM : public CausalLM {
     for (int64_t s = 0; s + 1 < b.size(0); ++s) {
       const int64_t begin = b[s].item<int64_t>(), end = b[s + 1].item<int64_t>();
       parts.push_back(Forward(tokens.slice(1, begin, end), pos.slice(1, begin, end), nullptr));
+      if (options_.packed_last_column_scale != 0) {
+        torch::Tensor& part = parts.back();
+        part = torch::cat({part.slice(1, 0, end - begin - 1),
+                           part.slice(1, end - begin - 1) * (1 + options_.packed_last_column_scale)},
+                          1);
+      }
     }
     return torch::cat(parts, 1);
   }

@@ -102,6 +102,25 @@ TEST(LogitComparisonTest, IdenticalLogitsAcrossPrompts) {
 // Verifies the per-position KL Add returns (what the plots draw) is the per-token KL it
 // accumulates: its mean and max are the comparison's and its length the positions', across row
 // chunks (70 positions > 32); identical logits give 0 everywhere.
+// Verifies a top-1 flip is kept with the reference's log-prob gap between its top-1 and ours:
+// counted against agreement, or forgiven as a near-tie only within the gap the caller gives.
+TEST(LogitComparisonTest, TopOneFlipsKeepTheirGap) {
+  // Row 0 agrees; row 1's reference has tokens 0 and 1 within 1e-3 and ours flips them; row 2's
+  // reference prefers token 2 by 2.0 and ours flips to token 0.
+  const torch::Tensor ref = torch::tensor({{3.0, 0.0, 0.0}, {1.0, 1.001, 0.0}, {0.0, 0.0, 2.0}},
+                                          torch::kDouble);
+  const torch::Tensor ours = torch::tensor({{3.0, 0.0, 0.0}, {1.002, 1.001, 0.0}, {3.0, 0.0, 2.0}},
+                                           torch::kDouble);
+  LogitComparison cmp;
+  cmp.Add(ref, ours);
+  EXPECT_NEAR(cmp.top1_agreement_percent(), 100.0 / 3, 1e-9);
+  EXPECT_NEAR(cmp.top1_agreement_percent(0.0), 100.0 / 3, 1e-9);
+  EXPECT_EQ(cmp.near_tie_flips(2e-3), 1);
+  EXPECT_NEAR(cmp.top1_agreement_percent(2e-3), 200.0 / 3, 1e-9);
+  EXPECT_EQ(cmp.near_tie_flips(2.5), 2);
+  EXPECT_EQ(cmp.top1_agreement_percent(2.5), 100.0);
+}
+
 TEST(LogitComparisonTest, AddReturnsThePerTokenKl) {
   torch::manual_seed(3);
   const torch::Tensor ref = torch::randn({70, 11}), ours = ref + 0.1 * torch::randn({70, 11});

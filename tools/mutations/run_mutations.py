@@ -54,7 +54,6 @@ CLI
 import argparse
 import datetime
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -82,10 +81,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def git(repo, *args):
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=gatehouse-mutations",
-                    "-c", "user.email=mutations@gatehouse.invalid", *args],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+git = variant_suite.git
+GENERATED = variant_suite.GENERATED
 
 
 # The adapter each lane's repository holds (manifest "lane", default "cpp"): the C++ families
@@ -95,7 +92,6 @@ LANE_SOURCE = {"cpp": ROOT / "models", "python": ROOT / "adapters" / "python"}
 PYTHON_RECIPE = {"recipe_version": 1, "lane": "python",
                  "build": {"system": "pip", "source_dir": "."},
                  "entries": ["gh_archon.llama.spec:SPEC", "gh_archon.qwen3_moe.spec:SPEC"]}
-GENERATED = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
 
 
 def lane_of(m):
@@ -170,11 +166,14 @@ def key_figure(phase):
     if name == "packing" and "kl_max" in figs:
         return (f"packed vs alone: KL max {num(figs['kl_max'], '.3g')} nats (bar "
                 f"{num(figs.get('bar_kl_max'), '.3g')}), top-1 {num(figs.get('top1_agreement'), '.1f')} %, "
-                f"loss rel diff {num(figs.get('loss_rel_diff'), '.3g')}")
+                f"loss rel diff {num(figs.get('loss_rel_diff'), '.3g')} (bar "
+                f"{num(figs.get('bar_loss_rel'), '.3g')}), gradient rel diff "
+                f"{num(figs.get('grad_rel_diff_max'), '.3g')} (bar {num(figs.get('bar_grad_rel'), '.3g')})")
     if name == "logprob_parity" and "mean_abs_diff" in figs:
         return (f"rollout vs training log-probs: mean abs {num(figs['mean_abs_diff'], '.3g')} nats "
                 f"(bar {num(figs.get('bar_mean_abs_diff'), '.3g')}), max "
-                f"{num(figs.get('max_abs_diff'), '.3g')}, k3 KL {num(figs.get('k3_kl'), '.3g')}")
+                f"{num(figs.get('max_abs_diff'), '.3g')} (bar "
+                f"{num(figs.get('bar_max_abs_diff'), '.3g')}), k3 KL {num(figs.get('k3_kl'), '.3g')}")
     if name == "load":
         return (f"keys used {figs.get('keys_used', '?')}/{figs.get('keys_total', '?')}, "
                 f"missing {figs.get('keys_missing', '?')}, unexpected {figs.get('keys_unexpected', '?')}")
@@ -224,7 +223,7 @@ def prepare_references(python, ckpts, fixtures, root):
     like a fixture folder, e.g. for tests/python/test_variant_adapters.py). Returns {fixture:
     bundle dir}."""
     import filecmp
-    out = {}
+    out, pairs = {}, []
     for fixture in fixtures:
         source, dest = ckpts / fixture / "reference", root / fixture / "reference"
         fresh = (dest / "reference.safetensors").is_file() and filecmp.cmp(
@@ -240,10 +239,12 @@ def prepare_references(python, ckpts, fixtures, root):
         if not link.is_symlink() or link.resolve() != (ckpts / fixture / "checkpoint").resolve():
             link.unlink(missing_ok=True)
             link.symlink_to((ckpts / fixture / "checkpoint").resolve(), target_is_directory=True)
-        subprocess.run([python, str(ROOT / "tools/refgen/envelope.py"), "--bundle", str(dest),
-                        "--checkpoint", str(ckpts / fixture / "checkpoint")], check=True,
-                       stdout=subprocess.DEVNULL)
+        pairs += ["--bundle", str(dest), "--checkpoint", str(ckpts / fixture / "checkpoint")]
         out[fixture] = dest
+    # One process for all of them (torch and transformers imported once); each bundle already
+    # holding this version's envelope is skipped.
+    subprocess.run([python, str(ROOT / "tools/refgen/envelope.py"), *pairs], check=True,
+                   stdout=subprocess.DEVNULL)
     log(f"{len(out)} bundle(s) with their envelopes under {root}")
     return out
 

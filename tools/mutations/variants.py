@@ -35,9 +35,10 @@ def load():
     return variants
 
 
-def _git(repo, *args):
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=gatehouse-variants",
-                    "-c", "user.email=variants@gatehouse.invalid", *args],
+def git(repo, *args):
+    """git -C repo ARGS with a committer of its own; errors raise with git's stderr."""
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=gatehouse-mutations",
+                    "-c", "user.email=mutations@gatehouse.invalid", *args],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -47,14 +48,14 @@ def add_cpp_branches(repo, variants):
     for v in variants:
         if v["lane"] != "cpp":
             continue
-        _git(repo, "checkout", "-q", "-b", f"var/{v['name']}", "main")
+        git(repo, "checkout", "-q", "-b", f"var/{v['name']}", "main")
         try:
-            _git(repo, "apply", "--index", str(VARIANTS / v["patch"]))
+            git(repo, "apply", "--index", str(VARIANTS / v["patch"]))
         except subprocess.CalledProcessError as e:
             raise SystemExit(f"variant {v['name']}: {v['patch']} does not apply to models/: "
                              f"{e.stderr.decode(errors='replace').strip()}")
-        _git(repo, "commit", "-q", "-m", f"variant {v['name']}: {v['what']}")
-        _git(repo, "checkout", "-q", "main")
+        git(repo, "commit", "-q", "-m", f"variant {v['name']}: {v['what']}")
+        git(repo, "checkout", "-q", "main")
 
 
 def make_python_repo(repo, variants):
@@ -63,19 +64,19 @@ def make_python_repo(repo, variants):
     model_type cannot share a recipe)."""
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(VARIANTS / "python", repo, ignore=GENERATED)
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", "correct variants (false-FAIL suite)")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "correct variants (false-FAIL suite)")
     for v in variants:
         if v["lane"] != "python":
             continue
-        _git(repo, "checkout", "-q", "-b", f"var/{v['name']}", "main")
+        git(repo, "checkout", "-q", "-b", f"var/{v['name']}", "main")
         recipe = {"recipe_version": 1, "lane": "python",
                   "build": {"system": "pip", "source_dir": "."}, "entries": v["entries"]}
         (repo / "gatehouse.recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
-        _git(repo, "add", "gatehouse.recipe.json")
-        _git(repo, "commit", "-q", "-m", f"variant {v['name']}: {v['what']}")
-        _git(repo, "checkout", "-q", "main")
+        git(repo, "add", "gatehouse.recipe.json")
+        git(repo, "commit", "-q", "-m", f"variant {v['name']}: {v['what']}")
+        git(repo, "checkout", "-q", "main")
 
 
 def check_patches():

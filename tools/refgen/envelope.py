@@ -37,7 +37,20 @@ Figures per variation and precision, against the canonical run:
                     loss difference per step, and at step 1 the largest relative difference of
                     a parameter's gradient L2 norm and of its gradient sum (scaled by sqrt(numel)
                     x the norm, as the training gate scales it)
-    The envelope of a figure is its worst value over the variations, with the variation named.
+      logprobs      the rollout/training log-prob gap (the logprob_parity gate's): the
+                    variation's KV-cached decode steps against its own teacher-forced forward
+                    over the prompt and greedy ids ("self"), and against the canonical run's
+                    ("cross", both ways): per decode row the expected |log p_forced - log
+                    p_decode| of a token drawn at temperature 1 (mean_abs_diff, averaged over
+                    rows) and the largest over every token (max_abs_diff), in nats
+      packing       the packing gate's figures on upstream itself: the probe prompts packed into
+                    one row (position_ids restarting; upstream masks across sequences) against
+                    each prompt alone (max abs, KL mean and max, top-1 %), and the packed
+                    training step against the unpacked batch's (loss_rel, and grad_rel: the
+                    largest ||unpacked - packed|| / ||unpacked|| of a parameter's gradient)
+    The envelope of a figure is its worst value over the variations, with the variation named;
+    for logprobs and packing also over the canonical run itself ("canonical": upstream's own
+    gap between its decode and its forward, its own packed-vs-alone spread).
 
 Self-check
     The canonical path re-run through this module's own harness (decode steps fed one by one)
@@ -49,13 +62,16 @@ Self-check
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import sys
+import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
+
+from memory import return_freed_memory
+from offloaded_adamw import OffloadedAdamW
 
 ATTENTION_SDPA = "attention=sdpa"
 ROPE_COMPLEX = "rope=complex"
@@ -64,7 +80,7 @@ NORM_FUSED = "norm=fused"
 COMBINED = "combined"
 FORMULATIONS = (ROPE_COMPLEX, PROJECTIONS_FUSED, NORM_FUSED)
 # Bump when what the envelope measures changes: a bundle holding an older one is measured again.
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
 NOT_RUN = [{"variation": "torch.compile",
             "why": "minutes of compilation per model on a CPU; the variations run reorder the "
                    "same operations compile fuses"}]
@@ -228,12 +244,13 @@ def projections_fused(model):
     """q/k/v and gate/up fused into one GEMM each; already fused ones (qkv_proj, gate_up_proj)
     split into their parts."""
     config = model.config
-    patched, groups = [], 0
+    patched, groups, patched_groups = [], 0, []
     for m in model.modules():
         children = dict(m.named_children())
         for names in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
             if all(isinstance(children.get(n), torch.nn.Linear) for n in names):
                 group = _FusedGroup([children[n] for n in names])
+                patched_groups.append(group)
                 for i, n in enumerate(names):
                     children[n].forward = (lambda x, g=group, i=i: g.call(i, x))
                     patched.append(children[n])
@@ -253,9 +270,13 @@ def projections_fused(model):
             groups += 1
     if not groups:
         raise RuntimeError("no projection to fuse or split")
+    record = {"groups": groups, "unfused_calls": 0}
     try:
-        yield groups
+        yield record
     finally:
+        # A member called on another input than its group's first computed alone: a count
+        # above 0 means the variation did not fuse every call (recorded, never hidden).
+        record["unfused_calls"] = sum(g.unfused for g in patched_groups)
         for linear in patched:
             del linear.forward
 
@@ -326,41 +347,163 @@ def cached_decode_steps(model, ids, forced):
 
 
 @torch.no_grad()
-def logits_figures(model, prompts, runs):
-    """(prompt Spread, decode-steps Spread) of `model` against the bundle's `runs` [(logits,
-    greedy_ids, decode_logits)] per prompt."""
+def forced_rows(model, ids, forced):
+    """Upstream's teacher-forced forward over the prompt ids [T] and forced[:-1]: the [N, V]
+    float32 logits (on the CPU) of the columns that predict forced [N], as a trainer scores a
+    rollout's tokens."""
     device = next(model.parameters()).device
-    prompt, steps = Spread(), Spread()
+    seq = torch.cat([ids, forced[:-1]]).unsqueeze(0).to(device)
+    logits = model(input_ids=seq, use_cache=False).logits[0]
+    return logits[ids.numel() - 1:].to(torch.float32).cpu()
+
+
+@torch.no_grad()
+def logits_figures(model, prompts, runs):
+    """(prompt Spread, decode-steps Spread, rows) of `model` against the bundle's `runs`
+    [(logits, greedy_ids, decode_logits)] per prompt; rows: per prompt the model's own (prompt
+    logits [T, V], decode-step logits [N, V], teacher-forced logits [N, V]) along the greedy
+    ids, float32 on the CPU."""
+    device = next(model.parameters()).device
+    prompt, steps, rows = Spread(), Spread(), []
     for ids, (logits, greedy, decode_logits) in zip(prompts, runs):
-        ours = model(input_ids=ids.unsqueeze(0).to(device)).logits[0]
-        prompt.add(logits, ours.cpu())
-        steps.add(decode_logits, cached_decode_steps(model, ids, greedy))
-    return prompt, steps
+        ours = model(input_ids=ids.unsqueeze(0).to(device)).logits[0].to(torch.float32).cpu()
+        decoded = cached_decode_steps(model, ids, greedy)
+        prompt.add(logits, ours)
+        steps.add(decode_logits, decoded)
+        rows.append((ours, decoded, forced_rows(model, ids, greedy)))
+    return prompt, steps, rows
 
 
-def training_stats(model, prompts, steps, lr, seed):
-    """Upstream's AdamW trace as make_checkpoint.training_trace runs it, keyed by parameter
-    name: (losses, {name: step-1 grad L2 norm}, {name: step-1 grad sum}, {name: numel})."""
+class LogprobGap:
+    """Rollout against training log-probs of one pair of paths, as the logprob_parity gate
+    compares them (log_softmax of float32 logits, differences in float64): per decode row, the
+    expected |log p_forced - log p_decode| of a token drawn from the decode row at temperature 1
+    (what the gate's mean over sampled tokens estimates), and the largest over every token of
+    the vocabulary (any token a sampler can draw)."""
+
+    def __init__(self):
+        self.expected_sum, self.max_abs, self.rows = 0.0, 0.0, 0
+
+    def add(self, decode, forced):
+        lp_decode = torch.log_softmax(decode.to(torch.float32), -1).double()
+        lp_forced = torch.log_softmax(forced.to(torch.float32), -1).double()
+        d = (lp_forced - lp_decode).abs()
+        self.expected_sum += (lp_decode.exp() * d).sum().item()
+        self.max_abs = max(self.max_abs, d.max().item())
+        self.rows += decode.shape[0]
+
+    def figures(self):
+        return {"mean_abs_diff": self.expected_sum / max(self.rows, 1),
+                "max_abs_diff": self.max_abs, "rows": self.rows}
+
+
+def logprob_figures(rows, canonical_rows_):
+    """{"self": the variation's decode against its own forced forward, "cross": its decode
+    against the canonical forced forward and the canonical decode against its forced forward,
+    the worse of the two} (LogprobGap figures) from logits_figures rows."""
+    own, cross_a, cross_b = LogprobGap(), LogprobGap(), LogprobGap()
+    for (_, decoded, forced), (_, c_decoded, c_forced) in zip(rows, canonical_rows_):
+        own.add(decoded, forced)
+        cross_a.add(decoded, c_forced)
+        cross_b.add(c_decoded, forced)
+    a, b = cross_a.figures(), cross_b.figures()
+    cross = {k: max(a[k], b[k]) for k in ("mean_abs_diff", "max_abs_diff")}
+    cross["rows"] = a["rows"]
+    return {"self": own.figures(), "cross": cross}
+
+
+def _packed_inputs(seqs, device):
+    """One row of the sequences [T_i] end to end with positions restarting at each (upstream
+    detects the packing from position_ids and masks across sequences), and the bounds."""
+    bounds = [0]
+    for s in seqs:
+        bounds.append(bounds[-1] + s.numel())
+    row = torch.cat(seqs).unsqueeze(0).to(device)
+    positions = torch.cat([torch.arange(s.numel()) for s in seqs]).unsqueeze(0).to(device)
+    return row, positions, bounds
+
+
+def packing_figures(model, prompts, alone_rows):
+    """Upstream's packed forward and training step against its own unpacked ones, as the
+    packing gate compares ours (docs/bars.md "Packed batches"): the probe prompts packed into
+    one row against each prompt's own forward (alone_rows, [T, V] float32 per prompt) as a
+    Spread's figures; and the packed training step's mean cross-entropy and step gradients
+    against the unpacked batch's (each sequence's summed loss over the batch's predicted
+    tokens, accumulated): relative loss difference and the largest relative L2 difference of
+    a parameter's gradient, ||unpacked - packed|| / ||unpacked||."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        row, positions, bounds = _packed_inputs(prompts, device)
+        packed = model(input_ids=row, position_ids=positions, use_cache=False).logits[0]
+        packed = packed.to(torch.float32).cpu()
+    spread = Spread()
+    for i, alone in enumerate(alone_rows):
+        spread.add(alone, packed[bounds[i]:bounds[i + 1]])
+    del packed
+
+    usable = [p for p in prompts if p.numel() >= 2]
+    inputs = [p[:-1] for p in usable]
+    labels = [p[1:] for p in usable]
+    predicted = sum(x.numel() for x in labels)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    model.train()
+    for _, p in params:
+        p.grad = None
+    unpacked = 0.0
+    for x, y in zip(inputs, labels):
+        logits = model(input_ids=x.unsqueeze(0).to(device), use_cache=False).logits[0].float()
+        loss = F.cross_entropy(logits, y.to(device), reduction="sum") / predicted
+        loss.backward()
+        unpacked += loss.item()
+    norms = {n: p.grad.double().norm().item() for n, p in params if p.grad is not None}
+    row, positions, _ = _packed_inputs(inputs, device)
+    logits = model(input_ids=row, position_ids=positions, use_cache=False).logits[0].float()
+    packed_loss = F.cross_entropy(logits, torch.cat(labels).to(device))
+    (-packed_loss).backward()  # each gradient becomes unpacked - packed
+    del logits
+    grad_rel, worst = 0.0, ""
+    for n, p in params:
+        if p.grad is None:
+            continue
+        diff = p.grad.double().norm().item()
+        rel = diff / norms[n] if norms.get(n) else (0.0 if diff == 0 else math.inf)
+        if rel > grad_rel or not worst:
+            grad_rel, worst = rel, n
+        p.grad = None
+    model.eval()
+    figures = spread.figures()
+    figures.update({"loss_rel": abs(packed_loss.item() - unpacked) / abs(unpacked),
+                    "grad_rel": grad_rel, "grad_rel_key": worst})
+    return figures
+
+
+def training_stats(model, prompts, steps, lr, seed, scratch_dir=None):
+    """Upstream's AdamW trace as make_checkpoint.training_trace runs it (torch.optim.AdamW's
+    update one parameter at a time, its state in files under scratch_dir: offloaded_adamw.py),
+    keyed by parameter name: (losses, {name: step-1 grad L2 norm}, {name: step-1 grad sum},
+    {name: numel})."""
     model.train()
     torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     usable = [p for p in prompts if p.numel() >= 2]
     losses, norms, sums, numel = [], {}, {}, {}
     device = next(model.parameters()).device
-    for step in range(1, steps + 1):
-        ids = usable[(step - 1) % len(usable)].to(device)
-        optimizer.zero_grad()
-        logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
-        loss.backward()
-        losses.append(loss.item())
-        if step == 1:
-            for name, p in model.named_parameters():
-                if p.grad is None:
-                    continue
-                g = p.grad.to(torch.float64)
-                norms[name], sums[name], numel[name] = g.norm().item(), g.sum().item(), g.numel()
-        optimizer.step()
+    with tempfile.TemporaryDirectory(prefix="adamw-", dir=scratch_dir) as scratch:
+        optimizer = OffloadedAdamW(model.parameters(), scratch, lr=lr)
+        for step in range(1, steps + 1):
+            ids = usable[(step - 1) % len(usable)].to(device)
+            logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
+            loss.backward()
+            del logits
+            losses.append(loss.item())
+            if step == 1:
+                for name, p in model.named_parameters():
+                    if p.grad is None:
+                        continue
+                    g = p.grad.to(torch.float64)
+                    norms[name], sums[name], numel[name] = g.norm().item(), g.sum().item(), g.numel()
+                    del g
+            optimizer.step()
     model.eval()
     return losses, norms, sums, numel
 
@@ -386,13 +529,21 @@ def training_spread(ref, ours):
 
 
 def _worst(by_variation, section, figure, larger_is_worse=True):
+    """(worst value, its variation) of by_variation[v][section][figure] over v (section None:
+    by_variation[v][figure])."""
     pick = max if larger_is_worse else min
-    name = pick(by_variation, key=lambda v: by_variation[v][section][figure])
-    return by_variation[name][section][figure], name
+
+    def value(v):
+        entry = by_variation[v]
+        return (entry if section is None else entry[section])[figure]
+    name = pick(by_variation, key=value)
+    return value(name), name
 
 
-def summarize(by_variation):
-    """The envelope: every figure's worst value over the variations, with its variation."""
+def summarize(by_variation, canonical_logprobs, canonical_packing):
+    """The envelope: every figure's worst value over the variations, with its variation; for
+    log-probs and packing also over upstream's canonical run itself ("canonical"), whose own
+    rollout/training gap and packed/unpacked spread a correct adapter shows as well."""
     out = {}
     for section in ("prompt", "decode_steps"):
         s = {}
@@ -408,22 +559,34 @@ def summarize(by_variation):
     t["loss_rel"] = [max(v["training"]["loss_rel"][i] for v in by_variation.values())
                      for i in range(steps)]
     out["training"] = t
+    # Log-probs: each variation's own gap and its gaps against the canonical paths.
+    candidates = {"canonical": canonical_logprobs}
+    for name, v in by_variation.items():
+        candidates[name] = v["logprobs"]["self"]
+        candidates[name + " against canonical"] = v["logprobs"]["cross"]
+    lp = {}
+    for figure in ("mean_abs_diff", "max_abs_diff"):
+        lp[figure], lp[figure + "_from"] = _worst(candidates, None, figure)
+    out["logprobs"] = lp
+    candidates = {"canonical": canonical_packing,
+                  **{name: v["packing"] for name, v in by_variation.items()}}
+    pk = {}
+    for figure in ("max_abs_diff", "kl_mean", "kl_max", "loss_rel", "grad_rel"):
+        pk[figure], pk[figure + "_from"] = _worst(candidates, None, figure)
+    pk["top1_percent"], pk["top1_percent_from"] = _worst(candidates, None, "top1_percent",
+                                                         larger_is_worse=False)
+    out["packing"] = pk
     return out
 
 
-@torch.no_grad()
 def canonical_rows(model, prompts, runs):
-    """The canonical model's own rows through this harness: per prompt (prompt logits [T, V],
-    greedy ids [N], decode-step logits [N, V]), float32 on the CPU."""
-    device = next(model.parameters()).device
-    rows = []
-    for ids, (_, greedy, _) in zip(prompts, runs):
-        logits = model(input_ids=ids.unsqueeze(0).to(device)).logits[0].to(torch.float32).cpu()
-        rows.append((logits, greedy, cached_decode_steps(model, ids, greedy)))
-    return rows
+    """The canonical model's own rows through this harness: logits_figures' rows (prompt
+    logits [T, V], decode-step logits [N, V], teacher-forced logits [N, V] per prompt)."""
+    return logits_figures(model, prompts, runs)[2]
 
 
-def measure(model_class, checkpoint_dir, device, prompts, runs, training, precision):
+def measure(model_class, checkpoint_dir, device, prompts, runs, training, precision,
+            scratch_dir=None):
     """The envelope of one precision. runs: per prompt (logits, greedy_ids, decode_logits) of
     the bundle's run in this precision; training: (steps, lr, seed) of the trace. Variations
     are compared with the canonical path run here (the bundle's figures are reproduced exactly
@@ -436,14 +599,20 @@ def measure(model_class, checkpoint_dir, device, prompts, runs, training, precis
                                            attn_implementation=attention).to(device).eval()
 
     model = load("eager")
-    canonical = canonical_rows(model, prompts, runs)
+    canonical_own = canonical_rows(model, prompts, runs)
+    # The variations are compared with these (runs' layout: logits, greedy ids, decode logits).
+    canonical = [(ours, greedy, decoded)
+                 for (ours, decoded, _), (_, greedy, _) in zip(canonical_own, runs)]
     harness_prompt, harness_steps = Spread(), Spread()
     for (logits, _, decode_logits), (ours, _, steps_ours) in zip(runs, canonical):
         harness_prompt.add(logits, ours)
         harness_steps.add(decode_logits, steps_ours)
-    canonical_training = training_stats(model, prompts, steps, lr, seed)
+    # Upstream's own rollout/training gap and packed/unpacked spread, before any variation.
+    canonical_logprobs = logprob_figures(canonical_own, canonical_own)["self"]
+    canonical_packing = packing_figures(model, prompts, [r[0] for r in canonical_own])
+    canonical_training = training_stats(model, prompts, steps, lr, seed, scratch_dir)
     del model
-    gc.collect()
+    return_freed_memory()
 
     by_variation, not_run = {}, []
     for name in variation_names(device.type, torch.get_num_threads()):
@@ -466,18 +635,27 @@ def measure(model_class, checkpoint_dir, device, prompts, runs, training, precis
             changed_attention = attention
         with applied(name, model) as changed:
             changed["attention"] = changed_attention
-            prompt, decode = logits_figures(model, prompts, canonical)
-            trained = training_stats(model, prompts, steps, lr, seed)
+            prompt, decode, rows = logits_figures(model, prompts, canonical)
+            logprobs = logprob_figures(rows, canonical_own)
+            packing = packing_figures(model, prompts, [r[0] for r in rows])
+            del rows
+            trained = training_stats(model, prompts, steps, lr, seed, scratch_dir)
         by_variation[name] = {"prompt": prompt.figures(), "decode_steps": decode.figures(),
                               "training": training_spread(canonical_training, trained),
+                              "logprobs": logprobs, "packing": packing,
                               "changed": changed, "seconds": time.monotonic() - t0}
         del model
-        gc.collect()
+        return_freed_memory()
         v = by_variation[name]
         log(f"{precision} {name}: prompt max abs {v['prompt']['max_abs_diff']:.3g}, decode steps "
             f"{v['decode_steps']['max_abs_diff']:.3g}, grad norm rel "
-            f"{v['training']['grad_norm_rel']:.3g} ({v['seconds']:.1f} s)")
-    result = summarize(by_variation)
+            f"{v['training']['grad_norm_rel']:.3g}, log-prob gap mean "
+            f"{v['logprobs']['cross']['mean_abs_diff']:.3g} max "
+            f"{v['logprobs']['cross']['max_abs_diff']:.3g}, packed max abs "
+            f"{v['packing']['max_abs_diff']:.3g} grad rel {v['packing']['grad_rel']:.3g} "
+            f"({v['seconds']:.1f} s)")
+    result = summarize(by_variation, canonical_logprobs, canonical_packing)
+    result["canonical"] = {"logprobs": canonical_logprobs, "packing": canonical_packing}
     result["by_variation"] = by_variation
     result["not_run"] = not_run
     result["harness"] = {"prompt": harness_prompt.figures(),
@@ -487,10 +665,13 @@ def measure(model_class, checkpoint_dir, device, prompts, runs, training, precis
     return result
 
 
-def make_envelope(model_class, checkpoint_dir, device, prompts, runs_by_precision, training):
+def make_envelope(model_class, checkpoint_dir, device, prompts, runs_by_precision, training,
+                  scratch_dir=None):
     """reference.json "envelope" (docs/protocols.md §6): measure() for each precision of
     runs_by_precision ({"fp32": runs, "bf16": runs}), what was not run and why, and how long
-    it took. Runs at this process's thread count: the bundle's, for the harness to be exact."""
+    it took. Runs at this process's thread count: the bundle's, for the harness to be exact.
+    scratch_dir: where the training traces keep their optimizer state (None: the system's
+    temporary directory)."""
     t0 = time.monotonic()
     env = {"version": ENVELOPE_VERSION,
            "method": "transformers under each variation against its canonical eager run on the "
@@ -499,7 +680,7 @@ def make_envelope(model_class, checkpoint_dir, device, prompts, runs_by_precisio
            "not_run": NOT_RUN}
     for precision, runs in runs_by_precision.items():
         env[precision] = measure(model_class, checkpoint_dir, device, prompts, runs, training,
-                                 precision)
+                                 precision, scratch_dir)
     # What ran: a variation upstream refuses for this model is in the precisions' "not_run".
     env["variations"] = [v for v in env["variations"]
                          if any(v in env[p]["by_variation"] for p in runs_by_precision)]
@@ -541,7 +722,7 @@ def add_to_bundle(bundle_dir, checkpoint_dir, device="cpu", force=False):
     training = meta["training"]
     env = make_envelope(transformers.AutoModelForCausalLM, checkpoint_dir, torch.device(device),
                         prompts, runs_of(tensors, meta["num_prompts"]),
-                        (training["steps"], training["lr"], training["seed"]))
+                        (training["steps"], training["lr"], training["seed"]), bundle_dir.parent)
     meta["envelope"] = env
     tmp = meta_path.with_name(f".reference.json.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
@@ -557,14 +738,21 @@ def main(argv=None):
     # As the bundle makers run: MKL's results independent of alignment (make_checkpoint.py).
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     ap = argparse.ArgumentParser(description="Adds the envelope of correct implementations to "
-                                             "an existing reference bundle.")
-    ap.add_argument("--bundle", required=True, help="the bundle directory (reference.json, "
-                                                    "reference.safetensors)")
-    ap.add_argument("--checkpoint", required=True, help="the checkpoint it was made from")
+                                             "existing reference bundles.")
+    ap.add_argument("--bundle", required=True, action="append",
+                    help="a bundle directory (reference.json, reference.safetensors); repeat "
+                         "with --checkpoint for several, measured one after the other")
+    ap.add_argument("--checkpoint", required=True, action="append",
+                    help="the checkpoint the --bundle at the same place was made from")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--force", action="store_true", help="measure again even when up to date")
     args = ap.parse_args(argv)
-    add_to_bundle(args.bundle, args.checkpoint, args.device, args.force)
+    if len(args.bundle) != len(args.checkpoint):
+        ap.error(f"{len(args.bundle)} --bundle but {len(args.checkpoint)} --checkpoint")
+    threads = torch.get_num_threads()
+    for bundle, checkpoint in zip(args.bundle, args.checkpoint):
+        add_to_bundle(bundle, checkpoint, args.device, args.force)
+        torch.set_num_threads(threads)  # add_to_bundle runs at each bundle's own count
     return 0
 
 

@@ -69,13 +69,15 @@ CLI
 """
 
 import argparse
+import contextlib
 import copy
-import gc
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # MKL (torch's CPU BLAS) picks code paths by the operands' memory alignment on some CPUs (AMD
@@ -88,7 +90,8 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 # Bump when the output of this script changes for the same parameters.
 GENERATOR_VERSION = 9
@@ -117,6 +120,8 @@ HUB_CONFIG_DIR = HERE / "hub_configs"
 # name -> families.Variant); adding a family adds a module there.
 sys.path.insert(0, str(HERE))
 from families import all_variants  # noqa: E402
+from memory import return_freed_memory  # noqa: E402
+from offloaded_adamw import OffloadedAdamW  # noqa: E402
 
 VARIANTS = all_variants()
 
@@ -286,71 +291,87 @@ def reference_run(model, ids, max_new_tokens=MAX_NEW_TOKENS):
 
 def saved_tensors(model, data=None):
     """The model's tensors named as save_pretrained names its weights (upstream's own save
-    path, which splits fused tensors back into checkpoint keys and leaves out tied aliases).
-    data(param) -> tensor, when given, is saved in place of each parameter's values (the
-    parameters' data is swapped for the save and restored)."""
+    path, which splits fused tensors back into checkpoint keys and leaves out tied aliases),
+    yielded as (key, tensor) one at a time in key order, read from the saved files as they are
+    asked for (never all in memory at once). data(param) -> tensor, when given, is saved in
+    place of each parameter's values (the parameters' data is swapped for the save and restored
+    before the first tensor is yielded)."""
     params = list(model.parameters())
     saved = [p.data for p in params]
-    try:
-        if data is not None:
-            for p in params:
-                p.data = data(p)
-        with tempfile.TemporaryDirectory(prefix="saved-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="saved-") as tmp:
+        try:
+            if data is not None:
+                for p in params:
+                    p.data = data(p)
             model.save_pretrained(tmp, safe_serialization=True)
-            tensors = {}
-            for f in sorted(Path(tmp).glob("*.safetensors")):
-                tensors.update(load_file(str(f)))
-    finally:
-        for p, d in zip(params, saved):
-            p.data = d
-    return tensors
+        finally:
+            for p, d in zip(params, saved):
+                p.data = d
+        files = {}
+        for f in sorted(Path(tmp).glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as handle:
+                files.update({key: f for key in handle.keys()})
+        for key in sorted(files):
+            with safe_open(str(files[key]), framework="pt") as handle:
+                tensor = handle.get_tensor(key)
+            yield key, tensor
 
 
 def training_trace(checkpoint_dir, model_class, prompts, dtype, steps=TRAIN_STEPS, lr=TRAIN_LR,
-                   seed=TRAIN_SEED, **load_kwargs):
+                   seed=TRAIN_SEED, scratch_dir=None, **load_kwargs):
     """Upstream's training steps on the probe prompts (see the module docstring, TRACE), on the
-    CPU. load_kwargs go to from_pretrained (e.g. another experts_implementation)."""
+    CPU. load_kwargs go to from_pretrained (e.g. another experts_implementation).
+
+    Memory: torch.optim.AdamW's update, one parameter at a time with its state in files
+    (offloaded_adamw.py: the same numbers) under a temporary directory in scratch_dir (None:
+    the system's), so the trace holds the model, its gradients and one parameter's state, not
+    two more copies of the model."""
     model = model_class.from_pretrained(str(checkpoint_dir), dtype=dtype,
                                         attn_implementation="eager", **load_kwargs)
     model.train()
     torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     usable = [p for p in prompts if p.numel() >= 2]
     params = list(model.parameters())
     # Per element, the first step after which it differs from the checkpoint (0: not yet);
     # named by checkpoint key at the end through one save (a fused tensor's experts may first
-    # change at different steps).
-    initial = [p.detach().clone() for p in params]
-    # A step number per element: one byte each while the steps fit (a quarter of the fp32
-    # model's bytes instead of all of them).
+    # change at different steps). An element still equal to the checkpoint differs from it
+    # after a step exactly when that step changed it, so each parameter is compared with its
+    # values before the step (one parameter's copy at a time, not a copy of the model).
+    # A step number per element: one byte each while the steps fit.
     step_dtype = torch.uint8 if steps <= 255 else torch.int32
     first = [torch.zeros(p.shape, dtype=step_dtype) for p in params]
     losses, grad_norms, grad_sums = [], {}, {}
-    for step in range(1, steps + 1):
-        ids = usable[(step - 1) % len(usable)]
-        optimizer.zero_grad()
-        logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
-        loss.backward()
-        losses.append(loss.item())
-        if step == 1:
-            missing = [n for n, p in model.named_parameters() if p.grad is None]
-            if missing:
-                raise RuntimeError(f"upstream left parameters without a gradient: {missing[:5]}")
-            grads = saved_tensors(model, data=lambda p: p.grad)
-            grad_norms = {k: t.to(torch.float64).norm().item() for k, t in sorted(grads.items())}
-            grad_sums = {k: t.to(torch.float64).sum().item() for k, t in sorted(grads.items())}
-        optimizer.step()
-        with torch.no_grad():
-            for p, p0, f in zip(params, initial, first):
-                f.masked_fill_((f == 0) & (p != p0), float(step))
+    with tempfile.TemporaryDirectory(prefix="adamw-", dir=scratch_dir) as scratch:
+        optimizer = OffloadedAdamW(params, scratch, lr=lr)
+        for step in range(1, steps + 1):
+            ids = usable[(step - 1) % len(usable)]
+            logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
+            loss.backward()
+            del logits
+            losses.append(loss.item())
+            if step == 1:
+                missing = [n for n, p in model.named_parameters() if p.grad is None]
+                if missing:
+                    raise RuntimeError(f"upstream left parameters without a gradient: {missing[:5]}")
+                for key, g in saved_tensors(model, data=lambda p: p.grad):
+                    g = g.to(torch.float64)
+                    grad_norms[key], grad_sums[key] = g.norm().item(), g.sum().item()
+
+            def mark(i, p, before, step=step):
+                with torch.no_grad():
+                    first[i].masked_fill_((first[i] == 0) & (p != before), step)
+            optimizer.step(after=mark)
+    # Saved as bf16 (step numbers up to 256 are exact in it; float32 past that): parameters
+    # take floating-point data only, and half of fp32's bytes.
+    save_dtype = torch.bfloat16 if steps <= 256 else torch.float32
     index = {id(p): f for p, f in zip(params, first)}
-    steps_by_key = saved_tensors(model, data=lambda p: index[id(p)].to(p.dtype))
     first_changed = {}
-    for key, f in sorted(steps_by_key.items()):
+    for key, f in saved_tensors(model, data=lambda p: index[id(p)].to(save_dtype)):
         changed = f[f > 0]
         first_changed[key] = int(changed.min().item()) if changed.numel() else None
-    return {"losses": losses, "grad_norms": grad_norms, "grad_sums": grad_sums,
+    return {"losses": losses, "grad_norms": dict(sorted(grad_norms.items())),
+            "grad_sums": dict(sorted(grad_sums.items())),
             "trainable": sorted(grad_norms),
             "first_changed_step": dict(sorted(first_changed.items()))}
 
@@ -362,7 +383,7 @@ EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm")
 
 
 def training_floor(checkpoint_dir, model_class, prompts, dtype, trace, steps=TRAIN_STEPS,
-                   lr=TRAIN_LR, seed=TRAIN_SEED):
+                   lr=TRAIN_LR, seed=TRAIN_SEED, scratch_dir=None):
     """Upstream's own spread in training: the trace made again with each other implementation,
     against `trace` (max relative step-1 gradient-norm difference over the keys, and max
     relative loss difference per step)."""
@@ -372,13 +393,36 @@ def training_floor(checkpoint_dir, model_class, prompts, dtype, trace, steps=TRA
     grad_rel, loss_rel = 0.0, [0.0] * steps
     for impl in EXPERTS_IMPLEMENTATIONS:
         alt = training_trace(checkpoint_dir, model_class, prompts, dtype, steps, lr, seed,
-                             experts_implementation=impl)
+                             scratch_dir, experts_implementation=impl)
         for key, norm in trace["grad_norms"].items():
             grad_rel = max(grad_rel, abs(alt["grad_norms"][key] - norm) / abs(norm) if norm else 0.0)
         for i, (a, b) in enumerate(zip(alt["losses"], trace["losses"])):
             loss_rel[i] = max(loss_rel[i], abs(a - b) / abs(b))
     return {"implementations": [f"experts_implementation={i}" for i in EXPERTS_IMPLEMENTATIONS],
             "grad_norm_rel": grad_rel, "loss_rel": loss_rel}
+
+
+class Stages:
+    """Where a bundle's time and memory go: each stage's wall seconds and this process's peak
+    RSS when it ended (reference.json "stages", the reference cell's figures). At the end of
+    each stage the freed memory goes back to the system (gc, then glibc's malloc_trim: freed
+    tensors otherwise stay in the allocator's arenas and count in every later stage's RSS)."""
+
+    def __init__(self):
+        self.records = []
+
+    @contextlib.contextmanager
+    def stage(self, name):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            return_freed_memory()
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+            self.records.append({"stage": name, "seconds": round(time.monotonic() - t0, 3),
+                                 "peak_rss_bytes": peak})
+            print(f"make_reference: {name} {time.monotonic() - t0:.1f} s, peak RSS "
+                  f"{peak / 2**30:.2f} GiB", file=sys.stderr, flush=True)
 
 
 def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_extra=None,
@@ -408,28 +452,32 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
     # RoPE inv_freq buffers kept in fp32; a plain .to(bfloat16) would round those too), computed
     # in bf16. A bf16 cell is compared with this: bf16 rounding alone moves the top-1 of
     # near-tied logits.
-    model_bf16 = type(model).from_pretrained(str(checkpoint_dir), dtype=torch.bfloat16,
-                                             attn_implementation="eager").to(model.device).eval()
-    floor = {"fp32": [0.0, 0.0, 0], "bf16": [0.0, 0.0, 0]}  # max abs, KL sum, steps
-    for i, ids in enumerate(prompts):
-        tensors[f"prompts.{i}.input_ids"] = ids.contiguous()
-        for precision, m, suffix in (("fp32", model, ""), ("bf16", model_bf16, "_bf16")):
-            logits, new_ids, decode_logits, continuation = reference_run(m, ids, max_new_tokens)
-            max_abs, kl_sum, steps = decode_floor(m, ids, new_ids, decode_logits, max_new_tokens)
-            acc = floor[precision]
-            acc[0], acc[1], acc[2] = max(acc[0], max_abs), acc[1] + kl_sum, acc[2] + steps
-            tensors[f"prompts.{i}.logits{suffix}"] = logits.contiguous()
-            tensors[f"prompts.{i}.greedy_ids{suffix}"] = new_ids.contiguous()
-            tensors[f"prompts.{i}.decode_logits{suffix}"] = decode_logits.contiguous()
-            tensors[f"prompts.{i}.continuation_logits{suffix}"] = continuation.contiguous()
-            distinct[precision].append(len(set(new_ids.tolist())))
-            if precision == "fp32" and describe is not None:
-                described.append(describe(i, new_ids))
-    # The forwards are done: neither model is needed by the training traces below.
-    del model_bf16
-    if release_model:
-        model.to_empty(device="meta")
-    gc.collect()
+    stages = Stages()
+    with stages.stage("forwards"):
+        model_bf16 = type(model).from_pretrained(
+            str(checkpoint_dir), dtype=torch.bfloat16,
+            attn_implementation="eager").to(model.device).eval()
+        floor = {"fp32": [0.0, 0.0, 0], "bf16": [0.0, 0.0, 0]}  # max abs, KL sum, steps
+        for i, ids in enumerate(prompts):
+            tensors[f"prompts.{i}.input_ids"] = ids.contiguous()
+            for precision, m, suffix in (("fp32", model, ""), ("bf16", model_bf16, "_bf16")):
+                logits, new_ids, decode_logits, continuation = reference_run(m, ids,
+                                                                             max_new_tokens)
+                max_abs, kl_sum, steps = decode_floor(m, ids, new_ids, decode_logits,
+                                                      max_new_tokens)
+                acc = floor[precision]
+                acc[0], acc[1], acc[2] = max(acc[0], max_abs), acc[1] + kl_sum, acc[2] + steps
+                tensors[f"prompts.{i}.logits{suffix}"] = logits.contiguous()
+                tensors[f"prompts.{i}.greedy_ids{suffix}"] = new_ids.contiguous()
+                tensors[f"prompts.{i}.decode_logits{suffix}"] = decode_logits.contiguous()
+                tensors[f"prompts.{i}.continuation_logits{suffix}"] = continuation.contiguous()
+                distinct[precision].append(len(set(new_ids.tolist())))
+                if precision == "fp32" and describe is not None:
+                    described.append(describe(i, new_ids))
+        # The forwards are done: neither model is needed by the training traces below.
+        del model_bf16
+        if release_model:
+            model.to_empty(device="meta")
     if min_distinct is not None:
         bad = [f"{prec} prompt {i}: {n} distinct token(s)" for prec, counts in distinct.items()
                for i, n in enumerate(counts) if n < min_distinct]
@@ -442,20 +490,23 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
                          "cross-entropy over fp32 logits",
                 }
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        trace = training_trace(checkpoint_dir, type(model), prompts, dtype, train_steps, train_lr,
-                               train_seed)
-        trace["floor"] = training_floor(checkpoint_dir, type(model), prompts, dtype, trace,
-                                        train_steps, train_lr, train_seed)
+        with stages.stage(f"training_{precision}"):
+            trace = training_trace(checkpoint_dir, type(model), prompts, dtype, train_steps,
+                                   train_lr, train_seed, scratch_dir=out_dir.parent)
+            trace["floor"] = training_floor(checkpoint_dir, type(model), prompts, dtype, trace,
+                                            train_steps, train_lr, train_seed, out_dir.parent)
         training[precision] = trace
     envelope_json = None
     if envelope:
         import envelope as envelope_module  # noqa: E402  (tools/refgen, on sys.path above)
         device = (torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda"
                   else torch.device("cpu"))
-        envelope_json = envelope_module.make_envelope(
-            type(model), checkpoint_dir, device,
-            [tensors[f"prompts.{i}.input_ids"] for i in range(len(prompts))],
-            envelope_module.runs_of(tensors, len(prompts)), (train_steps, train_lr, train_seed))
+        with stages.stage("envelope"):
+            envelope_json = envelope_module.make_envelope(
+                type(model), checkpoint_dir, device,
+                [tensors[f"prompts.{i}.input_ids"] for i in range(len(prompts))],
+                envelope_module.runs_of(tensors, len(prompts)),
+                (train_steps, train_lr, train_seed), out_dir.parent)
     out_dir.mkdir(parents=True)
     save_file(tensors, str(out_dir / "reference.safetensors"))
     meta = {
@@ -489,6 +540,7 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
         meta["prompts"] = described
     if envelope_json is not None:
         meta["envelope"] = envelope_json
+    meta["stages"] = stages.records
     meta.update(meta_extra or {})
     (out_dir / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
 

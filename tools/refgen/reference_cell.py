@@ -804,6 +804,10 @@ def _make_bundle(job, out):
         for i, n in enumerate(written.get("continuation_distinct_tokens", {}).get("fp32", [])):
             out.figure(f"prompt_{i}_distinct_tokens", n, "count")
         envelope_figures(out, written.get("envelope"))
+        # Where the phase's time and memory went (make_reference's stages, in order).
+        for st in written.get("stages", []):
+            out.figure(f"stage_{st['stage']}_ms", round(st["seconds"] * 1000), "ms")
+            out.figure(f"stage_{st['stage']}_peak_rss_bytes", st["peak_rss_bytes"], "bytes")
         problems = bundle_problems(bundle)
         if problems:
             return out.fail("upstream's own output cannot be a reference (the bundle reader "

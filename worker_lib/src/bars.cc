@@ -4,6 +4,8 @@
 #include <ATen/Version.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <limits>
 
 namespace gatehouse::worker {
@@ -68,6 +70,13 @@ std::string EnvelopeBasis(const ComparisonSite& s, LogitKind kind) {
                  "max-abs bar there until that floor is measured)";
 }
 
+/// A figure in a basis: three significant digits ("1.23e-06", "0.25").
+std::string FormatFigure(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
 }  // namespace
 
 LogitSpread& LogitSpread::operator+=(const LogitSpread& o) {
@@ -93,8 +102,11 @@ LogitSpread SiteSpread(const ComparisonSite& s, LogitKind kind) {
 LogitBars MarginsOver(const LogitSpread& spread, std::string basis) {
   LogitBars b = FromFloor(Floor{spread.max_abs_diff, spread.kl_mean, spread.top1_percent},
                           std::move(basis));
-  b.from_envelope = true;
   return b;
+}
+
+double NearTieGap(const LogitBars& bars) {
+  return std::isinf(bars.max_abs_diff) ? kNearTieGapNats : 2 * bars.max_abs_diff;
 }
 
 std::string ClaimOf(bool within_bars, bool equal) {
@@ -245,43 +257,83 @@ TrainingBars TrainingBarsFor(const ComparisonSite& s, double floor_grad_norm_rel
   return b;
 }
 
-PackingBars PackingBarsFor(std::string_view precision) {
+double RoundingFloorOf(std::string_view precision) {
+  return precision == "bf16" ? 1.0 / 256.0 : kRoundingFloor;
+}
+
+double KlRoundingFloor(std::string_view precision) {
+  const double step = 16.0 * RoundingFloorOf(precision);
+  return 0.5 * step * step;
+}
+
+PackingBars PackingBarsFor(std::string_view precision, const PackingEnvelope* envelope) {
   PackingBars b;
-  if (precision == "bf16") {
-    b.kl_max = std::numeric_limits<double>::infinity();
-    b.top1_percent = 100;
-    b.loss_rel = 1e-2;
-    b.grad_rel = 0.25;
+  const bool bf16 = precision == "bf16";
+  b.top1_percent = 100;
+  if (bf16) {
     b.near_tie_ulps = 2;
     b.mantissa_bits = 7;
+  }
+  if (envelope != nullptr) {
+    const PackingEnvelope& e = *envelope;
+    b.kl_max = kFloorMargin * kFloorMargin * std::max(e.kl_max, KlRoundingFloor(precision));
+    b.loss_rel = kFloorMargin * std::max(e.loss_rel, RoundingFloorOf(precision));
+    b.grad_rel = kFloorMargin * std::max(e.grad_rel, RoundingFloorOf(precision));
+    b.basis = std::string(precision) + ", packed vs alone on the same kernels, margins over "
+              "upstream's own packed-vs-unpacked spread (the envelope: KL max " +
+              FormatFigure(e.kl_max) + " from " + e.kl_max_from + ", loss " +
+              FormatFigure(e.loss_rel) + " from " + e.loss_rel_from + ", gradient " +
+              FormatFigure(e.grad_rel) + " relative from " + e.grad_rel_from +
+              "): KL max <= " + FormatFigure(b.kl_max) + " per token, loss within " +
+              FormatFigure(b.loss_rel) + " and each gradient within " +
+              FormatFigure(b.grad_rel) + " relative, top-1 100 % apart from near-ties";
+    return b;
+  }
+  if (bf16) {
+    b.kl_max = std::numeric_limits<double>::infinity();
+    b.loss_rel = 1e-2;
+    b.grad_rel = 0.25;
     b.basis = "bf16, packed vs alone on the same kernels: top-1 100 % apart from near-ties "
               "(0.1 nats, or two bf16 steps at the top logit), loss within 1e-2 and each "
               "gradient within 0.25 relative (bf16 rounds sums of another order apart: 0.11 "
-              "measured on trained SmolLM2-135M)";
+              "measured on trained SmolLM2-135M); the bundle has no packing envelope";
     return b;
   }
   b.kl_max = 1e-9;
-  b.top1_percent = 100;
   b.loss_rel = 1e-6;
   b.grad_rel = 1e-4;
   b.basis = "fp32, packed vs alone on the same kernels: bit-equal or KL <= 1e-9 per token and "
             "top-1 100 % apart from near-ties (0.1 nats), loss within 1e-6 and each gradient "
-            "within 1e-4 relative";
+            "within 1e-4 relative; the bundle has no packing envelope";
   return b;
 }
 
-LogprobBars LogprobBarsFor(std::string_view precision) {
+LogprobBars LogprobBarsFor(std::string_view precision, const LogprobEnvelope* envelope) {
   LogprobBars b;
+  if (envelope != nullptr) {
+    const LogprobEnvelope& e = *envelope;
+    b.from_envelope = true;
+    b.mean_abs = kFloorMargin * std::max(e.mean_abs_diff, kLogprobRoundingFloor);
+    b.max_abs = kFloorMargin * std::max(e.max_abs_diff, kLogprobRoundingFloor);
+    b.basis = std::string(precision) + ", rollout vs training forward on the same weights, "
+              "margins over upstream's own decode-vs-forward log-prob gap and its variations' "
+              "(the envelope: mean " + FormatFigure(e.mean_abs_diff) + " nats from " +
+              e.mean_abs_diff_from + ", max " + FormatFigure(e.max_abs_diff) + " from " +
+              e.max_abs_diff_from + "): mean abs diff <= " + FormatFigure(b.mean_abs) +
+              " and max <= " + FormatFigure(b.max_abs) + " nats over the sampled tokens";
+    return b;
+  }
   if (precision == "bf16") {
     b.mean_abs = 1e-2;
     b.basis = "bf16, rollout vs training forward on the same weights: mean abs log-prob diff "
               "<= 1e-2 nats over the sampled tokens (above it RL frameworks call the gap a "
-              "precision problem)";
+              "precision problem); no max bar: the bundle has no log-prob envelope";
     return b;
   }
   b.mean_abs = 1e-5;
   b.basis = "fp32, rollout vs training forward on the same weights: mean abs log-prob diff "
-            "<= 1e-5 nats over the sampled tokens";
+            "<= 1e-5 nats over the sampled tokens; no max bar: the bundle has no log-prob "
+            "envelope";
   return b;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,7 +105,17 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
   GateOutcome out;
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
   CausalLM& model = *ctx.model;
-  const LogprobBars bars = LogprobBarsFor(ctx.spec.precision);
+  // The envelope's log-prob gap was measured where upstream ran; both sides here are ours, so
+  // it holds where we run on the same device kind (a GPU's kernels split a decode step's and a
+  // forward's matrix products differently from a CPU's: the fixed bars there).
+  // A copy: the bundle is released before the training forward.
+  std::optional<LogprobEnvelope> held;
+  if (const Envelope* e = ctx.reference->envelope.For(ctx.spec.precision);
+      e != nullptr && e->logprobs && ctx.reference->device == (ctx.device.is_cuda() ? "cuda" : "cpu")) {
+    held = *e->logprobs;
+  }
+  const LogprobEnvelope* logprob_envelope = held ? &*held : nullptr;
+  const LogprobBars bars = LogprobBarsFor(ctx.spec.precision, logprob_envelope);
   const int64_t n = ctx.spec.decode.max_new_tokens;
   std::vector<torch::Tensor> prompts;
   for (const ReferencePrompt& p : ctx.reference->prompts) prompts.push_back(p.input_ids);
@@ -225,6 +236,14 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
                        ", sampled token " + std::to_string(cmp.max_step) + "; k3 KL " +
                        Num(cmp.k3()) + ") exceeds the bar " + Num(bars.mean_abs));
     }
+    // One token far off hides in a mean over many (a bug at each sequence's last position).
+    if (!(cmp.max_abs <= bars.max_abs)) {
+      misses.push_back(path + ": max abs log-prob diff " + Num(cmp.max_abs) + " nats at prompt " +
+                       std::to_string(cmp.max_prompt) + ", sampled token " +
+                       std::to_string(cmp.max_step) + " exceeds the bar " + Num(bars.max_abs) +
+                       " (mean " + Num(cmp.mean_abs()) + " over " +
+                       std::to_string(cmp.tokens) + " sampled tokens)");
+    }
   };
   LogprobComparison cached, on_greedy;
   for (size_t i = 0; i < p_count; ++i) {
@@ -300,6 +319,15 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
   }
 
   out.Real("bar_mean_abs_diff", bars.mean_abs, "nats");
+  if (std::isfinite(bars.max_abs)) {
+    out.Real("bar_max_abs_diff", bars.max_abs, "nats");
+  } else {
+    out.Text("bar_max_abs_diff", "none: the bundle has no log-prob envelope for this site");
+  }
+  if (logprob_envelope != nullptr) {
+    out.Real("envelope_mean_abs_diff", logprob_envelope->mean_abs_diff, "nats");
+    out.Real("envelope_max_abs_diff", logprob_envelope->max_abs_diff, "nats");
+  }
   out.Text("bars", bars.basis);
   if (!misses.empty()) {
     return out.Fail(FailureClass::kAdapterContract,

@@ -4,6 +4,7 @@
 // batch's. docs/gate-facts.md "Packed batches".
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,15 @@ GateOutcome PackingGate(GateContext& ctx) {
                     "the model has no packed forward (SupportsPacked is false): a trainer that "
                     "packs sequences with cu_seqlens cannot run it");
   }
-  const PackingBars bars = PackingBarsFor(ctx.spec.precision);
+  // Upstream's packed-vs-alone spread holds for ours where we run on the device kind it was
+  // measured on (both sides are ours; another device kind's kernels round other shapes apart).
+  const Envelope* envelope = ref.envelope.For(ctx.spec.precision);
+  std::optional<PackingEnvelope> packing_envelope;
+  if (envelope != nullptr && envelope->packing && ref.device == (ctx.device.is_cuda() ? "cuda" : "cpu")) {
+    packing_envelope = *envelope->packing;
+  }
+  const PackingBars bars =
+      PackingBarsFor(ctx.spec.precision, packing_envelope ? &*packing_envelope : nullptr);
   std::vector<torch::Tensor> prompts;
   for (const ReferencePrompt& p : ref.prompts) prompts.push_back(p.input_ids);
   out.Count("sequences", static_cast<int64_t>(prompts.size()));
@@ -254,6 +263,11 @@ GateOutcome PackingGate(GateContext& ctx) {
   out.Real("bar_near_tie", bars.near_tie_nats, "nats");
   out.Real("bar_loss_rel", bars.loss_rel, "ratio");
   out.Real("bar_grad_rel", bars.grad_rel, "ratio");
+  if (packing_envelope) {
+    out.Real("envelope_kl_max", packing_envelope->kl_max, "nats");
+    out.Real("envelope_loss_rel", packing_envelope->loss_rel, "ratio");
+    out.Real("envelope_grad_rel", packing_envelope->grad_rel, "ratio");
+  }
   out.Text("bars", bars.basis);
   if (!misses.empty()) {
     return out.Fail(FailureClass::kAdapterContract,

@@ -49,7 +49,17 @@ torch::Tensor LogitComparison::AddRows(const torch::Tensor& ref, const torch::Te
   const double kl_max = kl.max().item<double>();
   if (std::isnan(kl_max) || kl_max > kl_max_) kl_max_ = kl_max;
   tokens_ += r.size(0);
-  top1_equal_ += (r.argmax(-1) == o.argmax(-1)).sum().item<int64_t>();
+  const torch::Tensor ref_top = r.argmax(-1, /*keepdim=*/true), our_top = o.argmax(-1, true);
+  const torch::Tensor same = (ref_top == our_top).squeeze(1);
+  top1_equal_ += same.sum().item<int64_t>();
+  if (!same.all().item<bool>()) {
+    // log_p[ref top-1] - log_p[our top-1]: how close the reference was to a tie there.
+    const torch::Tensor gaps = (log_p.gather(1, ref_top) - log_p.gather(1, our_top)).squeeze(1)
+                                   .index({same.logical_not()})
+                                   .contiguous();
+    flip_gaps_.insert(flip_gaps_.end(), gaps.data_ptr<double>(),
+                      gaps.data_ptr<double>() + gaps.numel());
+  }
   const torch::Tensor diff = (r - o).abs();
   const double max_abs = diff.max().item<double>();
   if (std::isnan(max_abs) || max_abs > max_abs_) max_abs_ = max_abs;
@@ -64,6 +74,17 @@ double LogitComparison::kl_mean() const {
 
 double LogitComparison::top1_agreement_percent() const {
   return tokens_ ? 100.0 * static_cast<double>(top1_equal_) / static_cast<double>(tokens_)
+                 : std::numeric_limits<double>::quiet_NaN();
+}
+
+int64_t LogitComparison::near_tie_flips(double near_tie_gap) const {
+  return std::count_if(flip_gaps_.begin(), flip_gaps_.end(),
+                       [&](double gap) { return gap <= near_tie_gap; });
+}
+
+double LogitComparison::top1_agreement_percent(double near_tie_gap) const {
+  return tokens_ ? 100.0 * static_cast<double>(top1_equal_ + near_tie_flips(near_tie_gap)) /
+                       static_cast<double>(tokens_)
                  : std::numeric_limits<double>::quiet_NaN();
 }
 

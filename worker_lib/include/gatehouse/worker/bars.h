@@ -43,7 +43,6 @@ struct LogitBars {
   double kl_mean = 0;
   double top1_percent = 100;
   bool exact = false;  // bit-exact site: every bar is equality
-  bool from_envelope = false;  // margins over the bundle's envelope of correct implementations
   std::string basis;   // why these bars, with the measurement they come from
 };
 
@@ -69,7 +68,7 @@ LogitSpread SpreadOf(const LogitEnvelope& envelope);
 LogitSpread SiteSpread(const ComparisonSite& site, LogitKind kind);
 
 /// Bars at the margins over `spread`: kFloorMargin x max abs, kFloorMargin^2 x KL,
-/// kTop1DisagreementMargin x top-1 disagreement; from_envelope set, `basis` kept.
+/// kTop1DisagreementMargin x top-1 disagreement; `basis` kept.
 LogitBars MarginsOver(const LogitSpread& spread, std::string basis);
 
 /// Bars for a training trace compared with upstream's (TrainingGate): loss per step and the
@@ -144,6 +143,11 @@ std::string ClaimOf(bool within_bars, bool equal);
 /// no max-abs bar, and the packing gate's).
 inline constexpr double kNearTieGapNats = 0.1;
 
+/// The log-prob gap within which a top-1 flip against upstream is a near-tie under `bars`:
+/// twice the max-abs bar (a logit difference the bar allows moves the two tokens that far
+/// apart), or kNearTieGapNats where there is no max-abs bar; 0 on a bit-exact site. Such flips
+/// are reported, and not counted against the top-1 bar or a greedy continuation.
+double NearTieGap(const LogitBars& bars);
 /// Bars for the packing gate (PackingGate): the same model's packed forward against its
 /// forward of each sequence alone, and the packed training step against the unpacked batch's.
 /// Both sides are ours on the same kernels; only the order of sums may differ (the masked
@@ -169,25 +173,48 @@ struct PackingBars {
   std::string basis;
 };
 
-/// fp32: KL <= 1e-9 per token, top-1 100 %, loss within 1e-6 and gradients within 1e-4
-/// relative; bf16: top-1 100 % (KL not barred, max abs diff reported), loss within 1e-2 and
-/// gradients within 0.25 relative; near-ties (0.1 nats, the decode gate's; in bf16 also two
-/// bf16 steps at the top logit) apart in both (docs/bars.md, "Packed batches").
-PackingBars PackingBarsFor(std::string_view precision);
+/// Without an envelope (`envelope` null: the bundle's is version 1, or it has none): fp32:
+/// KL <= 1e-9 per token, top-1 100 %, loss within 1e-6 and gradients within 1e-4 relative;
+/// bf16: top-1 100 % (KL not barred, max abs diff reported), loss within 1e-2 and gradients
+/// within 0.25 relative; near-ties (0.1 nats, the decode gate's; in bf16 also two bf16 steps
+/// at the top logit) apart in both (docs/bars.md, "Packed batches").
+/// With the bundle's packing envelope (this precision's): KL max <= kFloorMargin^2 x the
+/// envelope's (at least KlRoundingFloor), loss and each gradient within kFloorMargin x the
+/// envelope's relative spread (at least RoundingFloorOf); top-1 and near-ties as above.
+PackingBars PackingBarsFor(std::string_view precision, const PackingEnvelope* envelope = nullptr);
+
+/// One rounding of the precision's dtype, relative: 2^-23 (fp32), 2^-8 (bf16). The least
+/// relative spread a bar of packed against unpacked is built on: upstream's packed and
+/// unpacked runs can be equal by luck on the probe prompts (a tiny bf16 model's often are)
+/// where another implementation's sums of another order round one step apart.
+double RoundingFloorOf(std::string_view precision);
+
+/// The KL between two distributions whose logits (|z| up to 16) differ by one rounding of the
+/// precision's dtype: 0.5 x (16 x RoundingFloorOf)^2; fp32 1.8e-12, bf16 2.0e-3 nats.
+double KlRoundingFloor(std::string_view precision);
 
 /// Bars for the logprob_parity gate (LogprobParityGate): the log-probability the decode path
 /// gave each token it sampled against the one a train-mode forward over the same sequence
 /// gives it, as an RL trainer compares its rollout's log-probs with its policy's. Both sides
 /// are ours; `mean_abs` bars the mean over every sampled token of |log p_train - log p_rollout|
-/// (nats). The max and the k3 KL estimator are figures beside it.
+/// and `max_abs` the largest (nats; infinity: no max bar, `basis` says why). The k3 KL
+/// estimator is a figure beside them.
 struct LogprobBars {
   double mean_abs = 0;
+  double max_abs = std::numeric_limits<double>::infinity();
+  bool from_envelope = false;
   std::string basis;
 };
 
-/// fp32: mean abs diff <= 1e-5 nats; bf16: <= 1e-2 nats, the level above which RL
-/// frameworks treat a rollout/training gap as a precision problem (docs/bars.md, "Rollout vs
-/// training log-probs").
-LogprobBars LogprobBarsFor(std::string_view precision);
+/// One fp32 rounding of a log-probability of magnitude up to 16 (2^-20 nats): the least
+/// log-prob spread a bar is built on.
+inline constexpr double kLogprobRoundingFloor = 1.0 / 1048576.0;
+
+/// Without an envelope: fp32 mean abs diff <= 1e-5 nats; bf16 <= 1e-2 nats, the level above
+/// which RL frameworks treat a rollout/training gap as a precision problem; no max bar
+/// (docs/bars.md, "Rollout vs training log-probs"). With the bundle's log-prob envelope
+/// (this precision's): mean and max within kFloorMargin x the envelope's (each at least
+/// kLogprobRoundingFloor): upstream's own decode-vs-forward gap and its variations'.
+LogprobBars LogprobBarsFor(std::string_view precision, const LogprobEnvelope* envelope = nullptr);
 
 }  // namespace gatehouse::worker

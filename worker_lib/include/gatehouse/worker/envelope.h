@@ -39,11 +39,39 @@ struct TrainingEnvelope {
   double LossRelThrough(int64_t steps) const;
 };
 
+/// How far upstream's rollout log-probs (KV-cached decode) moved from its training log-probs
+/// (teacher-forced forward) on its own paths and across the variations, in nats: per decode
+/// row the expected |difference| of a token drawn at temperature 1, averaged over rows
+/// (mean_abs_diff), and the largest over every token of the vocabulary (max_abs_diff).
+/// Envelope version 2 and later.
+struct LogprobEnvelope {
+  double mean_abs_diff = 0;
+  double max_abs_diff = 0;
+  std::string mean_abs_diff_from, max_abs_diff_from;
+};
+
+/// Upstream's packed forward and training step against its own unpacked ones, on its own run
+/// and under the variations: logits max abs (logits), KL mean and max per token (nats), top-1
+/// (percent); the relative loss difference and the largest relative L2 difference of a
+/// parameter's gradient (ratios). Envelope version 2 and later.
+struct PackingEnvelope {
+  double max_abs_diff = 0;
+  double kl_mean = 0;
+  double kl_max = 0;
+  double top1_percent = 100;
+  double loss_rel = 0;
+  double grad_rel = 0;
+  std::string kl_max_from, loss_rel_from, grad_rel_from;
+};
+
 /// One precision's envelope (reference.json "envelope"."fp32" / ."bf16").
 struct Envelope {
   LogitEnvelope prompt;        // the probe prompts' logits
   LogitEnvelope decode_steps;  // KV-cached decode steps along upstream's greedy tokens
   TrainingEnvelope training;
+  std::optional<LogprobEnvelope> logprobs;  // absent in version 1 envelopes
+  std::optional<PackingEnvelope> packing;   // absent in version 1 envelopes
+  int version = 1;
   std::vector<std::string> variations;  // what was run ("attention=sdpa", ...)
   /// "<n> variations of upstream (attention=sdpa, rope=complex, ...)", for bases and figures.
   std::string Describe() const;
@@ -60,7 +88,8 @@ struct Envelopes {
 };
 
 /// reference.json "envelope" of `meta` (absent: empty Envelopes). Every figure must be a
-/// number >= 0 (top-1 in [0, 100]); training.loss_rel a list of numbers.
+/// number >= 0 (top-1 in [0, 100]); training.loss_rel a list of numbers; "logprobs" and
+/// "packing" are read when present (version 2), with the same rules.
 /// Errors: INVALID_ARGUMENT naming `where`, the field and its value.
 Result<Envelopes> ParseEnvelope(const nlohmann::json& meta, const std::string& where);
 

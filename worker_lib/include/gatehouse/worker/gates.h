@@ -245,6 +245,12 @@ class LogitComparison {
   double kl_mean() const;                // nats; NaN when no token was added
   double kl_max() const { return kl_max_; }
   double top1_agreement_percent() const;  // % tokens with equal argmax
+  /// % tokens with equal argmax or whose flip is a near-tie: the reference ranks its top-1 and
+  /// ours within `near_tie_gap` nats of log-probability (bars.h NearTieGap: a flip the max-abs
+  /// bar allows).
+  double top1_agreement_percent(double near_tie_gap) const;
+  /// Of the flips, those within `near_tie_gap` nats.
+  int64_t near_tie_flips(double near_tie_gap) const;
   double max_abs_diff() const { return max_abs_; }
   double mean_abs_diff() const;           // mean over all T x V elements
 
@@ -255,6 +261,8 @@ class LogitComparison {
   double kl_max_ = 0;
   int64_t tokens_ = 0;
   int64_t top1_equal_ = 0;
+  /// Per top-1 flip: the reference's log-prob of its top-1 minus that of ours (>= 0).
+  std::vector<double> flip_gaps_;
   double max_abs_ = 0;
   double abs_sum_ = 0;
   int64_t elements_ = 0;
