@@ -50,7 +50,9 @@ Figures per variation and precision, against the canonical run:
                     largest ||unpacked - packed|| / ||unpacked|| of a parameter's gradient)
     The envelope of a figure is its worst value over the variations, with the variation named;
     for logprobs and packing also over the canonical run itself ("canonical": upstream's own
-    gap between its decode and its forward, its own packed-vs-alone spread).
+    gap between its decode and its forward, its own packed-vs-alone spread). Packing is not
+    measured where upstream's packed row is not its sequences alone by more than rounding
+    (dynamic NTK RoPE scales by the row's longest position): "packing_not_run" says why.
 
 Self-check
     The canonical path re-run through this module's own harness (decode steps fed one by one)
@@ -423,6 +425,21 @@ def _packed_inputs(seqs, device):
     return row, positions, bounds
 
 
+def packing_not_measurable(config):
+    """Why upstream's packed forward is not its unpacked one by more than rounding for this
+    model, or None. Dynamic NTK RoPE scales every position by the longest in the forward: in a
+    packed row that is the row's longest sequence, alone each sequence's own length, so
+    upstream's packed-vs-alone spread there is its semantics, not a bound for a correct
+    packing (the packing gate keeps its fixed bars)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field in ("rope_parameters", "rope_scaling"):
+        rope = getattr(config, field, None)
+        if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
+            return ("dynamic NTK RoPE: upstream scales by the longest position in the forward, "
+                    "so its packed row is not its sequences alone")
+    return None
+
+
 def packing_figures(model, prompts, alone_rows):
     """Upstream's packed forward and training step against its own unpacked ones, as the
     packing gate compares ours (docs/bars.md "Packed batches"): the probe prompts packed into
@@ -568,6 +585,8 @@ def summarize(by_variation, canonical_logprobs, canonical_packing):
     for figure in ("mean_abs_diff", "max_abs_diff"):
         lp[figure], lp[figure + "_from"] = _worst(candidates, None, figure)
     out["logprobs"] = lp
+    if canonical_packing is None:
+        return out  # not measurable for this model (packing_not_measurable): no "packing"
     candidates = {"canonical": canonical_packing,
                   **{name: v["packing"] for name, v in by_variation.items()}}
     pk = {}
@@ -609,7 +628,9 @@ def measure(model_class, checkpoint_dir, device, prompts, runs, training, precis
         harness_steps.add(decode_logits, steps_ours)
     # Upstream's own rollout/training gap and packed/unpacked spread, before any variation.
     canonical_logprobs = logprob_figures(canonical_own, canonical_own)["self"]
-    canonical_packing = packing_figures(model, prompts, [r[0] for r in canonical_own])
+    packing_why_not = packing_not_measurable(model.config)
+    canonical_packing = (None if packing_why_not else
+                         packing_figures(model, prompts, [r[0] for r in canonical_own]))
     canonical_training = training_stats(model, prompts, steps, lr, seed, scratch_dir)
     del model
     return_freed_memory()
@@ -637,7 +658,8 @@ def measure(model_class, checkpoint_dir, device, prompts, runs, training, precis
             changed["attention"] = changed_attention
             prompt, decode, rows = logits_figures(model, prompts, canonical)
             logprobs = logprob_figures(rows, canonical_own)
-            packing = packing_figures(model, prompts, [r[0] for r in rows])
+            packing = (None if packing_why_not else
+                       packing_figures(model, prompts, [r[0] for r in rows]))
             del rows
             trained = training_stats(model, prompts, steps, lr, seed, scratch_dir)
         by_variation[name] = {"prompt": prompt.figures(), "decode_steps": decode.figures(),
@@ -651,11 +673,13 @@ def measure(model_class, checkpoint_dir, device, prompts, runs, training, precis
             f"{v['decode_steps']['max_abs_diff']:.3g}, grad norm rel "
             f"{v['training']['grad_norm_rel']:.3g}, log-prob gap mean "
             f"{v['logprobs']['cross']['mean_abs_diff']:.3g} max "
-            f"{v['logprobs']['cross']['max_abs_diff']:.3g}, packed max abs "
-            f"{v['packing']['max_abs_diff']:.3g} grad rel {v['packing']['grad_rel']:.3g} "
-            f"({v['seconds']:.1f} s)")
+            f"{v['logprobs']['cross']['max_abs_diff']:.3g}, packed "
+            + (f"max abs {v['packing']['max_abs_diff']:.3g} grad rel {v['packing']['grad_rel']:.3g}"
+               if v["packing"] else "not measured") + f" ({v['seconds']:.1f} s)")
     result = summarize(by_variation, canonical_logprobs, canonical_packing)
     result["canonical"] = {"logprobs": canonical_logprobs, "packing": canonical_packing}
+    if packing_why_not:
+        result["packing_not_run"] = packing_why_not
     result["by_variation"] = by_variation
     result["not_run"] = not_run
     result["harness"] = {"prompt": harness_prompt.figures(),
