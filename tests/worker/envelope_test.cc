@@ -243,7 +243,6 @@ TEST(EnvelopeTest, ReadsTheLogprobAndPackingEnvelopes) {
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   const Envelope* e = ref->envelope.For("fp32");
   ASSERT_NE(e, nullptr);
-  EXPECT_EQ(e->version, 2);
   ASSERT_TRUE(e->logprobs.has_value());
   EXPECT_DOUBLE_EQ(e->logprobs->max_abs_diff, 3e-6);
   EXPECT_EQ(e->logprobs->max_abs_diff_from, "canonical");

@@ -399,12 +399,12 @@ class LogprobGap:
                 "max_abs_diff": self.max_abs, "rows": self.rows}
 
 
-def logprob_figures(rows, canonical_rows_):
+def logprob_figures(rows, canonical_own):
     """{"self": the variation's decode against its own forced forward, "cross": its decode
     against the canonical forced forward and the canonical decode against its forced forward,
     the worse of the two} (LogprobGap figures) from logits_figures rows."""
     own, cross_a, cross_b = LogprobGap(), LogprobGap(), LogprobGap()
-    for (_, decoded, forced), (_, c_decoded, c_forced) in zip(rows, canonical_rows_):
+    for (_, decoded, forced), (_, c_decoded, c_forced) in zip(rows, canonical_own):
         own.add(decoded, forced)
         cross_a.add(decoded, c_forced)
         cross_b.add(c_decoded, forced)
@@ -598,12 +598,6 @@ def summarize(by_variation, canonical_logprobs, canonical_packing):
     return out
 
 
-def canonical_rows(model, prompts, runs):
-    """The canonical model's own rows through this harness: logits_figures' rows (prompt
-    logits [T, V], decode-step logits [N, V], teacher-forced logits [N, V] per prompt)."""
-    return logits_figures(model, prompts, runs)[2]
-
-
 def measure(model_class, checkpoint_dir, device, prompts, runs, training, precision,
             scratch_dir=None):
     """The envelope of one precision. runs: per prompt (logits, greedy_ids, decode_logits) of
@@ -618,14 +612,11 @@ def measure(model_class, checkpoint_dir, device, prompts, runs, training, precis
                                            attn_implementation=attention).to(device).eval()
 
     model = load("eager")
-    canonical_own = canonical_rows(model, prompts, runs)
+    # The canonical path through this harness, against the bundle's own tensors ("harness").
+    harness_prompt, harness_steps, canonical_own = logits_figures(model, prompts, runs)
     # The variations are compared with these (runs' layout: logits, greedy ids, decode logits).
     canonical = [(ours, greedy, decoded)
                  for (ours, decoded, _), (_, greedy, _) in zip(canonical_own, runs)]
-    harness_prompt, harness_steps = Spread(), Spread()
-    for (logits, _, decode_logits), (ours, _, steps_ours) in zip(runs, canonical):
-        harness_prompt.add(logits, ours)
-        harness_steps.add(decode_logits, steps_ours)
     # Upstream's own rollout/training gap and packed/unpacked spread, before any variation.
     canonical_logprobs = logprob_figures(canonical_own, canonical_own)["self"]
     packing_why_not = packing_not_measurable(model.config)

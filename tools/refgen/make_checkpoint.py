@@ -292,8 +292,8 @@ def reference_run(model, ids, max_new_tokens=MAX_NEW_TOKENS):
 def saved_tensors(model, data=None):
     """The model's tensors named as save_pretrained names its weights (upstream's own save
     path, which splits fused tensors back into checkpoint keys and leaves out tied aliases),
-    yielded as (key, tensor) one at a time in key order, read from the saved files as they are
-    asked for (never all in memory at once). data(param) -> tensor, when given, is saved in
+    yielded as (key, tensor) one at a time, file by file, read as they are asked for (never all
+    in memory at once). data(param) -> tensor, when given, is saved in
     place of each parameter's values (the parameters' data is swapped for the save and restored
     before the first tensor is yielded)."""
     params = list(model.parameters())
@@ -307,14 +307,10 @@ def saved_tensors(model, data=None):
         finally:
             for p, d in zip(params, saved):
                 p.data = d
-        files = {}
         for f in sorted(Path(tmp).glob("*.safetensors")):
             with safe_open(str(f), framework="pt") as handle:
-                files.update({key: f for key in handle.keys()})
-        for key in sorted(files):
-            with safe_open(str(files[key]), framework="pt") as handle:
-                tensor = handle.get_tensor(key)
-            yield key, tensor
+                for key in handle.keys():
+                    yield key, handle.get_tensor(key)
 
 
 def training_trace(checkpoint_dir, model_class, prompts, dtype, steps=TRAIN_STEPS, lr=TRAIN_LR,

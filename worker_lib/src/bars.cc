@@ -1,11 +1,12 @@
 // The bars table (docs/bars.md is the same table with its measurements and their sources).
 #include "gatehouse/worker/bars.h"
 
+#include "figure_format.h"
+
 #include <ATen/Version.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 
 namespace gatehouse::worker {
@@ -68,13 +69,6 @@ std::string EnvelopeBasis(const ComparisonSite& s, LogitKind kind) {
   }
   return basis + " plus upstream's own spread between CPU and CUDA (H200, docs/bars.md; no "
                  "max-abs bar there until that floor is measured)";
-}
-
-/// A figure in a basis: three significant digits ("1.23e-06", "0.25").
-std::string FormatFigure(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", v);
-  return buf;
 }
 
 }  // namespace
@@ -281,12 +275,12 @@ PackingBars PackingBarsFor(std::string_view precision, const PackingEnvelope* en
     b.grad_rel = kFloorMargin * std::max(e.grad_rel, RoundingFloorOf(precision));
     b.basis = std::string(precision) + ", packed vs alone on the same kernels, margins over "
               "upstream's own packed-vs-unpacked spread (the envelope: KL max " +
-              FormatFigure(e.kl_max) + " from " + e.kl_max_from + ", loss " +
-              FormatFigure(e.loss_rel) + " from " + e.loss_rel_from + ", gradient " +
-              FormatFigure(e.grad_rel) + " relative from " + e.grad_rel_from +
-              "): KL max <= " + FormatFigure(b.kl_max) + " per token, loss within " +
-              FormatFigure(b.loss_rel) + " and each gradient within " +
-              FormatFigure(b.grad_rel) + " relative, top-1 100 % apart from near-ties";
+              internal::Num(e.kl_max) + " from " + e.kl_max_from + ", loss " +
+              internal::Num(e.loss_rel) + " from " + e.loss_rel_from + ", gradient " +
+              internal::Num(e.grad_rel) + " relative from " + e.grad_rel_from +
+              "): KL max <= " + internal::Num(b.kl_max) + " per token, loss within " +
+              internal::Num(b.loss_rel) + " and each gradient within " +
+              internal::Num(b.grad_rel) + " relative, top-1 100 % apart from near-ties";
     return b;
   }
   if (bf16) {
@@ -312,15 +306,14 @@ LogprobBars LogprobBarsFor(std::string_view precision, const LogprobEnvelope* en
   LogprobBars b;
   if (envelope != nullptr) {
     const LogprobEnvelope& e = *envelope;
-    b.from_envelope = true;
     b.mean_abs = kFloorMargin * std::max(e.mean_abs_diff, kLogprobRoundingFloor);
     b.max_abs = kFloorMargin * std::max(e.max_abs_diff, kLogprobRoundingFloor);
     b.basis = std::string(precision) + ", rollout vs training forward on the same weights, "
               "margins over upstream's own decode-vs-forward log-prob gap and its variations' "
-              "(the envelope: mean " + FormatFigure(e.mean_abs_diff) + " nats from " +
-              e.mean_abs_diff_from + ", max " + FormatFigure(e.max_abs_diff) + " from " +
-              e.max_abs_diff_from + "): mean abs diff <= " + FormatFigure(b.mean_abs) +
-              " and max <= " + FormatFigure(b.max_abs) + " nats over the sampled tokens";
+              "(the envelope: mean " + internal::Num(e.mean_abs_diff) + " nats from " +
+              e.mean_abs_diff_from + ", max " + internal::Num(e.max_abs_diff) + " from " +
+              e.max_abs_diff_from + "): mean abs diff <= " + internal::Num(b.mean_abs) +
+              " and max <= " + internal::Num(b.max_abs) + " nats over the sampled tokens";
     return b;
   }
   if (precision == "bf16") {

@@ -70,37 +70,42 @@ Result<TrainingEnvelope> ParseTraining(const nlohmann::json& precision, const st
   return e;
 }
 
-/// precision.`section`, when present (nullopt when absent).
+/// precision.`name` as an object, or null when absent (a version 1 envelope); `f` becomes
+/// its field name for errors. Error: present but not an object.
+Result<const nlohmann::json*> OptionalSection(const nlohmann::json& precision, const char* name,
+                                              const std::string& field, std::string& f) {
+  auto it = precision.find(name);
+  if (it == precision.end()) return static_cast<const nlohmann::json*>(nullptr);
+  f = field + "." + name;
+  if (!it->is_object()) return Status::InvalidArgument(f + "' is not an object");
+  return &*it;
+}
+
 Result<std::optional<LogprobEnvelope>> ParseLogprobs(const nlohmann::json& precision,
                                                      const std::string& field) {
-  auto it = precision.find("logprobs");
-  if (it == precision.end()) return std::optional<LogprobEnvelope>();
-  const std::string f = field + ".logprobs";
-  if (!it->is_object()) return Status::InvalidArgument(f + "' is not an object");
+  std::string f;
+  GH_ASSIGN_OR_RETURN(const nlohmann::json* s, OptionalSection(precision, "logprobs", field, f));
+  if (s == nullptr) return std::optional<LogprobEnvelope>();
   LogprobEnvelope e;
-  GH_RETURN_IF_ERROR(ReadFigure(*it, "mean_abs_diff", f, e.mean_abs_diff));
-  GH_RETURN_IF_ERROR(ReadFigure(*it, "max_abs_diff", f, e.max_abs_diff));
-  e.mean_abs_diff_from = TextOr(*it, "mean_abs_diff_from");
-  e.max_abs_diff_from = TextOr(*it, "max_abs_diff_from");
+  GH_RETURN_IF_ERROR(ReadFigure(*s, "mean_abs_diff", f, e.mean_abs_diff));
+  GH_RETURN_IF_ERROR(ReadFigure(*s, "max_abs_diff", f, e.max_abs_diff));
+  e.mean_abs_diff_from = TextOr(*s, "mean_abs_diff_from");
+  e.max_abs_diff_from = TextOr(*s, "max_abs_diff_from");
   return std::optional<LogprobEnvelope>(std::move(e));
 }
 
 Result<std::optional<PackingEnvelope>> ParsePacking(const nlohmann::json& precision,
                                                     const std::string& field) {
-  auto it = precision.find("packing");
-  if (it == precision.end()) return std::optional<PackingEnvelope>();
-  const std::string f = field + ".packing";
-  if (!it->is_object()) return Status::InvalidArgument(f + "' is not an object");
+  std::string f;
+  GH_ASSIGN_OR_RETURN(const nlohmann::json* s, OptionalSection(precision, "packing", field, f));
+  if (s == nullptr) return std::optional<PackingEnvelope>();
   PackingEnvelope e;
-  GH_RETURN_IF_ERROR(ReadFigure(*it, "max_abs_diff", f, e.max_abs_diff));
-  GH_RETURN_IF_ERROR(ReadFigure(*it, "kl_mean", f, e.kl_mean));
-  GH_RETURN_IF_ERROR(ReadFigure(*it, "kl_max", f, e.kl_max));
-  GH_RETURN_IF_ERROR(ReadFigure(*it, "top1_percent", f, e.top1_percent, 100));
-  GH_RETURN_IF_ERROR(ReadFigure(*it, "loss_rel", f, e.loss_rel));
-  GH_RETURN_IF_ERROR(ReadFigure(*it, "grad_rel", f, e.grad_rel));
-  e.kl_max_from = TextOr(*it, "kl_max_from");
-  e.loss_rel_from = TextOr(*it, "loss_rel_from");
-  e.grad_rel_from = TextOr(*it, "grad_rel_from");
+  GH_RETURN_IF_ERROR(ReadFigure(*s, "kl_max", f, e.kl_max));
+  GH_RETURN_IF_ERROR(ReadFigure(*s, "loss_rel", f, e.loss_rel));
+  GH_RETURN_IF_ERROR(ReadFigure(*s, "grad_rel", f, e.grad_rel));
+  e.kl_max_from = TextOr(*s, "kl_max_from");
+  e.loss_rel_from = TextOr(*s, "loss_rel_from");
+  e.grad_rel_from = TextOr(*s, "grad_rel_from");
   return std::optional<PackingEnvelope>(std::move(e));
 }
 
@@ -130,14 +135,6 @@ Result<Envelopes> ParseEnvelope(const nlohmann::json& meta, const std::string& w
   if (env == meta.end()) return out;
   const std::string field = where + ": field 'envelope";
   if (!env->is_object()) return Status::InvalidArgument(field + "' is not an object");
-  int version = 1;
-  if (auto v = env->find("version"); v != env->end()) {
-    if (!v->is_number_integer() || v->get<int64_t>() < 1) {
-      return Status::InvalidArgument(field + ".version' is " + v->dump() +
-                                     "; expected an integer >= 1");
-    }
-    version = static_cast<int>(v->get<int64_t>());
-  }
   std::vector<std::string> variations;
   if (auto v = env->find("variations"); v != env->end()) {
     if (!v->is_array()) return Status::InvalidArgument(field + ".variations' is not a list");
@@ -160,7 +157,6 @@ Result<Envelopes> ParseEnvelope(const nlohmann::json& meta, const std::string& w
     GH_ASSIGN_OR_RETURN(e.logprobs, ParseLogprobs(*p, f));
     GH_ASSIGN_OR_RETURN(e.packing, ParsePacking(*p, f));
     e.variations = variations;
-    e.version = version;
     (std::string_view(precision) == "bf16" ? out.bf16 : out.fp32) = std::move(e);
   }
   return out;

@@ -14,6 +14,7 @@
 
 #include "gatehouse/worker/bars.h"
 #include "gatehouse/worker/gates.h"
+#include "figure_format.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -33,13 +34,6 @@ inline std::string ShapeString(c10::IntArrayRef shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-/// A double in short scientific/general form ("3.2e-07", "0.5").
-inline std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.4g", v);
-  return buf;
 }
 
 /// Float64 statistics of a tensor's elements (a gradient, a weight).
@@ -194,8 +188,22 @@ Result<Artifact> WriteJsonArtifact(const std::filesystem::path& attempt_dir, con
 
 /// Where the two sides of a comparison with the bundle ran: upstream's site from the bundle,
 /// ours from the context (the CPU's kernel family and this process's thread count).
+/// "cuda" or "cpu": the device kind the cell runs on, as bundles name theirs.
+inline const char* RunDeviceKind(const GateContext& ctx) {
+  return ctx.device.is_cuda() ? "cuda" : "cpu";
+}
+
+/// The bundle's envelope of the cell's precision for a gate that compares the model with itself
+/// (packing, logprob_parity), or null. Upstream's own spread between two of its paths bounds
+/// ours only on the device kind it was measured on: another kind's kernels round a decode
+/// step's and a forward's matrix products (or a packed row's) apart differently.
+inline const Envelope* SelfComparisonEnvelope(const GateContext& ctx, const ReferenceBundle& ref) {
+  const Envelope* e = ref.envelope.For(ctx.spec.precision);
+  return e != nullptr && ref.device == RunDeviceKind(ctx) ? e : nullptr;
+}
+
 inline ComparisonSite SiteOf(const GateContext& ctx, const ReferenceBundle& ref) {
-  ComparisonSite site{ctx.spec.precision, ref.device, ctx.device.is_cuda() ? "cuda" : "cpu",
+  ComparisonSite site{ctx.spec.precision, ref.device, RunDeviceKind(ctx),
                       ref.cpu_capability, CpuCapability()};
   site.reference_threads = ref.num_threads;
   site.run_threads = ctx.device.is_cuda() ? 0 : torch::get_num_threads();

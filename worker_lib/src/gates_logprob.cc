@@ -105,13 +105,11 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
   GateOutcome out;
   if (!internal::RequireLoadedModel(ctx, out) || !internal::RequireReference(ctx, out)) return out;
   CausalLM& model = *ctx.model;
-  // The envelope's log-prob gap was measured where upstream ran; both sides here are ours, so
-  // it holds where we run on the same device kind (a GPU's kernels split a decode step's and a
-  // forward's matrix products differently from a CPU's: the fixed bars there).
-  // A copy: the bundle is released before the training forward.
+  // A copy of the log-prob envelope (internal::SelfComparisonEnvelope): the bundle is
+  // released before the training forward.
   std::optional<LogprobEnvelope> held;
-  if (const Envelope* e = ctx.reference->envelope.For(ctx.spec.precision);
-      e != nullptr && e->logprobs && ctx.reference->device == (ctx.device.is_cuda() ? "cuda" : "cpu")) {
+  if (const Envelope* e = internal::SelfComparisonEnvelope(ctx, *ctx.reference);
+      e != nullptr && e->logprobs) {
     held = *e->logprobs;
   }
   const LogprobEnvelope* logprob_envelope = held ? &*held : nullptr;

@@ -43,12 +43,11 @@ GateOutcome PackingGate(GateContext& ctx) {
                     "the model has no packed forward (SupportsPacked is false): a trainer that "
                     "packs sequences with cu_seqlens cannot run it");
   }
-  // Upstream's packed-vs-alone spread holds for ours where we run on the device kind it was
-  // measured on (both sides are ours; another device kind's kernels round other shapes apart).
-  const Envelope* envelope = ref.envelope.For(ctx.spec.precision);
+  // A copy of the packing envelope (internal::SelfComparisonEnvelope): the bundle is released
+  // before the training step, and its figures are written after it.
   std::optional<PackingEnvelope> packing_envelope;
-  if (envelope != nullptr && envelope->packing && ref.device == (ctx.device.is_cuda() ? "cuda" : "cpu")) {
-    packing_envelope = *envelope->packing;
+  if (const Envelope* e = internal::SelfComparisonEnvelope(ctx, ref); e != nullptr && e->packing) {
+    packing_envelope = *e->packing;
   }
   const PackingBars bars =
       PackingBarsFor(ctx.spec.precision, packing_envelope ? &*packing_envelope : nullptr);

@@ -148,6 +148,7 @@ inline constexpr double kNearTieGapNats = 0.1;
 /// apart), or kNearTieGapNats where there is no max-abs bar; 0 on a bit-exact site. Such flips
 /// are reported, and not counted against the top-1 bar or a greedy continuation.
 double NearTieGap(const LogitBars& bars);
+
 /// Bars for the packing gate (PackingGate): the same model's packed forward against its
 /// forward of each sequence alone, and the packed training step against the unpacked batch's.
 /// Both sides are ours on the same kernels; only the order of sums may differ (the masked
@@ -202,7 +203,6 @@ double KlRoundingFloor(std::string_view precision);
 struct LogprobBars {
   double mean_abs = 0;
   double max_abs = std::numeric_limits<double>::infinity();
-  bool from_envelope = false;
   std::string basis;
 };
 

@@ -51,14 +51,11 @@ struct LogprobEnvelope {
 };
 
 /// Upstream's packed forward and training step against its own unpacked ones, on its own run
-/// and under the variations: logits max abs (logits), KL mean and max per token (nats), top-1
-/// (percent); the relative loss difference and the largest relative L2 difference of a
-/// parameter's gradient (ratios). Envelope version 2 and later.
+/// and under the variations, as the packing gate bars them: the largest per-token KL (nats),
+/// the relative loss difference and the largest relative L2 difference of a parameter's
+/// gradient (ratios). Envelope version 2 and later (the bundle holds its other figures too).
 struct PackingEnvelope {
-  double max_abs_diff = 0;
-  double kl_mean = 0;
   double kl_max = 0;
-  double top1_percent = 100;
   double loss_rel = 0;
   double grad_rel = 0;
   std::string kl_max_from, loss_rel_from, grad_rel_from;
@@ -71,7 +68,6 @@ struct Envelope {
   TrainingEnvelope training;
   std::optional<LogprobEnvelope> logprobs;  // absent in version 1 envelopes
   std::optional<PackingEnvelope> packing;   // absent in version 1 envelopes
-  int version = 1;
   std::vector<std::string> variations;  // what was run ("attention=sdpa", ...)
   /// "<n> variations of upstream (attention=sdpa, rope=complex, ...)", for bases and figures.
   std::string Describe() const;
