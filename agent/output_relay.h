@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "agent/attempt_sink.h"
 
@@ -32,6 +33,9 @@ class WorkerStdoutRelay {
   bool saw_run_end() const { return saw_run_end_; }
   /// The "status" member of the run_end event (empty when none or not a string).
   const std::string& run_end_status() const { return run_end_status_; }
+  /// The phase of the last phase_start event not yet followed by its phase_end (empty when
+  /// none): where a worker that dies was.
+  const std::string& current_phase() const { return current_phase_; }
 
  private:
   void Line(std::string_view line);
@@ -46,6 +50,26 @@ class WorkerStdoutRelay {
   int64_t events_sent_ = 0;
   bool saw_run_end_ = false;
   std::string run_end_status_;
+  std::string current_phase_;
+};
+
+/// The last lines a process wrote to a stream (its standard error), kept to explain how it
+/// ended: a Python traceback's final "SomeError: message", a C++ `what():`, an assertion.
+/// Keeps the last kMaxLines lines that are not blank, surrounding blanks removed, each of at
+/// most kMaxLineBytes (a longer line keeps its end after "..."), the unfinished last line
+/// counted among them. Not thread-safe.
+class TailLines {
+ public:
+  static constexpr size_t kMaxLines = 6;
+  static constexpr size_t kMaxLineBytes = 300;
+  void Feed(std::string_view bytes);
+  /// The kept lines, oldest first, joined by " | "; empty when there are none.
+  std::string Summary() const;
+
+ private:
+  void Push(std::string line);
+  std::vector<std::string> lines_;  // oldest first
+  std::string partial_;
 };
 
 }  // namespace gatehouse::agent

@@ -137,6 +137,7 @@ AttemptEndReport RunSlurmRanks(const SlurmConfig& config, const SlurmRun& run, A
 
   // RunProcess calls the handlers on this thread only, so the relays need no lock.
   Lines out_lines, err_lines;
+  std::vector<TailLines> tails(static_cast<size_t>(world_size));  // each task's last stderr
   // A labelled line goes to its task's relay (stdout) or stderr stream; srun's own to "slurm".
   const auto route = [&](std::string_view line, bool is_stdout) {
     auto label = SplitLabel(line);
@@ -151,6 +152,7 @@ AttemptEndReport RunSlurmRanks(const SlurmConfig& config, const SlurmRun& run, A
       relays[r]->Feed(text);
     } else {
       stderr_logs[r]->Write(text);
+      tails[r].Feed(text);
     }
   };
   const auto on_out = [&](std::string_view line) { route(line, true); };
@@ -212,6 +214,22 @@ AttemptEndReport RunSlurmRanks(const SlurmConfig& config, const SlurmRun& run, A
   std::string detail = (silent.size() == 1 ? "rank " : "ranks ") + ranks + " of " +
                        std::to_string(world_size) + " ended before run_end; " + srun_exit;
   if (!last_srun_line.empty()) detail += " (" + last_srun_line + ")";
+  // Where and why the first silent rank that wrote to its stderr died (srun stops the others).
+  int blamed = silent.empty() ? -1 : silent.front();
+  for (const int r : silent) {
+    if (!tails[static_cast<size_t>(r)].Summary().empty()) {
+      blamed = r;
+      break;
+    }
+  }
+  if (blamed >= 0) {
+    const std::string& phase = relays[static_cast<size_t>(blamed)]->current_phase();
+    if (!phase.empty()) detail += "; rank " + std::to_string(blamed) + " was in phase " + phase;
+    const std::string tail = tails[static_cast<size_t>(blamed)].Summary();
+    if (!tail.empty()) {
+      detail += "; rank " + std::to_string(blamed) + "'s last stderr lines: " + tail;
+    }
+  }
   if (!scancel_error.empty()) detail += "; scancel failed: " + scancel_error;
   if (exit.ok()) end.exit_code = exit->exit_code;
   if (!exit.ok()) {

@@ -40,7 +40,9 @@ struct SlurmRun {
 ///  - "finished" when every rank emitted run_end (exit code srun's);
 ///  - else SlurmEnd's outcome for the job's state ("lost" for a node failure or a cancel from
 ///    outside; "error" otherwise), with the ranks that did not emit run_end, srun's exit and its
-///    last own line; "(cancelled)" when the agent cancelled it;
+///    last own line, and for the first of those ranks that wrote to its standard error (else
+///    the first) "; rank R was in phase P" and "; rank R's last stderr lines: ..."
+///    (TailLines::Summary); "(cancelled)" when the agent cancelled it;
 ///  - "error" naming srun's exit and last line when the job cannot be found (srun could not
 ///    allocate: bad partition, too many nodes) or srun cannot start.
 /// A job still pending or running after srun ended is cancelled. `seq` is events + 1.

@@ -182,6 +182,7 @@ class WorkerGroup {
   struct Rank {
     std::unique_ptr<WorkerStdoutRelay> relay;
     std::unique_ptr<LogStream> stderr_log;
+    TailLines stderr_tail;  // its last lines, for the reason when it fails
     bool stderr_at_line_start = true;
     std::optional<ProcessExit> exit;  // empty when it never ran or RunProcess failed
     Status run_error;                 // why RunProcess failed (cannot start, ...)
@@ -206,6 +207,7 @@ class WorkerGroup {
           [&](std::string_view bytes) {
             std::lock_guard lock(mu_);
             rank.stderr_log->Write(bytes);
+            rank.stderr_tail.Feed(bytes);
             rank.stderr_at_line_start = bytes.back() == '\n';
           },
           CancelToken{&stop_, cancel_.grace});
@@ -254,7 +256,21 @@ class WorkerGroup {
     }
     if (!rank.exit) return "rank " + OfN(r) + " did not start";
     return "rank " + OfN(r) + " " + rank.exit->Describe() +
-           (rank.relay->saw_run_end() ? " after run_end" : " before run_end");
+           (rank.relay->saw_run_end() ? " after run_end" : " before run_end") + InPhase(rank);
+  }
+
+  // " in phase P" when the rank died inside a phase it had started, else "".
+  static std::string InPhase(const Rank& rank) {
+    const std::string& phase = rank.relay->current_phase();
+    return phase.empty() ? std::string() : " in phase " + phase;
+  }
+
+  // "; <who> last stderr lines: a | b" (TailLines::Summary), or "" when it wrote none: the
+  // cause a dying worker printed (a traceback's last line, a `what():`) sits there, not in
+  // its exit code.
+  static std::string LastLines(const Rank& rank, const std::string& who) {
+    const std::string tail = rank.stderr_tail.Summary();
+    return tail.empty() ? std::string() : "; " + who + " last stderr lines: " + tail;
   }
 
   // After a finished group: a line on rank 0's stderr stream for each rank r > 0 whose run_end
@@ -303,7 +319,11 @@ class WorkerGroup {
       }
       if (!first.exit) return ErrorEnd(attempt_id_, events, "worker not started (cancelled)");
       std::string reason = "worker " + first.exit->Describe() + " before run_end";
-      if (cancelled_ || cancel_.requested()) reason += " (cancelled)";
+      if (cancelled_ || cancel_.requested()) {
+        reason += " (cancelled)";
+      } else {
+        reason += InPhase(first) + LastLines(first, "its");
+      }
       AttemptEndReport end = ErrorEnd(attempt_id_, events, std::move(reason));
       end.exit_code = first.exit->exit_code;
       return end;
@@ -317,6 +337,7 @@ class WorkerGroup {
         reason +=
             (stopped_.size() == 1 ? "; rank " : "; ranks ") + JoinRanks(stopped_) + " stopped";
       }
+      reason += LastLines(*blamed, "rank " + std::to_string(*first_failure_) + "'s");
     } else if (cancelled_) {
       reason = (stopped_.size() == 1 ? "rank " : "ranks ") + JoinRanks(stopped_) + " of " +
                std::to_string(world_size_) + " stopped before run_end (cancelled)";

@@ -115,6 +115,9 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvironment(const CellSpe
 ///    [(cancelled)]" or "cannot start worker: ...". More: "rank R of N exited with code C
 ///    [(signal S)] before|after run_end[; ranks a, b stopped]", "cannot start rank R of N: ...",
 ///    or "ranks a, b of N stopped before run_end (cancelled)"; exit_code is the failed rank's.
+///    A worker or rank that died on its own says where and why: " in phase P" when it had
+///    started P and not ended it, and "; its last stderr lines: ..." (one worker) or "; rank R's
+///    last stderr lines: ..." (TailLines::Summary of its standard error) when it wrote any.
 /// Errors before any launch (too few GPUs, attempt dir, run.json, no free port) are "error" ends
 /// too. With launch.slurm set, the ranks run through RunSlurmRanks instead, with the same
 /// streams and the end it reports (a job too large for the Slurm config is an "error" end). `seq` is events + 1.

@@ -328,9 +328,18 @@ TEST_F(AttemptRunnerTest, AnAttemptRunsInItsOwnCgroupAndAnOomKillIsNamed) {
   ASSERT_EQ(sink_.ends.size(), 1u);
   const std::string name = "gatehouse-a41-p" + std::to_string(::getpid());
   EXPECT_EQ(sink_.ends[0].outcome, "error");
-  EXPECT_EQ(sink_.ends[0].reason,
-            "worker exited with code 137 (signal 9) before run_end; the attempt's cgroup "
-            "reached its memory limit (256 MiB): the kernel killed 1 process");
+  // The worker's phase and last stderr lines (its /proc/self/cgroup), then the cgroup's word.
+  const std::string& reason = sink_.ends[0].reason;
+  EXPECT_EQ(reason.rfind("worker exited with code 137 (signal 9) before run_end in phase "
+                         "identity; its last stderr lines: ",
+                         0),
+            0u)
+      << reason;
+  const std::string oom =
+      "; the attempt's cgroup reached its memory limit (256 MiB): the kernel killed 1 process";
+  EXPECT_TRUE(reason.size() > oom.size() &&
+              reason.compare(reason.size() - oom.size(), oom.size(), oom) == 0)
+      << reason;
   const std::string log = sink_.LogText("worker");
   EXPECT_NE(log.find("GATEHOUSE_CGROUP=cgroup v" + std::to_string(cgroup.version) + " " +
                      (cgroup.parent / name).string()),

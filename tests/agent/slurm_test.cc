@@ -288,6 +288,22 @@ TEST_F(SlurmLauncherTest, ARankWithoutRunEndEndsAsTheJobDid) {
   EXPECT_EQ(end.reason,
             "slurm job 42 FAILED (NonZeroExitCode) on localhost; rank 1 of 2 ended before "
             "run_end; srun exited with code 0 (srun: done)");
+  // A rank that dies of its own error in a phase: where and why, from its events and stderr.
+  Worker("if [ \"$SLURM_PROCID\" = 1 ]; then\n"
+         "  echo '{\"event\":\"phase_start\",\"phase\":\"tensor_parallel\"}'\n"
+         "  echo 'Traceback (most recent call last):' >&2\n"
+         "  echo 'RuntimeError: gloo: op.preamble.length <= op.nbytes. 512 vs 384' >&2\n"
+         "  exit 1\n"
+         "fi\n"
+         "echo '{\"event\":\"run_end\",\"status\":\"PASS\"}'\n");
+  FakeAttemptSink crashed;
+  end = RunSlurmRanks(config_, run_, crashed);
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason,
+            "slurm job 42 FAILED (NonZeroExitCode) on localhost; rank 1 of 2 ended before "
+            "run_end; srun exited with code 0 (srun: done); rank 1 was in phase "
+            "tensor_parallel; rank 1's last stderr lines: Traceback (most recent call last): | "
+            "RuntimeError: gloo: op.preamble.length <= op.nbytes. 512 vs 384");
   WriteFile(tmp_.path() / "squeue.out", "43|NODE_FAIL|NodeDown|localhost\n");
   FakeAttemptSink again;
   end = RunSlurmRanks(config_, run_, again);

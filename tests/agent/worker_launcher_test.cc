@@ -270,7 +270,8 @@ TEST_F(WorkerLauncherTest, APinnedGpuModelGetsOnlyGpusOfThatModel) {
   EXPECT_EQ(end.reason, "the cell needs 2 B200 GPUs (one per rank) but this agent has 0");
 }
 
-// Verifies that a worker exiting without run_end ends the attempt in error naming its code.
+// Verifies that a worker exiting without run_end ends the attempt in error naming its code and
+// the phase it had started.
 TEST_F(WorkerLauncherTest, ExitWithoutRunEndIsErrorNamingCode) {
   const WorkerLaunch launch = MakeLaunch(R"(
 echo '{"event":"phase_start","phase":"identity","ts_ms":1}'
@@ -278,10 +279,63 @@ exit 3
 )");
   const AttemptEndReport end = RunWorker(launch, sink_);
   EXPECT_EQ(end.outcome, "error");
-  EXPECT_EQ(end.reason, "worker exited with code 3 before run_end");
+  EXPECT_EQ(end.reason, "worker exited with code 3 before run_end in phase identity");
   EXPECT_EQ(end.exit_code, 3);
   EXPECT_EQ(end.seq, 2);
   EXPECT_EQ(sink_.events.size(), 1u);
+}
+
+// Verifies that a worker dying of its own error says where and why: the phase it was in and the
+// last lines of its standard error (a Python traceback's, the error line last), not only its
+// exit code; the phases it ended are not blamed.
+TEST_F(WorkerLauncherTest, ACrashNamesItsPhaseAndItsLastStderrLines) {
+  const WorkerLaunch launch = MakeLaunch(R"(
+echo '{"event":"phase_start","phase":"config","ts_ms":1}'
+echo '{"event":"phase_end","phase":"config","status":"PASS","ts_ms":2}'
+echo '{"event":"phase_start","phase":"tensor_parallel","ts_ms":3}'
+echo 'loading shards' >&2
+for i in 1 2 3 4 5 6 7 8; do echo "noise $i" >&2; done
+printf 'Traceback (most recent call last):
+  File "model.py", line 3, in forward
+
+' >&2
+printf 'RuntimeError: [enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 512 vs 384
+' >&2
+exit 1
+)");
+  const AttemptEndReport end = RunWorker(launch, sink_);
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason,
+            "worker exited with code 1 before run_end in phase tensor_parallel; its last stderr "
+            "lines: noise 6 | noise 7 | noise 8 | Traceback (most recent call last): | "
+            "File \"model.py\", line 3, in forward | RuntimeError: [enforce fail at "
+            "gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 512 vs 384");
+}
+
+// Verifies that in a group the dying rank's cause is the one reported, with its phase, while the
+// ranks stopped after it are only named.
+TEST_F(WorkerLauncherTest, ARankCrashNamesThatRanksPhaseAndLastStderrLines) {
+  const WorkerLaunch launch = MakeGroupLaunch(2, R"(
+echo $$ > "pid.$RANK"
+echo "rank $RANK starting" >&2
+if [ "$RANK" = 1 ]; then
+  echo '{"event":"phase_start","phase":"tensor_parallel","rank":1}'
+  i=0
+  while [ ! -s pid.0 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done
+  echo "terminate called after throwing an instance of 'gloo::EnforceNotMet'" >&2
+  printf '  what():  op.preamble.length <= op.nbytes. 512 vs 384' >&2
+  kill -6 $$
+fi
+exec sleep 30
+)");
+  const AttemptEndReport end = RunWorker(launch, sink_);
+  EXPECT_EQ(end.outcome, "error");
+  EXPECT_EQ(end.reason,
+            "rank 1 of 2 exited with code 134 (signal 6) before run_end in phase tensor_parallel; "
+            "rank 0 stopped; rank 1's last stderr lines: rank 1 starting | terminate called "
+            "after throwing an instance of 'gloo::EnforceNotMet' | what():  "
+            "op.preamble.length <= op.nbytes. 512 vs 384");
+  EXPECT_EQ(end.exit_code, 134);
 }
 
 // Verifies that a worker killed by a signal is reported with the signal number.
@@ -332,7 +386,8 @@ exec sleep 30
   EXPECT_LT(elapsed, std::chrono::seconds(8));
   EXPECT_EQ(end.outcome, "error");
   EXPECT_EQ(end.reason,
-            "rank 2 of 4 exited with code 137 (signal 9) before run_end; ranks 0, 1, 3 stopped");
+            "rank 2 of 4 exited with code 137 (signal 9) before run_end in phase identity; "
+            "ranks 0, 1, 3 stopped");
   EXPECT_EQ(end.exit_code, 137);
   EXPECT_EQ(end.seq, 2);
   ASSERT_EQ(sink_.events.size(), 1u);
@@ -505,6 +560,37 @@ TEST(WorkerStdoutRelayTest, SplitsLinesAcrossChunks) {
   EXPECT_TRUE(relay.saw_run_end());
   EXPECT_EQ(relay.events_sent(), 3);
   EXPECT_EQ(sink.LogText("worker-stdout"), "[1,2]\n{\"no_event\":1}\r\nnot json\n\n");
+}
+
+// Verifies the phase a worker is in: set by phase_start, cleared by its phase_end.
+TEST(WorkerStdoutRelayTest, TracksThePhaseInProgress) {
+  FakeAttemptSink sink;
+  WorkerStdoutRelay relay(sink, 9);
+  EXPECT_EQ(relay.current_phase(), "");
+  relay.Feed("{\"event\":\"phase_start\",\"phase\":\"load\"}\n");
+  EXPECT_EQ(relay.current_phase(), "load");
+  relay.Feed("{\"event\":\"phase_end\",\"phase\":\"load\",\"status\":\"PASS\"}\n");
+  EXPECT_EQ(relay.current_phase(), "");
+}
+
+// Verifies what TailLines keeps: the last kMaxLines non-blank lines, surrounding blanks and CR
+// removed, the unfinished last line included, a long line cut to its end.
+TEST(TailLinesTest, KeepsTheLastLinesAndTheEndOfALongOne) {
+  TailLines tail;
+  EXPECT_EQ(tail.Summary(), "");
+  tail.Feed("one\r\n\n   \ntwo  \nthr");
+  tail.Feed("ee\nfour\nfive\nsix\nseven\nunfinished");
+  EXPECT_EQ(tail.Summary(), "three | four | five | six | seven | unfinished");
+  tail.Feed("\n" + std::string(1000, 'x') + "END\n");
+  EXPECT_EQ(tail.Summary(), "four | five | six | seven | unfinished | ..." +
+                                std::string(TailLines::kMaxLineBytes - 3, 'x') + "END");
+  // An endless line without a newline keeps its end too.
+  TailLines endless;
+  for (int i = 0; i < 100; ++i) endless.Feed(std::string(100, 'y'));
+  endless.Feed("Z");
+  const std::string s = endless.Summary();
+  EXPECT_EQ(s.size(), TailLines::kMaxLineBytes + 3);
+  EXPECT_EQ(s.back(), 'Z');
 }
 
 }  // namespace

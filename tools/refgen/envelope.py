@@ -47,7 +47,8 @@ Figures per variation and precision, against the canonical run:
                     one row (position_ids restarting; upstream masks across sequences) against
                     each prompt alone (max abs, KL mean and max, top-1 %), and the packed
                     training step against the unpacked batch's (loss_rel, and grad_rel: the
-                    largest ||unpacked - packed|| / ||unpacked|| of a parameter's gradient)
+                    largest ||unpacked - packed|| / ||unpacked|| of a parameter's gradient;
+                    the unpacked gradient is one backward over the sequences' summed loss)
     The envelope of a figure is its worst value over the variations, with the variation named;
     for logprobs and packing also over the canonical run itself ("canonical": upstream's own
     gap between its decode and its forward, its own packed-vs-alone spread). Packing is not
@@ -65,15 +66,20 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from memory import return_freed_memory
-from offloaded_adamw import OffloadedAdamW
+from memory import bound_heap, float64_norm_and_sum, return_freed_memory
+from offloaded_adamw import OffloadedAdamW, post_accumulate_grad
 
 ATTENTION_SDPA = "attention=sdpa"
 ROPE_COMPLEX = "rope=complex"
@@ -101,7 +107,13 @@ class Spread:
     def __init__(self):
         self.max_abs, self.kl_sum, self.kl_max, self.agree, self.rows = 0.0, 0.0, 0.0, 0, 0
 
+    ROWS_PER_SLICE = 32  # float64 softmaxes of 32 rows at a time, not of a whole prompt
+
     def add(self, ref, ours):
+        for lo in range(0, ref.shape[0], self.ROWS_PER_SLICE):
+            self._add(ref[lo:lo + self.ROWS_PER_SLICE], ours[lo:lo + self.ROWS_PER_SLICE])
+
+    def _add(self, ref, ours):
         ref, ours = ref.to(torch.float32), ours.to(torch.float32)
         self.max_abs = max(self.max_abs, (ref - ours).abs().max().item())
         log_p = torch.log_softmax(ref.double(), -1)
@@ -215,14 +227,22 @@ class _FusedGroup:
         self.pending = None  # (input, outputs)
         self.unfused = 0     # member calls on another input than the first member's
 
+    def _fused(self, x):
+        weight = torch.cat([l.weight for l in self.linears])
+        biases = [l.bias for l in self.linears]
+        if any(b is None for b in biases) and any(b is not None for b in biases):
+            raise RuntimeError("fused projections with and without bias")
+        bias = torch.cat(biases) if biases[0] is not None else None
+        return F.linear(x, weight, bias)
+
     def call(self, i, x):
         if i == 0:
-            weight = torch.cat([l.weight for l in self.linears])
-            biases = [l.bias for l in self.linears]
-            if any(b is None for b in biases) and any(b is not None for b in biases):
-                raise RuntimeError("fused projections with and without bias")
-            bias = torch.cat(biases) if biases[0] is not None else None
-            y = F.linear(x, weight, bias)
+            # Under autograd the concatenated weight is made again in the backward instead of
+            # being saved (activation checkpointing of this GEMM: the same operations, so the
+            # same gradients): saved, every layer's copy of its projection weights would live
+            # until the backward, 1.4 GB more for a 0.5B model in fp32.
+            y = (checkpoint(self._fused, x, use_reentrant=False) if torch.is_grad_enabled()
+                 else self._fused(x))
             self.pending = (x, y.split([l.out_features for l in self.linears], dim=-1))
         elif self.pending is None or self.pending[0] is not x:
             self.unfused += 1
@@ -376,6 +396,35 @@ def logits_figures(model, prompts, runs):
     return prompt, steps, rows
 
 
+class Lazy:
+    """A sequence of n items made as they are asked for: item i is make(i)."""
+
+    def __init__(self, n, make):
+        self.n, self.make = n, make
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.make(i)
+
+
+def rows_on_disk(rows, path):
+    """logits_figures' rows written to a safetensors file at path, as a Lazy sequence that
+    reads one prompt's (prompt logits, decode-step logits, teacher-forced logits) at a time:
+    the rows of a 150k-word vocabulary are 0.3 GB per precision, held across every
+    variation."""
+    save_file({f"{i}.{k}": t.contiguous() for i, row in enumerate(rows)
+               for k, t in zip(("prompt", "decoded", "forced"), row)}, str(path))
+
+    def read(i):
+        with safe_open(str(path), framework="pt") as f:
+            return tuple(f.get_tensor(f"{i}.{k}") for k in ("prompt", "decoded", "forced"))
+    return Lazy(len(rows), read)
+
+
 class LogprobGap:
     """Rollout against training log-probs of one pair of paths, as the logprob_parity gate
     compares them (log_softmax of float32 logits, differences in float64): per decode row, the
@@ -440,14 +489,64 @@ def packing_not_measurable(config):
     return None
 
 
-def packing_figures(model, prompts, alone_rows):
+GRADIENT_FILE_SLICE_ELEMENTS = 1 << 24  # 64 MiB of fp32 per read of a gradient file
+
+
+def _slices(tensor, slice_elements=GRADIENT_FILE_SLICE_ELEMENTS):
+    """(lo, slice) of the flattened tensor, slice_elements at a time."""
+    flat = tensor.detach().reshape(-1)
+    for lo in range(0, flat.numel(), slice_elements):
+        yield lo, flat[lo:lo + slice_elements]
+
+
+def _read_slice(f, like, lo):
+    """like.numel() elements of like's dtype at element offset lo of file f, on like's device."""
+    buf = torch.empty(like.numel(), dtype=like.dtype)
+    f.seek(lo * buf.element_size())
+    f.readinto(memoryview(buf.view(torch.uint8).numpy()))
+    return buf.to(like.device)
+
+
+def _accumulate_into_file(path, tensor):
+    """The file at path (raw bytes of a tensor of tensor's shape and dtype) += tensor, a slice
+    at a time; a missing file starts as tensor. The same fp32 additions, in the same order, as
+    autograd's accumulation of .grad over successive backwards."""
+    exists = os.path.exists(path)
+    with open(path, "r+b" if exists else "w+b") as f:
+        for lo, part in _slices(tensor):
+            if exists:
+                part = _read_slice(f, part, lo).add_(part)
+            f.seek(lo * part.element_size())
+            f.write(memoryview(part.contiguous().cpu().view(torch.uint8).numpy()))
+
+
+def _norms_against_file(path, tensor):
+    """(||file||, ||file - tensor||), L2 in float64, of the tensor _accumulate_into_file left at
+    path and a same-shaped tensor, the difference taken in the tensor's dtype as an in-place
+    gradient update would, a slice at a time."""
+    own, diff = 0.0, 0.0
+    with open(path, "rb") as f:
+        for lo, part in _slices(tensor):
+            kept = _read_slice(f, part, lo)
+            own += kept.double().square().sum().item()
+            diff += (kept - part).double().square().sum().item()
+    return math.sqrt(own), math.sqrt(diff)
+
+
+def packing_figures(model, prompts, alone_rows, scratch_dir=None):
     """Upstream's packed forward and training step against its own unpacked ones, as the
     packing gate compares ours (docs/bars.md "Packed batches"): the probe prompts packed into
     one row against each prompt's own forward (alone_rows, [T, V] float32 per prompt) as a
     Spread's figures; and the packed training step's mean cross-entropy and step gradients
     against the unpacked batch's (each sequence's summed loss over the batch's predicted
-    tokens, accumulated): relative loss difference and the largest relative L2 difference of
-    a parameter's gradient, ||unpacked - packed|| / ||unpacked||."""
+    tokens, accumulated over one backward per sequence): relative loss difference and the
+    largest relative L2 difference of a parameter's gradient, ||unpacked - packed|| /
+    ||unpacked||.
+
+    Memory: each parameter's unpacked gradient is accumulated in a file in scratch_dir (None:
+    the system's temporary directory) as soon as each backward completes it, and compared
+    slice by slice as the packed step's arrives, so no whole set of gradients is held, and one
+    sequence's graph at a time."""
     device = next(model.parameters()).device
     with torch.no_grad():
         row, positions, bounds = _packed_inputs(prompts, device)
@@ -462,31 +561,49 @@ def packing_figures(model, prompts, alone_rows):
     inputs = [p[:-1] for p in usable]
     labels = [p[1:] for p in usable]
     predicted = sum(x.numel() for x in labels)
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     model.train()
-    for _, p in params:
+    for _, p in named:
         p.grad = None
-    unpacked = 0.0
-    for x, y in zip(inputs, labels):
-        logits = model(input_ids=x.unsqueeze(0).to(device), use_cache=False).logits[0].float()
-        loss = F.cross_entropy(logits, y.to(device), reduction="sum") / predicted
-        loss.backward()
-        unpacked += loss.item()
-    norms = {n: p.grad.double().norm().item() for n, p in params if p.grad is not None}
-    row, positions, _ = _packed_inputs(inputs, device)
-    logits = model(input_ids=row, position_ids=positions, use_cache=False).logits[0].float()
-    packed_loss = F.cross_entropy(logits, torch.cat(labels).to(device))
-    (-packed_loss).backward()  # each gradient becomes unpacked - packed
-    del logits
+    # The unpacked batch's gradient, accumulated over one backward per sequence in a file per
+    # parameter (not in memory), then compared with the packed step's as its gradients arrive.
     grad_rel, worst = 0.0, ""
-    for n, p in params:
-        if p.grad is None:
-            continue
-        diff = p.grad.double().norm().item()
-        rel = diff / norms[n] if norms.get(n) else (0.0 if diff == 0 else math.inf)
-        if rel > grad_rel or not worst:
-            grad_rel, worst = rel, n
-        p.grad = None
+    with tempfile.TemporaryDirectory(prefix="packing-", dir=scratch_dir) as tmp:
+        names = {id(p): n for n, p in named}
+
+        def path(p):
+            return os.path.join(tmp, names[id(p)])
+
+        def accumulate_unpacked(p):
+            _accumulate_into_file(path(p), p.grad)
+            p.grad = None
+
+        def compare_packed(p):
+            nonlocal grad_rel, worst
+            if os.path.exists(path(p)):
+                norm, diff = _norms_against_file(path(p), p.grad)
+            else:  # no unpacked gradient
+                norm, diff = 0.0, float64_norm_and_sum(p.grad)[0]
+            rel = diff / norm if norm else (0.0 if diff == 0 else math.inf)
+            if rel > grad_rel or not worst:
+                grad_rel, worst = rel, names[id(p)]
+            p.grad = None
+
+        with post_accumulate_grad([p for _, p in named], accumulate_unpacked):
+            unpacked = 0.0
+            for x, y in zip(inputs, labels):
+                logits = model(input_ids=x.unsqueeze(0).to(device), use_cache=False).logits[0]
+                loss = F.cross_entropy(logits.float(), y.to(device), reduction="sum") / predicted
+                del logits
+                loss.backward()
+                unpacked += loss.item()
+                del loss
+        with post_accumulate_grad([p for _, p in named], compare_packed):
+            row, positions, _ = _packed_inputs(inputs, device)
+            logits = model(input_ids=row, position_ids=positions, use_cache=False).logits[0]
+            packed_loss = F.cross_entropy(logits.float(), torch.cat(labels).to(device))
+            del logits
+            packed_loss.backward()
     model.eval()
     figures = spread.figures()
     figures.update({"loss_rel": abs(packed_loss.item() - unpacked) / abs(unpacked),
@@ -496,31 +613,33 @@ def packing_figures(model, prompts, alone_rows):
 
 def training_stats(model, prompts, steps, lr, seed, scratch_dir=None):
     """Upstream's AdamW trace as make_checkpoint.training_trace runs it (torch.optim.AdamW's
-    update one parameter at a time, its state in files under scratch_dir: offloaded_adamw.py),
-    keyed by parameter name: (losses, {name: step-1 grad L2 norm}, {name: step-1 grad sum},
-    {name: numel})."""
+    update inside the backward, one parameter slice at a time, its state in files under
+    scratch_dir: offloaded_adamw.py), keyed by parameter name: (losses, {name: step-1 grad L2
+    norm}, {name: step-1 grad sum}, {name: numel})."""
     model.train()
     torch.manual_seed(seed)
     usable = [p for p in prompts if p.numel() >= 2]
     losses, norms, sums, numel = [], {}, {}, {}
     device = next(model.parameters()).device
+    named = list(model.named_parameters())
+    step = 0
+
+    def read_gradient(i, p):
+        if step == 1:
+            name = named[i][0]
+            norms[name], sums[name] = float64_norm_and_sum(p.grad)
+            numel[name] = p.grad.numel()
+
     with tempfile.TemporaryDirectory(prefix="adamw-", dir=scratch_dir) as scratch:
-        optimizer = OffloadedAdamW(model.parameters(), scratch, lr=lr)
-        for step in range(1, steps + 1):
-            ids = usable[(step - 1) % len(usable)].to(device)
-            logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
-            loss.backward()
-            del logits
-            losses.append(loss.item())
-            if step == 1:
-                for name, p in model.named_parameters():
-                    if p.grad is None:
-                        continue
-                    g = p.grad.to(torch.float64)
-                    norms[name], sums[name], numel[name] = g.norm().item(), g.sum().item(), g.numel()
-                    del g
-            optimizer.step()
+        optimizer = OffloadedAdamW([p for _, p in named], scratch, lr=lr)
+        with optimizer.in_backward(before_step=read_gradient):
+            for step in range(1, steps + 1):
+                ids = usable[(step - 1) % len(usable)].to(device)
+                logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
+                del logits
+                loss.backward()
+                losses.append(loss.item())
     model.eval()
     return losses, norms, sums, numel
 
@@ -611,62 +730,76 @@ def measure(model_class, checkpoint_dir, device, prompts, runs, training, precis
         return model_class.from_pretrained(str(checkpoint_dir), dtype=dtype,
                                            attn_implementation=attention).to(device).eval()
 
-    model = load("eager")
-    # The canonical path through this harness, against the bundle's own tensors ("harness").
-    harness_prompt, harness_steps, canonical_own = logits_figures(model, prompts, runs)
-    # The variations are compared with these (runs' layout: logits, greedy ids, decode logits).
-    canonical = [(ours, greedy, decoded)
-                 for (ours, decoded, _), (_, greedy, _) in zip(canonical_own, runs)]
-    # Upstream's own rollout/training gap and packed/unpacked spread, before any variation.
-    canonical_logprobs = logprob_figures(canonical_own, canonical_own)["self"]
-    packing_why_not = packing_not_measurable(model.config)
-    canonical_packing = (None if packing_why_not else
-                         packing_figures(model, prompts, [r[0] for r in canonical_own]))
-    canonical_training = training_stats(model, prompts, steps, lr, seed, scratch_dir)
-    del model
-    return_freed_memory()
-
-    by_variation, not_run = {}, []
-    for name in variation_names(device.type, torch.get_num_threads()):
-        t0 = time.monotonic()
-        attention = attention_of(name)
-        try:
-            model = load(attention)
-        except ValueError as e:
-            # Upstream refuses the backend for this class (Gemma 2's soft-capping has no SDPA
-            # path): not a variation a correct adapter of this model can make either.
-            if attention == "eager":
-                raise
-            why = f"upstream refuses attn_implementation={attention!r}: {str(e).split('. ')[0]}"
-            if name != COMBINED:
-                not_run.append({"variation": name, "why": why})
-                continue
-            changed_attention = f"eager ({why})"
-            model = load("eager")
-        else:
-            changed_attention = attention
-        with applied(name, model) as changed:
-            changed["attention"] = changed_attention
-            prompt, decode, rows = logits_figures(model, prompts, canonical)
-            logprobs = logprob_figures(rows, canonical_own)
-            packing = (None if packing_why_not else
-                       packing_figures(model, prompts, [r[0] for r in rows]))
-            del rows
-            trained = training_stats(model, prompts, steps, lr, seed, scratch_dir)
-        by_variation[name] = {"prompt": prompt.figures(), "decode_steps": decode.figures(),
-                              "training": training_spread(canonical_training, trained),
-                              "logprobs": logprobs, "packing": packing,
-                              "changed": changed, "seconds": time.monotonic() - t0}
+    with tempfile.TemporaryDirectory(prefix="envelope-", dir=scratch_dir) as tmp:
+        model = load("eager")
+        # The canonical path through this harness, against the bundle's own tensors
+        # ("harness"), its rows kept on disk for the variations.
+        harness_prompt, harness_steps, canonical_own = logits_figures(model, prompts, runs)
+        canonical_own = rows_on_disk(canonical_own, Path(tmp) / "canonical.safetensors")
+        greedy = [runs[i][1] for i in range(len(runs))]
+        # The variations are compared with these (runs' layout: logits, greedy ids, decode
+        # logits).
+        def canonical_run(i):
+            ours, decoded, _ = canonical_own[i]
+            return ours, greedy[i], decoded
+        canonical = Lazy(len(greedy), canonical_run)
+        # Upstream's own rollout/training gap and packed/unpacked spread, before any variation.
+        canonical_logprobs = logprob_figures(canonical_own, canonical_own)["self"]
+        packing_why_not = packing_not_measurable(model.config)
+        canonical_packing = (
+            None if packing_why_not else
+            packing_figures(model, prompts, Lazy(len(greedy), lambda i: canonical_own[i][0]),
+                            tmp))
+        canonical_training = training_stats(model, prompts, steps, lr, seed, tmp)
         del model
         return_freed_memory()
-        v = by_variation[name]
-        log(f"{precision} {name}: prompt max abs {v['prompt']['max_abs_diff']:.3g}, decode steps "
-            f"{v['decode_steps']['max_abs_diff']:.3g}, grad norm rel "
-            f"{v['training']['grad_norm_rel']:.3g}, log-prob gap mean "
-            f"{v['logprobs']['cross']['mean_abs_diff']:.3g} max "
-            f"{v['logprobs']['cross']['max_abs_diff']:.3g}, packed "
-            + (f"max abs {v['packing']['max_abs_diff']:.3g} grad rel {v['packing']['grad_rel']:.3g}"
-               if v["packing"] else "not measured") + f" ({v['seconds']:.1f} s)")
+
+        by_variation, not_run = {}, []
+        for name in variation_names(device.type, torch.get_num_threads()):
+            t0 = time.monotonic()
+            attention = attention_of(name)
+            try:
+                model = load(attention)
+            except ValueError as e:
+                # Upstream refuses the backend for this class (Gemma 2's soft-capping has no
+                # SDPA path): not a variation a correct adapter of this model can make either.
+                if attention == "eager":
+                    raise
+                why = (f"upstream refuses attn_implementation={attention!r}: "
+                       f"{str(e).split('. ')[0]}")
+                if name != COMBINED:
+                    not_run.append({"variation": name, "why": why})
+                    continue
+                changed_attention = f"eager ({why})"
+                model = load("eager")
+            else:
+                changed_attention = attention
+            with applied(name, model) as changed:
+                changed["attention"] = changed_attention
+                prompt, decode, rows = logits_figures(model, prompts, canonical)
+                rows = rows_on_disk(rows, Path(tmp) / f"{name}.safetensors")
+                logprobs = logprob_figures(rows, canonical_own)
+                packing = (None if packing_why_not else
+                           packing_figures(model, prompts, Lazy(len(rows), lambda i: rows[i][0]),
+                                           tmp))
+                del rows
+                trained = training_stats(model, prompts, steps, lr, seed, tmp)
+            by_variation[name] = {"prompt": prompt.figures(), "decode_steps": decode.figures(),
+                                  "training": training_spread(canonical_training, trained),
+                                  "logprobs": logprobs, "packing": packing,
+                                  "changed": changed, "seconds": time.monotonic() - t0}
+            del model
+            return_freed_memory()
+            v = by_variation[name]
+            log(f"{precision} {name}: prompt max abs {v['prompt']['max_abs_diff']:.3g}, "
+                f"decode steps "
+                f"{v['decode_steps']['max_abs_diff']:.3g}, grad norm rel "
+                f"{v['training']['grad_norm_rel']:.3g}, log-prob gap mean "
+                f"{v['logprobs']['cross']['mean_abs_diff']:.3g} max "
+                f"{v['logprobs']['cross']['max_abs_diff']:.3g}, packed "
+                + (f"max abs {v['packing']['max_abs_diff']:.3g} "
+                   f"grad rel {v['packing']['grad_rel']:.3g}"
+                   if v["packing"] else "not measured") + f" ({v['seconds']:.1f} s)")
     result = summarize(by_variation, canonical_logprobs, canonical_packing)
     result["canonical"] = {"logprobs": canonical_logprobs, "packing": canonical_packing}
     if packing_why_not:
@@ -703,12 +836,29 @@ def make_envelope(model_class, checkpoint_dir, device, prompts, runs_by_precisio
     return env
 
 
-def runs_of(tensors, num_prompts):
-    """{"fp32": runs, "bf16": runs} from a bundle's tensors (reference.safetensors)."""
-    return {precision: [(tensors[f"prompts.{i}.logits{suffix}"],
-                         tensors[f"prompts.{i}.greedy_ids{suffix}"],
-                         tensors[f"prompts.{i}.decode_logits{suffix}"])
-                        for i in range(num_prompts)]
+class BundleRuns:
+    """One precision's runs of a bundle's tensors file (reference.safetensors), read per prompt
+    as they are asked for: item i is (logits [T, V], greedy_ids [N], decode_logits [N, V]) of
+    prompt i, copied from the file, so a measurement holds one prompt's tensors, not the
+    bundle's."""
+
+    def __init__(self, path, num_prompts, suffix):
+        self.path, self.num_prompts, self.suffix = str(path), num_prompts, suffix
+
+    def __len__(self):
+        return self.num_prompts
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.num_prompts:
+            raise IndexError(i)
+        with safe_open(self.path, framework="pt") as f:
+            return tuple(f.get_tensor(f"prompts.{i}.{name}{self.suffix}")
+                         for name in ("logits", "greedy_ids", "decode_logits"))
+
+
+def runs_of(path, num_prompts):
+    """{"fp32": runs, "bf16": runs} (BundleRuns) of a bundle's tensors file."""
+    return {precision: BundleRuns(path, num_prompts, suffix)
             for precision, suffix in (("fp32", ""), ("bf16", "_bf16"))}
 
 
@@ -722,7 +872,6 @@ def add_to_bundle(bundle_dir, checkpoint_dir, device="cpu", force=False):
     from pathlib import Path
 
     import transformers
-    from safetensors.torch import load_file
 
     bundle_dir, checkpoint_dir = Path(bundle_dir), Path(checkpoint_dir)
     meta_path = bundle_dir / "reference.json"
@@ -730,13 +879,15 @@ def add_to_bundle(bundle_dir, checkpoint_dir, device="cpu", force=False):
     if not force and meta.get("envelope", {}).get("version") == ENVELOPE_VERSION:
         log(f"{bundle_dir}: envelope up to date")
         return False
+    bound_heap()  # this process's freed tensors go back to the system (memory.py)
     if meta.get("num_threads") and device == "cpu":
         torch.set_num_threads(int(meta["num_threads"]))
-    tensors = load_file(str(bundle_dir / "reference.safetensors"))
-    prompts = [tensors[f"prompts.{i}.input_ids"] for i in range(meta["num_prompts"])]
+    tensors_path = bundle_dir / "reference.safetensors"
+    with safe_open(str(tensors_path), framework="pt") as f:
+        prompts = [f.get_tensor(f"prompts.{i}.input_ids") for i in range(meta["num_prompts"])]
     training = meta["training"]
     env = make_envelope(transformers.AutoModelForCausalLM, checkpoint_dir, torch.device(device),
-                        prompts, runs_of(tensors, meta["num_prompts"]),
+                        prompts, runs_of(tensors_path, meta["num_prompts"]),
                         (training["steps"], training["lr"], training["seed"]), bundle_dir.parent)
     meta["envelope"] = env
     tmp = meta_path.with_name(f".reference.json.{os.getpid()}.tmp")

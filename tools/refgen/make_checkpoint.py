@@ -92,6 +92,7 @@ import torch
 import transformers
 from safetensors import safe_open
 from safetensors.torch import save_file
+from transformers.core_model_loading import revert_weight_conversion
 
 # Bump when the output of this script changes for the same parameters.
 GENERATOR_VERSION = 9
@@ -120,7 +121,7 @@ HUB_CONFIG_DIR = HERE / "hub_configs"
 # name -> families.Variant); adding a family adds a module there.
 sys.path.insert(0, str(HERE))
 from families import all_variants  # noqa: E402
-from memory import return_freed_memory  # noqa: E402
+from memory import bound_heap, return_freed_memory  # noqa: E402
 from offloaded_adamw import OffloadedAdamW  # noqa: E402
 
 VARIANTS = all_variants()
@@ -289,28 +290,14 @@ def reference_run(model, ids, max_new_tokens=MAX_NEW_TOKENS):
     return logits, new_ids, decode_logits, continuation
 
 
-def saved_tensors(model, data=None):
-    """The model's tensors named as save_pretrained names its weights (upstream's own save
-    path, which splits fused tensors back into checkpoint keys and leaves out tied aliases),
-    yielded as (key, tensor) one at a time, file by file, read as they are asked for (never all
-    in memory at once). data(param) -> tensor, when given, is saved in
-    place of each parameter's values (the parameters' data is swapped for the save and restored
-    before the first tensor is yielded)."""
-    params = list(model.parameters())
-    saved = [p.data for p in params]
-    with tempfile.TemporaryDirectory(prefix="saved-") as tmp:
-        try:
-            if data is not None:
-                for p in params:
-                    p.data = data(p)
-            model.save_pretrained(tmp, safe_serialization=True)
-        finally:
-            for p, d in zip(params, saved):
-                p.data = d
-        for f in sorted(Path(tmp).glob("*.safetensors")):
-            with safe_open(str(f), framework="pt") as handle:
-                for key in handle.keys():
-                    yield key, handle.get_tensor(key)
+def checkpoint_slices(model, name, tensor):
+    """One parameter's `tensor` (its values, gradient or any tensor of its shape) as
+    save_pretrained writes it: [(checkpoint key, tensor)], through transformers' own reversal
+    of its load-time conversions (a fused MoE experts tensor becomes one tensor per expert and
+    projection). Per parameter, so no caller holds every parameter's tensor at once
+    (tests/reference/offloaded_adamw_test.py checks the keys and values against one whole
+    save)."""
+    return list(revert_weight_conversion(model, {name: tensor}).items())
 
 
 def training_trace(checkpoint_dir, model_class, prompts, dtype, steps=TRAIN_STEPS, lr=TRAIN_LR,
@@ -318,54 +305,65 @@ def training_trace(checkpoint_dir, model_class, prompts, dtype, steps=TRAIN_STEP
     """Upstream's training steps on the probe prompts (see the module docstring, TRACE), on the
     CPU. load_kwargs go to from_pretrained (e.g. another experts_implementation).
 
-    Memory: torch.optim.AdamW's update, one parameter at a time with its state in files
-    (offloaded_adamw.py: the same numbers) under a temporary directory in scratch_dir (None:
-    the system's), so the trace holds the model, its gradients and one parameter's state, not
-    two more copies of the model."""
+    Memory: torch.optim.AdamW's update inside the backward, one parameter slice at a time with
+    its state in files (offloaded_adamw.py: the same numbers) under a temporary directory in
+    scratch_dir (None: the system's). Each gradient is read (step 1's norm and sum per
+    checkpoint key) and freed by its parameter's update as soon as it is complete, so the
+    trace holds the model, the step's activations and one parameter's gradient, not a set of
+    gradients and two more copies of the model."""
     model = model_class.from_pretrained(str(checkpoint_dir), dtype=dtype,
                                         attn_implementation="eager", **load_kwargs)
     model.train()
     torch.manual_seed(seed)
     usable = [p for p in prompts if p.numel() >= 2]
-    params = list(model.parameters())
-    # Per element, the first step after which it differs from the checkpoint (0: not yet);
-    # named by checkpoint key at the end through one save (a fused tensor's experts may first
-    # change at different steps). An element still equal to the checkpoint differs from it
-    # after a step exactly when that step changed it, so each parameter is compared with its
-    # values before the step (one parameter's copy at a time, not a copy of the model).
-    # A step number per element: one byte each while the steps fit.
-    step_dtype = torch.uint8 if steps <= 255 else torch.int32
-    first = [torch.zeros(p.shape, dtype=step_dtype) for p in params]
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
     losses, grad_norms, grad_sums = [], {}, {}
+    # Per checkpoint key, the first step after which it differs from the checkpoint (None: not
+    # yet). Until its first change every element equals the checkpoint, so that step is the
+    # first in which the step changed any element (a fused tensor's experts may first change
+    # at different steps: counted per key).
+    first_changed = {}
+    with_grad = set()
+    step = 0
+
+    def read_gradient(i, p):
+        with_grad.add(i)
+        if step != 1:
+            return
+        # Whole-tensor float64 reductions, as the training gate computes ours: a fixture's gate
+        # holds these bit for bit (a slice-wise sum would differ in the last bits). Step 1's
+        # batch is the shortest prompt, so the float64 copy of the largest gradient comes
+        # when the activations are smallest (docs/real-size.md).
+        for key, g in checkpoint_slices(model, named[i][0], p.grad.detach()):
+            g = g.to(torch.float64)
+            grad_norms[key], grad_sums[key] = g.norm().item(), g.sum().item()
+            del g
+
+    def mark(i, p, changed):
+        for key, c in checkpoint_slices(model, named[i][0], changed):
+            if first_changed.get(key) is None:
+                first_changed[key] = step if bool(c.any()) else None
+
     with tempfile.TemporaryDirectory(prefix="adamw-", dir=scratch_dir) as scratch:
         optimizer = OffloadedAdamW(params, scratch, lr=lr)
-        for step in range(1, steps + 1):
-            ids = usable[(step - 1) % len(usable)]
-            logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
-            loss.backward()
-            del logits
-            losses.append(loss.item())
-            if step == 1:
-                missing = [n for n, p in model.named_parameters() if p.grad is None]
-                if missing:
-                    raise RuntimeError(f"upstream left parameters without a gradient: {missing[:5]}")
-                for key, g in saved_tensors(model, data=lambda p: p.grad):
-                    g = g.to(torch.float64)
-                    grad_norms[key], grad_sums[key] = g.norm().item(), g.sum().item()
-
-            def mark(i, p, before, step=step):
-                with torch.no_grad():
-                    first[i].masked_fill_((first[i] == 0) & (p != before), step)
-            optimizer.step(after=mark)
-    # Saved as bf16 (step numbers up to 256 are exact in it; float32 past that): parameters
-    # take floating-point data only, and half of fp32's bytes.
-    save_dtype = torch.bfloat16 if steps <= 256 else torch.float32
-    index = {id(p): f for p, f in zip(params, first)}
-    first_changed = {}
-    for key, f in saved_tensors(model, data=lambda p: index[id(p)].to(save_dtype)):
-        changed = f[f > 0]
-        first_changed[key] = int(changed.min().item()) if changed.numel() else None
+        with optimizer.in_backward(before_step=read_gradient, after=mark):
+            for step in range(1, steps + 1):
+                ids = usable[(step - 1) % len(usable)]
+                logits = model(input_ids=ids[:-1].unsqueeze(0)).logits.to(torch.float32)
+                loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)),
+                                                         ids[1:])
+                del logits
+                loss.backward()
+                losses.append(loss.item())
+                if step == 1:
+                    missing = [named[i][0] for i in range(len(named)) if i not in with_grad]
+                    if missing:
+                        raise RuntimeError("upstream left parameters without a gradient: "
+                                           f"{missing[:5]}")
+    for name, p in named:  # a key no step changed
+        for key, _ in checkpoint_slices(model, name, p.detach()):
+            first_changed.setdefault(key, None)
     return {"losses": losses, "grad_norms": dict(sorted(grad_norms.items())),
             "grad_sums": dict(sorted(grad_sums.items())),
             "trainable": sorted(grad_norms),
@@ -440,6 +438,7 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
     their own copies, do not run beside it; the caller must not use `model` afterwards.
     envelope: also measure the envelope of correct implementations (envelope.py) into
     reference.json "envelope", on the model's device, after the traces."""
+    bound_heap()  # this process's freed tensors go back to the system (memory.py)
     device_type = next(model.parameters()).device.type
     tensors = {}
     described = []
@@ -470,75 +469,83 @@ def make_reference(model, checkpoint_dir, out_dir, prompts, describe=None, meta_
                 distinct[precision].append(len(set(new_ids.tolist())))
                 if precision == "fp32" and describe is not None:
                     described.append(describe(i, new_ids))
-        # The forwards are done: neither model is needed by the training traces below.
-        del model_bf16
+        # The forwards are done: neither model is needed by the training traces below, nor
+        # are the bundle's tensors, which wait on disk beside out_dir (moved in at the end).
+        del model_bf16, m, logits, new_ids, decode_logits, continuation
         if release_model:
             model.to_empty(device="meta")
-    if min_distinct is not None:
-        bad = [f"{prec} prompt {i}: {n} distinct token(s)" for prec, counts in distinct.items()
-               for i, n in enumerate(counts) if n < min_distinct]
-        if bad:
-            raise RuntimeError("degenerate greedy continuation (a decode bug could hide behind a "
-                               f"repeated token; change the variant's seed or init): {bad}")
-    training = {"steps": train_steps, "lr": train_lr, "seed": train_seed,
-                "optimizer": "torch.optim.AdamW(betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)",
-                "batch": "step s: prompt (s-1) mod P; inputs ids[:-1], labels ids[1:], mean "
-                         "cross-entropy over fp32 logits",
-                }
-    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        with stages.stage(f"training_{precision}"):
-            trace = training_trace(checkpoint_dir, type(model), prompts, dtype, train_steps,
-                                   train_lr, train_seed, scratch_dir=out_dir.parent)
-            trace["floor"] = training_floor(checkpoint_dir, type(model), prompts, dtype, trace,
-                                            train_steps, train_lr, train_seed, out_dir.parent)
-        training[precision] = trace
-    envelope_json = None
-    if envelope:
-        import envelope as envelope_module  # noqa: E402  (tools/refgen, on sys.path above)
-        device = (torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda"
-                  else torch.device("cpu"))
-        with stages.stage("envelope"):
-            envelope_json = envelope_module.make_envelope(
-                type(model), checkpoint_dir, device,
-                [tensors[f"prompts.{i}.input_ids"] for i in range(len(prompts))],
-                envelope_module.runs_of(tensors, len(prompts)),
-                (train_steps, train_lr, train_seed), out_dir.parent)
-    out_dir.mkdir(parents=True)
-    save_file(tensors, str(out_dir / "reference.safetensors"))
-    meta = {
-        "format": REFERENCE_FORMAT,
-        "num_prompts": len(prompts),
-        "dtype": "float32",
-        "max_new_tokens": max_new_tokens,
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "model_type": model.config.model_type,
-        "seed": SEED,
-        # Where the forwards ran: bf16 near-ties move with the kernels, and the gates choose
-        # their bars by the pair (bundle device, run device); on the CPU also by the kernel
-        # family torch dispatched to.
-        "device": device_type,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "num_threads": torch.get_num_threads(),
-        "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
-        "continuation_distinct_tokens": distinct,
-        # KL is >= 0, but float64 rounding over near-identical logits can sum to -1e-17, which
-        # the bundle reader refuses: clamped at 0 (a value >= 0 is written unchanged).
-        "decode_floor": {
-            precision: {"max_abs_diff": acc[0], "kl_mean": max(acc[1] / max(acc[2], 1), 0.0),
-                        "steps": acc[2],
-                        "method": "generate with cache_implementation='static' against the "
-                                  "dynamic cache's decode_logits, over steps whose tokens agree"}
-            for precision, acc in floor.items()},
-        "training": training,
-    }
-    if describe is not None:
-        meta["prompts"] = described
-    if envelope_json is not None:
-        meta["envelope"] = envelope_json
-    meta["stages"] = stages.records
-    meta.update(meta_extra or {})
-    (out_dir / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
+        model_type = model.config.model_type
+        tensors_path = out_dir.parent / f".{out_dir.name}.reference.safetensors.partial"
+        save_file(tensors, str(tensors_path))
+        del tensors
+    try:
+        if min_distinct is not None:
+            bad = [f"{prec} prompt {i}: {n} distinct token(s)" for prec, counts in distinct.items()
+                   for i, n in enumerate(counts) if n < min_distinct]
+            if bad:
+                raise RuntimeError("degenerate greedy continuation (a decode bug could hide behind a "
+                                   f"repeated token; change the variant's seed or init): {bad}")
+        training = {"steps": train_steps, "lr": train_lr, "seed": train_seed,
+                    "optimizer": "torch.optim.AdamW(betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01)",
+                    "batch": "step s: prompt (s-1) mod P; inputs ids[:-1], labels ids[1:], mean "
+                             "cross-entropy over fp32 logits",
+                    }
+        for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            with stages.stage(f"training_{precision}"):
+                trace = training_trace(checkpoint_dir, type(model), prompts, dtype, train_steps,
+                                       train_lr, train_seed, scratch_dir=out_dir.parent)
+                trace["floor"] = training_floor(checkpoint_dir, type(model), prompts, dtype, trace,
+                                                train_steps, train_lr, train_seed, out_dir.parent)
+            training[precision] = trace
+        envelope_json = None
+        if envelope:
+            import envelope as envelope_module  # noqa: E402  (tools/refgen, on sys.path above)
+            device = (torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda"
+                      else torch.device("cpu"))
+            with stages.stage("envelope"):
+                envelope_json = envelope_module.make_envelope(
+                    type(model), checkpoint_dir, device,
+                    [ids.contiguous() for ids in prompts],
+                    envelope_module.runs_of(tensors_path, len(prompts)),
+                    (train_steps, train_lr, train_seed), out_dir.parent)
+        out_dir.mkdir(parents=True)
+        os.replace(tensors_path, out_dir / "reference.safetensors")
+        meta = {
+            "format": REFERENCE_FORMAT,
+            "num_prompts": len(prompts),
+            "dtype": "float32",
+            "max_new_tokens": max_new_tokens,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "model_type": model_type,
+            "seed": SEED,
+            # Where the forwards ran: bf16 near-ties move with the kernels, and the gates choose
+            # their bars by the pair (bundle device, run device); on the CPU also by the kernel
+            # family torch dispatched to.
+            "device": device_type,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "num_threads": torch.get_num_threads(),
+            "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+            "continuation_distinct_tokens": distinct,
+            # KL is >= 0, but float64 rounding over near-identical logits can sum to -1e-17, which
+            # the bundle reader refuses: clamped at 0 (a value >= 0 is written unchanged).
+            "decode_floor": {
+                precision: {"max_abs_diff": acc[0], "kl_mean": max(acc[1] / max(acc[2], 1), 0.0),
+                            "steps": acc[2],
+                            "method": "generate with cache_implementation='static' against the "
+                                      "dynamic cache's decode_logits, over steps whose tokens agree"}
+                for precision, acc in floor.items()},
+            "training": training,
+        }
+        if describe is not None:
+            meta["prompts"] = described
+        if envelope_json is not None:
+            meta["envelope"] = envelope_json
+        meta["stages"] = stages.records
+        meta.update(meta_extra or {})
+        (out_dir / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
+    finally:
+        tensors_path.unlink(missing_ok=True)  # moved into out_dir, or left by a failure
 
 
 def make_variant(out_root, name):

@@ -132,6 +132,7 @@ import transformers  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import make_checkpoint  # noqa: E402  (make_reference and its constants; sets MKL_CBWR before any math)
+from memory import bound_heap  # noqa: E402
 
 MAX_DEFAULT_PROMPT_TOKENS = 4096
 SHORT_PROMPT_TEXT = "The capital of France is"
@@ -900,6 +901,7 @@ def main(argv=None):
                         help="person mode: skip the envelope of correct implementations (faster; "
                              "validation cells then get the site's own bars)")
     args = parser.parse_args(argv)
+    bound_heap()  # before the checkpoint is loaded: freed tensors go back to the system (memory.py)
     if args.print_runtime:
         print(json.dumps({"torch": strip_local_version(torch.__version__),
                           "transformers": transformers.__version__}))
