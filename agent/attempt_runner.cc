@@ -3,14 +3,18 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <optional>
+
 #include <spdlog/spdlog.h>
 
 #include <nlohmann/json.hpp>
 
-#include "agent/recipe.h"
+#include "agent/worker_crash.h"
 #include "agent/worker_launcher.h"
 #include "common/artifacts.h"
 #include "common/phases.h"
+#include "common/recipe.h"
 #include "common/sha256.h"
 
 namespace gatehouse::agent {
@@ -69,6 +73,61 @@ void CloseCgroup(CgroupSlot& slot, AttemptEndReport& end) {
     spdlog::warn("attempt {}: killed {} process(es) it left running", end.attempt_id, left);
   }
   slot.cgroup.reset();
+}
+
+// What a rerun writes: its output on log streams "rerun.<stream>" ("rerun.worker"), its events
+// kept from the controller (the attempt's evidence is the first run's).
+class RerunSink : public AttemptSink {
+ public:
+  explicit RerunSink(AttemptSink& sink) : sink_(sink) {}
+  void Event(int64_t, int64_t, std::string_view) override {}
+  void Log(int64_t attempt_id, std::string_view stream, int64_t offset,
+           std::string_view data) override {
+    sink_.Log(attempt_id, "rerun." + std::string(stream), offset, data);
+  }
+  void End(const AttemptEndReport&) override {}
+
+ private:
+  AttemptSink& sink_;
+};
+
+// A crash worth a rerun (WorthARerun): the worker runs again on the same inputs with the phases
+// up to the crashing one (RerunSpec), in <attempt dir>/rerun, through a RerunSink. The same
+// crash again (SameCrash) is the adapter's: the attempt's evidence is closed with the FAIL
+// CrashFailEvents makes and the attempt ends "finished". Otherwise the first end stands, its
+// reason saying what the rerun did: an error that a retry may clear.
+AttemptEndReport JudgeCrash(WorkerLaunch launch, const WorkerCrash& crash, AttemptEndReport first,
+                            AttemptSink& sink, CancelToken cancel, std::vector<int>& used_ports) {
+  const CellSpec spec = launch.spec;
+  launch.spec = RerunSpec(spec, crash);
+  launch.attempt_dir /= "rerun";
+  spdlog::info("attempt {}: rank {} crashed in phase {}; rerunning phases up to it",
+               first.attempt_id, crash.rank, crash.phase);
+  RerunSink quiet(sink);
+  std::optional<WorkerCrash> again;
+  const AttemptEndReport second = RunWorker(launch, quiet, cancel, &used_ports, &again);
+  const std::string rerun = "; a rerun of the phases up to " + crash.phase + " on the same inputs ";
+  if (cancel.requested()) {
+    first.reason += rerun + "was cancelled";
+    return first;
+  }
+  if (!again || !SameCrash(crash, *again)) {
+    first.reason += rerun + (second.outcome == kOutcomeFinished ? std::string("did not crash")
+                                                                 : "ended otherwise: " + second.reason);
+    return first;
+  }
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  AttemptEndReport end;
+  end.attempt_id = first.attempt_id;
+  end.seq = first.seq;
+  for (const std::string& event : CrashFailEvents(crash, spec, now_ms)) {
+    sink.Event(end.attempt_id, end.seq++, event);
+  }
+  end.outcome = std::string(kOutcomeFinished);
+  end.exit_code = first.exit_code;
+  return end;
 }
 
 AttemptEndReport Error(int64_t attempt_id, std::string reason) {
@@ -266,7 +325,12 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   }
   launch.cgroup_dirs = cgroup->Join();
   launch.cgroup_evidence = cgroup->evidence;
-  AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
+  std::optional<WorkerCrash> crash;
+  AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports, &crash);
+  const bool oom_killed = cgroup->cgroup && !cgroup->cgroup->OomNote().empty();
+  if (crash && !cancel.requested() && WorthARerun(*crash, oom_killed)) {
+    end = JudgeCrash(launch, *crash, std::move(end), sink, cancel, used_ports);
+  }
   CloseCgroup(*cgroup, end);
   sandbox.reset();
   // The gates' plot data become the attempt's artifacts (common/artifacts.h) before the end is

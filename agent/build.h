@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "agent/process.h"
-#include "agent/recipe.h"
+#include "common/recipe.h"
 #include "common/status.h"
 
 namespace gatehouse::agent {

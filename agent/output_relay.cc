@@ -125,6 +125,12 @@ void TailLines::Feed(std::string_view bytes) {
   }
 }
 
+std::string TailLines::Last() const {
+  std::string last = Clean(partial_, kMaxLineBytes);
+  if (!last.empty() || lines_.empty()) return last;
+  return lines_.back();
+}
+
 std::string TailLines::Summary() const {
   std::vector<std::string> all = lines_;
   std::string last = Clean(partial_, kMaxLineBytes);

@@ -65,6 +65,8 @@ class TailLines {
   void Feed(std::string_view bytes);
   /// The kept lines, oldest first, joined by " | "; empty when there are none.
   std::string Summary() const;
+  /// The last kept line (the unfinished one when there is one); empty when there is none.
+  std::string Last() const;
 
  private:
   void Push(std::string line);

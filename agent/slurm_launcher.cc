@@ -83,7 +83,8 @@ std::optional<std::pair<int, std::string_view>> SplitLabel(std::string_view line
 }  // namespace
 
 AttemptEndReport RunSlurmRanks(const SlurmConfig& config, const SlurmRun& run, AttemptSink& sink,
-                               CancelToken cancel) {
+                               CancelToken cancel, std::optional<WorkerCrash>* crash) {
+  if (crash != nullptr) crash->reset();
   const int world_size = run.shape.nodes * run.shape.ranks_per_node;
   int64_t next_seq = 1;
   std::vector<std::unique_ptr<WorkerStdoutRelay>> relays;
@@ -245,6 +246,19 @@ AttemptEndReport RunSlurmRanks(const SlurmConfig& config, const SlurmRun& run, A
     end.reason = reason + "; " + detail;
   }
   if (cancelled) end.reason += " (cancelled)";
+  if (crash != nullptr && !cancelled && blamed >= 0 && exit.ok() && job &&
+      end.outcome == kOutcomeError) {
+    WorkerCrash c;  // srun's exit stands for the task's: it ends with the highest task code
+    c.rank = blamed;
+    c.world_size = world_size;
+    c.phase = relays[static_cast<size_t>(blamed)]->current_phase();
+    c.evidence_phase = relays[0]->current_phase();
+    c.exit_code = exit->exit_code;
+    c.signal = exit->signal;
+    c.tail = tails[static_cast<size_t>(blamed)].Summary();
+    c.last_line = tails[static_cast<size_t>(blamed)].Last();
+    *crash = std::move(c);
+  }
   return end;
 }
 

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "agent/attempt_sink.h"
 #include "agent/process.h"
 #include "agent/slurm.h"
+#include "agent/worker_crash.h"
 
 namespace gatehouse::agent {
 
@@ -46,8 +48,11 @@ struct SlurmRun {
 ///  - "error" naming srun's exit and last line when the job cannot be found (srun could not
 ///    allocate: bad partition, too many nodes) or srun cannot start.
 /// A job still pending or running after srun ended is cancelled. `seq` is events + 1.
+/// `crash`, when given, is set for an "error" end of a job the agent did not cancel, naming that
+/// rank (WorkerCrash; srun's exit code and signal stand for the task's).
 AttemptEndReport RunSlurmRanks(const SlurmConfig& config, const SlurmRun& run, AttemptSink& sink,
-                               CancelToken cancel = {});
+                               CancelToken cancel = {},
+                               std::optional<WorkerCrash>* crash = nullptr);
 
 /// At agent start: cancels the jobs an earlier run of this agent left in the queue (its srun was
 /// killed with it; the controller has already ended those attempts lost). Returns the ids

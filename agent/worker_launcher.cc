@@ -143,6 +143,9 @@ class WorkerGroup {
 
   // Starts every rank, waits for all of them (stopping the group on the first failure or a
   // cancel), joins the threads and returns the end report.
+  /// After Run(): the rank that died by itself, if that is how the group ended.
+  const std::optional<WorkerCrash>& crash() const { return crash_; }
+
   AttemptEndReport Run() {
     std::vector<std::thread> threads;
     threads.reserve(ranks_.size());
@@ -259,6 +262,21 @@ class WorkerGroup {
            (rank.relay->saw_run_end() ? " after run_end" : " before run_end") + InPhase(rank);
   }
 
+  // Rank r's crash as WorkerCrash says (mu_ held or every thread joined).
+  WorkerCrash CrashOf(int r) const {
+    const Rank& rank = ranks_[static_cast<size_t>(r)];
+    WorkerCrash c;
+    c.rank = r;
+    c.world_size = world_size_;
+    c.phase = rank.relay->current_phase();
+    c.evidence_phase = ranks_[0].relay->current_phase();
+    c.exit_code = rank.exit->exit_code;
+    c.signal = rank.exit->signal;
+    c.tail = rank.stderr_tail.Summary();
+    c.last_line = rank.stderr_tail.Last();
+    return c;
+  }
+
   // " in phase P" when the rank died inside a phase it had started, else "".
   static std::string InPhase(const Rank& rank) {
     const std::string& phase = rank.relay->current_phase();
@@ -323,6 +341,7 @@ class WorkerGroup {
         reason += " (cancelled)";
       } else {
         reason += InPhase(first) + LastLines(first, "its");
+        crash_ = CrashOf(0);
       }
       AttemptEndReport end = ErrorEnd(attempt_id_, events, std::move(reason));
       end.exit_code = first.exit->exit_code;
@@ -338,6 +357,7 @@ class WorkerGroup {
             (stopped_.size() == 1 ? "; rank " : "; ranks ") + JoinRanks(stopped_) + " stopped";
       }
       reason += LastLines(*blamed, "rank " + std::to_string(*first_failure_) + "'s");
+      if (blamed->exit && !cancelled_ && !cancel_.requested()) crash_ = CrashOf(*first_failure_);
     } else if (cancelled_) {
       reason = (stopped_.size() == 1 ? "rank " : "ranks ") + JoinRanks(stopped_) + " of " +
                std::to_string(world_size_) + " stopped before run_end (cancelled)";
@@ -364,6 +384,7 @@ class WorkerGroup {
   std::optional<int> first_failure_;
   bool cancelled_ = false;
   std::vector<int> stopped_;       // ranks still running when the group was stopped
+  std::optional<WorkerCrash> crash_;  // set by Report() when a rank died by itself
 };
 
 }  // namespace
@@ -394,7 +415,8 @@ Result<std::optional<std::string>> VisibleDevices(const CellSpec& spec,
 }
 
 AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel,
-                           std::vector<int>* used_ports) {
+                           std::vector<int>* used_ports, std::optional<WorkerCrash>* crash) {
+  if (crash != nullptr) crash->reset();
   const int64_t id = launch.attempt_id;
   const int world_size = launch.spec.topology.world_size();
   int master_port = 0;
@@ -485,9 +507,12 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     }
     run.job_name = SlurmJobName(launch.agent_name, id);
     run.shape = *shape;
-    return RunSlurmRanks(*launch.slurm, run, sink, cancel);
+    return RunSlurmRanks(*launch.slurm, run, sink, cancel, crash);
   }
-  return WorkerGroup(launch.attempt_id, sink, cancel, std::move(specs)).Run();
+  WorkerGroup group(launch.attempt_id, sink, cancel, std::move(specs));
+  AttemptEndReport end = group.Run();
+  if (crash != nullptr) *crash = group.crash();
+  return end;
 }
 
 }  // namespace gatehouse::agent

@@ -19,6 +19,7 @@
 #include "agent/process.h"
 #include "agent/sandbox.h"
 #include "agent/slurm.h"
+#include "agent/worker_crash.h"
 #include "common/cell_spec.h"
 #include "common/status.h"
 
@@ -122,8 +123,10 @@ std::vector<std::pair<std::string, std::string>> WorkerEnvironment(const CellSpe
 /// too. With launch.slurm set, the ranks run through RunSlurmRanks instead, with the same
 /// streams and the end it reports (a job too large for the Slurm config is an "error" end). `seq` is events + 1.
 /// `used_ports`, when given, receives the ports the ranks were told to use (MASTER_PORT), for
-/// the cleanup check.
+/// the cleanup check. `crash`, when given, is set when the end is "error" because a rank died
+/// by itself (WorkerCrash), and left empty otherwise.
 AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, CancelToken cancel = {},
-                           std::vector<int>* used_ports = nullptr);
+                           std::vector<int>* used_ports = nullptr,
+                           std::optional<WorkerCrash>* crash = nullptr);
 
 }  // namespace gatehouse::agent

@@ -276,6 +276,24 @@ Status ReadPhases(const json& v, std::string_view kind, std::vector<std::string>
   return Status::Ok();
 }
 
+// A submitted validation cell's phases include each one's prerequisite (PhasePrerequisite),
+// transitively: without it the phase can only end UNKNOWN, so the body is refused naming the
+// first phase whose prerequisite is missing. Frozen specs are not checked (stored cells stay
+// readable).
+Status CheckPrerequisites(const std::vector<std::string>& phases) {
+  const auto requested = [&](std::string_view p) {
+    return std::find(phases.begin(), phases.end(), p) != phases.end();
+  };
+  for (const std::string& phase : phases) {
+    const std::optional<std::string_view> needed = PhasePrerequisite(phase);
+    if (needed && !requested(*needed)) {
+      return Status::InvalidArgument("field 'phases': phase \"" + phase + "\" needs phase \"" +
+                                     std::string(*needed) + "\", which is not requested (add it)");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::string> ReadKind(const json& v) {
   return ReadEnum(v, "kind", {kValidationKind, kReferenceKind});
 }
@@ -737,6 +755,7 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body, const SubmitContext
   GH_RETURN_IF_ERROR(ReadUpstreamKnobs(in, s));
   if (in.contains("phases")) {
     GH_RETURN_IF_ERROR(ReadPhases(in.at("phases"), s.kind, s.phases));
+    GH_RETURN_IF_ERROR(CheckPrerequisites(s.phases));
   } else {
     s.phases.assign(kDefaultPhases.begin(), kDefaultPhases.end());
   }

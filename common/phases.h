@@ -31,6 +31,18 @@ inline std::optional<size_t> PhaseIndex(std::string_view phase) {
   return std::nullopt;
 }
 
+/// The phase whose result `phase` works on, or nullopt when it needs none: construct builds
+/// from the args config parses, load fills the model construct built, and every phase after
+/// load computes with the loaded model (the worker's gates report UNKNOWN "no loaded model"
+/// without it). A submitted cell must request each prerequisite of its phases, transitively.
+inline std::optional<std::string_view> PhasePrerequisite(std::string_view phase) {
+  if (phase == "identity" || phase == "config") return std::nullopt;
+  if (phase == "construct") return "config";
+  if (phase == "load") return "construct";
+  if (!PhaseIndex(phase)) return std::nullopt;  // a reference cell's phase or an unknown name
+  return "load";
+}
+
 /// Outcome of one gate.
 enum class GateStatus { kPass, kFail, kBlocked, kUnknown, kSkipped };
 

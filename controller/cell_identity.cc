@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iterator>
 
+#include "common/recipe.h"
 #include "common/sha256.h"
 
 namespace gatehouse::controller {
@@ -148,6 +149,18 @@ Result<FreezeOutcome> CellFreezer::Freeze(std::string_view body) {
   return FreezeBody(body, /*wait=*/false);
 }
 
+Status CellFreezer::CheckRecipeAt(const CellSpec& spec) {
+  GH_ASSIGN_OR_RETURN(std::optional<std::string> text,
+                      resolver_.ReadFileAt(spec.repository, spec.commit, std::string(kRecipeFileName)));
+  if (!text) return Status::Ok();
+  Result<Recipe> recipe = ParseRecipe(*text);
+  if (!recipe.ok()) {
+    return Status::InvalidArgument("repository '" + spec.repository + "' at " + spec.commit +
+                                   ": " + recipe.status().message());
+  }
+  return CheckServes(*recipe, spec.model_family, spec.commit);
+}
+
 Result<FrozenCell> CellFreezer::FreezeAndWait(std::string_view body) {
   GH_ASSIGN_OR_RETURN(FreezeOutcome outcome, FreezeBody(body, /*wait=*/true));
   return std::get<FrozenCell>(std::move(outcome));
@@ -190,6 +203,7 @@ Result<FreezeOutcome> CellFreezer::FreezeBody(std::string_view body, bool wait) 
   } else {
     GH_ASSIGN_OR_RETURN(spec.commit, resolver_.ResolveBranch(spec.repository, r.branch));
   }
+  GH_RETURN_IF_ERROR(CheckRecipeAt(spec));
   std::vector<DirectoryToDigest> dirs = {
       {"checkpoint", spec.checkpoint.path, spec.checkpoint.digest}};
   if (!spec.reference.path.empty()) {

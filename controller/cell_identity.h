@@ -65,11 +65,14 @@ class CellFreezer {
 
   /// The frozen cell, or DigestPending while a digest is computed in the background. Every
   /// check that needs no digest (the body, the directories and their files, the tokenizer of
-  /// text prompts, the commit) runs first, so a bad body is refused at once. A reference
+  /// text prompts, the commit, the adapter's recipe at that commit) runs first, so a bad body
+  /// is refused at once. A reference
   /// cell's body freezes the checkpoint's digest only (no repository). A validation body
   /// naming no reference also freezes the reference cell for it (ReferenceCellFor). Errors:
   /// INVALID_ARGUMENT from ParseSubmitBody (common/cell_spec.h), or text prompts for a
-  /// checkpoint without a tokenizer; NOT_FOUND naming the checkpoint or reference path, the
+  /// checkpoint without a tokenizer, a gatehouse.recipe.json at the commit that does not parse
+  /// (its error after "<commit>: ") or declares "families" without the body's model_family
+  /// (CheckServes, common/recipe.h); NOT_FOUND naming the checkpoint or reference path, the
   /// repository, branch or commit; a digest's error (DigestCache::Lookup) after "checkpoint
   /// '<path>': " or "reference '<path>': ".
   Result<FreezeOutcome> Freeze(std::string_view body);
@@ -82,6 +85,9 @@ class CellFreezer {
 
  private:
   Result<FreezeOutcome> FreezeBody(std::string_view body, bool wait);
+  /// The recipe at spec.commit (from the resolver's mirror) serves spec.model_family; a commit
+  /// without a recipe passes (its attempt ends saying so: the agent reads the checkout).
+  Status CheckRecipeAt(const CellSpec& spec);
 
   SubmitContext config_;
   CommitResolver& resolver_;

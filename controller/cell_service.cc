@@ -127,6 +127,7 @@ Result<CellDetail> CellService::LoadDetail(const CellRecord& cell) {
       GH_ASSIGN_OR_RETURN(d.webhook_deliveries, store_.ListWebhookDeliveries(d.cell.id));
     }
   }
+  GH_ASSIGN_OR_RETURN(d.visibility, store_.ListCellVisibility(cell.id));
   if (auto spec = ParseCellSpecJson(cell.spec_json); spec.ok()) {
     for (const auto& [role, pre] : {std::pair<std::string, std::string>{"reference cell",
                                                                         spec->reference.cell},
@@ -219,13 +220,24 @@ Result<CellDetail> CellService::RetryCell(const std::string& id) {
   return GetCell(id);
 }
 
-Result<std::vector<ReadinessCombination>> CellService::Readiness() {
+Result<CellDetail> CellService::SetHidden(const std::string& id, bool hidden,
+                                          const std::string& actor, const std::string& reason) {
+  if (reason.empty()) return Status::InvalidArgument("field 'reason': required, and not empty");
+  GH_ASSIGN_OR_RETURN(CellVisibilityAction action,
+                      store_.SetCellHidden(id, hidden, actor.empty() ? "(no token)" : actor, reason));
+  spdlog::info("cell {} {} by '{}': {}", id, hidden ? "hidden" : "shown", action.actor, reason);
+  return GetCell(id);
+}
+
+Result<std::vector<ReadinessCombination>> CellService::Readiness(bool include_hidden) {
   constexpr int kPage = 500;
   std::vector<CellSummary> all;
   for (int offset = 0;; offset += kPage) {
     GH_ASSIGN_OR_RETURN(std::vector<CellSummary> page, store_.ListCells(kPage, offset));
     const bool last = page.size() < static_cast<size_t>(kPage);
-    all.insert(all.end(), std::make_move_iterator(page.begin()), std::make_move_iterator(page.end()));
+    for (CellSummary& c : page) {
+      if (include_hidden || !c.cell.hidden) all.push_back(std::move(c));
+    }
     if (last) break;
   }
   return ComputeReadiness(all);

@@ -67,9 +67,16 @@ class CellService {
   /// would be blocked again).
   Result<CellDetail> RetryCell(const std::string& id);
 
-  /// ComputeReadiness (controller/readiness.h) over every stored cell. INTERNAL on a store
-  /// failure.
-  Result<std::vector<ReadinessCombination>> Readiness();
+  /// ComputeReadiness (controller/readiness.h) over every stored cell, hidden ones only with
+  /// `include_hidden`. INTERNAL on a store failure.
+  Result<std::vector<ReadinessCombination>> Readiness(bool include_hidden = false);
+
+  /// Hides cell `id` from readiness and the matrix (`hidden`), or shows it again, recording
+  /// `actor` (the caller's token name) and `reason` (Store::SetCellHidden); the cell and its
+  /// evidence stay. Errors: NOT_FOUND as GetCell; FAILED_PRECONDITION when it already is;
+  /// INVALID_ARGUMENT for an empty reason.
+  Result<CellDetail> SetHidden(const std::string& id, bool hidden, const std::string& actor,
+                               const std::string& reason);
 
   /// The dashboard's matrix: Store::Matrix arranged by ArrangeMatrix (controller/readiness.h),
   /// and what it can be filtered by. INTERNAL on a store failure.

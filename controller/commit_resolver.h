@@ -2,6 +2,7 @@
 // implementation is GitMirror (libgit2); tests use a fake. Keeps libgit2 out of domain code.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -22,6 +23,14 @@ class CommitResolver {
   /// or the commit.
   virtual Result<std::string> ResolveCommit(const std::string& repository,
                                             const std::string& commit) = 0;
+
+  /// The bytes of the file at `path` (relative, '/'-separated) in the tree of `commit`, a SHA
+  /// this resolver returned for `repository`; nullopt when that tree has no such file.
+  /// Errors: NOT_FOUND for a commit it does not hold; INTERNAL for a git failure or a file past
+  /// 1 MiB.
+  virtual Result<std::optional<std::string>> ReadFileAt(const std::string& repository,
+                                                        const std::string& commit,
+                                                        const std::string& path) = 0;
 };
 
 }  // namespace gatehouse::controller

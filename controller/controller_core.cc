@@ -57,7 +57,14 @@ Result<CellDetail> ControllerCore::GetCell(const std::string& id) { return cells
 
 Result<CellDetail> ControllerCore::RetryCell(const std::string& id) { return cells_.RetryCell(id); }
 
-Result<std::vector<ReadinessCombination>> ControllerCore::Readiness() { return cells_.Readiness(); }
+Result<std::vector<ReadinessCombination>> ControllerCore::Readiness(bool include_hidden) {
+  return cells_.Readiness(include_hidden);
+}
+
+Result<CellDetail> ControllerCore::SetHidden(const std::string& id, bool hidden,
+                                             const std::string& actor, const std::string& reason) {
+  return cells_.SetHidden(id, hidden, actor, reason);
+}
 
 Result<CellDetail> ControllerCore::CancelCell(const std::string& id, const std::string& reason) {
   return cells_.CancelCell(id, reason);

@@ -70,7 +70,10 @@ class ControllerCore {
   Result<CellDetail> GetCell(const std::string& id);
   Result<CellDetail> CancelCell(const std::string& id, const std::string& reason);
   /// CellService::Readiness.
-  Result<std::vector<ReadinessCombination>> Readiness();
+  Result<std::vector<ReadinessCombination>> Readiness(bool include_hidden = false);
+  /// CellService::SetHidden.
+  Result<CellDetail> SetHidden(const std::string& id, bool hidden, const std::string& actor,
+                               const std::string& reason);
   /// CellService::RetryCell, then schedules.
   Result<CellDetail> RetryCell(const std::string& id);
   Result<std::string> Report(const std::string& id);

@@ -29,6 +29,18 @@ struct CommitDeleter {
 using RepoPtr = std::unique_ptr<git_repository, RepoDeleter>;
 using RemotePtr = std::unique_ptr<git_remote, RemoteDeleter>;
 using CommitPtr = std::unique_ptr<git_commit, CommitDeleter>;
+struct TreeDeleter {
+  void operator()(git_tree* t) const { git_tree_free(t); }
+};
+struct TreeEntryDeleter {
+  void operator()(git_tree_entry* e) const { git_tree_entry_free(e); }
+};
+struct BlobDeleter {
+  void operator()(git_blob* b) const { git_blob_free(b); }
+};
+using TreePtr = std::unique_ptr<git_tree, TreeDeleter>;
+using TreeEntryPtr = std::unique_ptr<git_tree_entry, TreeEntryDeleter>;
+using BlobPtr = std::unique_ptr<git_blob, BlobDeleter>;
 
 std::string OidHex(const git_oid& oid) {
   char buf[GIT_OID_HEXSZ + 1];
@@ -193,6 +205,63 @@ Result<std::string> GitMirror::ResolveCommit(const std::string& repository,
   GH_RETURN_IF_ERROR(CheckCommitExists(
       repo.get(), oid, "commit '" + commit + "' not found in '" + repository + "'"));
   return remember();
+}
+
+Result<std::optional<std::string>> GitMirror::ReadFileAt(const std::string& repository,
+                                                         const std::string& commit,
+                                                         const std::string& path) {
+  const auto key = std::make_tuple(repository, commit, path);
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = files_.find(key); it != files_.end()) return it->second;
+  }
+  git_oid oid;
+  if (commit.size() != GIT_OID_HEXSZ || git_oid_fromstr(&oid, commit.c_str()) != 0) {
+    return Status::InvalidArgument("commit '" + commit + "' is not a 40-hex SHA");
+  }
+  std::optional<std::string> bytes;
+  {
+    std::lock_guard lock(MirrorMutex(repository));
+    const std::string missing = "commit '" + commit + "' not in the mirror of '" + repository + "'";
+    std::error_code ec;
+    if (!fs::exists(MirrorPath(repository) / "HEAD", ec)) return Status::NotFound(missing);
+    bool created = false;
+    GH_ASSIGN_OR_RETURN(RepoPtr repo, OpenOrInitMirror(MirrorPath(repository), created));
+    git_commit* raw_commit = nullptr;
+    if (git_commit_lookup(&raw_commit, repo.get(), &oid) != 0) return Status::NotFound(missing);
+    CommitPtr c(raw_commit);
+    git_tree* raw_tree = nullptr;
+    if (git_commit_tree(&raw_tree, c.get()) != 0) {
+      return Status::Internal("tree of " + commit + ": " + LastGitError());
+    }
+    TreePtr tree(raw_tree);
+    git_tree_entry* raw_entry = nullptr;
+    const int found = git_tree_entry_bypath(&raw_entry, tree.get(), path.c_str());
+    if (found == GIT_ENOTFOUND) {
+      bytes = std::nullopt;
+    } else if (found != 0) {
+      return Status::Internal(path + " at " + commit + ": " + LastGitError());
+    } else {
+      TreeEntryPtr entry(raw_entry);
+      if (git_tree_entry_type(entry.get()) == GIT_OBJECT_BLOB) {
+        git_blob* raw_blob = nullptr;
+        if (git_blob_lookup(&raw_blob, repo.get(), git_tree_entry_id(entry.get())) != 0) {
+          return Status::Internal(path + " at " + commit + ": " + LastGitError());
+        }
+        BlobPtr blob(raw_blob);
+        const auto size = static_cast<size_t>(git_blob_rawsize(blob.get()));
+        if (size > kMaxFileBytes) {
+          return Status::Internal(path + " at " + commit + " is " + std::to_string(size) +
+                                  " bytes, past " + std::to_string(kMaxFileBytes));
+        }
+        bytes = std::string(static_cast<const char*>(git_blob_rawcontent(blob.get())), size);
+      }  // a directory or submodule of that name is no file
+    }
+  }
+  std::lock_guard lock(mu_);
+  if (files_.size() >= kKnownFiles) files_.clear();
+  files_.emplace(key, bytes);
+  return bytes;
 }
 
 }  // namespace gatehouse::controller

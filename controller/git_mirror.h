@@ -5,8 +5,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "controller/commit_resolver.h"
 
@@ -36,6 +38,13 @@ class GitMirror : public CommitResolver {
   Result<std::string> ResolveCommit(const std::string& repository,
                                     const std::string& commit) override;
 
+  /// Reads a blob of the commit's tree from the mirror (no network: the commit was resolved
+  /// first). A (repository, commit, path) read once is remembered (up to kKnownFiles): a matrix
+  /// of cells at one SHA reads its recipe once.
+  Result<std::optional<std::string>> ReadFileAt(const std::string& repository,
+                                                const std::string& commit,
+                                                const std::string& path) override;
+
   /// The mirror directory of a repository.
   std::filesystem::path MirrorPath(const std::string& repository) const;
 
@@ -44,11 +53,16 @@ class GitMirror : public CommitResolver {
 
   std::filesystem::path mirror_dir_;
   static constexpr size_t kKnownCommits = 4096;
+  static constexpr size_t kKnownFiles = 1024;
+  static constexpr size_t kMaxFileBytes = 1 << 20;
 
   std::mutex mu_;  // guards locks_ and known_
   std::map<std::string, std::unique_ptr<std::mutex>> locks_;
   /// (repository, commit SHA) pairs the mirror was seen to hold; cleared when full.
   std::set<std::pair<std::string, std::string>> known_;
+  /// (repository, commit, path) -> the file's bytes or nullopt, for ReadFileAt; cleared when
+  /// full. Guarded by mu_.
+  std::map<std::tuple<std::string, std::string, std::string>, std::optional<std::string>> files_;
 };
 
 }  // namespace gatehouse::controller

@@ -23,6 +23,18 @@ struct CellRecord {
   std::string created_at;
   std::string submitter;  // label only
   int priority = 0;       // label only: -100..100, higher is placed first
+  /// Hidden by an operator from readiness and the matrix (CellVisibilityAction); a label, not
+  /// part of the identity; the cell and its evidence stay.
+  bool hidden = false;
+};
+
+/// One hide or show of a cell (POST /api/v1/cells/{id}/hide|show), as recorded.
+struct CellVisibilityAction {
+  std::string cell_id;
+  std::string action;  // "hide" or "show"
+  std::string actor;   // the token's name
+  std::string reason;
+  std::string at;      // timestamp
 };
 
 /// One run of a cell.
@@ -132,6 +144,7 @@ struct MatrixFilter {
   std::string branch;
   std::string commit;  // 40 hex
   std::string model_family;
+  bool include_hidden = false;  // also cells an operator hid (CellRecord::hidden)
 };
 
 /// One square of the matrix (GET /api/v1/matrix): the newest validation cell of one model
@@ -247,6 +260,8 @@ struct CellDetail {
   std::vector<WebhookDelivery> webhook_deliveries;
   /// The cells this one waits for (its reference cell, its control) as they stand now.
   std::vector<PrerequisiteStatus> prerequisites;
+  /// Every hide and show of the cell, oldest first.
+  std::vector<CellVisibilityAction> visibility;
 };
 
 }  // namespace gatehouse::controller

@@ -106,6 +106,8 @@ const std::vector<Route>& RestApi::Routes() {
       {"GET", "/api/v1/cells/{id}", Scope::kRead, "get_cell", &RestApi::GetCell},
       {"POST", "/api/v1/cells/{id}/cancel", Scope::kSubmit, "cancel_cell", &RestApi::CancelCell},
       {"POST", "/api/v1/cells/{id}/retry", Scope::kSubmit, "retry_cell", &RestApi::RetryCell},
+      {"POST", "/api/v1/cells/{id}/hide", Scope::kAdmin, "hide_cell", &RestApi::HideCell},
+      {"POST", "/api/v1/cells/{id}/show", Scope::kAdmin, "show_cell", &RestApi::ShowCell},
       {"GET", "/api/v1/readiness", Scope::kRead, "readiness", &RestApi::Readiness},
       {"GET", "/api/v1/matrix", Scope::kRead, "matrix", &RestApi::CellMatrix},
       {"GET", "/api/v1/cells/{id}/report", Scope::kRead, "cell_report", &RestApi::CellReport},
@@ -265,8 +267,26 @@ HttpResponse RestApi::CancelCell(const RouteCall& call) {
   return JsonResponse(202, CellJson(*cell));
 }
 
-HttpResponse RestApi::Readiness(const RouteCall&) {
-  auto combinations = core_.Readiness();
+HttpResponse RestApi::HideCell(const RouteCall& call) {
+  auto reason = ParseVisibilityReason(call.request.body);
+  if (!reason.ok()) return ErrorResponse(reason.status());
+  auto cell = core_.SetHidden(call.params.at(0), true, call.principal, *reason);
+  if (!cell.ok()) return ErrorResponse(cell.status());
+  return JsonResponse(200, CellJson(*cell));
+}
+
+HttpResponse RestApi::ShowCell(const RouteCall& call) {
+  auto reason = ParseVisibilityReason(call.request.body);
+  if (!reason.ok()) return ErrorResponse(reason.status());
+  auto cell = core_.SetHidden(call.params.at(0), false, call.principal, *reason);
+  if (!cell.ok()) return ErrorResponse(cell.status());
+  return JsonResponse(200, CellJson(*cell));
+}
+
+HttpResponse RestApi::Readiness(const RouteCall& call) {
+  auto include_hidden = ParseIncludeHidden(call.url);
+  if (!include_hidden.ok()) return ErrorResponse(include_hidden.status());
+  auto combinations = core_.Readiness(*include_hidden);
   if (!combinations.ok()) return ErrorResponse(combinations.status());
   return JsonResponse(200, ReadinessJson(*combinations));
 }

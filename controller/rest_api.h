@@ -72,6 +72,8 @@ class RestApi {
   HttpResponse GetCell(const RouteCall& call);
   HttpResponse CancelCell(const RouteCall& call);
   HttpResponse RetryCell(const RouteCall& call);
+  HttpResponse HideCell(const RouteCall& call);
+  HttpResponse ShowCell(const RouteCall& call);
   HttpResponse Readiness(const RouteCall& call);
   HttpResponse CellMatrix(const RouteCall& call);
   HttpResponse CellReport(const RouteCall& call);

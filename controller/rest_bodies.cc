@@ -56,6 +56,28 @@ Result<std::string> ParseCancelReason(std::string_view text) {
   return reason.get<std::string>();
 }
 
+Result<std::string> ParseVisibilityReason(std::string_view text) {
+  GH_ASSIGN_OR_RETURN(const json body, ObjectBody(text, {"reason"}));
+  const auto reason = body.find("reason");
+  if (reason == body.end() || !reason->is_string() ||
+      reason->get_ref<const std::string&>().empty() ||
+      reason->get_ref<const std::string&>().size() > kMaxCancelReasonBytes) {
+    return Status::InvalidArgument("field 'reason': required, a string of 1 to " +
+                                   std::to_string(kMaxCancelReasonBytes) + " bytes");
+  }
+  return reason->get<std::string>();
+}
+
+Result<bool> ParseIncludeHidden(const boost::urls::url_view& url) {
+  auto it = url.params().find("include_hidden");
+  if (it == url.params().end()) return false;
+  const std::string value((*it).value);
+  if (value == "true") return true;
+  if (value == "false") return false;
+  return Status::InvalidArgument("query parameter 'include_hidden': expected true or false, got '" +
+                                 value + "'");
+}
+
 Result<TokenRequest> ParseTokenRequest(std::string_view text) {
   GH_ASSIGN_OR_RETURN(const json body, ObjectBody(text, {"name", "kind", "scopes"}));
   TokenRequest r;
@@ -112,6 +134,7 @@ Result<MatrixQuery> ParseMatrixQuery(const boost::urls::url_view& url) {
   q.filter.commit = text("commit");
   q.filter.model_family = text("model_family");
   q.status = text("status");
+  GH_ASSIGN_OR_RETURN(q.filter.include_hidden, ParseIncludeHidden(url));
   const bool hex40 = q.filter.commit.size() == 40 &&
                      q.filter.commit.find_first_not_of("0123456789abcdef") == std::string::npos;
   if (!q.filter.commit.empty() && !hex40) {

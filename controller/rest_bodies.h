@@ -20,6 +20,14 @@ namespace gatehouse::controller {
 /// empty body is no reason. The reason is stored and shown, never executed.
 Result<std::string> ParseCancelReason(std::string_view body);
 
+/// POST /api/v1/cells/{id}/hide and /show: {"reason": "<1 to 1000 bytes>"}, required (an
+/// operator's action on shared evidence says why).
+Result<std::string> ParseVisibilityReason(std::string_view body);
+
+/// The `include_hidden` query parameter of GET /api/v1/readiness and /api/v1/matrix: "true"
+/// or "false" (absent: false).
+Result<bool> ParseIncludeHidden(const boost::urls::url_view& url);
+
 /// POST /api/v1/tokens: {"name": "...", "kind": "api"|"agent", "scopes": ["read", ...]}.
 struct TokenRequest {
   std::string name;
@@ -46,7 +54,7 @@ Result<LogQuery> ParseLogQuery(const boost::urls::url_view& url);
 
 /// GET /api/v1/matrix?repository=R&branch=B&commit=C&model_family=F&status=S: each absent or
 /// empty matches everything; C is 40 hex; S an attempt state ("failed") or a readiness word
-/// ("validated", controller/readiness.h).
+/// ("validated", controller/readiness.h); include_hidden as ParseIncludeHidden.
 struct MatrixQuery {
   MatrixFilter filter;
   std::string status;

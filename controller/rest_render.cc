@@ -62,6 +62,11 @@ json CellJson(const CellDetail& d) {
                           {"next_try_at", w.state == "pending" ? json(w.next_try_at) : json(nullptr)},
                           {"delivered_at", NullIfEmpty(w.delivered_at)}});
   }
+  json visibility = json::array();
+  for (const CellVisibilityAction& v : d.visibility) {
+    visibility.push_back(
+        {{"action", v.action}, {"actor", v.actor}, {"reason", v.reason}, {"at", v.at}});
+  }
   return {{"id", d.cell.id},
           {"status", AttemptStateName(d.status)},
           {"spec", spec.is_discarded() ? json(d.cell.spec_json) : spec},
@@ -72,7 +77,9 @@ json CellJson(const CellDetail& d) {
           {"phases", phases},
           {"waiting_reason", NullIfEmpty(d.waiting_reason)},
           {"artifacts", artifacts},
-          {"webhook_deliveries", deliveries}};
+          {"webhook_deliveries", deliveries},
+          {"hidden", d.cell.hidden},
+          {"visibility", visibility}};
 }
 
 json ReadinessJson(const std::vector<ReadinessCombination>& combinations) {
@@ -190,7 +197,8 @@ json CellSummaryJson(const CellSummary& s) {
           {"repository", s.cell.repository},
           {"branch", s.cell.branch},
           {"commit", s.cell.commit_sha},
-          {"created_at", s.cell.created_at}};
+          {"created_at", s.cell.created_at},
+          {"hidden", s.cell.hidden}};
 }
 
 HttpResponse JsonResponse(int status, const json& body) {

@@ -16,7 +16,7 @@ const KEY_FIGURES = {
   logprob_parity: ['kl_mean', 'max_abs_diff'],
   training: ['loss_rel_diff_step_1', 'grad_norm_max_rel_diff'],
   save: ['tensors_equal', 'tensors_compared'],
-  parallel: ['kl_mean_vs_tp1', 'grad_worst_tensor_rel_diff'],
+  parallel: ['kl_mean_vs_tp1', 'grad_nearest_bar_rel_diff', 'grad_worst_tensor_rel_diff'],
   cuda_graph: ['tokens_matched', 'steps_kl_mean'],
   performance: ['prefill_speedup', 'decode_speedup'],
   reference: ['prompts'],
@@ -105,8 +105,13 @@ function parallelPlot(phase) {
   if (Number.isFinite(v('kl_max_across_ranks'))) bars.push({ name: 'kl_max_across_ranks (nats)', value: v('kl_max_across_ranks') });
   if (Number.isFinite(v('max_abs_diff_vs_tp1'))) bars.push({ name: 'max_abs_diff_vs_tp1 (logits)', value: v('max_abs_diff_vs_tp1') });
   if (Number.isFinite(v('loss_rel_diff'))) bars.push({ name: 'loss_rel_diff', value: v('loss_rel_diff') });
-  if (Number.isFinite(v('grad_worst_tensor_rel_diff'))) {
-    bars.push({ name: 'grad_worst_tensor_rel_diff', value: v('grad_worst_tensor_rel_diff'), bar: v('grad_worst_tensor_bar') });
+  // grad_worst_tensor_*: the same figures under their name in evidence stored before.
+  for (const [name, bar] of [['grad_nearest_bar_rel_diff', 'grad_nearest_bar'],
+                             ['grad_worst_tensor_rel_diff', 'grad_worst_tensor_bar']]) {
+    if (Number.isFinite(v(name))) {
+      bars.push({ name, value: v(name), bar: v(bar) });
+      break;
+    }
   }
   if (!bars.length) return null;
   const fig = barPlot(bars.filter((b) => b.value > 0 || Number.isFinite(b.bar)),

@@ -8,195 +8,10 @@
 #include <string>
 #include <utility>
 
+#include "controller/store/sqlite_statement.h"
+
 namespace gatehouse::controller {
 namespace {
-
-Status SqliteError(sqlite3* db, std::string_view what) {
-  return Status::Internal(std::string(what) + ": " + sqlite3_errmsg(db));
-}
-
-}  // namespace
-
-/// The connection's prepared statements, kept and reused by SQL text: preparing every
-/// statement anew was about 18% of the controller's CPU under the load bench
-/// (tools/loadbench). A statement whose cached copy is in use (a nested Stmt of the same SQL)
-/// is prepared afresh and finalized after use. Not thread-safe; used under Store::mu_.
-class StatementCache {
- public:
-  explicit StatementCache(sqlite3* db) : db_(db) {}
-  ~StatementCache() {
-    for (auto& [sql, entry] : cache_) sqlite3_finalize(entry.stmt);
-  }
-  StatementCache(const StatementCache&) = delete;
-  StatementCache& operator=(const StatementCache&) = delete;
-
-  sqlite3* db() const { return db_; }
-
-  /// A cached statement's entry; its `in_use` is set while a Stmt holds it.
-  struct Entry {
-    sqlite3_stmt* stmt = nullptr;
-    bool in_use = false;
-  };
-
-  /// A statement for `sql` ready to bind, or null with the SQLite error code in `rc`.
-  /// `entry` is the cache entry it belongs to, or null for a one-off copy (the cached one was
-  /// in use); pass both to Release.
-  sqlite3_stmt* Acquire(std::string_view sql, int* rc, Entry** entry) {
-    *entry = nullptr;
-    auto it = cache_.find(sql);
-    if (it != cache_.end() && !it->second.in_use) {
-      it->second.in_use = true;
-      *rc = SQLITE_OK;
-      *entry = &it->second;
-      return it->second.stmt;
-    }
-    sqlite3_stmt* stmt = nullptr;
-    const bool keep = it == cache_.end();
-    *rc = sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()),
-                             keep ? SQLITE_PREPARE_PERSISTENT : 0, &stmt, nullptr);
-    if (*rc != SQLITE_OK) {
-      sqlite3_finalize(stmt);
-      return nullptr;
-    }
-    if (keep) *entry = &cache_.emplace(std::string(sql), Entry{stmt, true}).first->second;
-    return stmt;
-  }
-
-  /// Returns `stmt` from Acquire: reset with its bindings cleared when cached (`entry`), else
-  /// finalized.
-  static void Release(sqlite3_stmt* stmt, Entry* entry) {
-    if (entry == nullptr) {
-      sqlite3_finalize(stmt);
-      return;
-    }
-    sqlite3_reset(stmt);
-    sqlite3_clear_bindings(stmt);
-    entry->in_use = false;
-  }
-
- private:
-  sqlite3* db_;
-  std::map<std::string, Entry, std::less<>> cache_;  // node-based: entries never move
-};
-
-namespace {
-
-/// A prepared statement (from the connection's StatementCache) with positional binds (1-based)
-/// and typed column reads (0-based). Not thread-safe; used under Store::mu_.
-class Stmt {
- public:
-  Stmt(StatementCache& cache, std::string_view sql) : db_(cache.db()) {
-    stmt_ = cache.Acquire(sql, &rc_, &entry_);
-    if (rc_ != SQLITE_OK) error_ = SqliteError(db_, "prepare '" + std::string(sql) + "'");
-  }
-  ~Stmt() { StatementCache::Release(stmt_, entry_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-
-  Stmt& Bind(int i, std::string_view v) {
-    if (ok())
-      Check(sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
-    return *this;
-  }
-  Stmt& BindBlob(int i, std::string_view v) {
-    if (ok())
-      Check(sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
-    return *this;
-  }
-  Stmt& Bind(int i, int64_t v) {
-    if (ok()) Check(sqlite3_bind_int64(stmt_, i, v));
-    return *this;
-  }
-  Stmt& Bind(int i, std::optional<int64_t> v) {
-    if (!ok()) return *this;
-    if (v) return Bind(i, *v);
-    Check(sqlite3_bind_null(stmt_, i));
-    return *this;
-  }
-
-  /// Steps once. Returns true while a row is available; false when done or on error (see
-  /// status()).
-  bool Step() {
-    if (!ok()) return false;
-    int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc != SQLITE_DONE) error_ = SqliteError(db_, "step");
-    return false;
-  }
-  /// Runs a statement that returns no row.
-  Status Exec() {
-    while (Step()) {
-    }
-    return error_;
-  }
-
-  std::string Text(int col) const {
-    const unsigned char* p = sqlite3_column_text(stmt_, col);
-    int n = sqlite3_column_bytes(stmt_, col);
-    return p ? std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(n))
-             : std::string();
-  }
-  std::string Blob(int col) const {
-    const void* p = sqlite3_column_blob(stmt_, col);
-    int n = sqlite3_column_bytes(stmt_, col);
-    return p ? std::string(static_cast<const char*>(p), static_cast<size_t>(n)) : std::string();
-  }
-  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
-  bool IsNull(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
-
-  bool ok() const { return error_.ok(); }
-  const Status& status() const { return error_; }
-
- private:
-  void Check(int rc) {
-    if (rc != SQLITE_OK) error_ = SqliteError(db_, "bind");
-  }
-  sqlite3* db_;
-  StatementCache::Entry* entry_ = nullptr;  // null: a one-off statement
-  sqlite3_stmt* stmt_ = nullptr;
-  int rc_ = SQLITE_OK;
-  Status error_;
-};
-
-Status ExecSql(sqlite3* db, const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return Status::Internal(std::string("'") + sql + "': " + msg);
-  }
-  return Status::Ok();
-}
-
-/// BEGIN IMMEDIATE on construction; ROLLBACK on destruction unless Commit() succeeded.
-/// The three statements are prepared once (StatementCache), like every other.
-class Transaction {
- public:
-  explicit Transaction(StatementCache& cache) : cache_(cache) {
-    begin_ = Stmt(cache, "BEGIN IMMEDIATE").Exec();
-  }
-  ~Transaction() {
-    if (begin_.ok() && !committed_) (void)Stmt(cache_, "ROLLBACK").Exec();
-  }
-  Status begin_status() const { return begin_; }
-  Status Commit() {
-    GH_RETURN_IF_ERROR(Stmt(cache_, "COMMIT").Exec());
-    committed_ = true;
-    return Status::Ok();
-  }
-
- private:
-  StatementCache& cache_;
-  Status begin_;
-  bool committed_ = false;
-};
-
-Result<AttemptState> StateColumn(const Stmt& s, int col) {
-  std::string name = s.Text(col);
-  auto state = ParseAttemptState(name);
-  if (!state) return Status::DataLoss("unknown attempt state '" + name + "' in the database");
-  return *state;
-}
 
 constexpr char kAttemptColumns[] =
     "id, cell_id, number, state, agent_id, reason, run_status, created_at, started_at, ended_at, "
@@ -372,9 +187,13 @@ Result<bool> Store::CreateCellIfAbsent(const CellRecord& cell) {
 
 Result<std::optional<CellRecord>> Store::GetCell(const std::string& id) {
   std::lock_guard lock(mu_);
-  Stmt s(*statements_, std::string("SELECT ") + kCellColumns + " FROM cells WHERE id = ?");
+  Stmt s(*statements_, std::string("SELECT ") + kCellColumns + ", hidden FROM cells WHERE id = ?");
   s.Bind(1, id);
-  if (s.Step()) return std::optional<CellRecord>(CellFromRow(s));
+  if (s.Step()) {
+    CellRecord cell = CellFromRow(s);
+    cell.hidden = s.Int(9) != 0;
+    return std::optional<CellRecord>(std::move(cell));
+  }
   GH_RETURN_IF_ERROR(s.status());
   return std::optional<CellRecord>();
 }
@@ -384,14 +203,15 @@ Result<std::vector<CellSummary>> Store::ListCells(int limit, int offset) {
   Stmt s(*statements_,
          "SELECT c.id, c.spec_json, c.repository, c.commit_sha, c.branch, c.model_family, "
          "c.created_at, c.submitter, c.priority, "
-         "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1) "
-         "FROM cells c ORDER BY c.created_at DESC, c.rowid DESC LIMIT ? OFFSET ?");
+         "(SELECT a.state FROM attempts a WHERE a.cell_id = c.id ORDER BY a.number DESC LIMIT 1), "
+         "c.hidden FROM cells c ORDER BY c.created_at DESC, c.rowid DESC LIMIT ? OFFSET ?");
   s.Bind(1, int64_t{limit}).Bind(2, int64_t{offset});
   std::vector<CellSummary> out;
   while (s.Step()) {
     CellSummary summary;
     summary.cell = CellFromRow(s);
     GH_ASSIGN_OR_RETURN(summary.status, StateColumn(s, 9));
+    summary.cell.hidden = s.Int(10) != 0;
     out.push_back(std::move(summary));
   }
   GH_RETURN_IF_ERROR(s.status());
@@ -1060,13 +880,15 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
          "checkpoint_digest, device, precision, tp, dp, pp, ep, mode, id, repository, branch, "
          "commit_sha, max(created_at), count(*), (SELECT a.id FROM attempts a WHERE a.cell_id = "
          "c.id ORDER BY a.number DESC LIMIT 1) AS last_attempt "
-         "FROM cells c WHERE kind = '' AND (?1 = '' OR repository = ?1) AND (?2 = '' OR branch = ?2) "
+         "FROM cells c WHERE kind = '' AND hidden <= ?5 "
+         "AND (?1 = '' OR repository = ?1) AND (?2 = '' OR branch = ?2) "
          "AND (?3 = '' OR commit_sha = ?3) AND (?4 = '' OR model_family = ?4) "
          "GROUP BY model_family, checkpoint_digest, device, precision, tp, dp, pp, ep, mode) g "
          "LEFT JOIN attempts a ON a.id = g.last_attempt "
          "ORDER BY g.model_family, g.checkpoint_path, g.checkpoint_digest, g.device, g.precision, "
          "g.tp, g.dp, g.pp, g.ep, g.mode");
-  s.Bind(1, f.repository).Bind(2, f.branch).Bind(3, f.commit).Bind(4, f.model_family);
+  s.Bind(1, f.repository).Bind(2, f.branch).Bind(3, f.commit).Bind(4, f.model_family)
+      .Bind(5, int64_t{f.include_hidden ? 1 : 0});
   std::vector<MatrixSquare> out;
   while (s.Step()) {
     MatrixSquare q;

@@ -123,12 +123,22 @@ class Store {
   Result<std::vector<CellSummary>> ListCells(int limit, int offset);
 
   /// The newest validation cell of every square (migrations/0011_matrix.sql) among the cells
-  /// `filter` matches, with its latest attempt's state and the square's count, sorted by
+  /// `filter` matches (hidden ones only with filter.include_hidden), with its latest attempt's state and the square's count, sorted by
   /// family, checkpoint, device, precision, topology and mode.
   Result<std::vector<MatrixSquare>> Matrix(const MatrixFilter& filter);
 
   /// The repositories, branches and model families of the stored validation cells.
   Result<MatrixChoices> ListMatrixChoices();
+
+  /// Hides (`hidden`) or shows cell `cell_id` and records the action with `actor`, `reason`
+  /// and the store's clock, in one transaction (cell_visibility.cc, migrations/0012).
+  /// Errors: NOT_FOUND for an unknown cell; FAILED_PRECONDITION "cell '<id>' is already
+  /// hidden|shown" (nothing recorded).
+  Result<CellVisibilityAction> SetCellHidden(const std::string& cell_id, bool hidden,
+                                             const std::string& actor, const std::string& reason);
+
+  /// Every hide and show of `cell_id`, oldest first (empty for an unknown cell).
+  Result<std::vector<CellVisibilityAction>> ListCellVisibility(const std::string& cell_id);
 
   /// Attempts of a cell, by number ascending.
   Result<std::vector<AttemptRecord>> ListAttempts(const std::string& cell_id);

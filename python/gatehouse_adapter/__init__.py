@@ -5,7 +5,13 @@ worker (which embeds the interpreter) imports it and runs the same gates as for 
 families: config accounting, load coverage, logits parity against transformers, decode,
 training, save/reload and, where ``parallelize`` is given, tensor parallelism.
 
-This package is pure Python and depends only on torch.
+This package is pure Python and depends only on torch. Beside the contract it holds what every
+adapter needs and no framework ships: :class:`ConfigReader` and :class:`Fields`
+(``gatehouse_adapter.config``: typed config.json reads whose ValueErrors name the field and the
+value, and the config gate's accounting), :class:`KeyMap` (``gatehouse_adapter.names``:
+checkpoint <-> model name templates), and ``gatehouse_adapter.frameworks`` (shims that present a
+framework's own model spec, torchtitan's or AReaL Archon's, as a :class:`ModelSpec`; imported on
+demand, they need transformers).
 
 Shapes and dtypes
 -----------------
@@ -95,6 +101,12 @@ __all__ = [
     "CoverageError",
     "check_coverage",
     "assign_parameters",
+    "COMMON_IGNORED",
+    "ConfigReader",
+    "Fields",
+    "field_error",
+    "KeyMap",
+    "check_tied_alias",
 ]
 
 
@@ -194,3 +206,8 @@ def assign_parameters(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> to
     for name, p in model.named_parameters():
         p.copy_(sd[name].to(device=p.device, dtype=p.dtype))
     return model
+
+
+# Helpers every adapter shares (no framework ships them); after the contract's own names.
+from gatehouse_adapter.config import COMMON_IGNORED, ConfigReader, Fields, field_error  # noqa: E402
+from gatehouse_adapter.names import KeyMap, check_tied_alias  # noqa: E402

@@ -352,6 +352,107 @@ TEST_F(AttemptRunnerTest, AnAttemptRunsInItsOwnCgroupAndAnOomKillIsNamed) {
   EXPECT_FALSE(std::filesystem::exists(cgroup.parent / name)) << "removed after the attempt";
 }
 
+// A worker that passes identity, starts config and dies there with a Python traceback whose last
+// line carries an address that differs from run to run; with `flaky_mark`, only while that file
+// does not exist (it creates it), and otherwise finishes.
+std::string CrashingWorker(const std::filesystem::path& flaky_mark = {}) {
+  const std::string crash =
+      "echo '{\"event\":\"phase_start\",\"phase\":\"identity\",\"ts_ms\":1}'\n"
+      "echo '{\"event\":\"phase_end\",\"phase\":\"identity\",\"status\":\"PASS\","
+      "\"reason\":\"\",\"classification\":\"\",\"duration_ms\":1,\"ts_ms\":2}'\n"
+      "echo '{\"event\":\"phase_start\",\"phase\":\"config\",\"ts_ms\":3}'\n"
+      "echo 'Traceback (most recent call last):' >&2\n"
+      "echo \"ValueError: rope_scaling.factor unsupported at 0x7f$$\" >&2\n"
+      "exit 1\n";
+  if (flaky_mark.empty()) return "#!/bin/sh\n" + crash;
+  return "#!/bin/sh\nif [ ! -e " + flaky_mark.string() + " ]; then\ntouch " +
+         flaky_mark.string() + "\n" + crash +
+         "fi\necho '{\"event\":\"run_end\",\"status\":\"PASS\",\"ts_ms\":4}'\n";
+}
+
+// Verifies a worker that crashes inside a phase is rerun on the same inputs up to that phase
+// (its run.json in <attempt>/rerun, its output on "rerun.*" streams, its events not relayed),
+// and the same crash again ends the attempt "finished" with that phase FAIL adapter_contract
+// naming the crash, every later phase SKIPPED and run_end FAIL, in one event sequence.
+TEST_F(AttemptRunnerTest, TheSameCrashTwiceIsTheAdaptersFail) {
+  config_.worker = tmp_.path() / "crashing-worker.sh";
+  WriteFile(config_.worker, CrashingWorker(), true);
+  AttemptRunner runner(config_);
+  runner.Run(Assignment(51, good_), sink_);
+  ASSERT_EQ(sink_.ends.size(), 1u);
+  EXPECT_EQ(sink_.ends[0].outcome, "finished") << sink_.ends[0].reason;
+  EXPECT_EQ(sink_.ends[0].exit_code, 1);
+  ASSERT_EQ(sink_.events.size(), 3u + 1 + (kPhases.size() - 2) + 1);
+  for (size_t i = 0; i < sink_.events.size(); ++i) EXPECT_EQ(sink_.events[i].seq, int64_t(i) + 1);
+  EXPECT_EQ(sink_.ends[0].seq, int64_t(sink_.events.size()) + 1);
+  const json fail = json::parse(sink_.events[3].json);
+  EXPECT_EQ(fail["event"], "phase_end");
+  EXPECT_EQ(fail["phase"], "config");
+  EXPECT_EQ(fail["status"], "FAIL");
+  EXPECT_EQ(fail["classification"], "adapter_contract");
+  const std::string reason = fail["reason"];
+  EXPECT_EQ(reason.rfind("the worker exited with code 1 in phase config, and again when the agent "
+                         "reran phases up to config on the same inputs",
+                         0),
+            0u)
+      << reason;
+  EXPECT_NE(reason.find("last stderr lines: Traceback (most recent call last): | ValueError: "
+                        "rope_scaling.factor unsupported at 0x7f"),
+            std::string::npos)
+      << reason;
+  const json construct = json::parse(sink_.events[4].json);
+  EXPECT_EQ(construct["phase"], "construct");
+  EXPECT_EQ(construct["status"], "SKIPPED");
+  EXPECT_EQ(construct["reason"], "skipped: earlier phase config ended FAIL");
+  const json performance = json::parse(sink_.events[sink_.events.size() - 2].json);
+  EXPECT_EQ(performance["phase"], "performance");
+  EXPECT_EQ(performance["reason"], "not requested");
+  EXPECT_EQ(json::parse(sink_.events.back().json)["status"], "FAIL");
+  const auto dir = config_.work_dir / "attempts" / "51";
+  EXPECT_EQ(json::parse(ReadFile(dir / "run.json"))["phases"].size(), kDefaultPhases.size());
+  EXPECT_EQ(json::parse(ReadFile(dir / "rerun" / "run.json"))["phases"],
+            json::array({"identity", "config"}));
+  EXPECT_NE(sink_.LogText("rerun.worker").find("ValueError"), std::string::npos);
+  EXPECT_EQ(sink_.LogText("rerun.worker-stdout"), "");
+}
+
+// Verifies a crash that the rerun does not repeat stays an error (a retry may clear it), its
+// reason saying so; and a crash between phases or by SIGKILL (from outside: the OOM killer, an
+// operator) is not rerun at all.
+TEST_F(AttemptRunnerTest, ACrashNotRepeatedOrFromOutsideStaysAnError) {
+  config_.worker = tmp_.path() / "flaky-worker.sh";
+  WriteFile(config_.worker, CrashingWorker(tmp_.path() / "crashed-once"), true);
+  {
+    AttemptRunner runner(config_);
+    runner.Run(Assignment(52, good_), sink_);
+    ASSERT_EQ(sink_.ends.size(), 1u);
+    EXPECT_EQ(sink_.ends[0].outcome, "error");
+    const std::string& reason = sink_.ends[0].reason;
+    EXPECT_EQ(reason.rfind("worker exited with code 1 before run_end in phase config; its last "
+                           "stderr lines: Traceback",
+                           0),
+              0u)
+        << reason;
+    const std::string rerun = "; a rerun of the phases up to config on the same inputs did not crash";
+    EXPECT_EQ(reason.substr(reason.size() - std::min(reason.size(), rerun.size())), rerun) << reason;
+    EXPECT_EQ(sink_.events.size(), 3u) << "the rerun's events are not the attempt's";
+  }
+  for (const char* body : {"echo 'died before any phase' >&2\nexit 1\n",
+                           "echo '{\"event\":\"phase_start\",\"phase\":\"identity\",\"ts_ms\":1}'\n"
+                           "kill -9 $$\n"}) {
+    FakeAttemptSink sink;
+    config_.worker = tmp_.path() / "outside-worker.sh";
+    WriteFile(config_.worker, std::string("#!/bin/sh\n") + body, true);
+    AttemptRunner runner(config_);
+    runner.Run(Assignment(53, good_), sink);
+    ASSERT_EQ(sink.ends.size(), 1u);
+    EXPECT_EQ(sink.ends[0].outcome, "error");
+    EXPECT_EQ(sink.ends[0].reason.find("rerun"), std::string::npos) << sink.ends[0].reason;
+    EXPECT_FALSE(std::filesystem::exists(config_.work_dir / "attempts" / "53" / "rerun"));
+    EXPECT_EQ(sink.LogText("rerun.worker"), "");
+  }
+}
+
 // Verifies an agent without a cgroup tells its ranks so, with the reason.
 TEST_F(AttemptRunnerTest, WithoutACgroupTheWorkerIsToldWhy) {
   CgroupConfig none;

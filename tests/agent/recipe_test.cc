@@ -1,5 +1,5 @@
 // Tests of gatehouse.recipe.json parsing and validation (docs/protocols.md §5).
-#include "agent/recipe.h"
+#include "common/recipe.h"
 
 #include <gtest/gtest.h>
 
@@ -159,6 +159,44 @@ TEST(RecipeTest, PythonLane) {
 }
 
 // Verifies that a checkout without a recipe reports exactly which commit lacks it.
+// Verifies "families": optional in both lanes, each a model_family name, refused empty or
+// malformed naming the element; Serves and CheckServes answer for declared and undeclared ones.
+TEST(RecipeTest, DeclaredFamilies) {
+  const std::string base =
+      R"({"recipe_version": 1, "build": {"system": "cmake"}, "plugins": ["libx.so"])";
+  Result<Recipe> none = ParseRecipe(base + "}");
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->families.empty());
+  EXPECT_TRUE(none->Serves("anything"));
+  EXPECT_TRUE(CheckServes(*none, "anything", "abc").ok());
+
+  Result<Recipe> two = ParseRecipe(base + R"(, "families": ["olmo2", "llama"]})");
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(two->families, (std::vector<std::string>{"olmo2", "llama"}));
+  EXPECT_TRUE(two->Serves("olmo2"));
+  EXPECT_FALSE(two->Serves("olmo-2"));
+  EXPECT_TRUE(CheckServes(*two, "llama", "abc").ok());
+  const Status refused = CheckServes(*two, "olmo-2", "0123abc");
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(),
+            "field 'model_family' = \"olmo-2\": the adapter at 0123abc declares the families "
+            "\"olmo2\", \"llama\" (gatehouse.recipe.json)");
+
+  Result<Recipe> python = ParseRecipe(
+      R"({"recipe_version": 1, "lane": "python", "build": {"system": "pip"},
+          "entries": ["pkg.spec:SPEC"], "families": ["olmo2"]})");
+  ASSERT_TRUE(python.ok()) << python.status().ToString();
+  EXPECT_EQ(python->families, std::vector<std::string>{"olmo2"});
+
+  EXPECT_EQ(ParseRecipe(base + R"(, "families": []})").status().message(),
+            "gatehouse.recipe.json: field 'families': must name at least one family when present");
+  EXPECT_EQ(ParseRecipe(base + R"(, "families": ["ok", "../x"]})").status().message(),
+            "gatehouse.recipe.json: field 'families[1]': must be a model_family name "
+            "([A-Za-z0-9_.-]), got \"../x\"");
+  EXPECT_EQ(ParseRecipe(base + R"(, "families": "llama"})").status().message(),
+            "gatehouse.recipe.json: field 'families': must be an array of strings, got \"llama\"");
+}
+
 TEST(RecipeTest, MissingRecipeNamesTheCommit) {
   TempDir dir;
   auto recipe = LoadRecipe(dir.path(), "0123456789abcdef0123456789abcdef01234567");

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/phases.h"
 #include "tests/common/sample_spec.h"
 
 namespace gatehouse {
@@ -156,6 +157,30 @@ TEST(CellSpecTest, BodyDefaults) {
   EXPECT_EQ(r.spec.decode, CellSpec::Decode{});
   EXPECT_EQ(r.spec.topology.world_size(), 1);
   EXPECT_EQ(r.spec.phases, SampleSpec().phases);
+}
+
+// Verifies a submitted cell whose phases lack a prerequisite (PhasePrerequisite) is refused
+// naming the phase and the missing one, transitively, while every phase with its chain, the
+// default set and a frozen spec with the same gap (stored before the check) are accepted.
+TEST(CellSpecTest, PhasesNeedTheirPrerequisites) {
+  EXPECT_EQ(BodyError({{"phases", {"identity", "config", "load", "inference"}}}),
+            "field 'phases': phase \"load\" needs phase \"construct\", which is not requested "
+            "(add it)");
+  EXPECT_THAT(BodyError({{"phases", {"save"}}}), HasSubstr("\"save\" needs phase \"load\""));
+  EXPECT_THAT(BodyError({{"phases", {"construct", "identity"}}}),
+              HasSubstr("\"construct\" needs phase \"config\""));
+  for (std::string_view phase : kPhases) {
+    json phases = json::array();
+    for (std::optional<std::string_view> p = phase; p; p = PhasePrerequisite(*p)) {
+      phases.push_back(std::string(*p));
+    }
+    EXPECT_EQ(BodyError({{"phases", phases}}), "") << phases.dump();
+  }
+  EXPECT_EQ(BodyError({{"phases", {"identity"}}}), "");
+  EXPECT_EQ(BodyError({{"phases", {"config", "identity"}}}), "");
+  json frozen = CellSpecToJson(SampleSpec());
+  frozen["phases"] = {"identity", "config", "load"};
+  EXPECT_EQ(FrozenError(frozen), "");
 }
 
 // Verifies GPU-model pins match case-insensitive substrings of nvidia-smi's names.

@@ -219,9 +219,40 @@ TEST_F(IdentityTest, DefaultsAreFilledExactlyAsTheProtocolSays) {
 TEST_F(IdentityTest, PhasesAreNormalisedToPhaseOrder) {
   // Verifies requested phases are a set: their order does not change the id.
   json a = BaseBody(), b = BaseBody();
-  a["phases"] = {"load", "identity"};
-  b["phases"] = {"identity", "load"};
+  a["phases"] = {"load", "identity", "construct", "config"};
+  b["phases"] = {"identity", "config", "construct", "load"};
   EXPECT_EQ(IdOf(a), IdOf(b));
+}
+
+TEST_F(IdentityTest, ModelFamilyIsCheckedAgainstTheRecipeAtTheCommit) {
+  // Verifies the recipe at the resolved commit decides before anything is frozen: a family it
+  // does not declare is refused naming the declared ones, a recipe that does not parse is
+  // refused with its error, a declared family and a commit without a recipe pass.
+  EXPECT_TRUE(freezer_.FreezeAndWait(BaseBody().dump()).ok());  // no recipe at the commit
+  {
+    std::lock_guard lock(resolver_.files_mu);
+    resolver_.files["gatehouse.recipe.json"] =
+        R"({"recipe_version": 1, "families": ["llama", "olmo2"], "build": {"system": "cmake"},
+            "plugins": ["libx.so"]})";
+  }
+  EXPECT_TRUE(freezer_.FreezeAndWait(BaseBody().dump()).ok());
+  json typo = BaseBody();
+  typo["model_family"] = "olmo-2";
+  const Status refused = ErrorOf(typo);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), std::string("field 'model_family' = \"olmo-2\": the adapter at ") +
+                                   FakeCommitResolver::kSha +
+                                   " declares the families \"llama\", \"olmo2\" "
+                                   "(gatehouse.recipe.json)");
+  {
+    std::lock_guard lock(resolver_.files_mu);
+    resolver_.files["gatehouse.recipe.json"] = R"({"recipe_version": 2})";
+  }
+  const Status broken = ErrorOf(BaseBody());
+  EXPECT_EQ(broken.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(broken.message(), std::string("repository '/repos/adapt' at ") +
+                                  FakeCommitResolver::kSha +
+                                  ": gatehouse.recipe.json: field 'recipe_version': must be 1, got 2");
 }
 
 TEST_F(IdentityTest, UnknownFieldIsRejectedByName) {
@@ -257,6 +288,9 @@ TEST_F(IdentityTest, BadValuesNameFieldAndValue) {
       {{{"precision", "fp8"}}, "precision", "\"fp8\""},
       {{{"mode", 3}}, "mode", "3"},
       {{{"phases", {"identity", "warp"}}}, "phases", "\"warp\""},
+      {{{"phases", {"identity", "config", "load", "save"}}}, "phases", "\"load\" needs phase \"construct\""},
+      {{{"phases", {"config", "construct", "save"}}}, "phases", "\"save\" needs phase \"load\""},
+      {{{"phases", {"construct"}}}, "phases", "\"construct\" needs phase \"config\""},
       {{{"model_family", "../olmo2"}}, "model_family", "\"../olmo2\""},
       {{{"model_family", ""}}, "model_family", "\"\""},
       {{{"commit", "abc"}}, "commit", "\"abc\""},

@@ -14,6 +14,7 @@ namespace gatehouse::controller {
 namespace {
 
 using testing::TempDir;
+using testing::WriteFile;
 
 // Runs a shell command and returns its standard output without the trailing newline.
 std::string Sh(const std::string& cmd) {
@@ -147,6 +148,35 @@ TEST_F(GitMirrorTest, AResolvedCommitIsRememberedWithoutOpeningTheMirror) {
   GitMirror fresh(dir_.path() / "mirrors");
   EXPECT_EQ(fresh.ResolveCommit(repo_, first).status().code(), StatusCode::kNotFound);
   std::filesystem::rename(repo_ + ".moved", repo_);
+}
+
+TEST_F(GitMirrorTest, ReadsAFileAtACommitFromTheMirror) {
+  // Verifies a file is read from the commit's tree (not the branch's newer one), a path the
+  // tree lacks or that names a directory is no file, a commit the mirror lacks is NOT_FOUND,
+  // and a read is remembered (answered after the mirror is gone).
+  std::filesystem::create_directories(std::filesystem::path(repo_) / "sub");
+  WriteFile(std::filesystem::path(repo_) / "sub" / "recipe.json", "version one\n");
+  Git("-C " + repo_ + " add sub/recipe.json");
+  const std::string first = Commit("with-file");
+  WriteFile(std::filesystem::path(repo_) / "sub" / "recipe.json", "version two\n");
+  Git("-C " + repo_ + " commit -q -am second");
+  ASSERT_TRUE(mirror_.ResolveBranch(repo_, "main").ok());
+  auto text = mirror_.ReadFileAt(repo_, first, "sub/recipe.json");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  ASSERT_TRUE(text->has_value());
+  EXPECT_EQ(**text, "version one\n");
+  auto absent = mirror_.ReadFileAt(repo_, first, "gatehouse.recipe.json");
+  ASSERT_TRUE(absent.ok()) << absent.status().ToString();
+  EXPECT_FALSE(absent->has_value());
+  auto directory = mirror_.ReadFileAt(repo_, first, "sub");
+  ASSERT_TRUE(directory.ok()) << directory.status().ToString();
+  EXPECT_FALSE(directory->has_value());
+  EXPECT_EQ(mirror_.ReadFileAt(repo_, std::string(40, 'e'), "sub/recipe.json").status().code(),
+            StatusCode::kNotFound);
+  std::filesystem::remove_all(mirror_.MirrorPath(repo_));
+  auto remembered = mirror_.ReadFileAt(repo_, first, "sub/recipe.json");
+  ASSERT_TRUE(remembered.ok() && remembered->has_value());
+  EXPECT_EQ(**remembered, "version one\n");
 }
 
 }  // namespace

@@ -721,6 +721,7 @@ TEST_F(RestAuthTest, EveryApiRouteNeedsATokenWithItsScope) {
       {"GET", "/api/v1/cells/" + id + "/report", "", Scope::kRead},
       {"GET", "/api/v1/cells/" + id + "/log?stream=worker", "", Scope::kRead},
       {"POST", "/api/v1/cells/" + id + "/cancel", "{\"reason\": \"test\"}", Scope::kSubmit},
+      {"POST", "/api/v1/cells/" + id + "/hide", "{\"reason\": \"test\"}", Scope::kAdmin},
       {"GET", "/api/v1/agents", "", Scope::kRead},
       {"GET", "/api/v1/matrix", "", Scope::kRead},
       {"GET", "/api/v1/tokens", "", Scope::kAdmin},
@@ -886,6 +887,64 @@ TEST_F(RestTest, ListsAgentsWithTheirLiveState) {
   EXPECT_EQ(after[0]["state"], "disconnected");
   EXPECT_TRUE(after[0]["drain_reason"].is_null());
   EXPECT_EQ(Http(port_, "POST", "/api/v1/agents", "{}").status, 405);
+}
+
+TEST_F(RestTest, AHiddenCellLeavesReadinessAndTheMatrixAndStaysReadable) {
+  // Verifies POST /api/v1/cells/{id}/hide and /show: a reason is required (400), an unknown
+  // cell is 404, hiding twice 409; a hidden cell is left out of readiness and the matrix unless
+  // include_hidden=true (anything but true/false is 400), is still listed and read with its
+  // evidence, and every action is recorded on it.
+  const Reply created = Http(port_, "POST", "/api/v1/cells", SubmitBody());
+  ASSERT_EQ(created.status, 201) << created.body;
+  const std::string id = json::parse(created.body)["id"];
+  EXPECT_EQ(json::parse(created.body)["hidden"], false);
+  const std::string hide = "/api/v1/cells/" + id + "/hide";
+  EXPECT_EQ(Http(port_, "GET", hide).status, 405);
+  EXPECT_EQ(Http(port_, "POST", hide).status, 400);
+  EXPECT_EQ(Http(port_, "POST", hide, R"({"reason":""})").status, 400);
+  EXPECT_EQ(Http(port_, "POST", hide, R"({"reason":"x","colour":1})").status, 400);
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/cells/nope/hide", R"({"reason":"x"})").status, 404);
+  const Reply hidden = Http(port_, "POST", hide, R"({"reason":"typo: olmo-2"})");
+  ASSERT_EQ(hidden.status, 200) << hidden.body;
+  const json h = json::parse(hidden.body);
+  EXPECT_EQ(h["hidden"], true);
+  ASSERT_EQ(h["visibility"].size(), 1u) << hidden.body;
+  EXPECT_EQ(h["visibility"][0]["action"], "hide");
+  EXPECT_EQ(h["visibility"][0]["reason"], "typo: olmo-2");
+  EXPECT_FALSE(h["visibility"][0]["actor"].get<std::string>().empty());
+  EXPECT_EQ(h["status"], "queued");  // nothing about the cell itself changed
+  EXPECT_EQ(Http(port_, "POST", hide, R"({"reason":"again"})").status, 409);
+
+  auto combinations = [&](const std::string& query) {
+    return json::parse(Http(port_, "GET", "/api/v1/readiness" + query).body)["combinations"];
+  };
+  auto rows = [&](const std::string& query) {
+    return json::parse(Http(port_, "GET", "/api/v1/matrix" + query).body)["rows"];
+  };
+  EXPECT_TRUE(combinations("").empty());
+  EXPECT_TRUE(rows("").empty());
+  EXPECT_EQ(combinations("?include_hidden=true").size(), 1u);
+  EXPECT_EQ(rows("?include_hidden=true").size(), 1u);
+  EXPECT_TRUE(rows("?include_hidden=false").empty());
+  EXPECT_EQ(Http(port_, "GET", "/api/v1/matrix?include_hidden=yes").status, 400);
+  const Reply bad = Http(port_, "GET", "/api/v1/readiness?include_hidden=1");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("include_hidden"), std::string::npos) << bad.body;
+  const json listed = json::parse(Http(port_, "GET", "/api/v1/cells").body)["cells"];
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0]["hidden"], true);
+
+  const Reply shown =
+      Http(port_, "POST", "/api/v1/cells/" + id + "/show", R"({"reason":"hid the wrong cell"})");
+  ASSERT_EQ(shown.status, 200) << shown.body;
+  const json s = json::parse(shown.body);
+  EXPECT_EQ(s["hidden"], false);
+  ASSERT_EQ(s["visibility"].size(), 2u);
+  EXPECT_EQ(s["visibility"][1]["action"], "show");
+  EXPECT_EQ(s["visibility"][1]["reason"], "hid the wrong cell");
+  EXPECT_EQ(Http(port_, "POST", "/api/v1/cells/" + id + "/show", R"({"reason":"x"})").status, 409);
+  EXPECT_EQ(combinations("").size(), 1u);
+  EXPECT_EQ(rows("").size(), 1u);
 }
 
 TEST_F(RestTest, ServesItsOpenApiDocument) {

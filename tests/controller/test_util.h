@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -139,7 +141,16 @@ class FakeCommitResolver : public CommitResolver {
     ++calls;
     return commit;
   }
+  /// `files` by path, the same at every commit; a path not in it is no file.
+  Result<std::optional<std::string>> ReadFileAt(const std::string&, const std::string&,
+                                                const std::string& path) override {
+    std::lock_guard lock(files_mu);
+    if (auto it = files.find(path); it != files.end()) return std::optional(it->second);
+    return std::optional<std::string>();
+  }
   int calls = 0;
+  std::mutex files_mu;
+  std::map<std::string, std::string> files;
 };
 
 /// An agent's outbound stream that records what the controller sends instead of sending it.

@@ -132,6 +132,12 @@ class ReferenceCellEndToEndTest : public ::testing::Test {
     Git(repo, {"init", "-q", "-b", "main"});
     Git(repo, {"add", "-A"});
     Git(repo, {"commit", "-q", "-m", "Ministral adapter"});
+    // The copied recipe still declares only models/' families: submit refuses "ministral" until
+    // the team adds it (branch `forgot-recipe` keeps that first commit).
+    Git(repo, {"branch", "forgot-recipe"});
+    ASSERT_NO_FATAL_FAILURE(
+        edit(repo / "gatehouse.recipe.json", "\"families\": [", "\"ministral\", "));
+    Git(repo, {"commit", "-q", "-am", "Declare ministral in the recipe"});
     Git(repo, {"checkout", "-q", "-b", "no-window"});
     Git(repo, {"apply", std::string(GATEHOUSE_E2E_DIR) + "/adapter_ministral/no_window.patch"});
     Git(repo, {"commit", "-q", "-am", "Ministral adapter that never applies the sliding window"});
@@ -195,6 +201,14 @@ class ReferenceCellEndToEndTest : public ::testing::Test {
 
 TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
   const fs::path checkpoint = root_ / "user" / "ckpt";
+
+  // 0. The recipe at the commit does not declare the family: refused at submit, no queue.
+  const CliRun undeclared = Cli(SubmitArgs("forgot-recipe", checkpoint));
+  EXPECT_EQ(undeclared.exit_code, 2) << undeclared.out << undeclared.err;
+  EXPECT_NE(undeclared.err.find("field 'model_family' = \"ministral\""), std::string::npos)
+      << undeclared.err;
+  EXPECT_NE(undeclared.err.find("gatehouse.recipe.json"), std::string::npos) << undeclared.err;
+  EXPECT_EQ(Get("/api/v1/cells")["cells"].size(), 0u);
 
   // 1. A validation cell naming no reference: its reference cell runs first, then it passes.
   CliRun first = Cli(SubmitArgs("main", checkpoint));

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "tests/common/temp_dir.h"
+#include "common/recipe.h"
 #include "gatehouse/worker/gates.h"
 #include "gatehouse/worker/model_family.h"
 #include "gatehouse/worker/run_spec.h"
@@ -67,6 +70,22 @@ TEST(Families, EveryRegisteredFamilyHasFixtures) {
     EXPECT_NE(Registry().FindByName(family), nullptr)
         << "fixture " << variant << " names family " << family << ", which is not registered";
   }
+}
+
+// The in-tree plugin's recipe declares exactly the families it registers: the controller
+// refuses a cell whose model_family the recipe does not declare (common/recipe.h CheckServes).
+TEST(Families, RecipeDeclaresTheRegisteredFamilies) {
+  const std::filesystem::path file =
+      std::filesystem::path(GATEHOUSE_SOURCE_DIR) / "models" / std::string(kRecipeFileName);
+  std::ifstream in(file);
+  ASSERT_TRUE(in) << file;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Result<Recipe> recipe = ParseRecipe(text);
+  ASSERT_TRUE(recipe.ok()) << recipe.status().ToString();
+  std::vector<std::string> declared = recipe->families, registered = Registry().Names();
+  std::sort(declared.begin(), declared.end());
+  std::sort(registered.begin(), registered.end());
+  EXPECT_EQ(declared, registered) << file;
 }
 
 /// One fixture in one precision through config .. save with the in-tree plugin's families.

@@ -32,6 +32,10 @@ class FixedResolver : public controller::CommitResolver {
   Result<std::string> ResolveCommit(const std::string&, const std::string&) override {
     return std::string(kCommit);
   }
+  Result<std::optional<std::string>> ReadFileAt(const std::string&, const std::string&,
+                                                const std::string&) override {
+    return std::optional<std::string>();  // no recipe: nothing checked at submit
+  }
 };
 
 void Write(const std::filesystem::path& path, const std::string& text) {
@@ -62,7 +66,7 @@ TEST(CellSpecPathsTest, ControllerAgentAndWorkerReadTheSameSpec) {
                    {"training", {{"steps", 4}, {"lr", 3e-4}, {"seed", 7}}},
                    {"decode", {{"max_new_tokens", 64}}},
                    {"env", {{"NCCL_DEBUG", "INFO"}, {"EMPTY", ""}}},
-                   {"phases", {"decode", "identity", "load"}},
+                   {"phases", {"decode", "identity", "load", "config", "construct"}},
                    {"runtime", {{"torch", "2.11.0"}, {"cuda", "13.0"}, {"gpu_model", "h200"}}},
                    {"priority", 5}});
   bodies.push_back(full);

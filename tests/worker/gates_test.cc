@@ -1298,6 +1298,22 @@ TEST(TrainingGateTest, DifferencesFromTheTraceFail) {
   EXPECT_STATUS(grad, GateStatus::kFail);
   EXPECT_THAT(grad.reason, HasSubstr("step-1 gradient norm(s) differ"));
   EXPECT_THAT(grad.reason, HasSubstr("model.norm.weight"));
+  // The two norms print with the digits their 1e-7 difference needs, and its relative size.
+  const std::string& r = grad.reason;
+  const size_t at = r.find("model.norm.weight ") + std::string("model.norm.weight ").size();
+  const size_t vs = r.find(" vs ", at), rel = r.find(" (relative ", at);
+  ASSERT_TRUE(vs != std::string::npos && rel != std::string::npos && vs < rel) << r;
+  EXPECT_NE(r.substr(at, vs - at), r.substr(vs + 4, rel - vs - 4)) << r;
+  EXPECT_THAT(r, HasSubstr("(relative 1e-07)"));
+  // Worst first, whatever the names' order.
+  GateOutcome two = train_against([](TrainingTrace& t) {
+    t.grad_norms["model.norm.weight"] *= 1 + 1e-7;
+    t.grad_norms["model.embed_tokens.weight"] *= 1 + 1e-3;
+  });
+  EXPECT_STATUS(two, GateStatus::kFail);
+  EXPECT_THAT(two.reason, HasSubstr("2 step-1 gradient norm(s) differ"));
+  EXPECT_LT(two.reason.find("model.embed_tokens.weight"), two.reason.find("model.norm.weight"))
+      << two.reason;
 }
 
 // Verifies a gradient whose sign differs from upstream's fails on its sum, which its norm

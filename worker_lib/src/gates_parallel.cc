@@ -13,12 +13,14 @@
 #include "gatehouse/worker/safetensors_torch.h"
 #include "gatehouse/worker/distributed.h"
 #include "common/artifacts.h"
+#include "figure_pair.h"
 #include "gates_internal.h"
 
 namespace gatehouse::worker {
 
 using internal::JoinFew;
 using internal::Num;
+using internal::NumVs;
 using internal::Positions;
 
 namespace {
@@ -583,10 +585,12 @@ GateOutcome ParallelGate(GateContext& ctx) {
     out.Real("loss_rel_diff", std::abs(loss_n - loss_1) / std::max(std::abs(loss_1), 1e-30), "ratio");
     out.Real("grad_max_rel_diff", max_grad_rel, "ratio");
     if (!worst_grad.empty()) {
-      // The tensor nearest its own bar (in fp32 every bar is the same: the largest difference).
-      out.Text("grad_worst_tensor", worst_grad);
-      out.Real("grad_worst_tensor_rel_diff", worst_grad_rel, "ratio");
-      out.Real("grad_worst_tensor_bar", worst_grad_bar, "ratio");
+      // The tensor nearest its own bar (in fp32 every bar is the same, so it is the one with the
+      // largest difference; in bf16 each tensor's bar is its own rounding floor, and the largest
+      // difference, grad_max_rel_diff, may be another tensor's, well inside its bar).
+      out.Text("grad_nearest_bar_tensor", worst_grad);
+      out.Real("grad_nearest_bar_rel_diff", worst_grad_rel, "ratio");
+      out.Real("grad_nearest_bar", worst_grad_bar, "ratio");
     }
     if (ctx.dtype == torch::kBFloat16) {
       double widest = 0;
@@ -628,7 +632,7 @@ GateOutcome ParallelGate(GateContext& ctx) {
   } else {
     const double loss_rel = std::abs(loss_n - loss_1) / std::max(std::abs(loss_1), 1e-30);
     if (!(loss_rel < thr.loss_rel_below)) {
-      failed.push_back("loss " + Num(loss_n) + " vs TP=1 " + Num(loss_1) + " (relative " + Num(loss_rel) + ")");
+      failed.push_back("loss " + NumVs(loss_n, loss_1, " vs TP=1 ") + " (relative " + Num(loss_rel) + ")");
     }
     if (!(replicated_rank_rel < thr.grad_rel_below)) {
       failed.push_back("a replicated parameter's gradient differs between ranks by " +

@@ -12,6 +12,7 @@
 #include "gatehouse/worker/adamw.h"
 #include "gatehouse/worker/bars.h"
 #include "gatehouse/worker/gates.h"
+#include "figure_pair.h"
 #include "gates_internal.h"
 
 namespace gatehouse::worker {
@@ -19,6 +20,7 @@ namespace gatehouse::worker {
 using internal::EnvelopeFigure;
 using internal::JoinFew;
 using internal::Num;
+using internal::NumVs;
 using internal::NowMsSteady;
 using internal::Positions;
 using internal::SiteOf;
@@ -32,6 +34,16 @@ namespace {
 double RelDiff(double ours, double upstream) {
   const double d = std::abs(ours - upstream);
   return upstream != 0 ? d / std::abs(upstream) : d;
+}
+
+/// The texts of `items` ordered by their figure, largest first (ties keep their order), joined
+/// as JoinFew does: the worst offender leads a FAIL reason whatever its key's name.
+std::string WorstFirst(std::vector<std::pair<double, std::string>> items) {
+  std::stable_sort(items.begin(), items.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> texts;
+  for (auto& [figure, text] : items) texts.push_back(std::move(text));
+  return JoinFew(texts, 6);
 }
 
 /// A cheap fingerprint of a tensor's values (sum and sum of squares in float64, and the
@@ -265,7 +277,7 @@ GateOutcome TrainingGate(GateContext& ctx) {
       out.Real("loss_rel_diff_step_" + k, rel, "ratio");
       equal &= rel == 0;
       if (!(rel <= bar)) {
-        failed.push_back("step " + k + " loss " + Num(loss_value) + " vs upstream " + Num(want) +
+        failed.push_back("step " + k + " loss " + NumVs(loss_value, want, " vs upstream ") +
                          " (relative difference " + Num(rel) + " > bar " + Num(bar) + ")");
       }
     }
@@ -276,7 +288,8 @@ GateOutcome TrainingGate(GateContext& ctx) {
       torch::NoGradGuard no_grad;
       double worst = 0, worst_sum = 0;
       std::string worst_key;
-      std::vector<std::string> off, off_sum;
+      // Keys past the bar with their relative difference, listed worst first.
+      std::vector<std::pair<double, std::string>> off, off_sum;
       for (const auto& [key, grad] : tensors_by_key(true)) {
         auto want = trace.grad_norms.find(key);
         if (want == trace.grad_norms.end()) continue;  // not trainable: the set check says so
@@ -292,7 +305,7 @@ GateOutcome TrainingGate(GateContext& ctx) {
           worst_key = key;
         }
         if (!(rel <= bars.grad_norm_rel)) {
-          off.push_back(key + " " + Num(norm) + " vs " + Num(want->second));
+          off.emplace_back(rel, key + " " + NumVs(norm, want->second) + " (relative " + Num(rel) + ")");
         }
         auto want_sum = trace.grad_sums.find(key);
         if (want_sum == trace.grad_sums.end()) continue;
@@ -302,7 +315,8 @@ GateOutcome TrainingGate(GateContext& ctx) {
                                          : std::abs(sum - want_sum->second);
         worst_sum = std::max(worst_sum, sum_rel);
         if (!(sum_rel <= bars.grad_norm_rel)) {
-          off_sum.push_back(key + " " + Num(sum) + " vs " + Num(want_sum->second));
+          off_sum.emplace_back(sum_rel, key + " " + NumVs(sum, want_sum->second) + " (" +
+                                            Num(sum_rel) + " of sqrt(numel) x norm)");
         }
       }
       equal &= worst == 0 && worst_sum == 0;
@@ -310,15 +324,17 @@ GateOutcome TrainingGate(GateContext& ctx) {
       out.Text("grad_norm_worst_key", worst_key);
       out.Real("grad_sum_max_rel_diff", worst_sum, "ratio");
       out.Real("bar_grad_norm_rel", bars.grad_norm_rel, "ratio");
-      if (!off.empty()) {
-        failed.push_back(std::to_string(off.size()) +
-                         " step-1 gradient norm(s) differ from upstream's beyond the bar " +
-                         Num(bars.grad_norm_rel) + ": " + JoinFew(off, 6));
+      // The counts are taken before WorstFirst consumes the lists.
+      if (const size_t n = off.size(); n > 0) {
+        failed.push_back(std::to_string(n) +
+                         " step-1 gradient norm(s) differ from upstream's beyond the relative bar " +
+                         Num(bars.grad_norm_rel) + ", worst first: " + WorstFirst(std::move(off)));
       }
-      if (!off_sum.empty()) {
-        failed.push_back(std::to_string(off_sum.size()) +
+      if (const size_t n = off_sum.size(); n > 0) {
+        failed.push_back(std::to_string(n) +
                          " step-1 gradient sum(s) differ from upstream's beyond the bar " +
-                         Num(bars.grad_norm_rel) + " x sqrt(numel) x norm: " + JoinFew(off_sum, 6));
+                         Num(bars.grad_norm_rel) + " x sqrt(numel) x norm, worst first: " +
+                         WorstFirst(std::move(off_sum)));
       }
     }
     optimizer.Step();

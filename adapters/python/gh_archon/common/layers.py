@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gatehouse_adapter.frameworks._common import check_rows
 from gh_archon.llama.model.rope import apply_rotary_pos_emb
 
 ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN: SiLUActivation / nn.SiLU, both F.silu
@@ -161,20 +162,8 @@ class Attention(nn.Module):
 def segments_from_cu_seqlens(tokens: torch.Tensor, positions: torch.Tensor,
                              cu_seqlens: torch.Tensor | None) -> list[tuple[int, int]] | None:
     """Validates the forward's inputs; [(start, end)] per packed sequence, or None unpacked."""
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens must be [B, T], got shape {tuple(tokens.shape)}")
-    if positions.shape != tokens.shape:
-        raise ValueError(f"positions shape {tuple(positions.shape)} != tokens shape "
-                         f"{tuple(tokens.shape)}")
-    if cu_seqlens is None:
-        return None
-    if tokens.shape[0] != 1:
-        raise ValueError(f"with cu_seqlens the batch must be 1 row, got {tokens.shape[0]}")
-    cu = [int(c) for c in cu_seqlens.tolist()]
-    if len(cu) < 2 or cu[0] != 0 or cu[-1] != tokens.shape[1] or any(
-            b <= a for a, b in zip(cu, cu[1:])):
-        raise ValueError(f"cu_seqlens {cu} must rise strictly from 0 to T = {tokens.shape[1]}")
-    return list(zip(cu[:-1], cu[1:]))
+    cu = check_rows(tokens, positions, cu_seqlens)
+    return None if cu is None else list(zip(cu[:-1], cu[1:]))
 
 
 def rope_tables(rope, positions: torch.Tensor, segments, dtype: torch.dtype):

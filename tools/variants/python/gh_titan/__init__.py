@@ -15,11 +15,20 @@ than transformers' order of operations:
   the cast back);
 * a SwiGLU feed-forward ``w2(silu(w1(x)) * w3(x))``; logits in the model dtype.
 
+The code is in torchtitan's shape -- a ``TrainSpec`` per family (``gh_titan.<family>.get_train_spec()``:
+model class, args, ``parallelize_fn(model, parallel_dims, job_config)``, a state-dict adapter
+built from the args), ``forward(tokens, attention_masks=None, positions=None)`` without
+cu_seqlens, ``enable_weight_tying`` -- and is presented to Gatehouse through
+``gatehouse_adapter.frameworks.torchtitan`` by a short spec module per family, which also
+declares what of config.json it computes (gatehouse_adapter.Fields). torchtitan builds args
+from named flavors; here the args classes read transformers' config object
+(``from_hf_config``).
+
 A correct implementation that does not follow transformers op for op: material for the gates'
 false-FAIL suite (tools/variants/manifest.json). Families: ``gh_titan.llama.spec.SPEC``
 (model_type "llama") and ``gh_titan.qwen3.spec.SPEC`` (model_type "qwen3").
 
-Stands alone: imports torch and gatehouse_adapter only.
+Imports torch and gatehouse_adapter; the shim reads config.json through transformers.
 """
 
 import importlib

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from gh_archon.common.config import ConfigReader, field_error
+from gatehouse_adapter.config import ConfigReader, field_error, is_number
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
 # Keys a rope dict may hold (as the C++ families accept them; upstream ignores unknown keys
@@ -55,10 +55,6 @@ class RopeArgs:
     original_max_position_embeddings: Any = None  # llama3
     partial_rotary_factor: Any = 1.0       # upstream ignores it for "default"
     source: str = "default"                # the config field the dict came from
-
-
-def _is_number(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def parse_rope(reader: ConfigReader, default_theta: float = 10000.0) -> RopeArgs:
@@ -95,11 +91,11 @@ def parse_rope(reader: ConfigReader, default_theta: float = 10000.0) -> RopeArgs
                           + ", ".join(f'"{t}"' for t in ROPE_TYPES) + ")")
 
     theta = d.get("rope_theta", top_theta if top_theta is not None else default_theta)
-    if not _is_number(theta) or not theta > 0:
+    if not is_number(theta) or not theta > 0:
         raise field_error(f"{prefix}.rope_theta" if "rope_theta" in d else "rope_theta", theta,
                           "must be a positive number")
     prf = d.get("partial_rotary_factor", top_prf if top_prf is not None else 1.0)
-    if not _is_number(prf) or not 0 < prf <= 1:
+    if not is_number(prf) or not 0 < prf <= 1:
         raise field_error(f"{prefix}.partial_rotary_factor" if "partial_rotary_factor" in d
                           else "partial_rotary_factor", prf, "must be in (0, 1]")
     if rope_type != "default" and prf != 1:
@@ -115,7 +111,7 @@ def parse_rope(reader: ConfigReader, default_theta: float = 10000.0) -> RopeArgs
         if v is None:
             raise ValueError(f"config field '{prefix}.{key}' is required for rope_type "
                              f"\"{rope_type}\" but missing")
-        if not _is_number(v):
+        if not is_number(v):
             raise field_error(f"{prefix}.{key}", v, "expected a finite number")
         return v
 

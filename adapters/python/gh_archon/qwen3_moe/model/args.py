@@ -57,13 +57,9 @@ class Qwen3MoeModelArgs:
 
     @staticmethod
     def config_accounting(config: dict) -> dict[str, str | None]:
-        try:
-            return _parse(ConfigReader(config))[1].accounting()
-        except ValueError:
-            reader = ConfigReader(config if isinstance(config, dict) else {})
-            _declare_ignored(reader)
-            reader.mapped.update(f for f in _READ_FIELDS if f in reader.config)
-            return reader.accounting()
+        # Refused (the config gate fails on args_from_hf_config's error): what is known.
+        return ConfigReader.account(config, _parse, declare=_declare_ignored,
+                                    read_fields=_READ_FIELDS)
 
 
 def _declare_ignored(reader: ConfigReader) -> None:

@@ -1,20 +1,26 @@
-"""SPEC for the gh_areal qwen3 adapter (Gatehouse Python adapter contract v1): AReaL's Archon
-Qwen3 model as its authors wrote it. No tensor-parallel plan."""
+"""Gatehouse SPEC for Archon's dense Qwen3 (gh_areal.qwen3), through the Archon shim."""
 
-from gatehouse_adapter import ModelSpec
-from gh_areal.qwen3.model.args import MODEL_TYPES, Qwen3ModelArgs, gate_facts
-from gh_areal.qwen3.model.model import build_model
-from gh_areal.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
+from gatehouse_adapter import Fields
+from gatehouse_adapter.frameworks import archon
+from gh_areal.qwen3 import QWEN3_SPEC
 
-SPEC = ModelSpec(
-    name="qwen3",
-    model_types=MODEL_TYPES,
-    args_from_hf_config=Qwen3ModelArgs.from_hf_config,
-    config_accounting=Qwen3ModelArgs.config_accounting,
-    build_model=build_model,
-    state_dict_adapter=Qwen3StateDictAdapter,
-    parallelize=None,
-    gate_facts=gate_facts,
+FIELDS = Fields(
+    sizes=("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+           "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"),
+    numbers=("rms_norm_eps",),
+    flags=("tie_word_embeddings",),
+    only={"hidden_act": (("silu", "swish"), "Archon's FeedForward is SwiGLU with F.silu only"),
+          "attention_bias": ((False,), "Archon's Qwen3 projections have no bias"),
+          "qk_norm": ((True,), "transformers' Qwen3 always applies q_norm / k_norm"),
+          "pad_token_id": ((), "Archon's embedding has no padding row (transformers' keeps "
+                               "its gradient at zero)"),
+          "use_sliding_window": ((False,), "Archon's attention has no sliding window"),
+          "layer_types[]": (("full_attention",), "Archon attends causally in every layer")},
+    divides=(("num_key_value_heads", "num_attention_heads"),),
+    rope_types=("default",),
+    ignored={"sliding_window": "used only with use_sliding_window, which is false here",
+             "max_window_layers": "chooses sliding layers, which exist only with "
+                                  "use_sliding_window (false here)"},
 )
 
-__all__ = ["SPEC"]
+SPEC = archon.model_spec(QWEN3_SPEC, fields=FIELDS)

@@ -13,10 +13,9 @@ times freqs_cis, back to real, flattened, cast to x's dtype. The checkpoint hold
 transformers' rotate-half layout (pair i = dims i and i + d/2), so the state-dict adapter
 permutes them into interleaved pairs (gh_titan.common.state_dict).
 
-The RoPE settings are parsed from config.json as transformers 5 standardises them
-(rope_parameters, or rope_scaling in older configs, with rope_theta / partial_rotary_factor /
-original_max_position_embeddings from the top level where the dict lacks them). Other RoPE
-types (linear, dynamic, yarn, longrope, ...) and partial rotary factors are refused.
+The RoPE settings are read from transformers' config object, which standardises config.json's
+rope_parameters / rope_scaling / rope_theta into ``rope_parameters``. Other RoPE types (linear,
+dynamic, yarn, longrope, ...) and partial rotary factors are refused by the families' Fields.
 """
 
 from __future__ import annotations
@@ -27,11 +26,9 @@ from typing import Any
 
 import torch
 
-from gh_titan.common.config import ConfigReader, field_error, is_number
+from gatehouse_adapter.config import field_error, is_number
 
 ROPE_TYPES = ("default", "llama3")
-_KNOWN_KEYS = ("rope_type", "type", "rope_theta", "factor", "low_freq_factor",
-               "high_freq_factor", "original_max_position_embeddings", "partial_rotary_factor")
 
 
 @dataclass(frozen=True)
@@ -44,82 +41,43 @@ class RopeArgs:
     original_max_position_embeddings: int | None = None  # llama3
 
 
-def parse_rope(reader: ConfigReader, default_theta: float) -> RopeArgs:
-    """RopeArgs from the config; ValueError naming the field for anything not implemented."""
-    params = reader.raw("rope_parameters")
-    scaling = reader.raw("rope_scaling")
-    if params and scaling and params != scaling:
-        raise ValueError(f"config fields 'rope_parameters' = {params} and 'rope_scaling' = "
-                         f"{scaling} disagree; transformers 5 reads only one of them")
-    if scaling:
-        d, prefix = scaling, "rope_scaling"
-    elif params:
-        d, prefix = params, "rope_parameters"
-    else:
-        d, prefix = {}, "rope_parameters"
-    if not isinstance(d, dict):
-        raise field_error(prefix, d, "expected an object")
-    for key in d:
-        if key not in _KNOWN_KEYS:
-            raise field_error(f"{prefix}.{key}", d[key], "unsupported RoPE key")
-
+def rope_args_from_hf(hf_config: Any) -> RopeArgs:
+    """RopeArgs from transformers' standardised ``rope_parameters`` (the port's Fields already
+    refused other rope types and keys in config.json); ValueError naming the field for a value
+    the frequencies cannot be computed from."""
+    d = dict(getattr(hf_config, "rope_parameters", None) or {})
     rope_type = d.get("rope_type", d.get("type", "default"))
-    type_field = f"{prefix}.rope_type" if "rope_type" in d or "type" not in d else f"{prefix}.type"
     if rope_type not in ROPE_TYPES:
-        raise field_error(type_field, rope_type, "RoPE type not implemented by this adapter "
-                          "(implemented: " + ", ".join(f'"{t}"' for t in ROPE_TYPES) + ")")
-
-    top_theta = reader.number("rope_theta", None)
-    if "rope_theta" in d:
-        theta, theta_field = d["rope_theta"], f"{prefix}.rope_theta"
-    else:
-        theta = top_theta if top_theta is not None else default_theta
-        theta_field = "rope_theta"
+        raise field_error("rope_parameters.rope_type", rope_type,
+                          "RoPE type not implemented by this adapter (implemented: "
+                          + ", ".join(f'"{t}"' for t in ROPE_TYPES) + ")")
+    theta = d.get("rope_theta", getattr(hf_config, "rope_theta", None))
     if not is_number(theta) or not theta > 0:
-        raise field_error(theta_field, theta, "must be a positive number")
-
-    top_prf = reader.number("partial_rotary_factor", None)
-    prf_field = f"{prefix}.partial_rotary_factor" if "partial_rotary_factor" in d \
-        else "partial_rotary_factor"
-    prf = d.get("partial_rotary_factor", top_prf if top_prf is not None else 1.0)
-    if not is_number(prf) or prf != 1:
-        raise field_error(prf_field, prf, "partial rotary embeddings are not implemented by "
-                          "this adapter (it rotates the whole head)")
+        raise field_error("rope_parameters.rope_theta", theta, "must be a positive number")
+    if rope_type == "default":
+        return RopeArgs(theta=float(theta))
 
     def need(key: str) -> Any:
         v = d.get(key)
-        if v is None:
-            raise ValueError(f"config field '{prefix}.{key}' is required for rope_type "
-                             f"\"{rope_type}\" but missing")
         if not is_number(v):
-            raise field_error(f"{prefix}.{key}", v, "expected a finite number")
+            raise field_error(f"rope_parameters.{key}", v,
+                              f"a finite number is required for rope_type \"{rope_type}\"")
         return v
 
-    if rope_type == "default":
-        for key in ("factor", "low_freq_factor", "high_freq_factor"):
-            if d.get(key) is not None:
-                raise field_error(f"{prefix}.{key}", d[key],
-                                  "given with rope_type \"default\", which does not read it")
-        if reader.present("original_max_position_embeddings"):
-            reader.ignore("original_max_position_embeddings",
-                          "read by upstream only for rope types llama3, yarn and longrope; "
-                          "this config's rope_type is \"default\"")
-        return RopeArgs(theta=float(theta))
-
-    factor = need("factor")
+    factor, low, high = need("factor"), need("low_freq_factor"), need("high_freq_factor")
     if not factor >= 1:
-        raise field_error(f"{prefix}.factor", factor, "must be >= 1")
-    low, high = need("low_freq_factor"), need("high_freq_factor")
+        raise field_error("rope_parameters.factor", factor, "must be >= 1")
     if not high > low:
-        raise field_error(f"{prefix}.high_freq_factor", high, "must exceed low_freq_factor")
-    top_omp = reader.int("original_max_position_embeddings", None)
-    omp = top_omp if top_omp is not None else d.get("original_max_position_embeddings")
-    omp_field = "original_max_position_embeddings" if top_omp is not None \
-        else f"{prefix}.original_max_position_embeddings"
+        raise field_error("rope_parameters.high_freq_factor", high,
+                          "must exceed low_freq_factor")
+    omp = getattr(hf_config, "original_max_position_embeddings", None)
     if omp is None:
-        omp, omp_field = reader.int("max_position_embeddings", None), "max_position_embeddings"
+        omp = d.get("original_max_position_embeddings")
+    if omp is None:
+        omp = getattr(hf_config, "max_position_embeddings", None)
     if isinstance(omp, bool) or not isinstance(omp, int) or omp <= 0:
-        raise field_error(omp_field, omp, "must be a positive integer for rope_type \"llama3\"")
+        raise field_error("original_max_position_embeddings", omp,
+                          "must be a positive integer for rope_type \"llama3\"")
     return RopeArgs(rope_type="llama3", theta=float(theta), factor=factor,
                     low_freq_factor=low, high_freq_factor=high,
                     original_max_position_embeddings=omp)

@@ -8,22 +8,16 @@ pairs]; saving reorders them back. Qwen3's q_norm / k_norm weights act on the sa
 after the projection, so the same within-head permutation applies to them. Both directions are
 pure permutations: to_hf(from_hf(sd)) is bit-equal to sd.
 
-Contract v1: every checkpoint key is consumed (a tied lm_head.weight only when equal to the
-embedding), an unknown key raises KeyError naming it, to_hf gives back exactly the checkpoint's
-keys.
+Contract v1 (every key consumed, the tied alias verified, to_hf giving exactly the checkpoint's
+keys) is held by the torchtitan shim around this adapter; an unknown key raises KeyError here.
 """
 
 from __future__ import annotations
 
-import re
-
 import torch
 
-from gatehouse_adapter import BaseStateDictAdapter
-from gh_titan.common.layers import TitanArgs
-
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_MODEL_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+from gatehouse_adapter import KeyMap
+from gh_titan.common.args import TitanArgs
 
 _TOP_FROM_HF = {
     "model.embed_tokens.weight": "tok_embeddings.weight",
@@ -31,19 +25,19 @@ _TOP_FROM_HF = {
     "lm_head.weight": "output.weight",
 }
 _LAYER_FROM_HF = {
-    "input_layernorm.weight": "attention_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attention.wq.weight",
-    "self_attn.k_proj.weight": "attention.wk.weight",
-    "self_attn.v_proj.weight": "attention.wv.weight",
-    "self_attn.o_proj.weight": "attention.wo.weight",
-    "mlp.gate_proj.weight": "feed_forward.w1.weight",
-    "mlp.up_proj.weight": "feed_forward.w3.weight",
-    "mlp.down_proj.weight": "feed_forward.w2.weight",
+    "model.layers.{}.input_layernorm.weight": "layers.{}.attention_norm.weight",
+    "model.layers.{}.post_attention_layernorm.weight": "layers.{}.ffn_norm.weight",
+    "model.layers.{}.self_attn.q_proj.weight": "layers.{}.attention.wq.weight",
+    "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attention.wk.weight",
+    "model.layers.{}.self_attn.v_proj.weight": "layers.{}.attention.wv.weight",
+    "model.layers.{}.self_attn.o_proj.weight": "layers.{}.attention.wo.weight",
+    "model.layers.{}.mlp.gate_proj.weight": "layers.{}.feed_forward.w1.weight",
+    "model.layers.{}.mlp.up_proj.weight": "layers.{}.feed_forward.w3.weight",
+    "model.layers.{}.mlp.down_proj.weight": "layers.{}.feed_forward.w2.weight",
 }
 _QK_NORM_FROM_HF = {
-    "self_attn.q_norm.weight": "attention.q_norm.weight",
-    "self_attn.k_norm.weight": "attention.k_norm.weight",
+    "model.layers.{}.self_attn.q_norm.weight": "layers.{}.attention.q_norm.weight",
+    "model.layers.{}.self_attn.k_norm.weight": "layers.{}.attention.k_norm.weight",
 }
 
 
@@ -62,70 +56,54 @@ def to_rotate_half(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor
             .reshape(n_heads * head_dim, *rest).contiguous())
 
 
-class TitanStateDictAdapter(BaseStateDictAdapter):
-    def __init__(self, args: TitanArgs):
-        self.args = args
-        self.tied = args.tie_word_embeddings
-        self.layer_from_hf = dict(_LAYER_FROM_HF)
-        if args.qk_norm:
-            self.layer_from_hf.update(_QK_NORM_FROM_HF)
-        self.layer_to_hf = {v: k for k, v in self.layer_from_hf.items()}
-        self.top_to_hf = {v: k for k, v in _TOP_FROM_HF.items()}
-        # Whether the checkpoint read by from_hf held lm_head.weight although tied (to_hf then
-        # writes it back: the round trip gives the checkpoint's own keys).
-        self._tied_lm_head_seen = False
+class TitanStateDictAdapter:
+    """torchtitan's shape: ``(model_args, hf_assets_path)``, ``from_hf`` / ``to_hf``. As
+    torchtitan's Qwen3 adapter, a tied model's ``from_hf`` answers ``output.weight`` beside the
+    embedding (from lm_head.weight, or the embedding when the checkpoint omits it) and ``to_hf``
+    skips it; a key without a template raises KeyError."""
 
-    # Per model-side suffix: how many heads the tensor holds (None: not permuted).
-    def _heads(self, model_suffix: str) -> int | None:
-        a = self.args
-        return {"attention.wq.weight": a.n_heads, "attention.wk.weight": a.n_kv_heads,
-                "attention.q_norm.weight": 1, "attention.k_norm.weight": 1}.get(model_suffix)
+    def __init__(self, model_args: TitanArgs, hf_assets_path: str | None = None):
+        self.model_args = model_args
+        self.hf_assets_path = hf_assets_path
+        table = {**_TOP_FROM_HF, **_LAYER_FROM_HF}
+        if model_args.qk_norm:
+            table.update(_QK_NORM_FROM_HF)
+        self.keys = KeyMap(table, n_layers=model_args.n_layers)
+        a = model_args
+        # Per model-side suffix: how many heads the tensor holds (permuted) .
+        self._heads = {"attention.wq.weight": a.n_heads, "attention.wk.weight": a.n_kv_heads,
+                       "attention.q_norm.weight": 1, "attention.k_norm.weight": 1}
+
+    def _heads_of(self, name: str) -> int | None:
+        return self._heads.get(name.split(".", 2)[-1]) if name.startswith("layers.") else None
 
     def from_hf(self, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.model_args.enable_weight_tying and "lm_head.weight" not in hf_state_dict:
+            hf_state_dict["lm_head.weight"] = hf_state_dict["model.embed_tokens.weight"]
         out: dict[str, torch.Tensor] = {}
         unknown = []
         for key, value in hf_state_dict.items():
-            if key == "lm_head.weight" and self.tied:
-                embed = hf_state_dict.get("model.embed_tokens.weight")
-                if embed is None or embed.shape != value.shape or not torch.equal(
-                        embed, value.to(embed.dtype)):
-                    raise ValueError("tie_word_embeddings is true but the checkpoint's "
-                                     "lm_head.weight differs from model.embed_tokens.weight")
-                self._tied_lm_head_seen = True
-                continue
-            if key in _TOP_FROM_HF:
-                out[_TOP_FROM_HF[key]] = value
-                continue
-            m = _LAYER.match(key)
-            suffix = self.layer_from_hf.get(m.group(2)) if m else None
-            if suffix is None or int(m.group(1)) >= self.args.n_layers:
+            name = self.keys.hf_to_model(key)
+            if name is None:
                 unknown.append(key)
                 continue
-            heads = self._heads(suffix)
-            if heads is not None:
-                value = to_interleaved(value, heads, self.args.head_dim)
-            out[f"layers.{m.group(1)}.{suffix}"] = value
+            heads = self._heads_of(name)
+            out[name] = value if heads is None else to_interleaved(value, heads,
+                                                                   self.model_args.head_dim)
         if unknown:
-            raise KeyError(f"checkpoint keys this {self.args.model_type} adapter does not map: "
-                           f"{sorted(unknown)}")
+            raise KeyError(f"checkpoint keys this {self.model_args.model_type} adapter does not "
+                           f"map: {sorted(unknown)}")
         return out
 
     def to_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, value in state_dict.items():
-            if name == "output.weight" and self.tied:
-                continue  # the embedding (state_dict() lists the tied alias too)
-            if name in self.top_to_hf:
-                out[self.top_to_hf[name]] = value
+            if self.model_args.enable_weight_tying and name == "output.weight":
                 continue
-            m = _MODEL_LAYER.match(name)
-            key = self.layer_to_hf.get(m.group(2)) if m else None
+            key = self.keys.model_to_hf(name)
             if key is None:
                 raise KeyError(f"model parameter {name!r} has no checkpoint name")
-            heads = self._heads(m.group(2))
-            if heads is not None:
-                value = to_rotate_half(value, heads, self.args.head_dim)
-            out[f"model.layers.{m.group(1)}.{key}"] = value
-        if self.tied and self._tied_lm_head_seen and "model.embed_tokens.weight" in out:
-            out["lm_head.weight"] = out["model.embed_tokens.weight"]
+            heads = self._heads_of(name)
+            out[key] = value if heads is None else to_rotate_half(value, heads,
+                                                                  self.model_args.head_dim)
         return out

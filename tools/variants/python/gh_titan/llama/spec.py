@@ -1,21 +1,29 @@
-"""SPEC for the gh_titan llama adapter (Gatehouse Python adapter contract v1): Llama as torchtitan
-writes it. No tensor-parallel plan."""
+"""Gatehouse SPEC for Llama 3 as torchtitan writes it (gh_titan.llama), through the torchtitan
+shim."""
 
-from gatehouse_adapter import ModelSpec
-from gh_titan.common.layers import gate_facts
-from gh_titan.llama.model.args import MODEL_TYPES, args_from_hf_config, config_accounting
-from gh_titan.llama.model.model import build_model
-from gh_titan.llama.model.state_dict_adapter import LlamaStateDictAdapter
+from gatehouse_adapter import Fields
+from gatehouse_adapter.frameworks import torchtitan
+from gh_titan.llama import get_train_spec
 
-SPEC = ModelSpec(
-    name="llama",
-    model_types=MODEL_TYPES,
-    args_from_hf_config=args_from_hf_config,
-    config_accounting=config_accounting,
-    build_model=build_model,
-    state_dict_adapter=LlamaStateDictAdapter,
-    parallelize=None,
-    gate_facts=gate_facts,
+FIELDS = Fields(
+    sizes=("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+           "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"),
+    numbers=("rms_norm_eps",),
+    flags=("tie_word_embeddings",),
+    mapped=("pad_token_id", "original_max_position_embeddings"),
+    only={"hidden_act": (("silu", "swish"), "the FeedForward is SwiGLU with F.silu only"),
+          "attention_bias": ((False,), "the projections have no bias"),
+          "mlp_bias": ((False,), "the FeedForward has no bias"),
+          "pretraining_tp": ((1,), "no pretraining tensor-parallel slicing")},
+    divides=(("num_key_value_heads", "num_attention_heads"),),
+    rope_types=("default", "llama3"),
+    rope_keys=("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+    unread_flags={"rope_interleaved": (
+        "false or absent: modeling_llama.py never reads it and rotates halves",
+        "declares q/k rows in interleaved order, which upstream does not compute")},
+    ignored={"is_llama_config": "a converter's marker: modeling_llama.py never reads it"},
 )
 
-__all__ = ["SPEC"]
+SPEC = torchtitan.model_spec(get_train_spec(), name="llama", model_types=("llama",),
+                             fields=FIELDS)

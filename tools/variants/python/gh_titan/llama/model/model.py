@@ -1,13 +1,14 @@
-"""Llama as torchtitan writes it: the shared gh_titan decoder (gh_titan.common.layers)."""
+"""Llama 3 as torchtitan writes it (torchtitan/models/llama3/model/model.py, ``Transformer``):
+the shared gh_titan decoder (gh_titan.common.layers)."""
 
 from __future__ import annotations
 
-import torch
+from gh_titan.common.layers import Decoder
+from gh_titan.llama.model.args import TransformerModelArgs
 
-from gh_titan.common.layers import Decoder, TitanArgs, build_decoder
 
-
-def build_model(args: TitanArgs, dtype: torch.dtype, device) -> Decoder:
-    if args.qk_norm is not False:
-        raise ValueError("args were not parsed by gh_titan.llama")
-    return build_decoder(args, dtype, device)
+class Transformer(Decoder):
+    def __init__(self, model_args: TransformerModelArgs):
+        if model_args.qk_norm:
+            raise ValueError("Llama 3 has no q/k norms")
+        super().__init__(model_args)

@@ -1,14 +1,14 @@
-"""Qwen3 as torchtitan writes it: the shared gh_titan decoder (gh_titan.common.layers) with
-per-head q/k RMSNorm before RoPE (Qwen3's q_norm / k_norm)."""
+"""Qwen3 as torchtitan writes it (torchtitan/models/qwen3/model/model.py, ``Qwen3Model``, dense):
+the shared gh_titan decoder (gh_titan.common.layers) with per-head q/k RMSNorm before RoPE."""
 
 from __future__ import annotations
 
-import torch
+from gh_titan.common.layers import Decoder
+from gh_titan.qwen3.model.args import Qwen3ModelArgs
 
-from gh_titan.common.layers import Decoder, TitanArgs, build_decoder
 
-
-def build_model(args: TitanArgs, dtype: torch.dtype, device) -> Decoder:
-    if args.qk_norm is not True:
-        raise ValueError("args were not parsed by gh_titan.qwen3")
-    return build_decoder(args, dtype, device)
+class Qwen3Model(Decoder):
+    def __init__(self, model_args: Qwen3ModelArgs):
+        if not model_args.qk_norm:
+            raise ValueError("Qwen3 applies q/k norms")
+        super().__init__(model_args)

@@ -1,4 +1,6 @@
-// The build recipe an adaptation repository carries at its root (docs/protocols.md §5).
+// The build recipe an adaptation repository carries at its root (docs/protocols.md §5). Read
+// by the agent (from its checkout, to build) and by the controller (from its mirror at the
+// frozen commit, to refuse a cell whose model_family the adapter does not declare).
 #pragma once
 
 #include <filesystem>
@@ -8,7 +10,7 @@
 
 #include "common/status.h"
 
-namespace gatehouse::agent {
+namespace gatehouse {
 
 inline constexpr std::string_view kRecipeFileName = "gatehouse.recipe.json";
 
@@ -30,6 +32,12 @@ struct Recipe {
   std::string lane = "cpp";
   /// Python lane: the adapters' entries, "package.module:ATTRIBUTE" naming a ModelSpec.
   std::vector<std::string> entries;
+  /// The model_family names the adapter serves ("families"; optional, both lanes). Empty: not
+  /// declared, and a cell's model_family is first checked by the worker's config gate.
+  std::vector<std::string> families;
+
+  /// True when the recipe declares no families or declares `family`.
+  bool Serves(std::string_view family) const;
 };
 
 /// Parses and validates recipe text without touching the filesystem. Unknown members (at the
@@ -37,10 +45,15 @@ struct Recipe {
 /// "gatehouse.recipe.json: " and names the field and the offending value.
 Result<Recipe> ParseRecipe(std::string_view text);
 
+/// OK when `recipe` serves `family` (Recipe::Serves); else INVALID_ARGUMENT naming the field, the
+/// value, the commit and the declared families: "field 'model_family' = \"olmo-2\": the adapter
+/// at <commit> declares the families \"olmo2\", \"llama\" (gatehouse.recipe.json)".
+Status CheckServes(const Recipe& recipe, std::string_view family, std::string_view commit);
+
 /// Reads `<checkout_root>/gatehouse.recipe.json`, parses it, and checks that source_dir names a
 /// directory inside the checkout once symlinks are resolved.
 /// Errors: NOT_FOUND "gatehouse.recipe.json not found at <commit>"; INVALID_ARGUMENT as
 /// ParseRecipe, or for a source_dir that is missing or leaves the checkout.
 Result<Recipe> LoadRecipe(const std::filesystem::path& checkout_root, std::string_view commit);
 
-}  // namespace gatehouse::agent
+}  // namespace gatehouse

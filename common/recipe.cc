@@ -1,5 +1,5 @@
 // Recipe parsing and validation (docs/protocols.md §5).
-#include "agent/recipe.h"
+#include "common/recipe.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace gatehouse::agent {
+namespace gatehouse {
 namespace {
 
 using nlohmann::json;
@@ -119,6 +119,18 @@ Status CheckEntry(std::string_view field, const std::string& entry) {
   return Status::Ok();
 }
 
+// A model_family name as a cell spec takes it: [A-Za-z0-9_.-], starting with a letter or digit,
+// at most 128 bytes (common/cell_spec.cc ReadFamily).
+Status CheckFamilyName(std::string_view field, const std::string& name) {
+  const bool ok = !name.empty() && name.size() <= 128 &&
+                  std::isalnum(static_cast<unsigned char>(name[0])) &&
+                  std::all_of(name.begin(), name.end(), [](unsigned char ch) {
+                    return std::isalnum(ch) || ch == '_' || ch == '-' || ch == '.';
+                  });
+  if (!ok) return Invalid(field, "must be a model_family name ([A-Za-z0-9_.-]), got " + Quote(name));
+  return Status::Ok();
+}
+
 // The Python lane's build: {"system": "pip", "source_dir": "<dir with pyproject.toml>"}.
 Result<Recipe> ParsePipBuild(const json& build, Recipe recipe) {
   GH_RETURN_IF_ERROR(CheckKnownMembers(build, "build", {"system", "source_dir"}));
@@ -180,8 +192,8 @@ Result<Recipe> ParseRecipe(std::string_view text) {
   if (!doc.is_object()) {
     return Status::InvalidArgument(std::string(kRecipeFileName) + ": must be a JSON object");
   }
-  GH_RETURN_IF_ERROR(
-      CheckKnownMembers(doc, "", {"recipe_version", "build", "plugins", "lane", "entries"}));
+  GH_RETURN_IF_ERROR(CheckKnownMembers(
+      doc, "", {"recipe_version", "build", "plugins", "lane", "entries", "families"}));
 
   Recipe recipe;
   const auto version = doc.find("recipe_version");
@@ -192,6 +204,14 @@ Result<Recipe> ParseRecipe(std::string_view text) {
   GH_ASSIGN_OR_RETURN(recipe.lane, GetString(doc, "lane", "lane", "cpp", false));
   if (recipe.lane != "cpp" && recipe.lane != "python") {
     return Invalid("lane", "must be \"cpp\" or \"python\", got " + Quote(recipe.lane));
+  }
+
+  GH_ASSIGN_OR_RETURN(recipe.families, GetStringArray(doc, "families", "families", false));
+  if (doc.contains("families") && recipe.families.empty()) {
+    return Invalid("families", "must name at least one family when present");
+  }
+  for (size_t i = 0; i < recipe.families.size(); ++i) {
+    GH_RETURN_IF_ERROR(CheckFamilyName("families[" + std::to_string(i) + "]", recipe.families[i]));
   }
 
   const auto build = doc.find("build");
@@ -216,6 +236,19 @@ Result<Recipe> ParseRecipe(std::string_view text) {
         CheckRelativePath("plugins[" + std::to_string(i) + "]", recipe.plugins[i]));
   }
   return recipe;
+}
+
+bool Recipe::Serves(std::string_view family) const {
+  return families.empty() || std::find(families.begin(), families.end(), family) != families.end();
+}
+
+Status CheckServes(const Recipe& recipe, std::string_view family, std::string_view commit) {
+  if (recipe.Serves(family)) return Status::Ok();
+  std::string declared;
+  for (const std::string& f : recipe.families) declared += (declared.empty() ? "" : ", ") + Quote(f);
+  return Status::InvalidArgument("field 'model_family' = " + Quote(family) + ": the adapter at " +
+                                 std::string(commit) + " declares the families " + declared + " (" +
+                                 std::string(kRecipeFileName) + ")");
 }
 
 Result<Recipe> LoadRecipe(const std::filesystem::path& checkout_root, std::string_view commit) {
@@ -246,4 +279,4 @@ Result<Recipe> LoadRecipe(const std::filesystem::path& checkout_root, std::strin
   return recipe;
 }
 
-}  // namespace gatehouse::agent
+}  // namespace gatehouse
