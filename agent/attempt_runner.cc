@@ -243,9 +243,17 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
     spec.reference.digest = *digest;
   }
 
-  auto checkout = git_.Checkout(spec.repository, spec.commit);
-  if (!checkout.ok()) return Error(id, "checkout failed: " + checkout.status().message());
-  spdlog::info("attempt {}: checked out {} at {}", id, spec.repository, checkout->head);
+  Result<CheckoutResult> checkout = Status::Internal("no checkout");
+  if (assignment.local_tree.empty()) {
+    checkout = git_.Checkout(spec.repository, spec.commit);
+    if (!checkout.ok()) return Error(id, "checkout failed: " + checkout.status().message());
+    spdlog::info("attempt {}: checked out {} at {}", id, spec.repository, checkout->head);
+  } else {
+    // The tree as its owner left it: the identity gate still holds HEAD to spec.commit.
+    auto tree = InspectWorkingTree(assignment.local_tree);
+    if (!tree.ok()) return Error(id, "local tree: " + tree.status().message());
+    checkout = tree->checkout;
+  }
   if (cancel.requested()) return Error(id, "cancelled: after checkout");
 
   auto recipe = LoadRecipe(checkout->path, spec.commit);
@@ -325,6 +333,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   }
   launch.cgroup_dirs = cgroup->Join();
   launch.cgroup_evidence = cgroup->evidence;
+  launch.local_run = assignment.local_run;
   std::optional<WorkerCrash> crash;
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports, &crash);
   const bool oom_killed = cgroup->cgroup && !cgroup->cgroup->OomNote().empty();

@@ -28,6 +28,11 @@ struct AttemptAssignment {
   std::string cell_id;
   std::string spec_json;  // the frozen cell spec (docs/protocols.md §2)
   std::vector<InputFile> inputs;  // files to fetch first (a reference cell's bundle)
+  /// `gatehouse run`: build and run this working tree as it is (committed or not) instead of
+  /// checking out spec.commit; its HEAD must still be spec.commit. Empty: the agent's checkout.
+  std::filesystem::path local_tree;
+  /// With local_tree: the worker's GATEHOUSE_LOCAL_RUN (WorkerLaunch::local_run).
+  std::string local_run;
 };
 
 struct RunnerConfig {

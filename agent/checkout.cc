@@ -3,6 +3,7 @@
 
 #include <git2.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 
@@ -27,6 +28,7 @@ using RemotePtr = GitPtr<git_remote, git_remote_free>;
 using CommitPtr = GitPtr<git_commit, git_commit_free>;
 using ReferencePtr = GitPtr<git_reference, git_reference_free>;
 using StatusListPtr = GitPtr<git_status_list, git_status_list_free>;
+using BufPtr = std::unique_ptr<git_buf, GitDeleter<git_buf, git_buf_dispose>>;
 
 void InitLibgit2Once() {
   static std::once_flag once;
@@ -63,6 +65,30 @@ int CreateOriginRemote(git_remote** out, git_repository* repo, const char* name,
   options.name = name;
   options.flags = GIT_REMOTE_CREATE_SKIP_INSTEADOF;
   return git_remote_create_with_opts(out, url, &options);
+}
+
+// The paths that differ from HEAD in the index or the working tree, untracked included and
+// ignored ones not, sorted and unique. Errors: INTERNAL naming `what`.
+Result<std::vector<std::string>> ChangedPaths(git_repository* repo, const std::string& what) {
+  git_status_options options = GIT_STATUS_OPTIONS_INIT;
+  options.show = GIT_STATUS_SHOW_INDEX_AND_WORKDIR;
+  options.flags = GIT_STATUS_OPT_INCLUDE_UNTRACKED | GIT_STATUS_OPT_RECURSE_UNTRACKED_DIRS;
+  git_status_list* raw_status = nullptr;
+  const int rc = git_status_list_new(&raw_status, repo, &options);
+  if (rc != 0) return Status::Internal(what + ": cannot read the status: " + GitError(rc));
+  StatusListPtr status(raw_status);
+  std::vector<std::string> changed;
+  for (size_t i = 0; i < git_status_list_entrycount(status.get()); ++i) {
+    const git_status_entry* e = git_status_byindex(status.get(), i);
+    const git_diff_delta* delta =
+        e->index_to_workdir != nullptr ? e->index_to_workdir : e->head_to_index;
+    if (delta == nullptr) continue;
+    const char* file = delta->new_file.path != nullptr ? delta->new_file.path : delta->old_file.path;
+    changed.emplace_back(file != nullptr ? file : "?");
+  }
+  std::sort(changed.begin(), changed.end());
+  changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+  return changed;
 }
 
 }  // namespace
@@ -163,26 +189,11 @@ Result<CheckoutResult> GitCheckout::Checkout(std::string_view url_view, std::str
                                       " after checkout");
   }
 
-  git_status_options status_options = GIT_STATUS_OPTIONS_INIT;
-  status_options.show = GIT_STATUS_SHOW_INDEX_AND_WORKDIR;
-  status_options.flags = GIT_STATUS_OPT_INCLUDE_UNTRACKED | GIT_STATUS_OPT_RECURSE_UNTRACKED_DIRS;
-  git_status_list* raw_status = nullptr;
-  rc = git_status_list_new(&raw_status, repo.get(), &status_options);
-  if (rc != 0) return Status::Internal(what + ": cannot read the status: " + GitError(rc));
-  StatusListPtr status(raw_status);
-  const size_t dirty = git_status_list_entrycount(status.get());
-  if (dirty != 0) {
-    const git_status_entry* first = git_status_byindex(status.get(), 0);
-    const char* first_path = nullptr;
-    if (first != nullptr) {
-      if (first->index_to_workdir != nullptr) first_path = first->index_to_workdir->new_file.path;
-      if (first_path == nullptr && first->head_to_index != nullptr) {
-        first_path = first->head_to_index->new_file.path;
-      }
-    }
+  GH_ASSIGN_OR_RETURN(const std::vector<std::string> dirty, ChangedPaths(repo.get(), what));
+  if (!dirty.empty()) {
     return Status::FailedPrecondition(what + ": the tree is not clean after checkout (" +
-                                      std::to_string(dirty) + " entries, e.g. " +
-                                      (first_path ? first_path : "?") + ")");
+                                      std::to_string(dirty.size()) + " entries, e.g. " +
+                                      dirty.front() + ")");
   }
 
   CheckoutResult result;
@@ -190,6 +201,51 @@ Result<CheckoutResult> GitCheckout::Checkout(std::string_view url_view, std::str
   result.clean = true;
   result.path = std::filesystem::absolute(path);
   return result;
+}
+
+Result<WorkingTree> InspectWorkingTree(const std::filesystem::path& path) {
+  InitLibgit2Once();
+  const std::string what = "working tree " + path.string();
+  git_buf root = GIT_BUF_INIT;
+  int rc = git_repository_discover(&root, path.c_str(), /*across_fs=*/0, nullptr);
+  BufPtr root_owner(&root);
+  if (rc != 0) return Status::NotFound(what + ": not in a git repository: " + GitError(rc));
+  git_repository* raw_repo = nullptr;
+  rc = git_repository_open(&raw_repo, root.ptr);
+  if (rc != 0) return Status::Internal(what + ": cannot open it: " + GitError(rc));
+  RepoPtr repo(raw_repo);
+  if (git_repository_is_bare(repo.get()) != 0) {
+    return Status::FailedPrecondition(what + ": a bare repository has no working tree");
+  }
+  WorkingTree tree;
+  // libgit2's workdir ends in '/': its parent_path() is the directory itself.
+  tree.checkout.path =
+      std::filesystem::absolute(std::filesystem::path(git_repository_workdir(repo.get())))
+          .parent_path();
+  git_reference* raw_head = nullptr;
+  rc = git_repository_head(&raw_head, repo.get());
+  if (rc != 0) {
+    return Status::FailedPrecondition(what + ": HEAD names no commit (commit first): " +
+                                      GitError(rc));
+  }
+  ReferencePtr head(raw_head);
+  git_object* peeled = nullptr;
+  rc = git_reference_peel(&peeled, head.get(), GIT_OBJECT_COMMIT);
+  if (rc != 0) return Status::Internal(what + ": cannot read HEAD's commit: " + GitError(rc));
+  tree.checkout.head = OidHex(git_object_id(peeled));
+  git_object_free(peeled);
+  if (git_reference_is_branch(head.get()) != 0) {
+    const char* name = nullptr;
+    if (git_branch_name(&name, head.get()) == 0 && name != nullptr) tree.branch = name;
+  }
+  git_remote* raw_origin = nullptr;
+  if (git_remote_lookup(&raw_origin, repo.get(), "origin") == 0) {
+    RemotePtr origin(raw_origin);
+    if (const char* url = git_remote_url(origin.get()); url != nullptr) tree.origin_url = url;
+  }
+  GH_ASSIGN_OR_RETURN(tree.changed, ChangedPaths(repo.get(), what));
+  tree.checkout.clean = tree.changed.empty();
+  return tree;
 }
 
 }  // namespace gatehouse::agent

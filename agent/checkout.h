@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -15,6 +16,22 @@ struct CheckoutResult {
   bool clean = false;           // no modified, staged or untracked file
   std::filesystem::path path;   // the working tree
 };
+
+/// A working tree as its owner left it (`gatehouse run`): HEAD, its branch and what differs.
+struct WorkingTree {
+  CheckoutResult checkout;              // head, clean, path (absolute)
+  std::string branch;                   // HEAD's branch; empty when HEAD is detached
+  std::string origin_url;               // remote "origin"'s URL; empty without one
+  /// Paths (relative, '/'-separated) that differ from HEAD: modified, staged, deleted or
+  /// untracked (ignored files excluded), sorted.
+  std::vector<std::string> changed;
+};
+
+/// Reads the repository whose working tree contains `path` (or is it), changing nothing.
+/// Errors: NOT_FOUND when `path` is in no git repository; FAILED_PRECONDITION when HEAD points
+/// at no commit (an empty repository); INTERNAL for another libgit2 failure. Each message names
+/// the path.
+Result<WorkingTree> InspectWorkingTree(const std::filesystem::path& path);
 
 /// The directory name of a repository's clone and build tree: sha256(url)[:16].
 std::string RepoKey(std::string_view url);

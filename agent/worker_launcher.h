@@ -58,6 +58,11 @@ struct WorkerLaunch {
   /// GATEHOUSE_CGROUP for the local ranks (the identity gate's `cgroup` figure):
   /// AttemptCgroup::Describe(), or "none: <why>". Empty: not set.
   std::string cgroup_evidence;
+  /// GATEHOUSE_LOCAL_RUN for every rank (protocols.md §3.9): what makes the run local and
+  /// unfrozen (`gatehouse run`: "local, unfrozen; tree has 2 changed files: a.cc, b.h"). Always
+  /// set, empty for an agent's attempt, so that no inherited value reaches a frozen cell's
+  /// worker.
+  std::string local_run;
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.

@@ -31,10 +31,12 @@
 #include <vector>
 
 #include "cli/api_client.h"
+#include "cli/body_flags.h"
 #include "cli/matrix.h"
 #include "cli/submit.h"
 #include "cli/verdict.h"
 #include "common/sha256.h"
+#include "local/run_command.h"
 
 namespace {
 
@@ -43,6 +45,7 @@ using gatehouse::Status;
 using gatehouse::cli::ApiClient;
 using nlohmann::json;
 namespace cli = gatehouse::cli;
+namespace local = gatehouse::local;
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -308,10 +311,49 @@ Status CheckJUnitPath(const std::string& path) {
   return Status::Ok();
 }
 
+/// Submits every body (a refusal does not stop the others: they are evidence), printing
+/// "<id> created|existing <status>" per cell; then, with `wait`, waits for their verdicts.
+/// Returns the exit code.
+int SubmitBodies(const ApiClient& api, const std::vector<json>& bodies, bool wait,
+                 const WaitOptions& wait_options) {
+  std::vector<std::string> ids;
+  int refused = cli::kExitPass;
+  if (Status s = CheckJUnitPath(wait_options.junit); !s.ok()) {
+    std::cerr << "gatehouse: " << s.message() << "\n";
+    return cli::kExitUsage;
+  }
+  for (const json& body : bodies) {
+    auto r = PostCell(api, body, wait_options);
+    if (!r.ok() && r.status().code() == gatehouse::StatusCode::kDeadlineExceeded) {
+      return ResolvingTimedOut(r.status(), "submit (" + DescribeBody(body) + ")",
+                               wait_options.timeout_s);
+    }
+    if (!Ok(r)) {
+      const int code = CallFailed(r, "submit (" + DescribeBody(body) + ")");
+      if (code == cli::kExitUnreachable) return code;
+      refused = code;
+      continue;
+    }
+    json cell = json::parse(r->body, nullptr, false);
+    if (!cell.is_object() || !cell.contains("id") || !cell["id"].is_string()) {
+      std::cerr << "gatehouse: submit: the controller answered no cell: " << r->body << "\n";
+      return cli::kExitUnreachable;
+    }
+    const std::string id = cell["id"];
+    // Two matrix entries may name the same inputs: one cell, waited for once.
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    std::cout << id << " " << (cell.value("created", false) ? "created" : "existing")
+              << " " << CellStatus(cell) << "\n";
+    std::cout.flush();
+  }
+  if (refused != cli::kExitPass || !wait) return refused;
+  return WaitForCells(api, ids, wait_options);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"gatehouse: submit validation cells and wait for their verdicts"};
+  CLI::App app{"gatehouse: run validation cells here, submit them and wait for their verdicts"};
   app.set_version_flag("--version", std::string("gatehouse ") + GATEHOUSE_VERSION);
   app.require_subcommand(1);
   app.fallthrough();  // the global options may follow the subcommand too
@@ -327,9 +369,8 @@ int main(int argc, char** argv) {
 
   // submit
   auto* submit = app.add_subcommand("submit", "submit cells; print their ids");
-  std::string body_file, matrix_file, repository, branch, commit, family, checkpoint, reference, precision,
-      mode, device, phases;
-  int tp = 0, max_new_tokens = 0, steps = 0;
+  std::string body_file, matrix_file, repository, branch, commit;
+  cli::BodyFlags body_flags;
   bool wait = false;
   WaitOptions wait_options;
   auto* body_option = submit->add_option(
@@ -341,17 +382,7 @@ int main(int argc, char** argv) {
   submit->add_option("--repository", repository, "git URL or absolute path of the adapter");
   submit->add_option("--branch", branch, "branch to resolve");
   submit->add_option("--commit", commit, "40-hex commit");
-  submit->add_option("--family", family, "model family the adapter registers");
-  submit->add_option("--checkpoint", checkpoint, "absolute path of the HF checkpoint directory");
-  submit->add_option("--reference", reference, "absolute path of the reference bundle");
-  submit->add_option("--precision", precision, "fp32 or bf16");
-  submit->add_option("--mode", mode, "eager or cuda_graph");
-  submit->add_option("--device", device, "cpu or cuda");
-  submit->add_option("--tp", tp, "tensor-parallel size")->check(CLI::Range(1, 64));
-  submit->add_option("--phases", phases, "comma-separated phases (default: the controller's)");
-  submit->add_option("--max-new-tokens", max_new_tokens, "greedy decode length")
-      ->check(CLI::Range(1, 4096));
-  submit->add_option("--training-steps", steps, "optimizer steps")->check(CLI::Range(2, 1000));
+  cli::AddBodyFlags(*submit, body_flags);
   submit->add_flag("--wait", wait, "wait for the verdict; the exit code says it");
   // reference
   auto* reference_cmd = app.add_subcommand(
@@ -374,7 +405,11 @@ int main(int argc, char** argv) {
   reference_cmd->add_flag("--wait", ref_wait, "wait for the verdict; the exit code says it");
   reference_cmd->add_option("--out", ref_out,
                             "with --wait: after a PASS, download the bundle into this directory");
-  for (auto* sub : {submit, reference_cmd, app.add_subcommand("wait", "wait for cells' verdicts")}) {
+  // run (local/run_command.h)
+  local::RunCommand run_command;
+  local::AddRunCommand(app, run_command);
+  for (auto* sub : {submit, reference_cmd, run_command.command,
+                    app.add_subcommand("wait", "wait for cells' verdicts")}) {
     sub->add_option("--timeout-s", wait_options.timeout_s, "give up after this many seconds")
         ->capture_default_str()
         ->check(CLI::Range(1, 7 * 24 * 3600));
@@ -418,6 +453,13 @@ int main(int argc, char** argv) {
     return e.get_exit_code() == 0 ? rc : cli::kExitUsage;
   }
 
+  // A local run needs no controller; with --submit, its PASS is submitted below.
+  json local_body;
+  if (*run_command.command) {
+    const int code = local::ExecuteRun(run_command, local_body);
+    if (!run_command.submit || code != cli::kExitPass) return code;
+  }
+
   Result<cli::ControllerUrl> url = cli::ParseControllerUrl(controller);
   if (!url.ok()) {
     std::cerr << "gatehouse: " << url.status().message() << "\n";
@@ -432,6 +474,7 @@ int main(int argc, char** argv) {
   wait_options.deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(wait_options.timeout_s);
 
+  if (!local_body.is_null()) return SubmitBodies(api, {local_body}, /*wait=*/true, wait_options);
   if (*submit) {
     std::vector<json> bodies = {json::object()};
     for (const auto& [flag, path] : {std::pair{"--body", &body_file}, std::pair{"--matrix", &matrix_file}}) {
@@ -455,57 +498,12 @@ int main(int argc, char** argv) {
     for (json& body : bodies) {
       for (const auto& [key, value] :
            {std::pair{"repository", &repository}, std::pair{"branch", &branch},
-            std::pair{"commit", &commit}, std::pair{"model_family", &family},
-            std::pair{"checkpoint", &checkpoint}, std::pair{"reference", &reference},
-            std::pair{"precision", &precision}, std::pair{"mode", &mode},
-            std::pair{"device", &device}}) {
+            std::pair{"commit", &commit}}) {
         if (!value->empty()) body[key] = *value;
       }
-      if (tp > 0) body["topology"]["tp"] = tp;
-      if (max_new_tokens > 0) body["decode"]["max_new_tokens"] = max_new_tokens;
-      if (steps > 0) body["training"]["steps"] = steps;
-      if (!phases.empty()) {
-        body["phases"] = json::array();
-        std::stringstream list(phases);
-        for (std::string p; std::getline(list, p, ',');) {
-          if (!p.empty()) body["phases"].push_back(p);
-        }
-      }
+      cli::ApplyBodyFlags(body_flags, body);
     }
-    // Every cell is submitted even if one is refused (the others are evidence); a refusal
-    // then ends the command without waiting.
-    std::vector<std::string> ids;
-    int refused = cli::kExitPass;
-    if (Status s = CheckJUnitPath(wait_options.junit); !s.ok()) {
-      std::cerr << "gatehouse: " << s.message() << "\n";
-      return cli::kExitUsage;
-    }
-    for (const json& body : bodies) {
-      auto r = PostCell(api, body, wait_options);
-      if (!r.ok() && r.status().code() == gatehouse::StatusCode::kDeadlineExceeded) {
-        return ResolvingTimedOut(r.status(), "submit (" + DescribeBody(body) + ")",
-                                 wait_options.timeout_s);
-      }
-      if (!Ok(r)) {
-        const int code = CallFailed(r, "submit (" + DescribeBody(body) + ")");
-        if (code == cli::kExitUnreachable) return code;
-        refused = code;
-        continue;
-      }
-      json cell = json::parse(r->body, nullptr, false);
-      if (!cell.is_object() || !cell.contains("id") || !cell["id"].is_string()) {
-        std::cerr << "gatehouse: submit: the controller answered no cell: " << r->body << "\n";
-        return cli::kExitUnreachable;
-      }
-      const std::string id = cell["id"];
-      // Two matrix entries may name the same inputs: one cell, waited for once.
-      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-      std::cout << id << " " << (cell.value("created", false) ? "created" : "existing")
-                << " " << CellStatus(cell) << "\n";
-      std::cout.flush();
-    }
-    if (refused != cli::kExitPass || !wait) return refused;
-    return WaitForCells(api, ids, wait_options);
+    return SubmitBodies(api, bodies, wait, wait_options);
   }
   if (*reference_cmd) {
     json body = {{"kind", "reference"}, {"checkpoint", ref_checkpoint}};

@@ -223,7 +223,11 @@ Result<FreezeOutcome> CellFreezer::FreezeBody(std::string_view body, bool wait) 
     reference->repository = reference->spec.checkpoint.path;
     spec.reference.cell = reference->id;
   }
+  // Readiness counts the default branch when no branch is designated; a resolver that cannot
+  // tell leaves it unknown (every branch counts), which is no reason to refuse the cell.
+  Result<std::string> default_branch = resolver_.DefaultBranch(spec.repository);
   FrozenCell cell = MakeFrozen(std::move(spec), r.branch, r.priority);
+  if (default_branch.ok()) cell.default_branch = std::move(*default_branch);
   cell.reference_cell = std::move(reference);
   return FreezeOutcome(std::move(cell));
 }

@@ -31,6 +31,9 @@ struct FrozenCell {
   std::string model_family;
   int priority = 0;  // from the body; not part of the identity
   CellSpec spec;     // the spec spec_json serialises
+  /// A validation cell's repository's default branch as the resolver saw it
+  /// (CommitResolver::DefaultBranch); empty when not known. Not part of the identity.
+  std::string default_branch;
   /// A validation body that named no reference: the reference cell it compares with (its id
   /// is spec.reference.cell), stored before this cell.
   std::shared_ptr<FrozenCell> reference_cell;

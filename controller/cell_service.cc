@@ -1,10 +1,12 @@
 #include "controller/cell_service.h"
 
 #include <algorithm>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
 #include "common/phases.h"
+#include "controller/attempt_ending.h"
 #include "controller/report.h"
 
 namespace gatehouse::controller {
@@ -13,8 +15,6 @@ namespace {
 Status CellNotFound(const std::string& id) {
   return Status::NotFound("cell '" + id + "' not found");
 }
-
-size_t PhaseOrder(const std::string& phase) { return PhaseIndex(phase).value_or(kPhases.size()); }
 
 }  // namespace
 
@@ -42,6 +42,12 @@ Result<bool> CellService::StoreCell(const FrozenCell& frozen, const std::string&
                    frozen.model_family);
     }
     dispatcher_.Remember(frozen.id, DemandOf(frozen.spec));
+  }
+  if (!frozen.spec.IsReference()) {
+    // Only a hint for readiness: a failure here costs no submit.
+    if (Status s = store_.RecordDefaultBranch(frozen.repository, frozen.default_branch); !s.ok()) {
+      spdlog::warn("{}", s.message());
+    }
   }
   return created;
 }
@@ -229,7 +235,7 @@ Result<CellDetail> CellService::SetHidden(const std::string& id, bool hidden,
   return GetCell(id);
 }
 
-Result<std::vector<ReadinessCombination>> CellService::Readiness(bool include_hidden) {
+Result<ReadinessView> CellService::Readiness(bool include_hidden, bool all_branches) {
   constexpr int kPage = 500;
   std::vector<CellSummary> all;
   for (int offset = 0;; offset += kPage) {
@@ -240,11 +246,53 @@ Result<std::vector<ReadinessCombination>> CellService::Readiness(bool include_hi
     }
     if (last) break;
   }
-  return ComputeReadiness(all);
+  ReadinessView view;
+  view.all_branches = all_branches;
+  if (!all_branches) {
+    GH_ASSIGN_OR_RETURN(std::vector<RepositoryBranches> rows, store_.ListRepositoryBranches());
+    GH_ASSIGN_OR_RETURN(std::vector<CellBranch> branches, store_.ListCellBranches());
+    all = OnDesignatedBranches(std::move(all), branches, DesignatedBranches(rows));
+    GH_ASSIGN_OR_RETURN(view.designations, Designations());
+  }
+  view.combinations = ComputeReadiness(all);
+  return view;
 }
 
-Result<std::pair<Matrix, MatrixChoices>> CellService::CellMatrix(const MatrixFilter& filter,
-                                                                 std::string_view status) {
+Result<std::vector<BranchDesignation>> CellService::Designations(const std::string& repository) {
+  GH_ASSIGN_OR_RETURN(std::vector<RepositoryBranches> rows, store_.ListRepositoryBranches());
+  const DesignatedBranches designated(rows);
+  if (!repository.empty()) return std::vector<BranchDesignation>{designated.Of(repository)};
+  std::set<std::string> repositories;
+  for (const RepositoryBranches& row : rows) repositories.insert(row.repository);
+  GH_ASSIGN_OR_RETURN(MatrixChoices choices, store_.ListMatrixChoices());
+  for (const auto& [name, branches] : choices.repositories) repositories.insert(name);
+  std::vector<BranchDesignation> out;
+  for (const std::string& name : repositories) out.push_back(designated.Of(name));
+  return out;
+}
+
+Result<BranchDesignation> CellService::SetDesignatedBranches(
+    const std::string& repository, const std::vector<std::string>& branches,
+    const std::string& actor, const std::string& reason) {
+  const std::string who = actor.empty() ? "(no token)" : actor;
+  GH_ASSIGN_OR_RETURN(RepositoryBranches row,
+                      store_.SetDesignatedBranches(repository, branches, who, reason));
+  BranchDesignation d = DesignationOf(row);
+  std::string names;
+  for (const std::string& b : d.branches) names += (names.empty() ? "" : ", ") + b;
+  spdlog::info("repository '{}': designated branches {} ({}) by '{}': {}", repository,
+               names.empty() ? "reset" : names, d.source, who, reason);
+  return d;
+}
+
+Result<std::pair<Matrix, MatrixChoices>> CellService::CellMatrix(MatrixFilter filter,
+                                                                 std::string_view status,
+                                                                 bool all_branches) {
+  // A filter naming a branch asks for that branch's cells, designated or not.
+  if (!all_branches && filter.branch.empty()) {
+    GH_ASSIGN_OR_RETURN(std::vector<RepositoryBranches> rows, store_.ListRepositoryBranches());
+    filter.designated = DesignatedBranches(rows).AsFilter();
+  }
   GH_ASSIGN_OR_RETURN(std::vector<MatrixSquare> squares, store_.Matrix(filter));
   for (MatrixSquare& q : squares) {
     if (q.status == AttemptState::kQueued) q.waiting_reason = dispatcher_.WaitingReason(q.attempt_id);

@@ -28,6 +28,15 @@ struct SubmitOutcome {
   std::optional<DigestPending> pending;
 };
 
+/// What GET /api/v1/readiness answers: the combinations and which branches they count.
+struct ReadinessView {
+  std::vector<ReadinessCombination> combinations;
+  bool all_branches = false;  // every branch counted (branches=all)
+  /// Without all_branches: the designation of every repository with a validation cell or a
+  /// stored policy, by repository.
+  std::vector<BranchDesignation> designations;
+};
+
 /// Threading: thread-safe (its state is the store's). Blocking: Submit fetches git (it hashes
 /// a small directory itself and never waits for a large one); the rest does SQLite work.
 class CellService {
@@ -68,8 +77,22 @@ class CellService {
   Result<CellDetail> RetryCell(const std::string& id);
 
   /// ComputeReadiness (controller/readiness.h) over every stored cell, hidden ones only with
-  /// `include_hidden`. INTERNAL on a store failure.
-  Result<std::vector<ReadinessCombination>> Readiness(bool include_hidden = false);
+  /// `include_hidden`, and only cells submitted on a designated branch of their repository
+  /// (OnDesignatedBranches) unless `all_branches`. INTERNAL on a store failure.
+  Result<ReadinessView> Readiness(bool include_hidden = false, bool all_branches = false);
+
+  /// The designated branches of every repository with a validation cell or a stored policy, by
+  /// repository; of `repository` alone when it is not empty ("unknown" when nothing is known
+  /// of it). INTERNAL on a store failure.
+  Result<std::vector<BranchDesignation>> Designations(const std::string& repository = "");
+
+  /// Designates `branches` (checked by the caller) of `repository` for readiness and the
+  /// matrix, recording `actor` and `reason`; an empty list goes back to the default branch.
+  /// Returns the designation now. INTERNAL on a store failure.
+  Result<BranchDesignation> SetDesignatedBranches(const std::string& repository,
+                                                  const std::vector<std::string>& branches,
+                                                  const std::string& actor,
+                                                  const std::string& reason);
 
   /// Hides cell `id` from readiness and the matrix (`hidden`), or shows it again, recording
   /// `actor` (the caller's token name) and `reason` (Store::SetCellHidden); the cell and its
@@ -79,9 +102,10 @@ class CellService {
                                const std::string& reason);
 
   /// The dashboard's matrix: Store::Matrix arranged by ArrangeMatrix (controller/readiness.h),
-  /// and what it can be filtered by. INTERNAL on a store failure.
-  Result<std::pair<Matrix, MatrixChoices>> CellMatrix(const MatrixFilter& filter,
-                                                      std::string_view status);
+  /// and what it can be filtered by. Only cells on designated branches count unless
+  /// `all_branches` or the filter names a branch. INTERNAL on a store failure.
+  Result<std::pair<Matrix, MatrixChoices>> CellMatrix(MatrixFilter filter, std::string_view status,
+                                                      bool all_branches = false);
 
   /// The Markdown evidence report (controller/report.h). NOT_FOUND as GetCell.
   Result<std::string> Report(const std::string& id);

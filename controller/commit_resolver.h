@@ -31,6 +31,15 @@ class CommitResolver {
   virtual Result<std::optional<std::string>> ReadFileAt(const std::string& repository,
                                                         const std::string& commit,
                                                         const std::string& path) = 0;
+
+  /// The repository's default branch: the branch name (without refs/heads/) the remote's HEAD
+  /// points to, as last seen when the resolver reached the remote (a branch or commit resolved
+  /// before; reaching it now when not seen yet). Readiness counts this branch when an admin
+  /// designated none (docs/protocols.md §1). Errors: NOT_FOUND when the remote names no default
+  /// branch or cannot be reached; this default for resolvers that do not know.
+  virtual Result<std::string> DefaultBranch(const std::string& repository) {
+    return Status::NotFound("repository '" + repository + "': default branch not known");
+  }
 };
 
 }  // namespace gatehouse::controller

@@ -6,15 +6,11 @@
 
 #include "common/artifacts.h"
 #include "common/phases.h"
+#include "controller/attempt_ending.h"
 #include "controller/scheduler.h"
 #include "controller/worker_event.h"
 
 namespace gatehouse::controller {
-namespace {
-
-size_t PhaseOrder(const std::string& phase) { return PhaseIndex(phase).value_or(kPhases.size()); }
-
-}  // namespace
 
 ControllerCore::ControllerCore(Store& store, CellFreezer& freezer, LeaseConfig lease, Clock clock,
                                TimeLimits limits, SchedulingPolicy policy,
@@ -57,8 +53,18 @@ Result<CellDetail> ControllerCore::GetCell(const std::string& id) { return cells
 
 Result<CellDetail> ControllerCore::RetryCell(const std::string& id) { return cells_.RetryCell(id); }
 
-Result<std::vector<ReadinessCombination>> ControllerCore::Readiness(bool include_hidden) {
-  return cells_.Readiness(include_hidden);
+Result<ReadinessView> ControllerCore::Readiness(bool include_hidden, bool all_branches) {
+  return cells_.Readiness(include_hidden, all_branches);
+}
+
+Result<std::vector<BranchDesignation>> ControllerCore::Designations(const std::string& repository) {
+  return cells_.Designations(repository);
+}
+
+Result<BranchDesignation> ControllerCore::SetDesignatedBranches(
+    const std::string& repository, const std::vector<std::string>& branches,
+    const std::string& actor, const std::string& reason) {
+  return cells_.SetDesignatedBranches(repository, branches, actor, reason);
 }
 
 Result<CellDetail> ControllerCore::SetHidden(const std::string& id, bool hidden,
@@ -104,8 +110,9 @@ Result<std::string> ControllerCore::ReadLog(const std::string& id, const std::st
 }
 
 Result<std::pair<Matrix, MatrixChoices>> ControllerCore::CellMatrix(const MatrixFilter& filter,
-                                                                    std::string_view status) {
-  return cells_.CellMatrix(filter, status);
+                                                                    std::string_view status,
+                                                                    bool all_branches) {
+  return cells_.CellMatrix(filter, status, all_branches);
 }
 
 // ---- agent side ----
@@ -227,39 +234,14 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
     // with what the agent saw.
     to = a.cancel_as;
     why = a.cancel_reason + (reason.empty() ? "" : "; " + reason);
-  } else if (outcome == "finished") {
-    if (a.run_status.empty()) {
-      why = "the worker finished without a run_end event (exit code " + std::to_string(exit_code) +
-            ")";
-    } else if (a.run_status == "PASS") {
-      to = AttemptState::kPassed;
-    } else {
-      // FAIL is the verdict. BLOCKED: an input from outside the adapter could not be used;
-      // UNKNOWN: a gate could not decide. Neither is a verdict on the adapter.
-      to = a.run_status == "BLOCKED"   ? AttemptState::kBlocked
-           : a.run_status == "UNKNOWN" ? AttemptState::kError
-                                       : AttemptState::kFailed;
-      why = "run_end status " + a.run_status;
-      GH_ASSIGN_OR_RETURN(std::vector<PhaseRecord> phases, store_.ListPhases(attempt_id));
-      std::stable_sort(phases.begin(), phases.end(), [](const auto& x, const auto& y) {
-        return PhaseOrder(x.phase) < PhaseOrder(y.phase);
-      });
-      for (const PhaseRecord& p : phases) {
-        auto status = ParseGateStatus(p.status);
-        if (status && StopsLaterPhases(*status)) {
-          why +=
-              "; phase '" + p.phase + "' " + p.status + (p.reason.empty() ? "" : ": " + p.reason);
-          break;
-        }
-      }
-    }
   } else {
-    why = reason.empty()
-              ? "the agent reported an error (exit code " + std::to_string(exit_code) + ")"
-              : reason;
-    if (outcome != "error" && outcome != "lost") {
-      why = "unknown outcome '" + outcome + "': " + why;
+    std::vector<PhaseRecord> phases;
+    if (outcome == "finished" && !a.run_status.empty() && a.run_status != "PASS") {
+      GH_ASSIGN_OR_RETURN(phases, store_.ListPhases(attempt_id));
     }
+    AttemptEnding ending = EndingOf(outcome, reason, exit_code, a.run_status, std::move(phases));
+    to = ending.state;
+    why = std::move(ending.reason);
   }
   GH_ASSIGN_OR_RETURN(bool changed, store_.FinishAttempt(attempt_id, to, why));
   if (changed) {

@@ -70,7 +70,14 @@ class ControllerCore {
   Result<CellDetail> GetCell(const std::string& id);
   Result<CellDetail> CancelCell(const std::string& id, const std::string& reason);
   /// CellService::Readiness.
-  Result<std::vector<ReadinessCombination>> Readiness(bool include_hidden = false);
+  Result<ReadinessView> Readiness(bool include_hidden = false, bool all_branches = false);
+  /// CellService::Designations.
+  Result<std::vector<BranchDesignation>> Designations(const std::string& repository = "");
+  /// CellService::SetDesignatedBranches.
+  Result<BranchDesignation> SetDesignatedBranches(const std::string& repository,
+                                                  const std::vector<std::string>& branches,
+                                                  const std::string& actor,
+                                                  const std::string& reason);
   /// CellService::SetHidden.
   Result<CellDetail> SetHidden(const std::string& id, bool hidden, const std::string& actor,
                                const std::string& reason);
@@ -81,7 +88,8 @@ class ControllerCore {
                               std::optional<int> number, int64_t from = 0);
   /// CellService::CellMatrix.
   Result<std::pair<Matrix, MatrixChoices>> CellMatrix(const MatrixFilter& filter,
-                                                      std::string_view status);
+                                                      std::string_view status,
+                                                      bool all_branches = false);
 
   /// Every agent that registered, with its live state (attached, silent, draining, running
   /// attempts). Errors: INTERNAL on a store failure.

@@ -2,6 +2,8 @@
 
 #include <git2.h>
 
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "common/sha256.h"
@@ -102,6 +104,21 @@ Status Fetch(git_remote* remote, const std::string& url, const std::string& refs
   return Status::Ok();
 }
 
+// The branch the connected remote's HEAD points to, without "refs/heads/"; nullopt when it
+// names none (an empty repository, a detached HEAD).
+std::optional<std::string> RemoteDefaultBranch(git_remote* remote) {
+  git_buf buf = GIT_BUF_INIT;
+  if (git_remote_default_branch(&buf, remote) != 0) {
+    git_buf_dispose(&buf);
+    return std::nullopt;
+  }
+  std::string ref(buf.ptr, buf.size);
+  git_buf_dispose(&buf);
+  constexpr std::string_view kHeads = "refs/heads/";
+  if (ref.rfind(kHeads, 0) != 0 || ref.size() == kHeads.size()) return std::nullopt;
+  return ref.substr(kHeads.size());
+}
+
 Status CheckCommitExists(git_repository* repo, const git_oid& oid, const std::string& what) {
   git_commit* raw = nullptr;
   if (git_commit_lookup(&raw, repo, &oid) != 0) return Status::NotFound(what);
@@ -160,6 +177,7 @@ Result<std::string> GitMirror::ResolveBranch(const std::string& repository,
     return Status::NotFound("branch '" + branch + "' not found in '" + repository + "'");
   }
   const git_oid oid = head->oid;
+  RememberDefaultBranch(repository, remote->get());
   GH_RETURN_IF_ERROR(Fetch(remote->get(), repository, "+" + ref + ":" + ref));
   GH_RETURN_IF_ERROR(CheckCommitExists(
       repo.get(), oid,
@@ -201,10 +219,51 @@ Result<std::string> GitMirror::ResolveCommit(const std::string& repository,
     }
     return remote.status();
   }
+  RememberDefaultBranch(repository, remote->get());
   GH_RETURN_IF_ERROR(Fetch(remote->get(), repository, "+refs/heads/*:refs/heads/*"));
   GH_RETURN_IF_ERROR(CheckCommitExists(
       repo.get(), oid, "commit '" + commit + "' not found in '" + repository + "'"));
   return remember();
+}
+
+void GitMirror::RememberDefaultBranch(const std::string& repository, git_remote* remote) {
+  std::optional<std::string> branch = RemoteDefaultBranch(remote);
+  std::lock_guard lock(mu_);
+  default_branches_[repository] = branch.value_or("");
+}
+
+Result<std::string> GitMirror::DefaultBranch(const std::string& repository) {
+  const std::string none = "repository '" + repository + "' names no default branch (its HEAD)";
+  auto known = [&]() -> std::optional<Result<std::string>> {
+    std::lock_guard lock(mu_);
+    auto it = default_branches_.find(repository);
+    if (it == default_branches_.end()) return std::nullopt;
+    if (it->second.empty()) return Result<std::string>(Status::NotFound(none));
+    return Result<std::string>(it->second);
+  };
+  if (auto answer = known()) return *answer;
+  {
+    // Not seen since this process started (a commit the mirror held needed no fetch): ask the
+    // remote once, without fetching. A failure is remembered as "none" until the next
+    // ResolveBranch or fetching ResolveCommit, so a gone remote does not slow every submit.
+    std::lock_guard lock(MirrorMutex(repository));
+    const fs::path path = MirrorPath(repository);
+    bool created = false;
+    GH_ASSIGN_OR_RETURN(RepoPtr repo, OpenOrInitMirror(path, created));
+    Result<RemotePtr> remote = Connect(repo.get(), repository);
+    if (!remote.ok()) {
+      if (created) {
+        repo.reset();
+        std::error_code ec;
+        fs::remove_all(path, ec);
+      }
+      std::lock_guard lock_known(mu_);
+      default_branches_[repository] = "";
+      return remote.status();
+    }
+    RememberDefaultBranch(repository, remote->get());
+  }
+  return known().value_or(Status::NotFound(none));
 }
 
 Result<std::optional<std::string>> GitMirror::ReadFileAt(const std::string& repository,

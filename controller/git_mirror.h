@@ -12,6 +12,8 @@
 
 #include "controller/commit_resolver.h"
 
+struct git_remote;
+
 namespace gatehouse::controller {
 
 /// One bare mirror per repository under `mirror_dir`, named by the SHA-256 hex of the URL.
@@ -45,11 +47,19 @@ class GitMirror : public CommitResolver {
                                                 const std::string& commit,
                                                 const std::string& path) override;
 
+  /// The branch the remote's HEAD pointed to when this mirror last reached it (every
+  /// ResolveBranch, and every ResolveCommit that fetched); a repository not reached since the
+  /// process started is asked now, once (a connect, no fetch). Errors: NOT_FOUND for an
+  /// unreachable repository (as ResolveBranch) or a remote whose HEAD names no branch.
+  Result<std::string> DefaultBranch(const std::string& repository) override;
+
   /// The mirror directory of a repository.
   std::filesystem::path MirrorPath(const std::string& repository) const;
 
  private:
   std::mutex& MirrorMutex(const std::string& repository);
+  // Keeps (or forgets) the default branch the connected `remote` advertises.
+  void RememberDefaultBranch(const std::string& repository, git_remote* remote);
 
   std::filesystem::path mirror_dir_;
   static constexpr size_t kKnownCommits = 4096;
@@ -63,6 +73,9 @@ class GitMirror : public CommitResolver {
   /// (repository, commit, path) -> the file's bytes or nullopt, for ReadFileAt; cleared when
   /// full. Guarded by mu_.
   std::map<std::tuple<std::string, std::string, std::string>, std::optional<std::string>> files_;
+  /// repository -> its remote's default branch as last seen ("": asked, none named or not
+  /// reached). Guarded by mu_.
+  std::map<std::string, std::string> default_branches_;
 };
 
 }  // namespace gatehouse::controller

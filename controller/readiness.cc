@@ -1,5 +1,6 @@
 #include "controller/readiness.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
@@ -69,6 +70,74 @@ std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary
   std::vector<ReadinessCombination> out;
   out.reserve(combinations.size());
   for (auto& [key, combination] : combinations) out.push_back(std::move(combination));
+  return out;
+}
+
+BranchDesignation DesignationOf(const RepositoryBranches& row) {
+  BranchDesignation d{row.repository, "unknown", {}, row};
+  if (row.designated) {
+    d.source = "configured";
+    d.branches = *row.designated;
+  } else if (!row.default_branch.empty()) {
+    d.source = "default_branch";
+    d.branches = {row.default_branch};
+  }
+  std::sort(d.branches.begin(), d.branches.end());
+  d.branches.erase(std::unique(d.branches.begin(), d.branches.end()), d.branches.end());
+  return d;
+}
+
+DesignatedBranches::DesignatedBranches(const std::vector<RepositoryBranches>& rows) {
+  for (const RepositoryBranches& row : rows) by_repository_[row.repository] = DesignationOf(row);
+}
+
+bool DesignatedBranches::Counts(const std::string& repository, const std::string& branch) const {
+  auto it = by_repository_.find(repository);
+  if (it == by_repository_.end() || it->second.source == "unknown") return true;
+  const std::vector<std::string>& b = it->second.branches;
+  return !branch.empty() && std::binary_search(b.begin(), b.end(), branch);
+}
+
+BranchDesignation DesignatedBranches::Of(const std::string& repository) const {
+  auto it = by_repository_.find(repository);
+  if (it != by_repository_.end()) return it->second;
+  RepositoryBranches none;
+  none.repository = repository;
+  return DesignationOf(none);
+}
+
+MatrixFilter::Designated DesignatedBranches::AsFilter() const {
+  MatrixFilter::Designated f;
+  for (const auto& [repository, d] : by_repository_) {
+    if (d.source == "unknown") continue;
+    f.restricted.push_back(repository);
+    for (const std::string& branch : d.branches) f.designated.emplace_back(repository, branch);
+  }
+  return f;
+}
+
+std::vector<CellSummary> OnDesignatedBranches(std::vector<CellSummary> cells,
+                                              const std::vector<CellBranch>& branches,
+                                              const DesignatedBranches& designated) {
+  std::map<std::string, std::vector<std::string>> by_cell;
+  for (const CellBranch& b : branches) by_cell[b.cell_id].push_back(b.branch);
+  std::vector<CellSummary> out;
+  for (CellSummary& c : cells) {
+    if (designated.Counts(c.cell.repository, c.cell.branch)) {
+      out.push_back(std::move(c));
+      continue;
+    }
+    auto it = by_cell.find(c.cell.id);
+    if (it == by_cell.end()) continue;
+    std::vector<std::string> others = it->second;
+    std::sort(others.begin(), others.end());
+    for (const std::string& branch : others) {
+      if (!designated.Counts(c.cell.repository, branch)) continue;
+      c.cell.branch = branch;  // the branch it counts for
+      out.push_back(std::move(c));
+      break;
+    }
+  }
   return out;
 }
 

@@ -66,6 +66,48 @@ std::string_view ReadinessOf(AttemptState status);
 /// kBf16NumericsNote and, per commit, its readiness in the equal fp32 combination.
 std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary>& cells);
 
+/// Which branches of one repository readiness and the matrix count (docs/protocols.md §1,
+/// designated branches).
+struct BranchDesignation {
+  std::string repository;
+  /// "configured" (an admin's set), "default_branch" (none set: the remote's default branch) or
+  /// "unknown" (neither known: every branch counts, as before designations existed).
+  std::string source;
+  std::vector<std::string> branches;  // sorted; empty for "unknown"
+  RepositoryBranches stored;          // the row it comes from (repository alone when none)
+};
+
+/// The designation of a stored row (or of a repository without one: "unknown").
+BranchDesignation DesignationOf(const RepositoryBranches& row);
+
+/// Every repository's designation, to ask whether a cell counts.
+class DesignatedBranches {
+ public:
+  explicit DesignatedBranches(const std::vector<RepositoryBranches>& rows);
+
+  /// Whether a cell of `repository` submitted on `branch` counts: `branch` is designated, or
+  /// the repository's designation is "unknown". A cell submitted by commit alone (branch "")
+  /// counts only for an "unknown" one.
+  bool Counts(const std::string& repository, const std::string& branch) const;
+
+  /// The designation of `repository` ("unknown" without a row).
+  BranchDesignation Of(const std::string& repository) const;
+
+  /// The matrix's filter: every repository with a designation and its designated branches.
+  MatrixFilter::Designated AsFilter() const;
+
+ private:
+  std::map<std::string, BranchDesignation> by_repository_;
+};
+
+/// The cells of `cells` that count under `designated`, each a cell whose label or one of the
+/// other branches it was submitted on (`branches`, Store::ListCellBranches) is designated; a
+/// kept cell whose label is not designated shows the designated branch it counts for (the first
+/// by name). Reference cells are kept (ComputeReadiness leaves them out). Order is kept.
+std::vector<CellSummary> OnDesignatedBranches(std::vector<CellSummary> cells,
+                                              const std::vector<CellBranch>& branches,
+                                              const DesignatedBranches& designated);
+
 /// A column of the matrix: device x precision x topology x mode.
 struct MatrixColumn {
   std::string key;  // "cpu fp32 tp=2 dp=1 pp=1 ep=1 eager": the column's name in MatrixJson

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "controller/attempt_state.h"
@@ -138,6 +139,26 @@ struct CellSummary {
   AttemptState status = AttemptState::kQueued;
 };
 
+/// A repository's branch policy as stored (migrations/0013_designated_branches.sql).
+struct RepositoryBranches {
+  std::string repository;  // as cells store it (CellSpec::repository)
+  /// The remote's HEAD as the controller's mirror last saw it; empty while not seen.
+  std::string default_branch;
+  std::string default_seen_at;  // when it was first seen as the default
+  /// The branches an admin designated; nullopt while none were set (the default branch then).
+  std::optional<std::vector<std::string>> designated;
+  std::string designated_by;  // the admin token's name
+  std::string designated_reason;
+  std::string designated_at;
+};
+
+/// One cell submitted on one branch (migrations/0013_designated_branches.sql): the label keeps
+/// the first, this every one.
+struct CellBranch {
+  std::string cell_id;
+  std::string branch;
+};
+
 /// Which validation cells the matrix considers; an empty member matches every cell.
 struct MatrixFilter {
   std::string repository;
@@ -145,6 +166,14 @@ struct MatrixFilter {
   std::string commit;  // 40 hex
   std::string model_family;
   bool include_hidden = false;  // also cells an operator hid (CellRecord::hidden)
+  /// Only cells submitted on a designated branch (controller/readiness.h DesignatedBranches):
+  /// a cell of a repository in `restricted` counts when one of its branches is in
+  /// `designated` (repository, branch). nullopt: every branch.
+  struct Designated {
+    std::vector<std::string> restricted;
+    std::vector<std::pair<std::string, std::string>> designated;
+  };
+  std::optional<Designated> designated;
 };
 
 /// One square of the matrix (GET /api/v1/matrix): the newest validation cell of one model

@@ -110,6 +110,10 @@ const std::vector<Route>& RestApi::Routes() {
       {"POST", "/api/v1/cells/{id}/show", Scope::kAdmin, "show_cell", &RestApi::ShowCell},
       {"GET", "/api/v1/readiness", Scope::kRead, "readiness", &RestApi::Readiness},
       {"GET", "/api/v1/matrix", Scope::kRead, "matrix", &RestApi::CellMatrix},
+      {"GET", "/api/v1/designated-branches", Scope::kRead, "list_designated_branches",
+       &RestApi::ListDesignatedBranches},
+      {"PUT", "/api/v1/designated-branches", Scope::kAdmin, "set_designated_branches",
+       &RestApi::SetDesignatedBranches},
       {"GET", "/api/v1/cells/{id}/report", Scope::kRead, "cell_report", &RestApi::CellReport},
       {"GET", "/api/v1/cells/{id}/log", Scope::kRead, "cell_log", &RestApi::CellLog},
       {"GET", "/api/v1/artifacts/{digest}", Scope::kRead, "get_artifact", &RestApi::GetArtifact},
@@ -286,17 +290,41 @@ HttpResponse RestApi::ShowCell(const RouteCall& call) {
 HttpResponse RestApi::Readiness(const RouteCall& call) {
   auto include_hidden = ParseIncludeHidden(call.url);
   if (!include_hidden.ok()) return ErrorResponse(include_hidden.status());
-  auto combinations = core_.Readiness(*include_hidden);
-  if (!combinations.ok()) return ErrorResponse(combinations.status());
-  return JsonResponse(200, ReadinessJson(*combinations));
+  auto all_branches = ParseAllBranches(call.url);
+  if (!all_branches.ok()) return ErrorResponse(all_branches.status());
+  auto view = core_.Readiness(*include_hidden, *all_branches);
+  if (!view.ok()) return ErrorResponse(view.status());
+  return JsonResponse(200, ReadinessJson(*view));
 }
 
 HttpResponse RestApi::CellMatrix(const RouteCall& call) {
   auto query = ParseMatrixQuery(call.url);
   if (!query.ok()) return ErrorResponse(query.status());
-  auto matrix = core_.CellMatrix(query->filter, query->status);
+  auto matrix = core_.CellMatrix(query->filter, query->status, query->all_branches);
   if (!matrix.ok()) return ErrorResponse(matrix.status());
-  return JsonResponse(200, MatrixJson(matrix->first, matrix->second, query->filter, query->status));
+  return JsonResponse(200, MatrixJson(matrix->first, matrix->second, query->filter, query->status,
+                                      query->all_branches));
+}
+
+HttpResponse RestApi::ListDesignatedBranches(const RouteCall& call) {
+  auto repository = ParseRepositoryParam(call.url, /*required=*/false);
+  if (!repository.ok()) return ErrorResponse(repository.status());
+  auto designations = core_.Designations(*repository);
+  if (!designations.ok()) return ErrorResponse(designations.status());
+  json list = json::array();
+  for (const BranchDesignation& d : *designations) list.push_back(DesignationJson(d));
+  return JsonResponse(200, {{"repositories", list}});
+}
+
+HttpResponse RestApi::SetDesignatedBranches(const RouteCall& call) {
+  auto repository = ParseRepositoryParam(call.url, /*required=*/true);
+  if (!repository.ok()) return ErrorResponse(repository.status());
+  auto request = ParseDesignatedBranches(call.request.body);
+  if (!request.ok()) return ErrorResponse(request.status());
+  auto designation =
+      core_.SetDesignatedBranches(*repository, request->branches, call.principal, request->reason);
+  if (!designation.ok()) return ErrorResponse(designation.status());
+  return JsonResponse(200, DesignationJson(*designation));
 }
 
 HttpResponse RestApi::RetryCell(const RouteCall& call) {

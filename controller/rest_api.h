@@ -76,6 +76,8 @@ class RestApi {
   HttpResponse ShowCell(const RouteCall& call);
   HttpResponse Readiness(const RouteCall& call);
   HttpResponse CellMatrix(const RouteCall& call);
+  HttpResponse ListDesignatedBranches(const RouteCall& call);
+  HttpResponse SetDesignatedBranches(const RouteCall& call);
   HttpResponse CellReport(const RouteCall& call);
   HttpResponse CellLog(const RouteCall& call);
   HttpResponse GetArtifact(const RouteCall& call);

@@ -6,6 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cell_spec.h"
+#include "common/json_fields.h"
+
 namespace gatehouse::controller {
 namespace {
 
@@ -42,6 +45,33 @@ Result<int> IntParam(const boost::urls::url_view& url, const char* name, int fal
   return v;
 }
 
+// A name git accepts for a branch (git check-ref-format --branch, refs.c): what the mirror
+// could resolve, so a designated branch can match a submitted one.
+bool IsBranchName(std::string_view name) {
+  if (name.empty() || name.size() > CellSpecLimits::kMaxBranchBytes || name == "@") return false;
+  if (name.front() == '-' || name.front() == '/' || name.back() == '/' || name.back() == '.') {
+    return false;
+  }
+  for (const unsigned char c : name) {
+    if (c < 0x20 || c == 0x7f || std::string_view(" ~^:?*[\\").find(static_cast<char>(c)) !=
+                                     std::string_view::npos) {
+      return false;
+    }
+  }
+  if (name.find("..") != std::string_view::npos || name.find("@{") != std::string_view::npos ||
+      name.find("//") != std::string_view::npos) {
+    return false;
+  }
+  // Each '/'-separated component: not starting with '.', not ending with ".lock".
+  for (size_t at = 0; at <= name.size();) {
+    const size_t slash = std::min(name.find('/', at), name.size());
+    const std::string_view part = name.substr(at, slash - at);
+    if (part.empty() || part.front() == '.' || part.ends_with(".lock")) return false;
+    at = slash + 1;
+  }
+  return true;
+}
+
 }  // namespace
 
 Result<std::string> ParseCancelReason(std::string_view text) {
@@ -76,6 +106,79 @@ Result<bool> ParseIncludeHidden(const boost::urls::url_view& url) {
   if (value == "false") return false;
   return Status::InvalidArgument("query parameter 'include_hidden': expected true or false, got '" +
                                  value + "'");
+}
+
+Result<bool> ParseAllBranches(const boost::urls::url_view& url) {
+  auto it = url.params().find("branches");
+  if (it == url.params().end()) return false;
+  const std::string value((*it).value);
+  if (value == "all") return true;
+  if (value == "designated") return false;
+  return Status::InvalidArgument(
+      "query parameter 'branches': expected designated or all, got '" + value + "'");
+}
+
+Result<std::string> ParseRepositoryParam(const boost::urls::url_view& url, bool required) {
+  auto it = url.params().find("repository");
+  if (it == url.params().end() || (*it).value.empty()) {
+    if (!required) return std::string();
+    return Status::InvalidArgument(
+        "query parameter 'repository': required (the repository as cells store it, URL-encoded)");
+  }
+  const std::string value((*it).value);
+  const std::string field = "query parameter 'repository'";
+  if (value.size() > CellSpecLimits::kMaxPathBytes) {
+    return Status::InvalidArgument(field + ": expected at most " +
+                                   std::to_string(CellSpecLimits::kMaxPathBytes) + " bytes, got " +
+                                   std::to_string(value.size()));
+  }
+  if (value.front() == '/') {
+    auto path = json_fields::ReadAbsolutePath(json(value), "repository", CellSpecLimits::kMaxPathBytes);
+    if (!path.ok()) return Status::InvalidArgument(field + ": " + path.status().message());
+    return *path;
+  }
+  if (value.find("://") == std::string::npos) {
+    return Status::InvalidArgument(field + ": expected a URL (scheme://...) or an absolute path, got '" +
+                                   value + "'");
+  }
+  return value;
+}
+
+Result<DesignatedBranchesRequest> ParseDesignatedBranches(std::string_view text) {
+  GH_ASSIGN_OR_RETURN(const json body, ObjectBody(text, {"branches", "reason"}));
+  DesignatedBranchesRequest r;
+  const auto branches = body.find("branches");
+  if (branches == body.end() || !branches->is_array() ||
+      branches->size() > kMaxDesignatedBranches) {
+    return json_fields::FieldError(
+        "branches", "an array of at most " + std::to_string(kMaxDesignatedBranches) +
+                        " branch names ([] for the default branch)",
+        branches == body.end() ? json() : *branches);
+  }
+  for (size_t i = 0; i < branches->size(); ++i) {
+    const std::string field = "branches[" + std::to_string(i) + "]";
+    const json& v = (*branches)[i];
+    if (!v.is_string() || !IsBranchName(v.get_ref<const std::string&>())) {
+      return json_fields::FieldError(
+          field, "a branch name (1 to 1024 bytes, git's rules: no space, control character, "
+                 "'..', '~^:?*[\\', '@{', no leading '-' or '/', no trailing '/', '.' or '.lock')",
+          v);
+    }
+    const std::string& name = v.get_ref<const std::string&>();
+    if (std::find(r.branches.begin(), r.branches.end(), name) != r.branches.end()) {
+      return json_fields::FieldError(field, "a branch not named before", v);
+    }
+    r.branches.push_back(name);
+  }
+  if (const auto reason = body.find("reason"); reason != body.end()) {
+    if (!reason->is_string() || reason->get_ref<const std::string&>().size() > kMaxCancelReasonBytes) {
+      return json_fields::FieldError(
+          "reason", "a string of at most " + std::to_string(kMaxCancelReasonBytes) + " bytes",
+          *reason);
+    }
+    r.reason = reason->get<std::string>();
+  }
+  return r;
 }
 
 Result<TokenRequest> ParseTokenRequest(std::string_view text) {
@@ -135,6 +238,7 @@ Result<MatrixQuery> ParseMatrixQuery(const boost::urls::url_view& url) {
   q.filter.model_family = text("model_family");
   q.status = text("status");
   GH_ASSIGN_OR_RETURN(q.filter.include_hidden, ParseIncludeHidden(url));
+  GH_ASSIGN_OR_RETURN(q.all_branches, ParseAllBranches(url));
   const bool hex40 = q.filter.commit.size() == 40 &&
                      q.filter.commit.find_first_not_of("0123456789abcdef") == std::string::npos;
   if (!q.filter.commit.empty() && !hex40) {

@@ -28,6 +28,28 @@ Result<std::string> ParseVisibilityReason(std::string_view body);
 /// or "false" (absent: false).
 Result<bool> ParseIncludeHidden(const boost::urls::url_view& url);
 
+/// The `branches` query parameter of GET /api/v1/readiness and /api/v1/matrix: "designated"
+/// (absent: the default) counts the cells on each repository's designated branches, "all"
+/// every cell. Returns true for "all".
+Result<bool> ParseAllBranches(const boost::urls::url_view& url);
+
+/// The `repository` query parameter of /api/v1/designated-branches, as cells store it: a URL
+/// (scheme://...) kept as given, or an absolute path made lexically normal without a trailing
+/// '/' (common/cell_spec.cc reads a submit's the same way); at most 4096 bytes. Absent: empty,
+/// or INVALID_ARGUMENT when `required`.
+Result<std::string> ParseRepositoryParam(const boost::urls::url_view& url, bool required);
+
+/// PUT /api/v1/designated-branches: {"branches": ["main", ...], "reason": "..."}: 0 to
+/// kMaxDesignatedBranches distinct branch names (git's rules for a branch name; 1 to 1024
+/// bytes), an empty list going back to the repository's default branch; `reason` optional, at
+/// most 1000 bytes.
+struct DesignatedBranchesRequest {
+  std::vector<std::string> branches;
+  std::string reason;
+};
+inline constexpr size_t kMaxDesignatedBranches = 64;
+Result<DesignatedBranchesRequest> ParseDesignatedBranches(std::string_view body);
+
 /// POST /api/v1/tokens: {"name": "...", "kind": "api"|"agent", "scopes": ["read", ...]}.
 struct TokenRequest {
   std::string name;
@@ -54,10 +76,12 @@ Result<LogQuery> ParseLogQuery(const boost::urls::url_view& url);
 
 /// GET /api/v1/matrix?repository=R&branch=B&commit=C&model_family=F&status=S: each absent or
 /// empty matches everything; C is 40 hex; S an attempt state ("failed") or a readiness word
-/// ("validated", controller/readiness.h); include_hidden as ParseIncludeHidden.
+/// ("validated", controller/readiness.h); include_hidden as ParseIncludeHidden; branches as
+/// ParseAllBranches.
 struct MatrixQuery {
   MatrixFilter filter;
   std::string status;
+  bool all_branches = false;  // branches=all (ParseAllBranches)
 };
 Result<MatrixQuery> ParseMatrixQuery(const boost::urls::url_view& url);
 

@@ -82,9 +82,26 @@ json CellJson(const CellDetail& d) {
           {"visibility", visibility}};
 }
 
-json ReadinessJson(const std::vector<ReadinessCombination>& combinations) {
+json DesignationJson(const BranchDesignation& d) {
+  const RepositoryBranches& row = d.stored;
+  json configured = nullptr;
+  if (row.designated) {
+    configured = {{"branches", *row.designated},
+                  {"by", row.designated_by},
+                  {"reason", row.designated_reason},
+                  {"at", row.designated_at}};
+  }
+  return {{"repository", d.repository},
+          {"source", d.source},
+          {"branches", d.source == "unknown" ? json(nullptr) : json(d.branches)},
+          {"default_branch", NullIfEmpty(row.default_branch)},
+          {"default_branch_seen_at", NullIfEmpty(row.default_seen_at)},
+          {"configured", configured}};
+}
+
+json ReadinessJson(const ReadinessView& view) {
   json out = json::array();
-  for (const ReadinessCombination& c : combinations) {
+  for (const ReadinessCombination& c : view.combinations) {
     json commits = json::array();
     for (const ReadinessCommit& r : c.commits) {
       json commit{{"repository", r.repository},
@@ -110,11 +127,17 @@ json ReadinessJson(const std::vector<ReadinessCombination>& combinations) {
                    {"commits", commits}});
     if (!c.numerics.empty()) out.back()["numerics"] = c.numerics;
   }
-  return {{"combinations", out}};
+  json body = {{"branches", view.all_branches ? "all" : "designated"}, {"combinations", out}};
+  if (!view.all_branches) {
+    json designated = json::array();
+    for (const BranchDesignation& d : view.designations) designated.push_back(DesignationJson(d));
+    body["designated"] = std::move(designated);
+  }
+  return body;
 }
 
 json MatrixJson(const Matrix& matrix, const MatrixChoices& choices, const MatrixFilter& filter,
-                const std::string& status) {
+                const std::string& status, bool all_branches) {
   json columns = json::array();
   for (const MatrixColumn& c : matrix.columns) {
     columns.push_back({{"key", c.key},
@@ -154,7 +177,8 @@ json MatrixJson(const Matrix& matrix, const MatrixChoices& choices, const Matrix
             {"branch", filter.branch},
             {"commit", filter.commit},
             {"model_family", filter.model_family},
-            {"status", status}}},
+            {"status", status},
+            {"branches", all_branches || !filter.branch.empty() ? "all" : "designated"}}},
           {"choices", {{"repositories", repositories}, {"model_families", choices.model_families}}},
           {"columns", columns},
           {"rows", rows}};

@@ -22,13 +22,21 @@ nlohmann::json AgentJson(const AgentStatus& agent);
 /// One token of GET /api/v1/tokens: never its secret.
 nlohmann::json TokenJson(const TokenRecord& token);
 
-/// The readiness document (protocols.md §1): {"combinations": [...]}.
-nlohmann::json ReadinessJson(const std::vector<ReadinessCombination>& combinations);
+/// The readiness document (protocols.md §1): {"branches": "designated"|"all", "designated":
+/// [...] (designated only), "combinations": [...]}.
+nlohmann::json ReadinessJson(const ReadinessView& view);
 
-/// GET /api/v1/matrix (docs/protocols.md §1): the filter as applied, the choices, the columns
-/// and the rows with their squares keyed by column.
+/// One repository of GET /api/v1/designated-branches: {"repository", "source", "branches"
+/// (null for "unknown": every branch counts), "default_branch", "default_branch_seen_at",
+/// "configured": {"branches", "by", "reason", "at"} | null}.
+nlohmann::json DesignationJson(const BranchDesignation& d);
+
+/// GET /api/v1/matrix (docs/protocols.md §1): the filter as applied (its "branches":
+/// "designated", or "all" for `all_branches` or a filter naming a branch), the choices, the
+/// columns and the rows with their squares keyed by column.
 nlohmann::json MatrixJson(const Matrix& matrix, const MatrixChoices& choices,
-                          const MatrixFilter& filter, const std::string& status);
+                          const MatrixFilter& filter, const std::string& status,
+                          bool all_branches = false);
 
 /// `body` as JSON with `status`; invalid UTF-8 in a stored string becomes U+FFFD rather than
 /// an exception (which would turn any answer into a 500). Cache-Control: no-store.

@@ -4,7 +4,8 @@
 // while a shown square is not final, else every 10 s.
 'use strict';
 
-const FILTERS = ['repository', 'branch', 'commit', 'model_family', 'status'];
+// branches: '' counts each repository's designated branches, 'all' every branch (protocols.md §1).
+const FILTERS = ['repository', 'branch', 'commit', 'model_family', 'status', 'branches'];
 
 function currentFilter() {
   const q = new URLSearchParams(location.search);
@@ -41,6 +42,7 @@ function renderFilters(data, f) {
   setOptions(form.model_family, data.choices.model_families, f.model_family);
   form.commit.value = f.commit;
   form.status.value = f.status;
+  form.branches.value = f.branches === 'all' ? 'all' : '';
 }
 
 /** Column header: device and precision on one line, topology and mode below. */

@@ -1,5 +1,6 @@
 #include "controller/store/store.h"
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <sqlite3.h>
 
@@ -177,7 +178,16 @@ Result<bool> Store::CreateCellIfAbsent(const CellRecord& cell) {
       .Bind(8, cell.submitter)
       .Bind(9, int64_t{cell.priority});
   GH_RETURN_IF_ERROR(insert.Exec().WithContext("store cell " + cell.id));
-  if (sqlite3_changes(db_) == 0) return false;  // exists; rollback of an empty transaction
+  const bool created = sqlite3_changes(db_) != 0;
+  bool new_branch = false;
+  if (!cell.branch.empty()) {
+    GH_ASSIGN_OR_RETURN(new_branch, AddCellBranchLocked(cell.id, cell.branch, now));
+  }
+  if (!created) {
+    // A resubmit: only a branch the cell was not submitted on before is written.
+    if (new_branch) GH_RETURN_IF_ERROR(tx.Commit());
+    return false;
+  }
   Stmt attempt(*statements_, "INSERT INTO attempts(cell_id, number, state, created_at) VALUES (?, 1, ?, ?)");
   attempt.Bind(1, cell.id).Bind(2, AttemptStateName(AttemptState::kQueued)).Bind(3, now);
   GH_RETURN_IF_ERROR(attempt.Exec().WithContext("store attempt 1 of cell " + cell.id));
@@ -883,12 +893,28 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
          "FROM cells c WHERE kind = '' AND hidden <= ?5 "
          "AND (?1 = '' OR repository = ?1) AND (?2 = '' OR branch = ?2) "
          "AND (?3 = '' OR commit_sha = ?3) AND (?4 = '' OR model_family = ?4) "
+         // Designated branches: both sets are read once (uncorrelated), each cell's branches
+         // through cell_branches' primary key.
+         "AND (?6 = 0 OR repository NOT IN (SELECT value FROM json_each(?7)) OR EXISTS "
+         "(SELECT 1 FROM cell_branches b WHERE b.cell_id = c.id AND (c.repository, b.branch) IN "
+         "(SELECT json_extract(d.value, '$[0]'), json_extract(d.value, '$[1]') "
+         "FROM json_each(?8) d))) "
          "GROUP BY model_family, checkpoint_digest, device, precision, tp, dp, pp, ep, mode) g "
          "LEFT JOIN attempts a ON a.id = g.last_attempt "
          "ORDER BY g.model_family, g.checkpoint_path, g.checkpoint_digest, g.device, g.precision, "
          "g.tp, g.dp, g.pp, g.ep, g.mode");
+  nlohmann::json restricted = nlohmann::json::array(), designated = nlohmann::json::array();
+  if (f.designated) {
+    restricted = f.designated->restricted;
+    for (const auto& [repository, branch] : f.designated->designated) {
+      designated.push_back({repository, branch});
+    }
+  }
   s.Bind(1, f.repository).Bind(2, f.branch).Bind(3, f.commit).Bind(4, f.model_family)
-      .Bind(5, int64_t{f.include_hidden ? 1 : 0});
+      .Bind(5, int64_t{f.include_hidden ? 1 : 0})
+      .Bind(6, int64_t{f.designated ? 1 : 0})
+      .Bind(7, restricted.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+      .Bind(8, designated.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   std::vector<MatrixSquare> out;
   while (s.Step()) {
     MatrixSquare q;

@@ -113,7 +113,9 @@ class Store {
   // ---- cells and attempts ----
 
   /// Stores `cell` and its attempt 1 (queued) in one transaction, unless a cell with that id
-  /// exists. Returns true when it created the cell. `cell.created_at` is set here.
+  /// exists, and records `cell.branch` (when not empty) among the branches it was submitted on
+  /// either way (cell_branches). Returns true when it created the cell. `cell.created_at` is
+  /// set here.
   Result<bool> CreateCellIfAbsent(const CellRecord& cell);
 
   /// The cell, or nullopt.
@@ -139,6 +141,27 @@ class Store {
 
   /// Every hide and show of `cell_id`, oldest first (empty for an unknown cell).
   Result<std::vector<CellVisibilityAction>> ListCellVisibility(const std::string& cell_id);
+
+  // ---- designated branches (migrations/0013_designated_branches.sql) ----
+
+  /// Records `branch` as the default branch (the remote's HEAD) of `repository`, stamped now
+  /// when it differs from the one recorded (repository_branches.cc). An empty branch changes
+  /// nothing.
+  Status RecordDefaultBranch(const std::string& repository, const std::string& branch);
+
+  /// Sets the designated branches of `repository` (an empty list: none set, the default branch
+  /// again) with `actor`, `reason` and the store's clock, and returns the row.
+  Result<RepositoryBranches> SetDesignatedBranches(const std::string& repository,
+                                                   const std::vector<std::string>& branches,
+                                                   const std::string& actor,
+                                                   const std::string& reason);
+
+  /// Every repository_branches row, by repository. DATA_LOSS for a stored set that does not
+  /// parse.
+  Result<std::vector<RepositoryBranches>> ListRepositoryBranches();
+
+  /// Every (cell, branch) a cell was submitted on (cell_branches.cc), by cell.
+  Result<std::vector<CellBranch>> ListCellBranches();
 
   /// Attempts of a cell, by number ascending.
   Result<std::vector<AttemptRecord>> ListAttempts(const std::string& cell_id);
@@ -262,6 +285,10 @@ class Store {
  private:
   Store(sqlite3* db, Clock clock);
   Status ApplyMigrations(std::span<const Migration> migrations);
+  // Adds (cell_id, branch) to cell_branches unless there (then false); under mu_, inside the
+  // caller's transaction (cell_branches.cc).
+  Result<bool> AddCellBranchLocked(const std::string& cell_id, const std::string& branch,
+                             const std::string& at);
   std::string Now() const;
 
   std::mutex mu_;

@@ -2,8 +2,9 @@
 
 A Python-lane adapter is a module that exposes ``SPEC``, a :class:`ModelSpec`. The Gatehouse
 worker (which embeds the interpreter) imports it and runs the same gates as for the C++
-families: config accounting, load coverage, logits parity against transformers, decode,
-training, save/reload and, where ``parallelize`` is given, tensor parallelism.
+families: config accounting, load coverage, logits parity against transformers, decode (KV-cached
+where ``init_cache`` / ``decode_forward`` are given), training, save/reload and, where
+``parallelize`` is given, tensor parallelism.
 
 This package is pure Python and depends only on torch. Beside the contract it holds what every
 adapter needs and no framework ships: :class:`ConfigReader` and :class:`Fields`
@@ -73,6 +74,31 @@ reason it does not change the computation). A field absent from the result is *u
 the config gate FAILs on it. ``args_from_hf_config(config)`` raises ``ValueError`` naming the
 field and the value for anything bad or unsupported (a value upstream would compute and the
 adapter does not must never be silently accepted).
+
+KV-cache decode (optional)
+--------------------------
+An adapter may own a KV cache, as an inference engine does (vLLM's ``kv_cache``; Archon's
+training forward has none). It gives both of::
+
+    init_cache(model, batch: int, max_len: int, dtype: torch.dtype, device: torch.device) -> cache
+    decode_forward(model, tokens: LongTensor [B, T], positions: LongTensor [B, T],
+                   cache) -> logits [B, T, vocab_size] in ``dtype``
+
+* ``cache`` is the adapter's own object (any type); the worker only passes it back.
+* ``positions`` are absolute: the cache holds exactly positions ``[0, p)`` of every row before
+  a call whose positions are ``[p, p + T)``. ``decode_forward`` appends the T positions' keys
+  and values to the cache and attends over the cached positions and, causally, the new ones
+  (plus the sliding window where the config asks for one: a cached key older than the window
+  is not seen). A prefill is one call over the prompt on an empty cache (``p == 0``); a decode
+  step is a call with ``T == 1``. No ``cu_seqlens``: every row is one sequence.
+* The logits are those of ``forward`` over the whole sequence, up to the order of
+  floating-point operations (a cached step multiplies other shapes than a full forward, as
+  upstream's own cached decode does): the decode gate holds the cached step logits to
+  upstream's own KV-cached decode with the site's bars, as for a C++ family, and the
+  logprob_parity gate holds their log-probs to the training forward's.
+* Without them (both ``None``) the worker recomputes the whole sequence with ``forward`` at every
+  step and holds those steps to upstream's teacher-forced continuation instead. Giving only one
+  of them is refused when the entry is loaded.
 
 Tensor parallelism
 ------------------
@@ -161,6 +187,11 @@ class ModelSpec:
         max_position_embeddings, tie_word_embeddings, min_sliding_window: 0 for none). When
         absent the worker reads them from the args' attributes under those names or Archon's
         (n_layers, n_kv_heads, max_seq_len; sliding_window).
+    init_cache(model, batch, max_len, dtype, device) -> cache, optional, with decode_forward:
+        an empty KV cache the adapter owns (any object) for ``batch`` rows of up to
+        ``max_len`` positions, in the model's dtype on its device.
+    decode_forward(model, tokens, positions, cache) -> logits, optional, with init_cache:
+        the KV-cached forward (see "KV-cache decode" in the module docstring).
     """
 
     name: str
@@ -171,6 +202,9 @@ class ModelSpec:
     state_dict_adapter: Callable[[Any], StateDictAdapter]
     parallelize: Callable[[torch.nn.Module, Any], torch.nn.Module] | None = None
     gate_facts: Callable[[Any], dict] | None = None
+    init_cache: Callable[[torch.nn.Module, int, int, torch.dtype, torch.device], Any] | None = None
+    decode_forward: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, Any],
+                             torch.Tensor] | None = None
     contract_version: int = CONTRACT_VERSION
 
 

@@ -25,7 +25,8 @@ from gatehouse_adapter import CONTRACT_VERSION, ModelSpec
 
 __all__ = [
     "load_spec", "parse_config", "gate_facts", "args_json", "build_model", "state_dict_adapter",
-    "forward", "from_hf", "to_hf", "zero_grad", "join_group",
+    "forward", "caches_keys_and_values", "init_cache", "decode_forward", "from_hf", "to_hf",
+    "zero_grad", "join_group",
     "parallelize", "local_parameters", "full_tensors",
 ]
 
@@ -66,6 +67,14 @@ def load_spec(entry: str) -> ModelSpec:
     if isinstance(spec.model_types, str) or not all(isinstance(t, str) for t in spec.model_types):
         raise TypeError(f"entry {entry!r}: model_types must be a sequence of strings, "
                         f"got {spec.model_types!r}")
+    given = {f: getattr(spec, f, None) for f in ("init_cache", "decode_forward")}
+    if (given["init_cache"] is None) != (given["decode_forward"] is None):
+        missing = next(f for f, v in given.items() if v is None)
+        raise TypeError(f"entry {entry!r}: the KV-cache decode needs both init_cache and "
+                        f"decode_forward; {missing} is None")
+    for f, v in given.items():
+        if v is not None and not callable(v):
+            raise TypeError(f"entry {entry!r}: {f} must be callable, got {type(v).__name__}")
     return spec
 
 
@@ -145,6 +154,35 @@ def forward(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tenso
         return model(tokens, positions)
     max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.numel() > 1 else 0
     return model(tokens, positions, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
+def caches_keys_and_values(spec: ModelSpec) -> bool:
+    """True when the spec gives the optional KV-cache decode (init_cache and decode_forward;
+    load_spec refused one without the other)."""
+    return getattr(spec, "decode_forward", None) is not None
+
+
+def init_cache(spec: ModelSpec, model: torch.nn.Module, batch: int, max_len: int) -> Any:
+    """spec.init_cache for ``batch`` rows of up to ``max_len`` positions, in the dtype and on
+    the device of the model's first parameter."""
+    p = next(model.parameters())
+    cache = spec.init_cache(model, batch, max_len, p.dtype, p.device)
+    if cache is None:
+        raise TypeError("init_cache returned None, not a cache")
+    return cache
+
+
+def decode_forward(spec: ModelSpec, model: torch.nn.Module, tokens: torch.Tensor,
+                   positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    """spec.decode_forward: tokens, positions [B, T] int64 (absolute, after the cached ones) ->
+    logits [B, T, vocab_size]. Raises TypeError when the result is not a tensor of [B, T, ...]."""
+    logits = spec.decode_forward(model, tokens, positions, cache)
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"decode_forward returned {type(logits).__name__}, not a Tensor")
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(tokens.shape):
+        raise TypeError(f"decode_forward returned logits {list(logits.shape)} for tokens "
+                        f"{list(tokens.shape)}; expected [B, T, vocab_size]")
+    return logits
 
 
 def _checked(result: Any, what: str) -> list[tuple[str, torch.Tensor]]:

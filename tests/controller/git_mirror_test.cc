@@ -61,6 +61,30 @@ TEST_F(GitMirrorTest, ResolvesABranchAndFollowsItWhenItMoves) {
   EXPECT_EQ(*mirror_.ResolveBranch(repo_, "main"), second);
 }
 
+TEST_F(GitMirrorTest, LearnsTheDefaultBranchFromTheRemotesHead) {
+  // Verifies DefaultBranch: the branch the repository's HEAD points to, learned when a branch
+  // is resolved, asked of the repository when not seen yet (a fresh mirror object), followed
+  // when HEAD moves, and NOT_FOUND for a repository that cannot be reached.
+  Git("-C " + repo_ + " branch trunk");
+  Git("-C " + repo_ + " symbolic-ref HEAD refs/heads/trunk");
+  ASSERT_TRUE(mirror_.ResolveBranch(repo_, "main").ok());
+  auto seen = mirror_.DefaultBranch(repo_);
+  ASSERT_TRUE(seen.ok()) << seen.status().ToString();
+  EXPECT_EQ(*seen, "trunk");
+
+  GitMirror fresh(dir_.path() / "mirrors");
+  auto asked = fresh.DefaultBranch(repo_);
+  ASSERT_TRUE(asked.ok()) << asked.status().ToString();
+  EXPECT_EQ(*asked, "trunk");
+
+  Git("-C " + repo_ + " symbolic-ref HEAD refs/heads/main");
+  ASSERT_TRUE(mirror_.ResolveBranch(repo_, "trunk").ok());
+  EXPECT_EQ(*mirror_.DefaultBranch(repo_), "main");
+
+  EXPECT_EQ(mirror_.DefaultBranch((dir_.path() / "absent").string()).status().code(),
+            StatusCode::kNotFound);
+}
+
 TEST_F(GitMirrorTest, ResolvesAFileUrl) {
   // Verifies file:// URLs resolve like local paths.
   auto sha = mirror_.ResolveBranch("file://" + repo_, "main");

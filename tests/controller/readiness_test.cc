@@ -144,6 +144,71 @@ MatrixSquare Square(const std::string& family, const std::string& precision, int
   return q;
 }
 
+TEST(DesignatedBranchesTest, ConfiguredThenDefaultThenEveryBranch) {
+  // Verifies DesignatedBranches: an admin's set wins over the default branch; without a set
+  // the default branch alone counts; a repository with neither known (or no row at all)
+  // counts every branch; a cell submitted by commit alone (branch "") counts only there.
+  RepositoryBranches configured{"/srv/a", "main", "t0", std::vector<std::string>{"release", "main"}};
+  RepositoryBranches by_default{"/srv/b", "trunk", "t0", std::nullopt};
+  RepositoryBranches unknown{"/srv/c", "", "", std::nullopt};
+  const DesignatedBranches d({configured, by_default, unknown});
+  EXPECT_TRUE(d.Counts("/srv/a", "release"));
+  EXPECT_TRUE(d.Counts("/srv/a", "main"));
+  EXPECT_FALSE(d.Counts("/srv/a", "exp"));
+  EXPECT_FALSE(d.Counts("/srv/a", ""));
+  EXPECT_TRUE(d.Counts("/srv/b", "trunk"));
+  EXPECT_FALSE(d.Counts("/srv/b", "main"));
+  EXPECT_TRUE(d.Counts("/srv/c", "anything"));
+  EXPECT_TRUE(d.Counts("/srv/c", ""));
+  EXPECT_TRUE(d.Counts("/srv/none", "exp"));
+  EXPECT_EQ(d.Of("/srv/a").source, "configured");
+  EXPECT_EQ(d.Of("/srv/a").branches, (std::vector<std::string>{"main", "release"}));
+  EXPECT_EQ(d.Of("/srv/b").source, "default_branch");
+  EXPECT_EQ(d.Of("/srv/c").source, "unknown");
+  EXPECT_EQ(d.Of("/srv/none").source, "unknown");
+  EXPECT_EQ(d.Of("/srv/none").repository, "/srv/none");
+
+  const MatrixFilter::Designated f = d.AsFilter();
+  EXPECT_EQ(f.restricted, (std::vector<std::string>{"/srv/a", "/srv/b"}));
+  EXPECT_EQ(f.designated.size(), 3u);
+}
+
+TEST(DesignatedBranchesTest, AnExperimentBranchsFailureLeavesMainsReadiness) {
+  // Verifies OnDesignatedBranches with ComputeReadiness: main's passed commit decides, the
+  // experiment branch's newer FAIL and a commit-only cell are left out; a cell first submitted
+  // on the experiment branch and then from main (the same cell) counts, shown as main's.
+  const std::string a(40, 'a'), b(40, 'b'), c(40, 'c'), e(40, 'e');
+  std::vector<CellSummary> cells = {
+      MakeSummary("c4", c, AttemptState::kFailed),  // commit only
+      MakeSummary("c3", e, AttemptState::kFailed),  // experiment branch
+      MakeSummary("c2", b, AttemptState::kPassed),  // first on exp, later from main
+      MakeSummary("c1", a, AttemptState::kPassed),  // main
+  };
+  cells[0].cell.branch = "";
+  cells[1].cell.branch = "exp";
+  cells[2].cell.branch = "exp";
+  for (CellSummary& cell : cells) cell.cell.repository = "/srv/git/adapter";
+  const std::vector<CellBranch> branches = {
+      {"c1", "main"}, {"c2", "exp"}, {"c2", "main"}, {"c3", "exp"}};
+  const DesignatedBranches main_only({{"/srv/git/adapter", "main", "t0", std::nullopt}});
+
+  const std::vector<CellSummary> kept = OnDesignatedBranches(cells, branches, main_only);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept[0].cell.id, "c2");
+  EXPECT_EQ(kept[0].cell.branch, "main");
+  EXPECT_EQ(kept[1].cell.id, "c1");
+  const std::vector<ReadinessCombination> r = ComputeReadiness(kept);
+  ASSERT_EQ(r.size(), 1u);
+  for (const ReadinessCommit& commit : r[0].commits) EXPECT_EQ(commit.readiness, "validated");
+
+  // All of them, when every branch counts (no designation known).
+  EXPECT_EQ(OnDesignatedBranches(cells, branches, DesignatedBranches({})).size(), 4u);
+  // The experiment branch designated too: its FAIL counts.
+  const DesignatedBranches both(
+      {{"/srv/git/adapter", "main", "t0", std::vector<std::string>{"main", "exp"}}});
+  EXPECT_EQ(OnDesignatedBranches(cells, branches, both).size(), 3u);
+}
+
 TEST(MatrixTest, SquaresAreArrangedIntoRowsAndColumnsWithARowReadiness) {
   // Verifies ArrangeMatrix: rows per family and checkpoint, sorted columns with their keys, a
   // row's readiness (failed over blocked over all validated over unverified), the status filter

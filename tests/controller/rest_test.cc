@@ -401,6 +401,9 @@ TEST_F(RestTest, RouteTableGivesScopesAndAllow) {
   EXPECT_EQ(RequiredScope("PUT", "/api/v1/agents"), Scope::kSubmit);
   EXPECT_EQ(RequiredScope("GET", "/api/v1/tokens"), Scope::kAdmin);
   EXPECT_EQ(RequiredScope("GET", "/api/v1/tokens/3"), Scope::kAdmin);
+  EXPECT_EQ(RequiredScope("GET", "/api/v1/designated-branches"), Scope::kRead);
+  EXPECT_EQ(RequiredScope("PUT", "/api/v1/designated-branches"), Scope::kAdmin);
+  EXPECT_EQ(RequiredScope("DELETE", "/api/v1/designated-branches"), Scope::kAdmin);
   EXPECT_EQ(RequiredScope("GET", "/api/v1/nothing"), Scope::kRead);
   EXPECT_EQ(RequiredScope("DELETE", "/api/v1/nothing"), Scope::kSubmit);
   EXPECT_EQ(RequiredScope("GET", "/healthz"), std::nullopt);
@@ -724,6 +727,10 @@ TEST_F(RestAuthTest, EveryApiRouteNeedsATokenWithItsScope) {
       {"POST", "/api/v1/cells/" + id + "/hide", "{\"reason\": \"test\"}", Scope::kAdmin},
       {"GET", "/api/v1/agents", "", Scope::kRead},
       {"GET", "/api/v1/matrix", "", Scope::kRead},
+      {"GET", "/api/v1/readiness?branches=all", "", Scope::kRead},
+      {"GET", "/api/v1/designated-branches", "", Scope::kRead},
+      {"PUT", "/api/v1/designated-branches?repository=/repos/adapt",
+       "{\"branches\": [\"main\"], \"reason\": \"test\"}", Scope::kAdmin},
       {"GET", "/api/v1/tokens", "", Scope::kAdmin},
       {"POST", "/api/v1/tokens", "{\"name\": \"made\", \"scopes\": [\"read\"]}", Scope::kAdmin},
       {"DELETE", "/api/v1/tokens/" + std::to_string(victim->record.id), "", Scope::kAdmin},
@@ -945,6 +952,149 @@ TEST_F(RestTest, AHiddenCellLeavesReadinessAndTheMatrixAndStaysReadable) {
   EXPECT_EQ(Http(port_, "POST", "/api/v1/cells/" + id + "/show", R"({"reason":"x"})").status, 409);
   EXPECT_EQ(combinations("").size(), 1u);
   EXPECT_EQ(rows("").size(), 1u);
+}
+
+TEST_F(RestTest, ReadinessAndTheMatrixCountTheDesignatedBranches) {
+  // Verifies designated branches: with none configured, the repository's default branch (as
+  // the resolver saw it at submit) alone counts, so the experiment branch's and a commit-only
+  // cell's FAIL leave main's row validated; branches=all counts every cell; an admin's PUT
+  // changes the answer and an empty list goes back to the default; a new default branch seen at
+  // a later submit is used; bad input is a 400 naming the field and the value.
+  const std::string a(40, 'a'), e(40, 'e'), c(40, 'c');
+  auto submit = [&](const std::string& commit, const std::string& branch,
+                    AttemptState verdict) {
+    json body = json::parse(SubmitBody());
+    body["commit"] = commit;
+    if (branch.empty()) body.erase("branch"); else body["branch"] = branch;
+    const Reply r = Http(port_, "POST", "/api/v1/cells", body.dump());
+    EXPECT_EQ(r.status, 201) << r.body;
+    const std::string id = json::parse(r.body)["id"];
+    const int64_t attempt = (*store_->ListAttempts(id)).at(0).id;
+    EXPECT_TRUE(store_->LeaseAttempts({{attempt, "agent-x"}}).ok());
+    EXPECT_TRUE(store_->FinishAttempt(attempt, verdict, "").ok());
+    return id;
+  };
+  const std::string main_cell = submit(a, "main", AttemptState::kPassed);
+  const std::string exp_cell = submit(e, "exp", AttemptState::kFailed);
+  submit(c, "", AttemptState::kFailed);  // by commit, no branch
+
+  auto get = [&](const std::string& target) {
+    const Reply r = Http(port_, "GET", target);
+    EXPECT_EQ(r.status, 200) << target << ": " << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  auto commits = [&](const std::string& query) {
+    std::set<std::string> out;
+    const json r = get("/api/v1/readiness" + query);
+    for (const json& combination : r["combinations"]) {
+      for (const json& commit : combination["commits"]) {
+        out.insert(commit["branch"].get<std::string>() + ":" +
+                   commit["readiness"].get<std::string>());
+      }
+    }
+    return out;
+  };
+  auto row = [&](const std::string& query) {
+    const json m = get("/api/v1/matrix" + query);
+    EXPECT_EQ(m["rows"].size(), 1u) << m.dump();
+    return m["rows"].empty() ? std::string() : m["rows"][0]["readiness"].get<std::string>();
+  };
+
+  // The default branch, main, alone.
+  const json designated = get("/api/v1/readiness");
+  EXPECT_EQ(designated["branches"], "designated");
+  ASSERT_EQ(designated["designated"].size(), 1u) << designated.dump();
+  EXPECT_EQ(designated["designated"][0]["repository"], "/repos/adapt");
+  EXPECT_EQ(designated["designated"][0]["source"], "default_branch");
+  EXPECT_EQ(designated["designated"][0]["branches"], json::array({"main"}));
+  EXPECT_EQ(designated["designated"][0]["default_branch"], "main");
+  EXPECT_EQ(commits(""), (std::set<std::string>{"main:validated"}));
+  EXPECT_EQ(row(""), "validated");
+  EXPECT_EQ(get("/api/v1/matrix")["filter"]["branches"], "designated");
+  // Every branch.
+  EXPECT_EQ(get("/api/v1/readiness?branches=all")["branches"], "all");
+  EXPECT_FALSE(get("/api/v1/readiness?branches=all").contains("designated"));
+  EXPECT_EQ(commits("?branches=all"),
+            (std::set<std::string>{"main:validated", "exp:failed", ":failed"}));
+  EXPECT_EQ(row("?branches=all"), "failed");
+  EXPECT_EQ(row("?branches=designated"), "validated");
+  EXPECT_EQ(row("?branch=exp"), "failed");  // a branch named in the filter is shown
+  EXPECT_EQ(get("/api/v1/matrix?branch=exp")["filter"]["branches"], "all");
+
+  // An admin designates main and exp: exp's FAIL counts.
+  const std::string put = "/api/v1/designated-branches?repository=%2Frepos%2Fadapt%2F";
+  const Reply set = Http(port_, "PUT", put,
+                         R"({"branches":["main","exp"],"reason":"exp is the release candidate"})");
+  ASSERT_EQ(set.status, 200) << set.body;
+  const json d = json::parse(set.body);
+  EXPECT_EQ(d["repository"], "/repos/adapt");  // as cells store it: normalised
+  EXPECT_EQ(d["source"], "configured");
+  EXPECT_EQ(d["branches"], json::array({"exp", "main"}));
+  EXPECT_EQ(d["configured"]["branches"], json::array({"main", "exp"}));
+  EXPECT_EQ(d["configured"]["reason"], "exp is the release candidate");
+  EXPECT_EQ(commits(""), (std::set<std::string>{"main:validated", "exp:failed"}));
+  EXPECT_EQ(row(""), "failed");
+  const json listed = get("/api/v1/designated-branches");
+  ASSERT_EQ(listed["repositories"].size(), 1u);
+  EXPECT_EQ(listed["repositories"][0]["source"], "configured");
+  const json elsewhere = get("/api/v1/designated-branches?repository=https%3A%2F%2Fgit.example%2Fa.git");
+  ASSERT_EQ(elsewhere["repositories"].size(), 1u);
+  EXPECT_EQ(elsewhere["repositories"][0]["repository"], "https://git.example/a.git");
+  EXPECT_EQ(elsewhere["repositories"][0]["source"], "unknown");
+  EXPECT_EQ(elsewhere["repositories"][0]["branches"], nullptr);
+
+  // exp alone; then none configured again: the default branch.
+  ASSERT_EQ(Http(port_, "PUT", put, R"({"branches":["exp"]})").status, 200);
+  EXPECT_EQ(commits(""), (std::set<std::string>{"exp:failed"}));
+  const Reply reset = Http(port_, "PUT", put, R"({"branches":[],"reason":"back"})");
+  ASSERT_EQ(reset.status, 200) << reset.body;
+  EXPECT_EQ(json::parse(reset.body)["source"], "default_branch");
+  EXPECT_EQ(json::parse(reset.body)["configured"], nullptr);
+  EXPECT_EQ(commits(""), (std::set<std::string>{"main:validated"}));
+
+  // The remote's HEAD moved to exp: the next submit records it, and it is what counts.
+  {
+    std::lock_guard lock(resolver_.files_mu);
+    resolver_.default_branch = "exp";
+  }
+  json body = json::parse(SubmitBody());
+  body["commit"] = e;
+  body["branch"] = "exp";
+  ASSERT_EQ(Http(port_, "POST", "/api/v1/cells", body.dump()).status, 200);  // the same cell
+  EXPECT_EQ(get("/api/v1/designated-branches")["repositories"][0]["default_branch"], "exp");
+  EXPECT_EQ(commits(""), (std::set<std::string>{"exp:failed"}));
+  EXPECT_EQ(row(""), "failed");
+  (void)main_cell;
+  (void)exp_cell;
+
+  // Bad input: 400 naming the field and the value.
+  auto refused = [&](const std::string& method, const std::string& target,
+                     const std::string& request_body, const std::vector<std::string>& named) {
+    const Reply r = Http(port_, method, target, request_body);
+    EXPECT_EQ(r.status, 400) << target << " " << request_body << ": " << r.body;
+    for (const std::string& n : named) {
+      EXPECT_NE(r.body.find(n), std::string::npos) << n << " not in " << r.body;
+    }
+  };
+  refused("PUT", "/api/v1/designated-branches", R"({"branches":["main"]})", {"'repository'"});
+  refused("PUT", "/api/v1/designated-branches?repository=adapt", R"({"branches":["main"]})",
+          {"'repository'", "adapt"});
+  refused("PUT", put, R"({"branches":"main"})", {"'branches'", "main"});
+  refused("PUT", put, R"({})", {"'branches'"});
+  refused("PUT", put, R"({"branches":["main","a..b"]})", {"'branches[1]'", "a..b"});
+  refused("PUT", put, R"({"branches":["-x"]})", {"'branches[0]'", "-x"});
+  refused("PUT", put, R"({"branches":["main","main"]})", {"'branches[1]'", "main"});
+  refused("PUT", put, R"({"branches":[7]})", {"'branches[0]'", "7"});
+  refused("PUT", put, R"({"branches":["main"],"reason":5})", {"'reason'", "5"});
+  refused("PUT", put, R"({"branches":["main"],"colour":1})", {"colour"});
+  refused("PUT", put, "not json", {"body"});
+  refused("GET", "/api/v1/readiness?branches=some", "", {"'branches'", "some"});
+  refused("GET", "/api/v1/matrix?branches=every", "", {"'branches'", "every"});
+  refused("GET", "/api/v1/designated-branches?repository=relative/path", "",
+          {"'repository'", "relative/path"});
+  const Reply wrong = Http(port_, "DELETE", "/api/v1/designated-branches");
+  EXPECT_EQ(wrong.status, 405);
+  EXPECT_NE(wrong.head.find("Allow: GET, PUT\r\n"), std::string::npos) << wrong.head;
 }
 
 TEST_F(RestTest, ServesItsOpenApiDocument) {

@@ -326,6 +326,90 @@ TEST_F(StoreTest, TheMatrixHoldsTheNewestCellOfEachSquare) {
   EXPECT_EQ(choices->model_families, (std::vector<std::string>{"llama", "qwen3"}));
 }
 
+TEST_F(StoreTest, DesignatedBranchesKeepExistingCellsAndNarrowTheMatrix) {
+  // Verifies migrations/0013: a database of migration 0012 keeps its cells and gains each
+  // cell's branch in cell_branches; a resubmit from another branch is recorded once; the
+  // default branch and an admin's set are stored (an empty set goes back to the default); the
+  // matrix's designated filter keeps cells on a designated branch of a restricted repository
+  // and every cell of another repository.
+  store_.reset();
+  std::filesystem::remove(db_path());
+  const std::span<const Migration> all = EmbeddedMigrations();
+  std::vector<Migration> upto12;
+  for (const Migration& m : all) {
+    if (m.version <= 12) upto12.push_back(m);
+  }
+  ASSERT_LT(upto12.size(), all.size());
+  const std::string c1(40, '1'), c2(40, '2');
+  {
+    // Cells stored without a branch (this code would write cell_branches, which 0012 lacks),
+    // then labelled as that version stored them.
+    auto old = Store::Open(db_path().string(), SteppingClock(), upto12);
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    ASSERT_TRUE(*(*old)->CreateCellIfAbsent(MatrixCell("m", "llama", "fp32", 1, "", c1)));
+    ASSERT_TRUE(*(*old)->CreateCellIfAbsent(MatrixCell("x", "llama", "bf16", 1, "", c2)));
+    ASSERT_TRUE(*(*old)->CreateCellIfAbsent(MatrixCell("n", "llama", "fp32", 2, "", c2)));
+  }
+  ExecOnFile(db_path(), "UPDATE cells SET branch = 'main' WHERE id = 'm'; "
+                        "UPDATE cells SET branch = 'exp' WHERE id = 'x'");
+  auto reopened = Store::Open(db_path().string(), SteppingClock());
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  store_ = std::move(*reopened);
+  ASSERT_EQ(store_->ListCells(10, 0)->size(), 3u);
+  auto branches = store_->ListCellBranches();
+  ASSERT_TRUE(branches.ok()) << branches.status().ToString();
+  ASSERT_EQ(branches->size(), 2u);  // the commit-only cell has none
+  EXPECT_EQ(branches->at(0).cell_id, "m");
+  EXPECT_EQ(branches->at(1).branch, "exp");
+
+  // The experiment's cell submitted again from main: the same cell, one more branch, once.
+  CellRecord again = MatrixCell("x", "llama", "bf16", 1, "release", c2);
+  EXPECT_FALSE(*store_->CreateCellIfAbsent(again));
+  EXPECT_FALSE(*store_->CreateCellIfAbsent(again));
+  EXPECT_EQ(store_->ListCellBranches()->size(), 3u);
+  EXPECT_EQ((*store_->GetCell("x"))->branch, "exp");  // the label stays the first branch
+
+  EXPECT_TRUE(store_->ListRepositoryBranches()->empty());
+  ASSERT_TRUE(store_->RecordDefaultBranch("/repos/adapt", "main").ok());
+  ASSERT_TRUE(store_->RecordDefaultBranch("/repos/adapt", "main").ok());
+  ASSERT_TRUE(store_->RecordDefaultBranch("/repos/adapt", "").ok());  // unknown: no change
+  auto rows = store_->ListRepositoryBranches();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ(rows->at(0).default_branch, "main");
+  EXPECT_FALSE(rows->at(0).designated.has_value());
+  const std::string seen = rows->at(0).default_seen_at;
+  EXPECT_FALSE(seen.empty());
+
+  auto set = store_->SetDesignatedBranches("/repos/adapt", {"release", "main"}, "root", "ship");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->designated, (std::vector<std::string>{"release", "main"}));
+  EXPECT_EQ(set->designated_by, "root");
+  EXPECT_EQ(set->designated_reason, "ship");
+  EXPECT_EQ(set->default_branch, "main");  // kept
+  EXPECT_EQ(set->default_seen_at, seen);
+
+  auto ids = [&](const MatrixFilter& f) {
+    std::vector<std::string> out;
+    for (const MatrixSquare& q : *store_->Matrix(f)) out.push_back(q.cell_id);
+    return out;
+  };
+  EXPECT_EQ(ids({}), (std::vector<std::string>{"x", "m", "n"}));
+  MatrixFilter main_only;
+  main_only.designated = MatrixFilter::Designated{{"/repos/adapt"}, {{"/repos/adapt", "main"}}};
+  EXPECT_EQ(ids(main_only), (std::vector<std::string>{"m"}));
+  MatrixFilter release;
+  release.designated = MatrixFilter::Designated{{"/repos/adapt"}, {{"/repos/adapt", "release"}}};
+  EXPECT_EQ(ids(release), (std::vector<std::string>{"x"}));  // by its second branch
+  MatrixFilter other_repository;
+  other_repository.designated = MatrixFilter::Designated{{"/elsewhere"}, {{"/elsewhere", "main"}}};
+  EXPECT_EQ(ids(other_repository).size(), 3u);
+
+  auto reset = store_->SetDesignatedBranches("/repos/adapt", {}, "root", "back to default");
+  ASSERT_TRUE(reset.ok());
+  EXPECT_FALSE(reset->designated.has_value());
+  EXPECT_EQ(reset->designated_reason, "back to default");
+}
+
 TEST_F(StoreTest, LogChunksAfterTheAttemptEndedAreFlaggedStale) {
   const int64_t id = LeasedAttempt("c1");
   ASSERT_TRUE(*store_->AppendLog(id, "worker", 0, "before "));

@@ -121,7 +121,7 @@ inline void MakeCheckpoint(const std::filesystem::path& root) {
 }
 
 /// Resolves every branch to a fixed SHA; "missing" is an unknown branch; a repository named
-/// "/nowhere" is unknown.
+/// "/nowhere" is unknown; every repository's default branch is `default_branch`.
 class FakeCommitResolver : public CommitResolver {
  public:
   static constexpr char kSha[] = "0123456789abcdef0123456789abcdef01234567";
@@ -148,9 +148,17 @@ class FakeCommitResolver : public CommitResolver {
     if (auto it = files.find(path); it != files.end()) return std::optional(it->second);
     return std::optional<std::string>();
   }
+  /// `default_branch` for every repository; NOT_FOUND when it is empty (a resolver that
+  /// cannot tell).
+  Result<std::string> DefaultBranch(const std::string& repository) override {
+    std::lock_guard lock(files_mu);
+    if (default_branch.empty()) return Status::NotFound("no default branch of " + repository);
+    return default_branch;
+  }
   int calls = 0;
-  std::mutex files_mu;
+  std::mutex files_mu;  // guards files and default_branch
   std::map<std::string, std::string> files;
+  std::string default_branch = "main";
 };
 
 /// An agent's outbound stream that records what the controller sends instead of sending it.

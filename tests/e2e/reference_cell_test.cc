@@ -25,6 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -175,12 +176,16 @@ class ReferenceCellEndToEndTest : public ::testing::Test {
     return json::parse(r.body, nullptr, false);
   }
 
+  /// The body flags of a validation cell of the user's checkpoint (submit's and run's).
+  static std::string CellArgs(const fs::path& checkpoint) {
+    return " --family ministral --checkpoint " + checkpoint.string() +
+           " --max-new-tokens 8 --phases identity,config,construct,load,inference,decode,training,save";
+  }
+
   /// The submit flags of a validation cell of the user's checkpoint on `branch`.
   std::string SubmitArgs(const std::string& branch, const fs::path& checkpoint) const {
     return "submit --wait --timeout-s 1200 --poll-ms 500 --repository " +
-           (root_ / "adapter").string() + " --branch " + branch +
-           " --family ministral --checkpoint " + checkpoint.string() +
-           " --max-new-tokens 8 --phases identity,config,construct,load,inference,decode,training,save";
+           (root_ / "adapter").string() + " --branch " + branch + CellArgs(checkpoint);
   }
 
   /// The cell id on the first line of a submit's output ("<id> created|existing <status>").
@@ -355,6 +360,66 @@ TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
   }
   EXPECT_EQ(Get("/api/v1/cells/" + ref_id)["webhook_deliveries"][0]["tries"], 2);
   EXPECT_EQ(delivered[ref_id]["cell"]["kind"], "reference");
+
+  // 7. `gatehouse run` on a clone of main with an uncommitted change, as the team would run it
+  //    before pushing: no controller; the same cell (its origin is the repository the frozen
+  //    cell names, its HEAD main's commit), the same verdict, phase by phase, and the same
+  //    figures, its own reference bundle made by the same runner; the change is named.
+  const fs::path clone = root_ / "clone";
+  Git(root_, {"clone", "-q", (root_ / "adapter").string(), clone.string()});
+  {
+    std::ofstream edit(clone / "ministral" / "ministral.cc", std::ios::app);
+    edit << "// a note not yet committed\n";
+  }
+  const fs::path out = root_ / "local-run";
+  CliRun local = Cli("run --tree " + clone.string() + " --work-dir " + (root_ / "local").string() +
+                     " --out " + out.string() + CellArgs(checkpoint));
+  ASSERT_EQ(local.exit_code, 0) << local.out << local.err;
+  EXPECT_NE(local.out.find(id + " passed"), std::string::npos) << local.out;
+  EXPECT_NE(local.out.find("running upstream (transformers)"), std::string::npos) << local.out;
+  std::map<std::string, std::map<std::string, json>> local_figures;  // phase -> name -> value
+  std::map<std::string, std::string> local_status;
+  std::ifstream events(out / "events.jsonl");
+  for (std::string line; std::getline(events, line);) {
+    const json e = json::parse(line, nullptr, false);
+    if (!e.is_object() || e.value("rank", 0) != 0) continue;
+    if (e.value("event", "") == "figure") local_figures[e["phase"]][e["name"]] = e["value"];
+    if (e.value("event", "") == "phase_end") local_status[e["phase"]] = e["status"];
+  }
+  EXPECT_EQ(local_figures["identity"]["evidence"],
+            "local, unfrozen; tree has 1 changed file: ministral/ministral.cc");
+  EXPECT_EQ(local_figures["identity"]["tree_clean"], "false");
+  EXPECT_EQ(local_figures["identity"]["sha"], cell["spec"]["commit"]);
+  // Figures that measure this run rather than the adapter (time, memory, where it ran), and the
+  // digest of its own reference bundle (the same runner's, whose reference.json records its
+  // stages' timings).
+  const std::regex run_figure("(_ms|_s|_bytes|_rss.*|seconds|_per_s|_per_token|threads)$");
+  const std::set<std::string> where = {"evidence", "tree_clean", "cgroup", "sandbox",
+                                       "reference_digest"};
+  int compared = 0;
+  for (const json& phase : cell["phases"]) {
+    const std::string name = phase["phase"];
+    EXPECT_EQ(local_status[name], phase["status"]) << name;
+    for (const json& f : phase["figures"]) {
+      const std::string figure = f["name"];
+      if (std::regex_search(figure, run_figure) || (name == "identity" && where.count(figure))) {
+        continue;
+      }
+      ASSERT_TRUE(local_figures[name].count(figure)) << name << "." << figure;
+      EXPECT_EQ(local_figures[name][figure], f["value"]) << name << "." << figure;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 50);
+  std::stringstream report;
+  report << std::ifstream(out / "report.md").rdbuf();
+  EXPECT_NE(report.str().find("**Local run**"), std::string::npos) << report.str();
+  EXPECT_NE(report.str().find("| status | **passed** |"), std::string::npos) << report.str();
+  // --submit of a tree with changes is refused before anything runs.
+  CliRun refused = Cli("run --submit --tree " + clone.string() + " --family ministral --checkpoint " +
+                       checkpoint.string() + " --work-dir " + (root_ / "local").string());
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
+  EXPECT_NE(refused.err.find("commit and push"), std::string::npos) << refused.err;
 }
 
 }  // namespace

@@ -37,6 +37,10 @@ RULES = {
     # The gatehouse CLI: a REST client (Beast) and nothing of the services or the worker.
     "cli": STORAGE + GIT + TORCH + ["grpc", "grpcpp/", "google/protobuf/", "gatehouse/agent/v1/",
                                     "controller/", "agent/", "gatehouse/worker/"],
+    # `gatehouse run`: the agent's core and the controller's domain, never their storage,
+    # git mirror, transports or the worker's LibTorch.
+    "local": STORAGE + GIT + TRANSPORT + TORCH + ["controller/controller_core.h",
+                                                  "gatehouse/worker/"],
     # common/: shared by every process; knows none of them.
     "common": STORAGE + GIT + TRANSPORT + TORCH + ["agent/", "controller/", "gatehouse/worker/"],
 }

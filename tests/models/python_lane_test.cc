@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -134,6 +135,11 @@ TEST(PythonLane, EveryGatePassesOnTheReferenceAdaptersFixtures) {
               << variant;
         }
         if (phase == "inference") EXPECT_EQ(Real(out, "max_abs_diff"), 0.0) << variant << " " << precision;
+        if (phase == "decode") {
+          // The adapters' own KV cache: each step's logits are upstream's cached decode's.
+          EXPECT_EQ(test_util::FigureText(out, "decode_path"), "KV cache") << variant;
+          EXPECT_EQ(Real(out, "steps_max_abs_diff"), 0.0) << variant << " " << precision;
+        }
         if (phase == "training") {
           EXPECT_EQ(Real(out, "loss_rel_diff_step_1"), 0.0) << variant << " " << precision;
         }
@@ -222,6 +228,165 @@ TEST(PythonLane, BrokenAdaptersFailAtTheirGate) {
   }
 }
 
+/// A Python package `name` in `dir` whose spec.py is `source` (after `import dataclasses`).
+void WritePackage(const fs::path& dir, const std::string& name, const std::string& source) {
+  fs::create_directories(dir / name);
+  std::ofstream(dir / name / "__init__.py") << "";
+  std::ofstream(dir / name / "spec.py") << "import dataclasses\n" << source;
+}
+
+/// ctx after config, construct and load of `variant` in `precision` with `registry`'s families;
+/// a gate that does not pass fails the calling test.
+struct LoadedFixture {
+  test_util::TempDir attempt;
+  GateContext ctx;
+  LoadedFixture(const FamilyRegistry& registry, const std::string& variant,
+                const std::string& family, const std::string& precision) {
+    ctx.spec = test_util::FixtureRunSpec(test_util::FixtureDir(variant), family, precision,
+                                         attempt.path());
+    ctx.registry = &registry;
+    for (const auto& [phase, gate] : test_util::GatesThrough("load")) {
+      const GateOutcome out = gate(ctx);
+      EXPECT_EQ(out.status, GateStatus::kPass) << phase << ": " << out.reason;
+    }
+  }
+};
+
+/// Logits [T, V] float of `tokens` ([T] int64) fed to `model` as a prefill of `prefill` tokens
+/// then one cached step per token.
+torch::Tensor CachedLogits(CausalLM& model, KVCache& cache, const torch::Tensor& tokens,
+                           int64_t prefill) {
+  torch::NoGradGuard no_grad;
+  const int64_t t = tokens.size(0);
+  std::vector<torch::Tensor> rows;
+  rows.push_back(model.Forward(tokens.slice(0, 0, prefill).unsqueeze(0),
+                               torch::arange(prefill, torch::kLong).unsqueeze(0), &cache)[0]);
+  for (int64_t i = prefill; i < t; ++i) {
+    rows.push_back(model.Forward(tokens.slice(0, i, i + 1).unsqueeze(0),
+                                 torch::full({1, 1}, i, torch::kLong), &cache)[0]);
+  }
+  return torch::cat(rows).to(torch::kFloat);
+}
+
+/// A SPEC that gives init_cache / decode_forward makes a model that caches keys and values:
+/// every cached Forward is one decode_forward call on the adapter's cache (a prefill, then one
+/// token per step; a Reset handle gets a fresh init_cache), its logits are the whole-sequence
+/// forward's, and the decode gate judges its steps as a KV cache's. The same adapter without
+/// them falls back to recomputing the sequence, and the decode gate says so.
+TEST(PythonLane, DecodesThroughTheAdaptersKvCacheWhenItGivesOne) {
+  if (Fixtures({"llama"}).count("llama-tiny-untied") == 0) GTEST_SKIP() << "no fixture";
+  test_util::TempDir dir;
+  const fs::path calls = dir.path() / "calls.txt";
+  // The reference llama adapter, its init_cache and decode_forward logged to calls.txt.
+  WritePackage(dir.path(), "kv_counting_llama",
+               "from gh_archon.llama.spec import SPEC as _GOOD\n"
+               "LOG = " + json(calls.string()).dump() + "\n"
+               "def init_cache(model, batch, max_len, dtype, device):\n"
+               "    open(LOG, 'a').write(f'init {batch} {max_len} {dtype}\\n')\n"
+               "    return _GOOD.init_cache(model, batch, max_len, dtype, device)\n"
+               "def decode_forward(model, tokens, positions, cache):\n"
+               "    open(LOG, 'a').write(f'decode {tokens.shape[1]} {int(positions[0, 0])}\\n')\n"
+               "    return _GOOD.decode_forward(model, tokens, positions, cache)\n"
+               "SPEC = dataclasses.replace(_GOOD, init_cache=init_cache, decode_forward=decode_forward)\n");
+  WritePackage(dir.path(), "kv_absent_llama",
+               "from gh_archon.llama.spec import SPEC as _GOOD\n"
+               "SPEC = dataclasses.replace(_GOOD, init_cache=None, decode_forward=None)\n");
+  const auto read_calls = [&calls] {
+    std::ifstream in(calls);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    fs::remove(calls);
+    return lines;
+  };
+  const std::vector<std::string> sys_path = {dir.path().string(), GATEHOUSE_ADAPTERS_DIR};
+  const auto cached_registry = LaneRegistry({"kv_counting_llama.spec:SPEC"}, sys_path);
+  const auto absent_registry = LaneRegistry({"kv_absent_llama.spec:SPEC"}, sys_path);
+  const torch::Tensor tokens = torch::tensor({5, 17, 3, 99, 42, 7, 8, 200, 31, 64}, torch::kLong);
+  const int64_t t = tokens.size(0), prefill = 6;
+
+  LoadedFixture cached(*cached_registry, "llama-tiny-untied", "llama", "fp32");
+  ASSERT_TRUE(cached.ctx.model_loaded);
+  CausalLM& model = *cached.ctx.model;
+  EXPECT_TRUE(model.CachesKeysAndValues());
+  read_calls();
+  torch::Tensor whole;
+  {
+    torch::NoGradGuard no_grad;
+    whole = model.Forward(tokens.unsqueeze(0), torch::arange(t, torch::kLong).unsqueeze(0),
+                          nullptr)[0].to(torch::kFloat);
+  }
+  EXPECT_TRUE(read_calls().empty()) << "a forward without a cache went through decode_forward";
+  auto cache = model.NewKVCache(1, t);
+  const torch::Tensor steps = CachedLogits(model, *cache, tokens, prefill);
+  EXPECT_EQ(cache->length(), t);
+  std::vector<std::string> want = {"init 1 " + std::to_string(t) + " torch.float32",
+                                   "decode 6 0"};
+  for (int64_t i = prefill; i < t; ++i) want.push_back("decode 1 " + std::to_string(i));
+  EXPECT_EQ(read_calls(), want);
+  // Other matmul shapes than the whole forward's: close, not necessarily equal.
+  EXPECT_TRUE(torch::allclose(steps, whole, /*rtol=*/0, /*atol=*/1e-4))
+      << (steps - whole).abs().max().item<double>();
+  // A Reset handle starts a fresh cache of the adapter's; two live handles do not mix.
+  cache->Reset();
+  auto other = model.NewKVCache(1, t);
+  const torch::Tensor again = CachedLogits(model, *cache, tokens, prefill);
+  const torch::Tensor other_logits = CachedLogits(model, *other, tokens, 3);
+  EXPECT_TRUE(torch::equal(again, steps));
+  EXPECT_TRUE(torch::allclose(other_logits, whole, 0, 1e-4));
+  EXPECT_EQ(read_calls().front(), "init 1 " + std::to_string(t) + " torch.float32");
+  // Overflow is refused before the adapter is called.
+  EXPECT_THROW(model.Forward(tokens.slice(0, 0, 1).unsqueeze(0),
+                             torch::full({1, 1}, t, torch::kLong), cache.get()),
+               c10::Error);
+  EXPECT_TRUE(read_calls().empty());
+  // Handles freed and made again (addresses reused) each get their own cache.
+  for (int i = 0; i < 4; ++i) {
+    auto c = model.NewKVCache(1, t);
+    EXPECT_TRUE(torch::equal(CachedLogits(model, *c, tokens, prefill), steps)) << i;
+  }
+
+  const GateOutcome decode = DecodeGate(cached.ctx);
+  EXPECT_EQ(decode.status, GateStatus::kPass) << decode.reason;
+  EXPECT_EQ(test_util::FigureText(decode, "decode_path"), "KV cache");
+  EXPECT_EQ(Real(decode, "steps_max_abs_diff"), 0.0);
+  const std::vector<std::string> gate_calls = read_calls();
+  EXPECT_GT(std::count_if(gate_calls.begin(), gate_calls.end(),
+                          [](const std::string& l) { return l.rfind("decode 1 ", 0) == 0; }),
+            0);
+
+  LoadedFixture absent(*absent_registry, "llama-tiny-untied", "llama", "fp32");
+  ASSERT_TRUE(absent.ctx.model_loaded);
+  EXPECT_FALSE(absent.ctx.model->CachesKeysAndValues());
+  auto fallback_cache = absent.ctx.model->NewKVCache(1, t);
+  const torch::Tensor recomputed = CachedLogits(*absent.ctx.model, *fallback_cache, tokens, prefill);
+  // The fallback recomputes the whole sequence: the last step is the whole forward's last row.
+  EXPECT_TRUE(torch::equal(recomputed[t - 1], whole[t - 1]));
+  EXPECT_TRUE(torch::allclose(recomputed, whole, 0, 1e-4));
+  const GateOutcome fallback = DecodeGate(absent.ctx);
+  EXPECT_EQ(fallback.status, GateStatus::kPass) << fallback.reason;
+  EXPECT_NE(test_util::FigureText(fallback, "decode_path").find("whole sequence recomputed"),
+            std::string::npos);
+  EXPECT_TRUE(read_calls().empty());
+}
+
+/// init_cache without decode_forward (or the reverse) is refused when the entry is loaded.
+TEST(PythonLane, AKvCacheNeedsBothHalves) {
+  test_util::TempDir dir;
+  WritePackage(dir.path(), "kv_half_llama",
+               "from gh_archon.llama.spec import SPEC as _GOOD\n"
+               "SPEC = dataclasses.replace(_GOOD, decode_forward=None)\n");
+  FamilyRegistry registry;
+  const std::string config =
+      json{{"entries", json::array({"kv_half_llama.spec:SPEC"})},
+           {"sys_path", json::array({dir.path().string(), std::string(GATEHOUSE_ADAPTERS_DIR)})}}
+          .dump();
+  char error[4096] = {0};
+  EXPECT_EQ(gatehouse_python_lane_register(&registry, config.c_str(), error, sizeof(error)), 1);
+  EXPECT_NE(std::string(error).find("needs both init_cache and decode_forward; decode_forward is None"),
+            std::string::npos)
+      << error;
+}
+
 /// What one worker process reported: its phase_end events and figures by phase, and run_end's
 /// status.
 struct WorkerRun {
@@ -308,6 +473,46 @@ TEST(PythonLane, WorkerRunsAnEntry) {
   EXPECT_NE(bad.ends.at("config").value("reason", "").find("No module named 'gh_archon.nope'"),
             std::string::npos)
       << bad.ends.at("config").dump();
+}
+
+/// The KV-cache mutations of the reference adapters (tools/mutations/python/py_kv_cache_*,
+/// manifest.json), each applied to a copy of adapters/python and run by the worker as the
+/// agent starts it: the training forward is untouched, so the inference gate passes, and the
+/// decode gate FAILs on the cached steps' logits against upstream's cached decode.
+TEST(PythonLane, KvCacheMutationsFailTheDecodeGate) {
+  const auto fixtures = Fixtures({"llama", "qwen3_moe"});
+  struct Case {
+    const char* patch;
+    const char* family;
+    const char* variant;
+  };
+  const Case cases[] = {{"py_kv_cache_keys_before_rope.patch", "llama", "llama-tiny-untied"},
+                        {"py_kv_cache_position_off_by_one.patch", "llama", "llama-tiny-untied"},
+                        {"py_kv_cache_window_ignored.patch", "qwen3_moe", "qwen3_moe-tiny-sliding"}};
+  for (const Case& c : cases) {
+    if (!fixtures.count(c.variant)) {
+      ADD_FAILURE() << "no fixture " << c.variant << ": run through ctest";
+      continue;
+    }
+    test_util::TempDir dir;
+    const fs::path copy = dir.path() / "adapters";
+    fs::copy(GATEHOUSE_ADAPTERS_DIR, copy, fs::copy_options::recursive);
+    const std::string apply = "cd " + copy.string() + " && git apply " +
+                              (fs::path(GATEHOUSE_PYTHON_MUTATIONS_DIR) / c.patch).string();
+    ASSERT_EQ(std::system(apply.c_str()), 0) << apply;
+    const WorkerRun run =
+        RunWorker(std::string("gh_archon.") + c.family + ".spec:SPEC", c.family, c.variant, "fp32",
+                  {"config", "construct", "load", "inference", "decode"}, 1, copy.string())[0];
+    ASSERT_TRUE(run.ends.count("decode")) << c.patch;
+    EXPECT_EQ(run.ends.at("inference").value("status", ""), "PASS") << c.patch;
+    const json& end = run.ends.at("decode");
+    EXPECT_EQ(end.value("status", ""), "FAIL") << c.patch << ": " << end.dump();
+    EXPECT_EQ(end.value("classification", ""), "adapter_contract") << c.patch;
+    EXPECT_NE(end.value("reason", "").find("decode-step logits vs upstream's decode"),
+              std::string::npos)
+        << c.patch << ": " << end.dump();
+    EXPECT_EQ(run.Figure("decode", "decode_path"), "KV cache") << c.patch;
+  }
 }
 
 const std::vector<std::string> kParallelPhases = {"config", "construct", "load", "parallel"};

@@ -13,6 +13,10 @@ variant no adapter serves is skipped with the reason) it checks:
            to_hf(from_hf(sd)) gives back exactly the checkpoint's keys, bit-equal;
   logits   fp32 logits of every reference prompt torch.equal to the bundle's prompts.{i}.logits,
            and bf16 (model built in bf16, weights cast) to prompts.{i}.logits_bf16;
+  decode   the KV-cache decode (SPEC.init_cache / decode_forward): a prefill, then one cached
+           step per token along upstream's greedy ids, bit-equal to the logits transformers'
+           cached generate chose them from (decode_logits, fp32 and bf16), past the sliding
+           window too; a free greedy decode gives upstream's ids;
   packed   the prompts packed in one row with cu_seqlens and restarting positions give each
            sequence's own fp32 logits (bit-equal reported; max abs <= 1e-5 required);
   train    upstream's training trace in the bundle (AdamW steps): the loss per step and each
@@ -215,6 +219,55 @@ class VariantChecks:
             notes.append(f"{'fp32' if dtype == torch.float32 else 'bf16'} bit-equal")
         return f"{n} prompts: " + ", ".join(notes)
 
+    # 3b. decode ----------------------------------------------------------------------------
+    def decode(self):
+        """The optional KV-cache decode (SPEC.init_cache / decode_forward): a prefill of the
+        prompt, then one cached step per token along upstream's greedy ids, against the logits
+        transformers' own cached ``generate`` chose each token from (the bundle's
+        ``decode_logits``, fp32 and bf16), and a free greedy decode against its ids."""
+        c = self.case
+        if self.spec.decode_forward is None:
+            return "SKIP: the SPEC gives no KV-cache decode"
+        ref, meta, n = load_reference(self.variant)
+        window = getattr(self.args, "sliding_window", None)
+        notes, past_window = [], 0
+        for dtype, suffix in ((torch.float32, ""), (torch.bfloat16, "_bf16")):
+            model = built(self.spec, self.args, self.sd, dtype)
+            bad, ids_bad, steps = [], [], 0
+            with torch.no_grad():
+                for i in range(n):
+                    prompt = ref[f"prompts.{i}.input_ids"]
+                    greedy = ref[f"prompts.{i}.greedy_ids{suffix}"]
+                    want = ref[f"prompts.{i}.decode_logits{suffix}"]
+                    t, steps_n = prompt.numel(), greedy.numel()
+                    past_window += bool(window) and dtype == torch.float32 and t + steps_n - 1 > window
+                    for forced in (True, False):
+                        cache = self.spec.init_cache(model, 1, t + steps_n, dtype,
+                                                     torch.device("cpu"))
+                        out = self.spec.decode_forward(model, prompt[None],
+                                                       torch.arange(t)[None], cache)
+                        c.assertEqual(tuple(out.shape), (1, t, self.args.vocab_size))
+                        rows = [out[0, -1]]
+                        for s in range(1, steps_n):
+                            token = greedy[s - 1] if forced else rows[-1].argmax()
+                            out = self.spec.decode_forward(model, token.view(1, 1),
+                                                           torch.tensor([[t + s - 1]]), cache)
+                            rows.append(out[0, -1])
+                        got = torch.stack(rows).float()
+                        if forced:
+                            steps += steps_n
+                            if not torch.equal(got, want):
+                                bad.append(f"prompt {i}: max abs "
+                                           f"{(got - want).abs().max().item():.3g}")
+                        elif not torch.equal(got.argmax(-1), greedy):
+                            ids_bad.append(f"prompt {i}")
+            c.assertEqual(bad, [], f"{dtype} cached decode steps not bit-equal to upstream's "
+                                   f"cached decode: {bad}")
+            c.assertEqual(ids_bad, [], f"{dtype} free greedy ids differ: {ids_bad}")
+            notes.append(f"{'fp32' if dtype == torch.float32 else 'bf16'} {steps} steps bit-equal")
+        where = f", {past_window} prompt(s) past the window {window}" if window else ""
+        return f"{n} prompts, KV cache vs upstream's cached generate: " + ", ".join(notes) + where
+
     # 4. packed -----------------------------------------------------------------------------
     def packed(self):
         c = self.case
@@ -336,7 +389,7 @@ class ArchonAdapterTests(unittest.TestCase):
 def _add_variant_tests() -> None:
     for variant in variants():
         cfg, spec = spec_for(variant)
-        for check in ("config", "load", "logits", "packed", "train"):
+        for check in ("config", "load", "logits", "decode", "packed", "train"):
             def test(self, variant=variant, check=check, spec=spec, cfg=cfg):
                 if spec is None:
                     msg = (f"model_type {cfg.get('model_type')!r} is not served by the adapters "

@@ -170,9 +170,13 @@ def main(argv=None):
                 py_bad = next((f"{p}: {py[p].get('reason', '')}"[:120] for p in PHASES
                                if p in py and py[p].get("status") not in ("PASS", None)), "")
                 pi, pd, pt = py.get("inference", {}), py.get("decode", {}), py.get("training", {})
+                # The adapter's own KV cache (SPEC.init_cache / decode_forward): its steps
+                # against upstream's cached decode; recomputed steps: against the continuation.
+                steps = (f"KV-cache steps {fmt(pd.get('steps_max_abs_diff'), '.2g')}"
+                         if pd.get("decode_path") == "KV cache" else
+                         f"continuation {fmt(pd.get('continuation_max_abs_diff'), '.2g')}")
                 python_lane = (("PASS" if py_ok else "FAIL " + py_bad) +
-                               f": logits {fmt(pi.get('max_abs_diff'), '.2g')}, continuation "
-                               f"{fmt(pd.get('continuation_max_abs_diff'), '.2g')}, ids "
+                               f": logits {fmt(pi.get('max_abs_diff'), '.2g')}, {steps}, ids "
                                f"{fmt(pd.get('tokens_matched'), '.0f')}/{fmt(pd.get('tokens_total'), '.0f')}, "
                                f"loss {fmt(pt.get('loss_rel_diff_step_1'), '.2g')}, grads "
                                f"{fmt(pt.get('grad_norm_max_rel_diff'), '.2g')}")
@@ -232,8 +236,9 @@ def main(argv=None):
         "own cached decode and teacher-forced forward show too, on its greedy tokens). "
         "The last column runs the same worker, cell and bars on the Python lane "
         "(`--python-entry`, the reference adapter in adapters/python/gh_archon, docs/protocols.md "
-        "§9.1): its verdict over the same phases, prompt logits max abs, decode steps against "
-        "upstream's teacher-forced continuation (the lane recomputes the sequence: no KV cache), "
+        "§9.1): its verdict over the same phases, prompt logits max abs, decode steps (through "
+        "the adapter's own KV cache, against upstream's cached decode; for an adapter without one "
+        "the lane recomputes the sequence, against upstream's teacher-forced continuation), "
         "greedy ids, step-1 loss and worst gradient norm (relative).",
         "",
         "| " + " | ".join(header) + " |",

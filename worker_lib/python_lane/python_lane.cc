@@ -139,17 +139,24 @@ class PyArgs final : public ModelArgs {
 /// the same dotted names (nested empty modules), as the same tensors: the gates' optimizer,
 /// gradients and loads act on the Python module's own storage.
 ///
-/// The Archon forward has no KV cache, so a cached Forward keeps the cache's tokens and
-/// positions so far and recomputes the whole sequence, returning the new positions' logits:
-/// the decode gates then compare teacher-forced logits (which they also bar against upstream).
+/// A cached Forward goes through the adapter's own KV cache when its SPEC gives one
+/// (init_cache / decode_forward, docs/protocols.md §9): the KVCache the gates hold is then a
+/// handle, and the adapter's cache object lives beside it here. Without one (Archon's forward
+/// has no cache) Forward keeps the tokens and positions so far and recomputes the whole
+/// sequence, returning the new positions' logits: the decode gates then compare
+/// teacher-forced logits (which they also bar against upstream).
 ///
 /// A module sharded by the adapter's parallelize holds DTensor parameters: this module then
 /// registers each one's local shard (what this rank holds, for the parallel gate's per-rank
-/// counts), gradients land on the DTensors, and FullTensors gathers both. Construct with the
-/// GIL held.
+/// counts), gradients land on the DTensors, and FullTensors gathers both. A sharded module
+/// decodes by recomputation (no gate decodes after parallelize). Construct with the GIL held.
 class PyCausalLM final : public CausalLM {
  public:
-  PyCausalLM(py::object module, bool sharded) : module_(std::move(module)), sharded_(sharded) {
+  PyCausalLM(py::object module, py::object spec, bool sharded)
+      : module_(std::move(module)),
+        spec_(std::move(spec)),
+        sharded_(sharded),
+        caches_kv_(!sharded && Lane().attr("caches_keys_and_values")(spec_.get()).cast<bool>()) {
     const py::list named = Lane().attr("local_parameters")(module_.get());
     for (const py::handle item : named) {
       auto pair = item.cast<py::tuple>();
@@ -160,31 +167,36 @@ class PyCausalLM final : public CausalLM {
   torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& positions,
                         KVCache* cache) override {
     if (cache == nullptr) return Call(tokens, positions, std::nullopt);
-    History& h = history_[cache];
-    if (cache->length() == 0 || !h.tokens.defined()) {
-      h.tokens = tokens;
-      h.positions = positions;
-    } else {
-      TORCH_CHECK(h.tokens.size(1) == cache->length(),
-                  "Python-lane cache: it holds ", h.tokens.size(1), " positions, the cache says ",
-                  cache->length());
-      h.tokens = torch::cat({h.tokens, tokens}, 1);
-      h.positions = torch::cat({h.positions, positions}, 1);
-    }
-    TORCH_CHECK(h.tokens.size(1) <= cache->max_len(), "KVCache overflow: ", h.tokens.size(1),
-                " > max_len ", cache->max_len());
+    auto it = caches_.find(cache);
+    TORCH_CHECK(it != caches_.end() && it->second.Alive(),
+                "Python-lane cache: not made by this model's NewKVCache");
+    CacheState& state = it->second;
     const int64_t t_new = tokens.size(1);
-    torch::Tensor logits = Call(h.tokens, h.positions, std::nullopt);
+    TORCH_CHECK(cache->length() + t_new <= cache->max_len(), "KVCache overflow: ",
+                cache->length(), " + ", t_new, " > max_len ", cache->max_len());
+    torch::Tensor logits = caches_kv_ ? CachedCall(state, tokens, positions, *cache)
+                                      : RecomputedCall(state, tokens, positions, *cache);
     cache->Advance(t_new);
-    return logits.slice(1, logits.size(1) - t_new).contiguous();
+    return logits;
   }
 
+  /// A KVCache handle of max_len positions (its one small buffer only marks its lifetime);
+  /// the adapter's cache for `batch` rows is made by init_cache at the first Forward on it.
   std::unique_ptr<KVCache> NewKVCache(int64_t batch, int64_t max_len) const override {
-    // No buffers: the lane's cache is the token history above (Forward).
-    return std::make_unique<KVCache>(0, batch, 0, max_len, 0, torch::kFloat32, torch::kCPU);
+    (void)batch;  // the adapter's cache takes the batch of the prefill's tokens
+    auto cache = std::make_unique<KVCache>(1, 1, 1, max_len, 1, torch::kFloat32, torch::kCPU);
+    // WriteAt returns the cache's own buffer tensor: while the KVCache lives it holds a second
+    // reference, so CacheState::Alive tells a live handle from a freed one at the same address.
+    const torch::Tensor zero = torch::zeros({1, 1, 1, 1});
+    torch::Tensor buffer = cache->WriteAt(0, zero, zero, torch::zeros({1}, torch::kLong)).first;
+    for (auto it = caches_.begin(); it != caches_.end();) {
+      it = it->second.Alive() ? std::next(it) : caches_.erase(it);
+    }
+    caches_[cache.get()] = CacheState{std::move(buffer), nullptr, {}, {}, 0};
+    return cache;
   }
 
-  bool CachesKeysAndValues() const override { return false; }
+  bool CachesKeysAndValues() const override { return caches_kv_; }
   bool SupportsPacked() const override { return true; }
   torch::Tensor ForwardPacked(const torch::Tensor& tokens, const torch::Tensor& positions,
                               const torch::Tensor& cu_seqlens) override {
@@ -217,9 +229,61 @@ class PyCausalLM final : public CausalLM {
   const py::object& module() const { return module_.get(); }
 
  private:
-  struct History {
-    torch::Tensor tokens, positions;
+  /// What this model keeps for one KVCache handle of its own making.
+  struct CacheState {
+    torch::Tensor buffer;             // the handle's buffer (Alive)
+    std::shared_ptr<PyRef> py_cache;  // the adapter's cache (init_cache), when it has one
+    torch::Tensor tokens, positions;  // without one: the sequence so far, [B, length]
+    int64_t length = 0;               // positions the adapter's cache or the history holds
+    /// False once the KVCache handle is destroyed (this holds the last reference).
+    bool Alive() const { return buffer.use_count() > 1; }
   };
+
+  /// The adapter's decode_forward over the new positions, on a fresh init_cache when the
+  /// handle is empty (new, or Reset).
+  torch::Tensor CachedCall(CacheState& state, const torch::Tensor& tokens,
+                           const torch::Tensor& positions, const KVCache& cache) {
+    py::gil_scoped_acquire gil;
+    try {
+      if (cache.length() == 0) {
+        state.py_cache = std::make_shared<PyRef>(Lane().attr("init_cache")(
+            spec_.get(), module_.get(), tokens.size(0), cache.max_len()));
+        state.length = 0;
+      }
+      TORCH_CHECK(state.py_cache && state.length == cache.length(),
+                  "Python-lane cache: the adapter's cache holds ", state.length,
+                  " positions, the KVCache says ", cache.length());
+      at::Tensor logits = Lane().attr("decode_forward")(spec_.get(), module_.get(), tokens,
+                                                        positions, state.py_cache->get())
+                              .cast<at::Tensor>();
+      state.length += tokens.size(1);
+      return logits;
+    } catch (py::error_already_set& e) {
+      // The gate runner turns a c10::Error into FAIL (native_runtime) with this message.
+      TORCH_CHECK(false, "the Python model's decode_forward raised: ", e.what());
+    } catch (const py::cast_error& e) {
+      TORCH_CHECK(false, "the Python model's decode_forward did not return a Tensor: ", e.what());
+    }
+  }
+
+  /// The whole sequence so far through forward; the new positions' logits.
+  torch::Tensor RecomputedCall(CacheState& state, const torch::Tensor& tokens,
+                               const torch::Tensor& positions, const KVCache& cache) {
+    if (cache.length() == 0) {
+      state.tokens = tokens;
+      state.positions = positions;
+    } else {
+      TORCH_CHECK(state.tokens.defined() && state.tokens.size(1) == cache.length(),
+                  "Python-lane cache: it holds ",
+                  state.tokens.defined() ? state.tokens.size(1) : 0,
+                  " positions, the cache says ", cache.length());
+      state.tokens = torch::cat({state.tokens, tokens}, 1);
+      state.positions = torch::cat({state.positions, positions}, 1);
+    }
+    const int64_t t_new = tokens.size(1);
+    torch::Tensor logits = Call(state.tokens, state.positions, std::nullopt);
+    return logits.slice(1, logits.size(1) - t_new).contiguous();
+  }
 
   torch::Tensor Call(const torch::Tensor& tokens, const torch::Tensor& positions,
                      const std::optional<torch::Tensor>& cu_seqlens) {
@@ -256,8 +320,12 @@ class PyCausalLM final : public CausalLM {
   }
 
   PyRef module_;
+  PyRef spec_;
   bool sharded_;
-  std::unordered_map<const KVCache*, History> history_;
+  bool caches_kv_;
+  // Per KVCache handle made by NewKVCache (const, as the gates call it); freed handles are
+  // dropped at the next NewKVCache.
+  mutable std::unordered_map<const KVCache*, CacheState> caches_;
 };
 
 // --- family ----------------------------------------------------------------------------------
@@ -321,7 +389,7 @@ class PyFamily final : public ModelFamily {
         WithGil(entry_ + ": build_model", [&]() -> std::shared_ptr<CausalLM> {
           py::object module = Lane().attr("build_model")(spec_.get(), py_args->object(),
                                                          dtype_name, device.str());
-          return std::make_shared<PyCausalLM>(std::move(module), /*sharded=*/false);
+          return std::make_shared<PyCausalLM>(std::move(module), spec_.get(), /*sharded=*/false);
         });
     if (!built.ok()) return built.status();
     return std::move(built).value();
@@ -363,7 +431,7 @@ class PyFamily final : public ModelFamily {
     Result<std::shared_ptr<CausalLM>> sharded =
         WithGil(entry_ + ": parallelize", [&]() -> std::shared_ptr<CausalLM> {
           py::object module = Lane().attr("parallelize")(spec_.get(), py_model->module());
-          return std::make_shared<PyCausalLM>(std::move(module), /*sharded=*/true);
+          return std::make_shared<PyCausalLM>(std::move(module), spec_.get(), /*sharded=*/true);
         });
     if (!sharded.ok()) return sharded.status();
     return std::move(sharded).value();

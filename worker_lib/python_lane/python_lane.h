@@ -4,7 +4,8 @@
 // libgatehouse_python_lane.so embeds CPython through the torch wheel's own libtorch_python and
 // pybind11, so a Python module's tensors are the very at::Tensor objects the gates handle (no
 // copies, one implementation of the gates). Each adapter's ModelSpec is registered as one more
-// ModelFamily: config, construct, forward (plain and packed) and the weight mapping call into
+// ModelFamily: config, construct, forward (plain and packed), the adapter's KV-cache decode
+// when its SPEC gives one (init_cache / decode_forward) and the weight mapping call into
 // python/gatehouse_adapter/lane.py with the GIL held; everything else is the gates' C++.
 //
 // The worker loads this library with dlopen only when a cell asks for the Python lane

@@ -86,13 +86,19 @@ GateOutcome IdentityGate(GateContext& ctx) {
   const char* cgroup = std::getenv("GATEHOUSE_CGROUP");
   out.Text("cgroup", cgroup != nullptr && *cgroup != '\0' ? cgroup : "none");
 
+  // `gatehouse run` (GATEHOUSE_LOCAL_RUN, protocols.md §3.9): the owner's working tree, which
+  // may have changes; the evidence says so and is nobody's frozen verdict.
+  const char* local = std::getenv("GATEHOUSE_LOCAL_RUN");
+  const bool local_run = local != nullptr && *local != '\0';
+  out.Text("evidence", local_run ? std::string(local) : "frozen");
+
   // A wrong or dirty checkout: the evidence could not be attributed to the frozen commit.
   std::vector<std::string> fails;
   if (checkout.head != spec.commit) {
     fails.push_back("checked out " + (checkout.head.empty() ? "(nothing)" : checkout.head) +
                     " but the cell is frozen at " + spec.commit);
   }
-  if (!checkout.clean) {
+  if (!checkout.clean && !local_run) {
     fails.push_back("checkout " + checkout.path + " has local changes (tree not clean)");
   }
   if (!fails.empty()) return out.Fail(FailureClass::kUnknown, JoinFew(fails));

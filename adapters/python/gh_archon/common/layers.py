@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gatehouse_adapter.frameworks._common import check_rows
+from gh_archon.common.kv_cache import KVCache, cached_mask
 from gh_archon.llama.model.rope import apply_rotary_pos_emb
 
 ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN: SiLUActivation / nn.SiLU, both F.silu
@@ -155,6 +156,30 @@ class Attention(nn.Module):
                 outs.append(eager_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], mask,
                                             self.n_rep, self.scaling))
             out = torch.cat(outs, dim=1)
+        out = out.reshape(bsz, seqlen, -1).contiguous()
+        return self.wo(out)
+
+    def forward_cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       cache: KVCache, layer: int) -> torch.Tensor:
+        """forward for T new positions after ``cache.length`` cached ones (kv_cache.py): x
+        [B, T, dim], cos/sin [B, T, head_dim] of the new positions; the new keys (after RoPE)
+        and values are written to ``cache`` under ``layer`` and attention covers the cached
+        keys too (within the sliding window). The caller advances ``cache.length``."""
+        bsz, seqlen, _ = x.shape
+        hidden_shape = (bsz, seqlen, -1, self.head_dim)
+        q = self.wq(x).view(hidden_shape)
+        k = self.wk(x).view(hidden_shape)
+        v = self.wv(x).view(hidden_shape)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        start = cache.length
+        window = self.sliding_window
+        keys, values, first = cache.update(layer, k, v, window)
+        mask = cached_mask(start, seqlen, first, window, q.dtype, q.device)
+        out = eager_attention(q, keys, values, mask, self.n_rep, self.scaling)
         out = out.reshape(bsz, seqlen, -1).contiguous()
         return self.wo(out)
 

@@ -1,6 +1,7 @@
 """SPEC for the llama adapter (Gatehouse Python adapter contract v1)."""
 
 from gatehouse_adapter import ModelSpec
+from gh_archon.common.kv_cache import decode_forward, init_cache
 from gh_archon.llama.infra.parallelize import parallelize_llama
 from gh_archon.llama.model.args import MODEL_TYPES, LlamaModelArgs
 from gh_archon.llama.model.model import build_model
@@ -13,6 +14,8 @@ SPEC = ModelSpec(
     config_accounting=LlamaModelArgs.config_accounting,
     build_model=build_model,
     state_dict_adapter=LlamaStateDictAdapter,
+    init_cache=init_cache,
+    decode_forward=decode_forward,
     parallelize=parallelize_llama,
 )
 

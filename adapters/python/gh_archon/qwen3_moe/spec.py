@@ -1,6 +1,7 @@
 """SPEC for the qwen3_moe adapter (Gatehouse Python adapter contract v1)."""
 
 from gatehouse_adapter import ModelSpec
+from gh_archon.common.kv_cache import decode_forward, init_cache
 from gh_archon.qwen3_moe.infra.parallelize import parallelize_qwen3_moe
 from gh_archon.qwen3_moe.model.args import MODEL_TYPES, Qwen3MoeModelArgs
 from gh_archon.qwen3_moe.model.model import build_model
@@ -13,6 +14,8 @@ SPEC = ModelSpec(
     config_accounting=Qwen3MoeModelArgs.config_accounting,
     build_model=build_model,
     state_dict_adapter=Qwen3MoeStateDictAdapter,
+    init_cache=init_cache,
+    decode_forward=decode_forward,
     parallelize=parallelize_qwen3_moe,
 )
 

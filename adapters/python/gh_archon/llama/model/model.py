@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gh_archon.common.kv_cache import KVCache
 from gh_archon.common.layers import (Attention, FeedForward, RMSNorm, rope_tables,
                                      segments_from_cu_seqlens)
 from gh_archon.llama.model.args import LlamaModelArgs
@@ -35,6 +36,13 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x, cos, sin, segments):
         x = x + self.attention(self.attention_norm(x), cos, sin, segments)
+        x = x + self.feed_forward(self.ffn_norm(x))
+        return x
+
+    def forward_cached(self, x, cos, sin, cache: KVCache):
+        """forward for new positions after the cached ones (gh_archon.common.kv_cache)."""
+        x = x + self.attention.forward_cached(self.attention_norm(x), cos, sin, cache,
+                                              self.layer_id)
         x = x + self.feed_forward(self.ffn_norm(x))
         return x
 
@@ -68,6 +76,19 @@ class LlamaModel(nn.Module):
         cos, sin = rope_tables(self.rope, positions, segments, h.dtype)
         for layer in self.layers.values():
             h = layer(h, cos, sin, segments)
+        h = self.norm(h)
+        return self.output(h)
+
+    def forward_cached(self, tokens: torch.Tensor, positions: torch.Tensor,
+                       cache: KVCache) -> torch.Tensor:
+        """The decode path (ModelSpec.decode_forward): tokens, positions [B, T] int64, the
+        positions absolute and following the ``cache.length`` cached ones -> logits [B, T,
+        vocab_size]; every layer's new keys and values are written to ``cache`` (the caller
+        advances its length). A prefill is this over the prompt on an empty cache."""
+        h = self.tok_embeddings(tokens)
+        cos, sin = self.rope(positions, h.dtype)
+        for layer in self.layers.values():
+            h = layer.forward_cached(h, cos, sin, cache)
         h = self.norm(h)
         return self.output(h)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gh_archon.common.kv_cache import KVCache
 from gh_archon.common.layers import (Attention, FeedForward, RMSNorm, rope_tables,
                                      segments_from_cu_seqlens)
 from gh_archon.qwen3_moe.model.args import Qwen3MoeModelArgs
@@ -57,6 +58,16 @@ class TransformerBlock(nn.Module):
             x = x + self.feed_forward(self.ffn_norm(x))
         return x
 
+    def forward_cached(self, x, cos, sin, cache: KVCache):
+        """forward for new positions after the cached ones (gh_archon.common.kv_cache)."""
+        x = x + self.attention.forward_cached(self.attention_norm(x), cos, sin, cache,
+                                              self.layer_id)
+        if self.moe_enabled:
+            x = x + self.moe(self.ffn_norm(x))
+        else:
+            x = x + self.feed_forward(self.ffn_norm(x))
+        return x
+
 
 class Qwen3MoeModel(nn.Module):
     """forward(tokens [B, T], positions [B, T], cu_seqlens [S + 1] | None, max_seqlen) ->
@@ -86,6 +97,19 @@ class Qwen3MoeModel(nn.Module):
         cos, sin = rope_tables(self.rope, positions, segments, h.dtype)
         for layer in self.layers.values():
             h = layer(h, cos, sin, segments)
+        h = self.norm(h)
+        return self.output(h)
+
+    def forward_cached(self, tokens: torch.Tensor, positions: torch.Tensor,
+                       cache: KVCache) -> torch.Tensor:
+        """The decode path (ModelSpec.decode_forward): tokens, positions [B, T] int64, the
+        positions absolute and following the ``cache.length`` cached ones -> logits [B, T,
+        vocab_size]; every layer's new keys and values are written to ``cache`` (the caller
+        advances its length). A prefill is this over the prompt on an empty cache."""
+        h = self.tok_embeddings(tokens)
+        cos, sin = self.rope(positions, h.dtype)
+        for layer in self.layers.values():
+            h = layer.forward_cached(h, cos, sin, cache)
         h = self.norm(h)
         return self.output(h)
 
