@@ -405,6 +405,30 @@ int main(int argc, char** argv) {
   reference_cmd->add_flag("--wait", ref_wait, "wait for the verdict; the exit code says it");
   reference_cmd->add_option("--out", ref_out,
                             "with --wait: after a PASS, download the bundle into this directory");
+  // hide / show: a cell out of readiness and the matrix, and back (admin; evidence is kept).
+  std::string visibility_id, visibility_reason;
+  CLI::App* visibility = nullptr;
+  for (const char* action : {"hide", "show"}) {
+    auto* sub = app.add_subcommand(action, std::string(action) +
+                                               " a cell in readiness and the matrix (admin token; "
+                                               "the cell and its evidence stay)");
+    sub->add_option("id", visibility_id, "cell id")->required();
+    sub->add_option("--reason", visibility_reason, "why (stored with the action)")->required();
+  }
+  // branches: the designated branches readiness counts (GET; with --set, PUT as admin).
+  auto* branches_cmd = app.add_subcommand(
+      "branches", "print which branches of a repository readiness and the matrix count; "
+                  "--set changes them (admin token)");
+  std::string branches_repository, branches_reason;
+  std::vector<std::string> branches_set;
+  bool branches_reset = false;
+  branches_cmd->add_option("--repository", branches_repository, "the repository as cells name it")
+      ->required();
+  auto* set_option = branches_cmd->add_option("--set", branches_set, "designate these branches");
+  branches_cmd->add_flag("--reset", branches_reset, "back to the repository's default branch")
+      ->excludes(set_option);
+  branches_cmd->add_option("--reason", branches_reason, "why (stored with the setting)");
+
   // run (local/run_command.h)
   local::RunCommand run_command;
   local::AddRunCommand(app, run_command);
@@ -583,6 +607,39 @@ int main(int argc, char** argv) {
     auto r = api.Call("POST", "/api/v1/cells/" + cancel_id + "/cancel", body.dump());
     if (!Ok(r)) return CallFailed(r, "cancel");
     std::cout << cancel_id << " cancel requested\n";
+    return cli::kExitPass;
+  }
+  for (const char* action : {"hide", "show"}) {
+    if (!*app.get_subcommand(action)) continue;
+    if (Status s = CheckCellId(visibility_id); !s.ok()) {
+      std::cerr << "gatehouse: " << s.message() << "\n";
+      return cli::kExitUsage;
+    }
+    auto r = api.Call("POST", "/api/v1/cells/" + visibility_id + "/" + action,
+                      json{{"reason", visibility_reason}}.dump());
+    if (!Ok(r)) return CallFailed(r, action);
+    std::cout << visibility_id << " " << (action == std::string("hide") ? "hidden" : "shown")
+              << "\n";
+    return cli::kExitPass;
+  }
+  if (*branches_cmd) {
+    const std::string target =
+        "/api/v1/designated-branches?repository=" + cli::EncodeQueryValue(branches_repository);
+    Result<cli::ApiResponse> r = Status::Internal("not called");
+    if (branches_reset || !branches_set.empty()) {
+      json body = {{"branches", branches_reset ? std::vector<std::string>{} : branches_set}};
+      if (!branches_reason.empty()) body["reason"] = branches_reason;
+      r = api.Call("PUT", target, body.dump());
+    } else {
+      r = api.Call("GET", target);
+    }
+    if (!Ok(r)) return CallFailed(r, "branches");
+    const json answer = json::parse(r->body, nullptr, false);
+    const json entry = answer.is_object() && answer.contains("repositories") &&
+                               answer["repositories"].is_array() && !answer["repositories"].empty()
+                           ? answer["repositories"][0]
+                           : answer;
+    std::cout << entry.dump(2) << "\n";
     return cli::kExitPass;
   }
   if (*retry) {

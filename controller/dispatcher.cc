@@ -9,6 +9,13 @@ namespace {
 
 std::string Short(const std::string& id) { return id.substr(0, 12); }
 
+// "waiting for its reference cell 41c8ffab1420 (running)<suffix>".
+std::string CellWaitText(const std::string& what, const std::string& id, AttemptState state,
+                         const std::string& suffix) {
+  return "waiting for " + what + " " + Short(id) + " (" + std::string(AttemptStateName(state)) +
+         ")" + suffix;
+}
+
 }  // namespace
 
 Dispatcher::Prerequisites Dispatcher::CheckPrerequisites(const Demand& demand) {
@@ -77,16 +84,17 @@ Dispatcher::Prerequisites Dispatcher::CheckPrerequisites(const Demand& demand) {
                     (last.reason.empty() ? "" : ": " + last.reason);
       return out;
     }
-    out.waiting = "waiting for " + what + " " + Short(id) + " (" +
-                  std::string(AttemptStateName(last.state)) + ")";
     // The only attempt that follows a passed one makes an expired bundle again.
     const auto before = std::find_if(attempts->begin(), attempts->end(), [&](const AttemptRecord& a) {
       return a.id == last.retry_of;
     });
+    CellWait wait{what, id, ""};
     if (before != attempts->end() && before->state == AttemptState::kPassed) {
-      out.waiting += ": it makes its bundle again (artifact retention removed attempt " +
-                     std::to_string(before->number) + "'s)";
+      wait.suffix = ": it makes its bundle again (artifact retention removed attempt " +
+                    std::to_string(before->number) + "'s)";
     }
+    out.waiting = CellWaitText(what, id, last.state, wait.suffix);
+    out.waiting_on = std::move(wait);
   }
   return out;
 }
@@ -100,9 +108,19 @@ void Dispatcher::Remember(const std::string& cell_id, Demand demand) {
 }
 
 std::string Dispatcher::WaitingReason(int64_t attempt_id) const {
-  std::lock_guard lock(waiting_mu_);
-  auto it = waiting_reasons_.find(attempt_id);
-  return it == waiting_reasons_.end() ? std::string() : it->second;
+  std::optional<CellWait> wait;
+  std::string reason;
+  {
+    std::lock_guard lock(waiting_mu_);
+    auto it = waiting_reasons_.find(attempt_id);
+    if (it == waiting_reasons_.end()) return "";
+    reason = it->second;
+    if (auto w = cell_waits_.find(attempt_id); w != cell_waits_.end()) wait = w->second;
+  }
+  if (!wait) return reason;
+  auto attempts = store_.ListAttempts(wait->cell_id);
+  if (!attempts.ok() || attempts->empty() || IsTerminal(attempts->back().state)) return reason;
+  return CellWaitText(wait->what, wait->cell_id, attempts->back().state, wait->suffix);
 }
 
 std::vector<Send> Dispatcher::Pass(bool* again) {
@@ -153,6 +171,7 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
   demands.reserve(queue->size());
   placeable.reserve(queue->size());
   std::vector<Waiting> waiting;
+  std::map<int64_t, CellWait> cell_waits;                // by attempt id
   std::map<int64_t, std::vector<InputArtifact>> inputs;  // by attempt id
   for (QueuedAttempt& q : *queue) {
     const Demand* demand = demand_of(q.cell_id);
@@ -173,6 +192,7 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
       }
       if (!pre.waiting.empty()) {
         waiting.push_back({q.attempt_id, pre.waiting});
+        if (pre.waiting_on) cell_waits[q.attempt_id] = std::move(*pre.waiting_on);
         continue;
       }
       inputs[q.attempt_id] = std::move(pre.inputs);
@@ -194,6 +214,7 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
       now_waiting[w.attempt_id] = w.reason;
     }
     waiting_reasons_ = std::move(now_waiting);
+    cell_waits_ = std::move(cell_waits);
   }
   if (placements.empty()) return sends;
   std::vector<Lease> leases;

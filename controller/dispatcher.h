@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -39,7 +40,10 @@ class Dispatcher {
   /// stored spec again. Thread-safe; taken up by the next pass.
   void Remember(const std::string& cell_id, Demand demand);
 
-  /// Why queued attempt `attempt_id` waited in the last pass; empty when it did not.
+  /// Why queued attempt `attempt_id` waited in the last pass; empty when it did not. A wait
+  /// for another cell (its reference cell, its control) names that cell's state as it is now,
+  /// not as it was in the pass ("(running)" once the reference cell started, with no pass
+  /// in between).
   std::string WaitingReason(int64_t attempt_id) const;
 
  private:
@@ -48,9 +52,16 @@ class Dispatcher {
   /// reference bundle's files of a passed reference cell as `inputs`. A passed reference cell
   /// whose bundle retention removed runs again (a new attempt; `queued_again`), and the cell
   /// waits for it.
+  /// A wait for a cell that has not ended: the text is made again from its live state.
+  struct CellWait {
+    std::string what;     // "its reference cell" | "its control"
+    std::string cell_id;
+    std::string suffix;   // ": it makes its bundle again (...)" or ""
+  };
   struct Prerequisites {
     std::string blocked;
     std::string waiting;
+    std::optional<CellWait> waiting_on;  // set when `waiting` is a CellWait's text
     std::vector<InputArtifact> inputs;
     bool queued_again = false;
   };
@@ -68,6 +79,7 @@ class Dispatcher {
   /// Why each queued attempt last waited; written only by Pass.
   mutable std::mutex waiting_mu_;
   std::map<int64_t, std::string> waiting_reasons_;
+  std::map<int64_t, CellWait> cell_waits_;  // the waits of waiting_reasons_ that are CellWaits
 };
 
 }  // namespace gatehouse::controller

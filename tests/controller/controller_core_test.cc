@@ -458,13 +458,18 @@ TEST_F(ReferenceCellTest, TheReferenceRunsFirstAndItsBundleGoesWithTheValidation
   const int64_t ref_attempt = ref_agent->AssignedIds()[0];
   EXPECT_EQ(ref_agent->sent[0].cell_id, ref_id);
   EXPECT_TRUE(ref_agent->sent[0].inputs.empty());
+  // The reference cell's state as it is now, not as the pass that placed it saw it.
   EXPECT_THAT(Cell(validation.cell.id).waiting_reason,
-              HasSubstr("waiting for its reference cell " + ref_id.substr(0, 12)));
+              HasSubstr("waiting for its reference cell " + ref_id.substr(0, 12) + " (leased)"));
+  ASSERT_TRUE(core_->RecordEvent("ref", ref_attempt, 1,
+                                 R"({"event":"phase_start","phase":"reference"})").ok());
+  EXPECT_THAT(Cell(validation.cell.id).waiting_reason,
+              HasSubstr("waiting for its reference cell " + ref_id.substr(0, 12) + " (running)"));
   EXPECT_TRUE(plain->AssignedIds().empty());
 
   ASSERT_TRUE(Upload("ref", ref_attempt, "reference/reference.json", "{\"format\":1}").ok());
   ASSERT_TRUE(Upload("ref", ref_attempt, "reference/reference.safetensors", "tensors").ok());
-  Finish("ref", ref_attempt, "PASS");
+  Finish("ref", ref_attempt, "PASS", /*seq=*/2);
   EXPECT_EQ(Cell(ref_id).status, AttemptState::kPassed);
   ASSERT_EQ(Cell(ref_id).artifacts.size(), 2u);
 

@@ -61,6 +61,7 @@ class ReferenceCellEndToEndTest : public ::testing::Test {
     const std::string bin = GATEHOUSE_BIN_DIR;
     const std::string db = (root_ / "gatehouse.db").string();
     token_ = CreateToken(bin, db, {"--name", "ci", "--scopes", "read,submit"});
+    admin_token_ = CreateToken(bin, db, {"--name", "operator", "--scopes", "admin"});
     const std::string agent_token = CreateToken(bin, db, {"--name", "node", "--kind", "agent"});
     ASSERT_FALSE(token_.empty() || agent_token.empty());
     WriteTextFile(root_ / "agent.token", agent_token + "\n");
@@ -152,9 +153,9 @@ class ReferenceCellEndToEndTest : public ::testing::Test {
 
   /// bin/gatehouse against this controller with `args` (shell words this test controls), the
   /// token in GATEHOUSE_TOKEN.
-  CliRun Cli(const std::string& args) {
+  CliRun Cli(const std::string& args, const std::string& token = "") {
     const fs::path out = root_ / "cli.stdout", err = root_ / "cli.stderr";
-    ::setenv("GATEHOUSE_TOKEN", token_.c_str(), 1);
+    ::setenv("GATEHOUSE_TOKEN", (token.empty() ? token_ : token).c_str(), 1);
     const std::string cmd = std::string(GATEHOUSE_BIN_DIR) + "/gatehouse --controller http://127.0.0.1:" +
                             std::to_string(http_port_) + " " + args + " > " + out.string() +
                             " 2> " + err.string();
@@ -197,6 +198,7 @@ class ReferenceCellEndToEndTest : public ::testing::Test {
 
   fs::path root_;
   std::string token_;
+  std::string admin_token_;  // the operator's: hide and show, designated branches
   int http_port_ = 0;
   static constexpr char kWebhookSecret[] = "e2e-webhook-secret";
   std::unique_ptr<WebhookReceiver> receiver_;
@@ -415,6 +417,21 @@ TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
   report << std::ifstream(out / "report.md").rdbuf();
   EXPECT_NE(report.str().find("**Local run**"), std::string::npos) << report.str();
   EXPECT_NE(report.str().find("| status | **passed** |"), std::string::npos) << report.str();
+  // 8. The operator's commands: the no-window branch is not designated (main, the default
+  //    branch, is); its FAIL can also be hidden, and shown again, with a reason.
+  CliRun branches = Cli("branches --repository " + (root_ / "adapter").string());
+  EXPECT_EQ(branches.exit_code, 0) << branches.err;
+  EXPECT_NE(branches.out.find("\"default_branch\""), std::string::npos) << branches.out;
+  EXPECT_NE(branches.out.find("\"main\""), std::string::npos) << branches.out;
+  const std::string broken_id = FirstId(broken.out);
+  EXPECT_EQ(Cli("hide " + broken_id + " --reason experiment").exit_code, 2);  // ci: no admin
+  CliRun hidden = Cli("hide " + broken_id + " --reason experiment", admin_token_);
+  EXPECT_EQ(hidden.exit_code, 0) << hidden.err;
+  EXPECT_EQ(hidden.out, broken_id + " hidden\n");
+  EXPECT_EQ(Get("/api/v1/cells/" + broken_id)["hidden"], true);
+  EXPECT_EQ(Cli("show " + broken_id + " --reason back", admin_token_).exit_code, 0);
+  EXPECT_EQ(Get("/api/v1/cells/" + broken_id)["hidden"], false);
+
   // --submit of a tree with changes is refused before anything runs.
   CliRun refused = Cli("run --submit --tree " + clone.string() + " --family ministral --checkpoint " +
                        checkpoint.string() + " --work-dir " + (root_ / "local").string());
