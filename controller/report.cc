@@ -376,7 +376,18 @@ std::string RenderReport(const CellDetail& d) {
   line("## Reasons for non-PASS phases");
   line("");
   bool any = false;
+  // A phase still RUNNING when its attempt has ended (cancelled, timed out, lost, an error)
+  // never finished: it is a reason too, with the attempt's.
+  const bool ended = IsTerminal(d.status);
+  const std::string attempt_reason = d.attempts.empty() ? "" : d.attempts.back().reason;
   for (const PhaseRecord& p : d.phases) {
+    if (p.status == "RUNNING" && ended) {
+      any = true;
+      line(fmt::format("- **{}** did not finish: the attempt ended {}{}", p.phase,
+                       AttemptStateName(d.status),
+                       attempt_reason.empty() ? "" : ": " + attempt_reason));
+      continue;
+    }
     if (p.status == "PASS" || p.status == "RUNNING") continue;
     any = true;
     std::string cls = p.classification.empty() ? "" : " (" + p.classification + ")";

@@ -78,6 +78,26 @@ TEST(ReportTest, NoDecodedTextSectionWithoutGeneratedText) {
   EXPECT_EQ(report.find("## Decoded text"), std::string::npos) << report;
 }
 
+// Verifies a phase still RUNNING when its attempt was cancelled is named among the reasons with
+// the attempt's end (not "None."), while a RUNNING phase of a live attempt is not.
+TEST(ReportTest, APhaseCutShortByTheAttemptsEndIsAReason) {
+  CellDetail d = DetailWithDecodeFigures({});
+  d.phases[0].status = "RUNNING";
+  d.status = AttemptState::kRunning;
+  EXPECT_NE(RenderReport(d).find("## Reasons for non-PASS phases\n\nNone."), std::string::npos);
+  d.status = AttemptState::kCancelled;
+  AttemptRecord attempt;
+  attempt.state = AttemptState::kCancelled;
+  attempt.reason = "cancelled by ci: superseded";
+  d.attempts.push_back(attempt);
+  const std::string report = RenderReport(d);
+  EXPECT_NE(report.find("- **decode** did not finish: the attempt ended cancelled: cancelled by "
+                        "ci: superseded"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("None."), std::string::npos) << report;
+}
+
 // Verifies a stored spec that no longer reads (frozen before a limit existed) still gives a
 // report: the inputs row says why, and no reproduce body is offered.
 TEST(ReportTest, AnUnreadableStoredSpecIsNamedNotHidden) {
