@@ -18,31 +18,17 @@ std::string LastGitError() {
   return e && e->message ? e->message : "unknown libgit2 error";
 }
 
-// RAII for libgit2 handles.
-struct RepoDeleter {
-  void operator()(git_repository* r) const { git_repository_free(r); }
+// RAII for libgit2 handles: each freed by its own git_*_free.
+template <typename T, void (*Free)(T*)>
+struct GitFree {
+  void operator()(T* p) const { Free(p); }
 };
-struct RemoteDeleter {
-  void operator()(git_remote* r) const { git_remote_free(r); }
-};
-struct CommitDeleter {
-  void operator()(git_commit* c) const { git_commit_free(c); }
-};
-using RepoPtr = std::unique_ptr<git_repository, RepoDeleter>;
-using RemotePtr = std::unique_ptr<git_remote, RemoteDeleter>;
-using CommitPtr = std::unique_ptr<git_commit, CommitDeleter>;
-struct TreeDeleter {
-  void operator()(git_tree* t) const { git_tree_free(t); }
-};
-struct TreeEntryDeleter {
-  void operator()(git_tree_entry* e) const { git_tree_entry_free(e); }
-};
-struct BlobDeleter {
-  void operator()(git_blob* b) const { git_blob_free(b); }
-};
-using TreePtr = std::unique_ptr<git_tree, TreeDeleter>;
-using TreeEntryPtr = std::unique_ptr<git_tree_entry, TreeEntryDeleter>;
-using BlobPtr = std::unique_ptr<git_blob, BlobDeleter>;
+using RepoPtr = std::unique_ptr<git_repository, GitFree<git_repository, git_repository_free>>;
+using RemotePtr = std::unique_ptr<git_remote, GitFree<git_remote, git_remote_free>>;
+using CommitPtr = std::unique_ptr<git_commit, GitFree<git_commit, git_commit_free>>;
+using TreePtr = std::unique_ptr<git_tree, GitFree<git_tree, git_tree_free>>;
+using TreeEntryPtr = std::unique_ptr<git_tree_entry, GitFree<git_tree_entry, git_tree_entry_free>>;
+using BlobPtr = std::unique_ptr<git_blob, GitFree<git_blob, git_blob_free>>;
 
 std::string OidHex(const git_oid& oid) {
   char buf[GIT_OID_HEXSZ + 1];
@@ -86,6 +72,19 @@ Result<RemotePtr> Connect(git_repository* repo, const std::string& url) {
   git_remote_callbacks callbacks = GIT_REMOTE_CALLBACKS_INIT;
   if (git_remote_connect(remote.get(), GIT_DIRECTION_FETCH, &callbacks, nullptr, nullptr) != 0) {
     return RepositoryError(url);
+  }
+  return remote;
+}
+
+// Connect, and when that fails on a mirror this call just made (`created`), the mirror is
+// removed: no empty mirror of an unreachable repository is kept.
+Result<RemotePtr> ConnectOrDiscard(RepoPtr& repo, bool created, const fs::path& path,
+                                   const std::string& url) {
+  Result<RemotePtr> remote = Connect(repo.get(), url);
+  if (!remote.ok() && created) {
+    repo.reset();
+    std::error_code ec;
+    fs::remove_all(path, ec);
   }
   return remote;
 }
@@ -155,15 +154,8 @@ Result<std::string> GitMirror::ResolveBranch(const std::string& repository,
   const fs::path path = MirrorPath(repository);
   bool created = false;
   GH_ASSIGN_OR_RETURN(RepoPtr repo, OpenOrInitMirror(path, created));
-  Result<RemotePtr> remote = Connect(repo.get(), repository);
-  if (!remote.ok()) {
-    if (created) {  // do not keep an empty mirror of an unreachable repository
-      repo.reset();
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-    return remote.status();
-  }
+  Result<RemotePtr> remote = ConnectOrDiscard(repo, created, path, repository);
+  if (!remote.ok()) return remote.status();
   // Look the branch up in the remote's advertisement, so a deleted branch is not served from
   // a stale mirror ref.
   const git_remote_head** heads = nullptr;
@@ -210,15 +202,8 @@ Result<std::string> GitMirror::ResolveCommit(const std::string& repository,
   // A commit the mirror already holds needs no fetch: commits are immutable (CI submits by
   // SHA many times; the agent still checks it out from the repository itself).
   if (!created && CheckCommitExists(repo.get(), oid, "").ok()) return remember();
-  Result<RemotePtr> remote = Connect(repo.get(), repository);
-  if (!remote.ok()) {
-    if (created) {
-      repo.reset();
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-    return remote.status();
-  }
+  Result<RemotePtr> remote = ConnectOrDiscard(repo, created, path, repository);
+  if (!remote.ok()) return remote.status();
   RememberDefaultBranch(repository, remote->get());
   GH_RETURN_IF_ERROR(Fetch(remote->get(), repository, "+refs/heads/*:refs/heads/*"));
   GH_RETURN_IF_ERROR(CheckCommitExists(
@@ -250,13 +235,8 @@ Result<std::string> GitMirror::DefaultBranch(const std::string& repository) {
     const fs::path path = MirrorPath(repository);
     bool created = false;
     GH_ASSIGN_OR_RETURN(RepoPtr repo, OpenOrInitMirror(path, created));
-    Result<RemotePtr> remote = Connect(repo.get(), repository);
+    Result<RemotePtr> remote = ConnectOrDiscard(repo, created, path, repository);
     if (!remote.ok()) {
-      if (created) {
-        repo.reset();
-        std::error_code ec;
-        fs::remove_all(path, ec);
-      }
       std::lock_guard lock_known(mu_);
       default_branches_[repository] = "";
       return remote.status();

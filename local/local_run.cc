@@ -62,10 +62,6 @@ agent::RunnerConfig RunnerConfigFor(const LocalRunOptions& o) {
   return c;
 }
 
-std::string Json(const agent::InputFile& f) {
-  return json{{"name", f.name}, {"digest", f.digest}, {"size", f.size}}.dump();
-}
-
 // A reference bundle made by an earlier local run of the same reference cell whose files are
 // all still stored: its inputs; empty when there is none to reuse.
 std::vector<agent::InputFile> StoredReference(const fs::path& record,
@@ -134,7 +130,9 @@ Result<std::vector<agent::InputFile>> ReferenceInputs(const controller::FrozenCe
   }
   phases = recorder.Phases();
   json entry = {{"made_at", NowUtc()}, {"inputs", json::array()}, {"phases", json::array()}};
-  for (const agent::InputFile& f : inputs) entry["inputs"].push_back(json::parse(Json(f)));
+  for (const agent::InputFile& f : inputs) {
+    entry["inputs"].push_back({{"name", f.name}, {"digest", f.digest}, {"size", f.size}});
+  }
   for (const controller::PhaseRecord& p : phases) {
     entry["phases"].push_back({{"phase", p.phase}, {"status", p.status}, {"reason", p.reason}});
   }

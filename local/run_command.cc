@@ -116,7 +116,11 @@ int ExecuteRun(const RunCommand& run, json& submit_body) {
   o.tools.python = python;
   o.tools.reference_python = run.reference_python.empty() ? python : fs::path(run.reference_python);
   o.tools.reference_script = GATEHOUSE_RUN_REFERENCE_SCRIPT;
-  o.tools.cmake_prefix_path = TorchPrefix(python);
+  // The build's own Python's LibTorch prefix is known at build time; another Python is asked
+  // (importing torch takes seconds, most of a warm run).
+  o.tools.cmake_prefix_path = run.python.empty() && *GATEHOUSE_RUN_TORCH_PREFIX != '\0'
+                                  ? std::string(GATEHOUSE_RUN_TORCH_PREFIX)
+                                  : TorchPrefix(python);
   // The attempt runner's own log lines are the agent's; here the phase lines say it.
   spdlog::set_level(run.verbose ? spdlog::level::info : spdlog::level::warn);
   o.progress = &std::cout;
