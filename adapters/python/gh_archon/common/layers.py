@@ -134,8 +134,9 @@ class Attention(nn.Module):
             self.q_norm = None
             self.k_norm = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                segments: Sequence[tuple[int, int]] | None) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, dim] -> q [B, heads, T, head_dim], k and v [B, kv_heads, T, head_dim]:
+        projected and, with q/k norms (Qwen3), normed per head; RoPE not yet applied."""
         bsz, seqlen, _ = x.shape
         hidden_shape = (bsz, seqlen, -1, self.head_dim)
         q = self.wq(x).view(hidden_shape)
@@ -144,7 +145,12 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                segments: Sequence[tuple[int, int]] | None) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        q, k, v = self._qkv(x)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if segments is None:
             mask = causal_mask(seqlen, self.sliding_window, q.dtype, q.device)
@@ -166,14 +172,7 @@ class Attention(nn.Module):
         and values are written to ``cache`` under ``layer`` and attention covers the cached
         keys too (within the sliding window). The caller advances ``cache.length``."""
         bsz, seqlen, _ = x.shape
-        hidden_shape = (bsz, seqlen, -1, self.head_dim)
-        q = self.wq(x).view(hidden_shape)
-        k = self.wk(x).view(hidden_shape)
-        v = self.wv(x).view(hidden_shape)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = self._qkv(x)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         start = cache.length
         window = self.sliding_window
