@@ -69,26 +69,12 @@ def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
     return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
 
 
-_MASKS: dict[tuple, torch.Tensor] = {}
-
-
 def causal_mask(length: int, sliding_window: int | None, dtype: torch.dtype,
                 device: torch.device) -> torch.Tensor:
     """[T, T] additive mask as transformers' eager_mask makes it: 0 where key kv may be seen by
-    query q (kv <= q, and kv > q - sliding_window with a window), dtype's min elsewhere."""
-    key = (length, sliding_window, dtype, device)
-    mask = _MASKS.get(key)
-    if mask is None:
-        idx = torch.arange(length, device=device)
-        allowed = idx[None, :] <= idx[:, None]
-        if sliding_window is not None:
-            allowed = allowed & (idx[None, :] > idx[:, None] - sliding_window)
-        mask = torch.where(allowed, torch.tensor(0.0, dtype=dtype, device=device),
-                           torch.finfo(dtype).min)
-        if len(_MASKS) > 64:
-            _MASKS.clear()
-        _MASKS[key] = mask
-    return mask
+    query q (kv <= q, and kv > q - sliding_window with a window), dtype's min elsewhere; the
+    cached forward's mask over an empty cache (kv_cache.py)."""
+    return cached_mask(0, length, 0, sliding_window, dtype, device)
 
 
 def eager_attention(query, key, value, mask, n_rep: int, scaling: float) -> torch.Tensor:
