@@ -89,6 +89,7 @@ class AgentClient::StreamSink : public AttemptSink {
     end->set_outcome(report.outcome);
     end->set_reason(report.reason);
     end->set_exit_code(report.exit_code);
+    end->set_oom_limit_bytes(report.oom_limit_bytes);
     Send(message, "end");
   }
 
@@ -364,6 +365,8 @@ void AgentClient::HandleMessage(const pb::ControllerMessage& message) {
     for (const pb::InputArtifact& in : a.inputs()) {
       assignment.inputs.push_back({in.role(), in.name(), in.digest(), in.size()});
     }
+    assignment.memory_estimate_bytes = a.memory_estimate_bytes();
+    assignment.memory_estimate = a.memory_estimate();
     queue_.push_back({std::move(assignment), false, ""});
     cv_.notify_all();
   } else if (message.has_cancel()) {

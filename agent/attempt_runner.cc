@@ -57,6 +57,23 @@ Result<CgroupSlot> OpenCgroup(const CgroupConfig* config, int64_t attempt_id) {
   return slot;
 }
 
+// Without an operator's limit (--attempt-memory-limit), holds the attempt's processes to the
+// controller's estimate plus a margin (MemoryLimitFor), so a wrong estimate ends as a named
+// OOM kill inside the attempt, not as a node out of memory.
+void LimitToEstimate(const CgroupConfig* config, CgroupSlot& slot, int64_t attempt_id,
+                     int64_t estimate_bytes, const std::string& estimate) {
+  if (!slot.cgroup || config == nullptr || config->memory_limit_bytes > 0) return;
+  const int64_t limit = MemoryLimitFor(estimate_bytes);
+  if (limit <= 0) return;
+  const std::string why = "the controller's estimate " + FormatBytes(estimate_bytes) +
+                          (estimate.empty() ? "" : ", " + estimate) + ", plus a margin";
+  if (Status s = slot.cgroup->LimitMemory(limit, why); !s.ok()) {
+    spdlog::warn("attempt {}: {} (it runs without a memory limit)", attempt_id, s.message());
+    return;
+  }
+  slot.evidence = slot.cgroup->Describe();
+}
+
 // Adds to a failed attempt's end reason that its cgroup hit the memory limit, logs its peak,
 // and kills what the attempt left running in it.
 void CloseCgroup(CgroupSlot& slot, AttemptEndReport& end) {
@@ -65,6 +82,7 @@ void CloseCgroup(CgroupSlot& slot, AttemptEndReport& end) {
   if (!note.empty() && end.outcome != kOutcomeFinished) {
     end.reason = end.reason.empty() ? note : end.reason + "; " + note;
   }
+  if (!note.empty()) end.oom_limit_bytes = slot.cgroup->memory_limit();
   if (const int64_t peak = slot.cgroup->PeakBytes(); peak >= 0) {
     spdlog::info("attempt {}: peak memory {} ({})", end.attempt_id, FormatBytes(peak),
                  slot.cgroup->Describe());
@@ -218,7 +236,9 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   Result<CellSpec> parsed = ParseCellSpecJson(assignment.spec_json);
   if (!parsed.ok()) return Error(id, "invalid spec: " + parsed.status().message());
   CellSpec spec = std::move(parsed).value();
-  if (spec.IsReference()) return RunReference(id, std::move(spec), sink, cancel, used_ports);
+  if (spec.IsReference()) {
+    return RunReference(id, std::move(spec), assignment, sink, cancel, used_ports);
+  }
 
   if (!spec.reference.cell.empty()) {
     // The reference cell's bundle, fetched by digest: the worker compares with exactly it.
@@ -308,6 +328,8 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
     return end;
   }
 
+  LimitToEstimate(config_.cgroup, *cgroup, id, assignment.memory_estimate_bytes,
+                  assignment.memory_estimate);
   WorkerLaunch launch;
   launch.attempt_id = id;
   launch.attempt_dir = attempt_dir;
@@ -334,6 +356,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   launch.cgroup_dirs = cgroup->Join();
   launch.cgroup_evidence = cgroup->evidence;
   launch.local_run = assignment.local_run;
+  launch.build_evidence = BuildEvidence(*built);
   std::optional<WorkerCrash> crash;
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports, &crash);
   const bool oom_killed = cgroup->cgroup && !cgroup->cgroup->OomNote().empty();
@@ -396,8 +419,10 @@ Result<std::string> AttemptRunner::FetchReference(const std::vector<InputFile>& 
   return DirectoryDigest(dir);
 }
 
-AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec, AttemptSink& sink,
-                                             CancelToken cancel, std::vector<int>& used_ports) {
+AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec,
+                                             const AttemptAssignment& assignment,
+                                             AttemptSink& sink, CancelToken cancel,
+                                             std::vector<int>& used_ports) {
   namespace fs = std::filesystem;
   if (config_.reference_python.empty()) {
     return Error(id, "this agent runs no reference cells (no --reference-python)");
@@ -422,6 +447,8 @@ AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec, AttemptS
   // (a 70 GB checkpoint loaded twice would take the node down as surely).
   auto cgroup = OpenCgroup(config_.cgroup, id);
   if (!cgroup.ok()) return Error(id, cgroup.status().message());
+  LimitToEstimate(config_.cgroup, *cgroup, id, assignment.memory_estimate_bytes,
+                  assignment.memory_estimate);
   launch.cgroup_dirs = cgroup->Join();
   launch.cgroup_evidence = cgroup->evidence;
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
@@ -449,6 +476,12 @@ AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec, AttemptS
     }
   }
   return end;
+}
+
+int64_t MemoryLimitFor(int64_t estimate_bytes) {
+  if (estimate_bytes <= 0) return 0;
+  constexpr int64_t kMinMargin = int64_t{1} << 30;
+  return estimate_bytes + std::max(estimate_bytes / 4, kMinMargin);
 }
 
 }  // namespace gatehouse::agent

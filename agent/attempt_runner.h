@@ -33,7 +33,16 @@ struct AttemptAssignment {
   std::filesystem::path local_tree;
   /// With local_tree: the worker's GATEHOUSE_LOCAL_RUN (WorkerLaunch::local_run).
   std::string local_run;
+  /// The controller's estimate of the attempt's host memory (Assignment.memory_estimate_bytes;
+  /// 0: none) and its make-up. Without --attempt-memory-limit the attempt's cgroup gets
+  /// MemoryLimitFor(estimate).
+  int64_t memory_estimate_bytes = 0;
+  std::string memory_estimate;
 };
+
+/// The cgroup memory limit of an attempt whose processes are estimated at `estimate_bytes`:
+/// the estimate plus a margin of a quarter of it, at least 1 GiB; 0 (none) for no estimate.
+int64_t MemoryLimitFor(int64_t estimate_bytes);
 
 struct RunnerConfig {
   /// Absolute. Clones under repos/, build trees under build/, attempts under attempts/<id>/.
@@ -111,7 +120,8 @@ class AttemptRunner {
   AttemptEndReport RunSteps(const AttemptAssignment& assignment, AttemptSink& sink,
                             CancelToken cancel, std::vector<int>& used_ports);
   /// A reference cell: the reference runner, then its bundle stored as artifacts.
-  AttemptEndReport RunReference(int64_t id, CellSpec spec, AttemptSink& sink, CancelToken cancel,
+  AttemptEndReport RunReference(int64_t id, CellSpec spec, const AttemptAssignment& assignment,
+                                AttemptSink& sink, CancelToken cancel,
                                 std::vector<int>& used_ports);
   /// Fetches the reference bundle files of `inputs` (through the node's cache under
   /// <work_dir>/artifacts) into `dir`; returns the directory's digest. Errors name the file.

@@ -32,6 +32,8 @@ struct AttemptEndReport {
   std::string outcome;  // kOutcomeFinished, kOutcomeError or kOutcomeLost
   std::string reason;   // empty when finished
   int32_t exit_code = 0;
+  /// > 0: the kernel's OOM killer ended one of its processes at this cgroup memory limit.
+  int64_t oom_limit_bytes = 0;
 };
 
 /// Receives one attempt's events, log chunks and end.

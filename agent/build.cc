@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -59,23 +61,86 @@ std::string CommandLine(const ProcessSpec& spec) {
   return line + "\n";
 }
 
-// A build tree configured for another source dir (the recipe's source_dir changed between
-// commits) makes cmake refuse; start that tree afresh.
-void DropStaleBuildTree(const std::filesystem::path& build_dir, const std::filesystem::path& source) {
-  std::ifstream cache(build_dir / "CMakeCache.txt");
-  if (!cache) return;
-  const std::string key = "CMAKE_HOME_DIRECTORY:INTERNAL=";
-  std::string line;
-  while (std::getline(cache, line)) {
-    if (line.rfind(key, 0) != 0) continue;
-    std::error_code ec;
-    const auto cached = std::filesystem::weakly_canonical(line.substr(key.size()), ec);
-    if (cached != std::filesystem::weakly_canonical(source, ec)) {
-      cache.close();
-      std::filesystem::remove_all(build_dir, ec);
-    }
-    return;
+// Lane cpp's places in <build dir> (BuildCommands).
+constexpr const char* kSourceLink = "source";
+constexpr const char* kTree = "tree";
+constexpr const char* kStatsLog = "ccache-stats.log";
+
+// <checkout>/<source_dir>, normal, without a trailing separator ("." gives the checkout).
+std::filesystem::path SourceDir(const BuildRequest& request) {
+  std::filesystem::path source = (request.checkout / request.recipe.source_dir).lexically_normal();
+  if (!source.has_filename()) source = source.parent_path();
+  return source;
+}
+
+// A build dir of the old layout holds its CMake tree itself (CMakeCache.txt in <build dir>):
+// removed whole, as nothing of it is reused.
+Status DropOldLayout(const std::filesystem::path& build_dir, const OutputHandler& log) {
+  std::error_code ec;
+  if (!std::filesystem::exists(build_dir / "CMakeCache.txt", ec)) return Status::Ok();
+  log("[gatehouse-agent] " + build_dir.string() +
+      " holds a build tree of an earlier layout: removed\n");
+  std::filesystem::remove_all(build_dir, ec);
+  if (ec) return Status::Internal("cannot remove " + build_dir.string() + ": " + ec.message());
+  return Status::Ok();
+}
+
+// Points <build dir>/source at the checkout's source dir: relative when the checkout is in the
+// work dir (the sandbox hides the work dir and binds back the checkout and the build dir, so
+// the link resolves there too), absolute otherwise (a `gatehouse run` tree). When it pointed
+// elsewhere (the recipe's source_dir changed, or another tree of the same repository), the
+// tree is started afresh: ninja judges by mtimes, so objects of the other sources could pass
+// for current.
+Status LinkSource(const BuildConfig& config, const BuildRequest& request,
+                  const std::filesystem::path& build_dir, const OutputHandler& log) {
+  namespace fs = std::filesystem;
+  const fs::path source = SourceDir(request);
+  const fs::path inside = source.lexically_relative(config.work_dir.lexically_normal());
+  const bool in_work_dir = !inside.empty() && *inside.begin() != "..";
+  const fs::path target =
+      in_work_dir ? source.lexically_relative(build_dir.lexically_normal()) : source;
+  const fs::path link = build_dir / kSourceLink;
+  const fs::path tree = build_dir / kTree;
+  std::error_code ec;
+  const fs::path current = fs::read_symlink(link, ec);
+  if (!ec && current == target) return Status::Ok();
+  if (fs::exists(tree, ec)) {
+    log("[gatehouse-agent] build tree " + tree.string() + " was configured for " +
+        (current.empty() ? std::string("another source") : current.string()) +
+        ": starting it afresh\n");
   }
+  fs::remove_all(tree, ec);
+  fs::remove_all(link, ec);  // the link itself, never what it points at
+  fs::create_directory_symlink(target, link, ec);
+  if (ec) {
+    return Status::Internal("cannot link " + link.string() + " to " + target.string() + ": " +
+                            ec.message());
+  }
+  return Status::Ok();
+}
+
+// The build log's last line: "[gatehouse-agent] ccache: 211 of 211 compilations from the cache
+// (100%), 0 compiled; build 22.4 s". `unreadable`: why the stats log gave no figures.
+std::string SummaryLine(const BuildResult& result, bool python, const std::string& unreadable) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "build %.1f s",
+                static_cast<double>(result.duration.count()) / 1000.0);
+  std::string line = "[gatehouse-agent] ";
+  if (python) return line + seconds + " (lane python: no ccache figures)\n";
+  if (!result.ccache) return line + "ccache: no figures (" + unreadable + "); " + seconds + "\n";
+  const CcacheStats& c = *result.ccache;
+  if (c.compilations == 0) return line + "ccache: no compilation recorded; " + seconds + "\n";
+  line += "ccache: " + std::to_string(c.hits()) + " of " + std::to_string(c.compilations) +
+          " compilations from the cache (" + std::to_string(c.hits() * 100 / c.compilations) +
+          "%), " + std::to_string(c.compiled()) + " compiled";
+  if (!c.uncached.empty()) {
+    std::string names;
+    for (const auto& [name, count] : c.uncached) {
+      names += (names.empty() ? "" : ", ") + name + " " + std::to_string(count);
+    }
+    line += " (" + std::to_string(c.compiled() - c.misses) + " without the cache: " + names + ")";
+  }
+  return line + "; " + seconds + "\n";
 }
 
 // The node's pip, output merged into the build log.
@@ -277,6 +342,67 @@ Result<DependencyLayer> MakeDependencyLayer(const BuildConfig& config,
 
 }  // namespace
 
+Result<CcacheStats> ParseCcacheStatsLog(std::string_view text) {
+  CcacheStats stats;
+  bool in_record = false, hit = false, miss = false;
+  std::vector<std::string> reasons;  // the record's counters that say why it was not cached
+  const auto close_record = [&] {
+    if (!in_record) return;
+    ++stats.compilations;
+    if (hit || miss) return;
+    if (reasons.empty()) reasons.push_back("no counter");
+    for (const std::string& reason : reasons) ++stats.uncached[reason];
+  };
+  size_t number = 0;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    const std::string where = "ccache stats log line " + std::to_string(number) + ": ";
+    if (line.front() == '#') {
+      close_record();
+      in_record = true;
+      hit = miss = false;
+      reasons.clear();
+      continue;
+    }
+    if (line.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string_view::npos) {
+      return Status::InvalidArgument(where + "'" + std::string(line) + "' is not a counter name");
+    }
+    if (!in_record) {
+      return Status::InvalidArgument(where + "counter '" + std::string(line) +
+                                     "' before any '# <input file>' line");
+    }
+    if (line == "direct_cache_hit") {
+      ++stats.direct_hits;
+      hit = true;
+    } else if (line == "preprocessed_cache_hit") {
+      ++stats.preprocessed_hits;
+      hit = true;
+    } else if (line == "cache_miss") {
+      ++stats.misses;
+      miss = true;
+    } else if (line.rfind("local_storage_", 0) != 0 && line.rfind("remote_storage_", 0) != 0 &&
+               !line.ends_with("_cache_miss")) {
+      reasons.emplace_back(line);
+    }
+  }
+  close_record();
+  return stats;
+}
+
+std::string BuildEvidence(const BuildResult& result) {
+  std::string out = "duration_ms=" + std::to_string(result.duration.count());
+  if (result.ccache) {
+    out += " compilations=" + std::to_string(result.ccache->compilations) +
+           " cache_hits=" + std::to_string(result.ccache->hits());
+  }
+  return out;
+}
+
 ProcessSpec ResolveDependenciesCommand(const BuildConfig& config,
                                        const std::vector<std::string>& requires_dist,
                                        const std::filesystem::path& report) {
@@ -298,7 +424,6 @@ ProcessSpec InstallDependenciesCommand(const BuildConfig& config,
 }
 
 std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildRequest& request) {
-  const std::filesystem::path source = request.checkout / request.recipe.source_dir;
   const std::filesystem::path build_dir = BuildDir(config, request);
   if (request.recipe.lane == "python") {
     ProcessSpec metadata = PipCommand(config, request.checkout);
@@ -313,22 +438,24 @@ std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildReq
   }
   std::string prefix_path = config.sdk_dir.string();
   if (!config.cmake_prefix_path.empty()) prefix_path += ";" + config.cmake_prefix_path;
-  // CCACHE_BASEDIR at the work dir holds both the checkout (<work>/repos/<key>) and the build
-  // tree (<work>/build/<key>), so ccache hashes both as paths relative to the build tree: the
-  // same sources hit on every agent and in every work dir, the precompiled header included.
+  // The sources are compiled as <build dir>/source/... from <build dir>/tree, and
+  // CCACHE_BASEDIR at the work dir holds both, so ccache hashes them as ../source/...: the same
+  // path for every repository key, agent and work dir (and a `gatehouse run` tree anywhere on
+  // disk, linked the same way), the precompiled header included.
   // The SDK's plugin helper precompiles <torch/torch.h>; ccache caches sources compiled against
   // a precompiled header only with this sloppiness (ccache manual, "Precompiled headers").
   const std::vector<std::pair<std::string, std::string>> env = {
       {"CCACHE_BASEDIR", config.work_dir.string()},
       {"CCACHE_NOHASHDIR", "1"},
       {"CCACHE_SLOPPINESS", "pch_defines,time_macros"}};
+  const std::filesystem::path tree = build_dir / kTree;
 
   ProcessSpec configure;
   configure.exe = config.cmake;
   configure.args = {"-S",
-                    source.lexically_normal().string(),
+                    (build_dir / kSourceLink).string(),
                     "-B",
-                    build_dir.string(),
+                    tree.string(),
                     "-G",
                     "Ninja",
                     "-DCMAKE_PREFIX_PATH=" + prefix_path,
@@ -344,9 +471,10 @@ std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildReq
 
   ProcessSpec build;
   build.exe = config.cmake;
-  build.args = {"--build", build_dir.string(), "--target", request.recipe.target};
+  build.args = {"--build", tree.string(), "--target", request.recipe.target};
   build.cwd = request.checkout;
   build.env = env;
+  build.env.emplace_back("CCACHE_STATSLOG", (build_dir / kStatsLog).string());
   build.merge_stderr = true;
   build.log_flush_timeout = config.log_flush_timeout;
   return {configure, build};
@@ -354,8 +482,13 @@ std::vector<ProcessSpec> BuildCommands(const BuildConfig& config, const BuildReq
 
 Result<BuildResult> RunBuild(const BuildConfig& config, const BuildRequest& request,
                              const OutputHandler& log, CancelToken cancel) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 start);
+  };
   const std::filesystem::path build_dir = BuildDir(config, request);
-  DropStaleBuildTree(build_dir, request.checkout / request.recipe.source_dir);
+  GH_RETURN_IF_ERROR(DropOldLayout(build_dir, log));
   std::error_code ec;
   std::filesystem::create_directories(build_dir, ec);
   if (ec) return Status::Internal("cannot create " + build_dir.string() + ": " + ec.message());
@@ -372,7 +505,7 @@ Result<BuildResult> RunBuild(const BuildConfig& config, const BuildRequest& requ
     const std::filesystem::path copy = build_dir / "src";
     std::filesystem::remove_all(copy, ec);
     std::filesystem::create_directories(copy, ec);
-    const std::filesystem::path source = request.checkout / request.recipe.source_dir;
+    const std::filesystem::path source = SourceDir(request);
     for (const auto& entry : std::filesystem::directory_iterator(source, ec)) {
       if (entry.path().filename() == ".git") continue;
       std::filesystem::copy(entry.path(), copy / entry.path().filename(),
@@ -385,6 +518,8 @@ Result<BuildResult> RunBuild(const BuildConfig& config, const BuildRequest& requ
       return Status::FailedPrecondition("build failed: copying " + source.string() + " to " +
                                         copy.string() + ": " + ec.message());
     }
+  } else {
+    GH_RETURN_IF_ERROR(LinkSource(config, request, build_dir, log));
   }
   const std::vector<ProcessSpec> commands = BuildCommands(config, request);
   BuildResult result;
@@ -400,12 +535,42 @@ Result<BuildResult> RunBuild(const BuildConfig& config, const BuildRequest& requ
     result.python_path.push_back(build_dir / "site");
     if (!layer.packages.empty()) result.python_path.push_back(layer.dir / "site");
     result.python_entries = request.recipe.entries;
+    result.duration = elapsed();
+    log(SummaryLine(result, /*python=*/true, ""));
     return result;
   }
   GH_RETURN_IF_ERROR(RunStep(commands[0], "cmake configure", config, log, cancel));
-  GH_RETURN_IF_ERROR(RunStep(commands[1], "cmake --build", config, log, cancel));
+  // Only the build's compilations are counted: the log is removed first. ccache writes none when
+  // it compiled nothing, and none when it did not run at all (a recipe may set
+  // CMAKE_CXX_COMPILER_LAUNCHER otherwise; ccache before 4.4 has no stats log): Ninja's
+  // "Building CXX object" lines tell those apart.
+  const std::filesystem::path stats_log = build_dir / kStatsLog;
+  std::filesystem::remove(stats_log, ec);
+  bool compiled = false;
+  const OutputHandler watch = [&](std::string_view data) {
+    compiled = compiled || data.find("Building CXX object") != std::string_view::npos;
+    log(data);
+  };
+  const Status built = RunStep(commands[1], "cmake --build", config, watch, cancel);
+  result.duration = elapsed();
+  std::string unreadable;
+  if (!std::filesystem::exists(stats_log, ec) && compiled) {
+    unreadable = "the build compiled sources but ccache wrote no statistics log " +
+                 stats_log.string() + " (ccache 4.4 or later, as the compiler launcher, writes one)";
+  } else {
+    std::ifstream in(stats_log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Result<CcacheStats> stats = ParseCcacheStatsLog(text);
+    if (stats.ok()) {
+      result.ccache = std::move(stats).value();
+    } else {
+      unreadable = stats.status().message();
+    }
+  }
+  log(SummaryLine(result, /*python=*/false, unreadable));
+  GH_RETURN_IF_ERROR(built);
   for (const std::string& plugin : request.recipe.plugins) {
-    const std::filesystem::path path = build_dir / plugin;
+    const std::filesystem::path path = build_dir / kTree / plugin;
     if (!std::filesystem::is_regular_file(path, ec)) {
       return Status::FailedPrecondition("build failed: plugin '" + plugin + "' was not built (no " +
                                         path.string() + " after building target '" +

@@ -410,11 +410,44 @@ int64_t AttemptCgroup::PeakBytes() const {
   }
 }
 
+Status AttemptCgroup::LimitMemory(int64_t bytes, const std::string& why) {
+  const std::string value = std::to_string(bytes);
+  if (version_ == 2) {
+    GH_RETURN_IF_ERROR(WriteValue(dirs_[0] / "memory.max", value));
+    if (fs::exists(dirs_[0] / "memory.swap.max")) {
+      GH_RETURN_IF_ERROR(WriteValue(dirs_[0] / "memory.swap.max", "0"));
+    }
+  } else {
+    // v1 wants memsw.limit >= limit at every step: lowering, the plain limit goes first.
+    const bool lowering = memory_limit_ == 0 || bytes < memory_limit_;
+    const fs::path plain = dirs_[0] / "memory.limit_in_bytes";
+    const fs::path memsw = dirs_[0] / "memory.memsw.limit_in_bytes";
+    const bool swap = fs::exists(memsw);
+    if (lowering) GH_RETURN_IF_ERROR(WriteValue(plain, value));
+    if (swap) GH_RETURN_IF_ERROR(WriteValue(memsw, value));
+    if (!lowering) GH_RETURN_IF_ERROR(WriteValue(plain, value));
+  }
+  const std::string old = "memory limit " + (memory_limit_ > 0 ? FormatBytes(memory_limit_)
+                                                                : std::string("none"));
+  memory_limit_ = bytes;
+  memory_limit_why_ = why;
+  const std::string now = "memory limit " + FormatBytes(bytes) + (why.empty() ? "" : " (" + why + ")");
+  if (auto at = description_.find(old); at != std::string::npos) {
+    description_.replace(at, old.size(), now);
+  } else {
+    description_ += "; " + now;
+  }
+  return Status::Ok();
+}
+
 std::string AttemptCgroup::OomNote() const {
   const int64_t kills = OomKills();
   if (kills <= 0) return "";
   return "the attempt's cgroup reached its memory limit" +
-         (memory_limit_ > 0 ? " (" + FormatBytes(memory_limit_) + ")" : std::string()) +
+         (memory_limit_ > 0 ? " (" + FormatBytes(memory_limit_) +
+                                  (memory_limit_why_.empty() ? "" : ": " + memory_limit_why_) +
+                                  ")"
+                            : std::string()) +
          ": the kernel killed " + std::to_string(kills) + (kills == 1 ? " process" : " processes");
 }
 

@@ -92,6 +92,15 @@ class AttemptCgroup {
   AttemptCgroup(const AttemptCgroup&) = delete;
   AttemptCgroup& operator=(const AttemptCgroup&) = delete;
 
+  /// Sets the memory limit (swap included where the kernel accounts it) to `bytes`, e.g. once
+  /// the build is done, before the ranks start; `why` says where the figure came from ("the
+  /// controller's estimate 5.8 GB + margin") and goes into Describe() and OomNote(). A limit
+  /// below what the cgroup holds makes the kernel reclaim first (page cache). Errors: INTERNAL
+  /// naming the file and the OS error (the old limit stays).
+  Status LimitMemory(int64_t bytes, const std::string& why);
+  /// The memory limit in bytes; 0: none.
+  int64_t memory_limit() const { return memory_limit_; }
+
   /// The directories whose cgroup.procs a process writes its pid to.
   const std::vector<std::filesystem::path>& Join() const { return dirs_; }
 
@@ -121,6 +130,7 @@ class AttemptCgroup {
   int version_;
   std::vector<std::filesystem::path> dirs_;  // [0] holds the memory controller
   int64_t memory_limit_;
+  std::string memory_limit_why_;  // LimitMemory's `why`; empty for the operator's limit
   std::string description_;
 };
 

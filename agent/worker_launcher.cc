@@ -479,6 +479,7 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     spec.args.insert(spec.args.end(), launch.args_after.begin(), launch.args_after.end());
     spec.cwd = launch.attempt_dir;
     spec.env.emplace_back("GATEHOUSE_LOCAL_RUN", launch.local_run);
+    spec.env.emplace_back("GATEHOUSE_BUILD", launch.build_evidence);
     if (launch.slurm == nullptr) {
       spec.cgroups = launch.cgroup_dirs;
       if (!launch.cgroup_evidence.empty()) {
@@ -497,6 +498,7 @@ AttemptEndReport RunWorker(const WorkerLaunch& launch, AttemptSink& sink, Cancel
     run.worker = specs[0];
     run.worker.env.assign(launch.spec.env.begin(), launch.spec.env.end());
     run.worker.env.emplace_back("GATEHOUSE_LOCAL_RUN", launch.local_run);
+    run.worker.env.emplace_back("GATEHOUSE_BUILD", launch.build_evidence);
     run.cuda = launch.spec.runtime.device == "cuda";
     if (!run.cuda) run.worker.env.emplace_back("CUDA_VISIBLE_DEVICES", "");
     run.worker.env.emplace_back(

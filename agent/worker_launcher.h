@@ -63,6 +63,10 @@ struct WorkerLaunch {
   /// set, empty for an agent's attempt, so that no inherited value reaches a frozen cell's
   /// worker.
   std::string local_run;
+  /// GATEHOUSE_BUILD for every rank (protocols.md §5.1): the attempt's build time and ccache
+  /// figures (BuildEvidence, agent/build.h), which the identity gate records. Always set, empty
+  /// when nothing was built (a reference cell).
+  std::string build_evidence;
 };
 
 /// run.json: the frozen spec plus "attempt": {id, dir, checkout: {head, clean, path}, agent}.

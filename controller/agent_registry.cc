@@ -55,7 +55,8 @@ Status AgentRegistry::Attach(const std::string& id, const AgentHello& hello,
   agents_[id] = Attached{std::max(hello.slots, 1), std::max(hello.gpus, 0), hello.torch_version,
                          hello.cuda_version,       std::move(channel),     hello.drain_reason,
                          hello.lane,               hello.gpu_models,       hello.instance_id,
-                         hello.transformers_version};
+                         hello.transformers_version, hello.memory_bytes,
+                         hello.gpu_memory_bytes};
   return Status::Ok();
 }
 
@@ -115,7 +116,8 @@ std::vector<AgentView> AgentRegistry::SchedulableViews() const {
     const auto heard = seen != last_seen_.end() && seen->first == id ? seen->second : not_yet_heard_;
     if (now - heard > lease_.lease_timeout()) continue;  // silent: no new work until heard from
     views.push_back({id, a.slots, 0, a.gpus, 0, a.torch_version, a.cuda_version, a.drain_reason,
-                     a.lane, a.gpu_models, a.transformers_version});
+                     a.lane, a.gpu_models, a.transformers_version, a.memory_bytes, 0,
+                     a.gpu_memory_bytes});
   }
   return views;
 }

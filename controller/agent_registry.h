@@ -35,6 +35,9 @@ struct AssignmentMessage {
   std::string spec_json;  // canonical frozen spec
   std::string branch;     // label only
   std::vector<InputArtifact> inputs;
+  /// Host memory of the attempt's processes together (Demand::memory); 0: not known.
+  int64_t memory_estimate_bytes = 0;
+  std::string memory_estimate;  // MemoryEstimate::Describe
 };
 
 /// The controller's outbound half of one connected agent's stream. Implemented by the gRPC
@@ -64,6 +67,8 @@ struct AgentHello {
   std::vector<std::string> gpu_models;  // Capabilities.gpus[].model
   std::string instance_id;              // Register.instance_id; empty: not sent
   std::string transformers_version;     // Capabilities.transformers_version; empty: none
+  int64_t memory_bytes = 0;      // Capabilities.memory_bytes (MemTotal); 0: not reported
+  int64_t gpu_memory_bytes = 0;  // the smallest of Capabilities.gpus[].memory_bytes; 0: none
 };
 
 /// The attempt heartbeat interval agents are told at registration.
@@ -158,6 +163,8 @@ class AgentRegistry {
     std::vector<std::string> gpu_models;
     std::string instance_id;
     std::string transformers_version;
+    int64_t memory_bytes = 0;
+    int64_t gpu_memory_bytes = 0;
   };
   static constexpr std::chrono::seconds kHeartbeatWriteInterval{30};
 

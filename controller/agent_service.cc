@@ -67,6 +67,8 @@ class StreamChannel : public AgentChannel {
     out->set_cell_id(a.cell_id);
     out->set_spec_json(a.spec_json);
     out->set_branch(a.branch);
+    out->set_memory_estimate_bytes(a.memory_estimate_bytes);
+    out->set_memory_estimate(a.memory_estimate);
     for (const InputArtifact& in : a.inputs) {
       pb::InputArtifact* i = out->add_inputs();
       i->set_role(in.role);
@@ -216,7 +218,14 @@ class AgentStream final : public grpc::ServerBidiReactor<pb::AgentMessage, pb::C
         lane != reg.capabilities().labels().end()) {
       hello.lane = lane->second;
     }
-    for (const auto& gpu : reg.capabilities().gpus()) hello.gpu_models.push_back(gpu.model());
+    hello.memory_bytes = reg.capabilities().memory_bytes();
+    for (const auto& gpu : reg.capabilities().gpus()) {
+      hello.gpu_models.push_back(gpu.model());
+      if (gpu.memory_bytes() > 0 &&
+          (hello.gpu_memory_bytes == 0 || gpu.memory_bytes() < hello.gpu_memory_bytes)) {
+        hello.gpu_memory_bytes = gpu.memory_bytes();
+      }
+    }
     auto agent_id = core_.RegisterAgent(hello);
     if (!agent_id.ok()) {
       spdlog::warn("register from {} refused: {}", context_->peer(), agent_id.status().message());
@@ -261,7 +270,8 @@ class AgentStream final : public grpc::ServerBidiReactor<pb::AgentMessage, pb::C
       }
       case pb::AgentMessage::kEnd: {
         const auto& e = msg.end();
-        s = core_.EndAttempt(agent_id_, e.attempt_id(), e.outcome(), e.reason(), e.exit_code());
+        s = core_.EndAttempt(agent_id_, e.attempt_id(), e.outcome(), e.reason(), e.exit_code(),
+                             e.oom_limit_bytes());
         // Stored, or nothing more to take for this attempt (unknown, or leased to another
         // agent): the agent may forget its messages. A store failure is not acknowledged, so
         // the agent resends after its next registration.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/phases.h"
@@ -16,7 +17,89 @@ Status CellNotFound(const std::string& id) {
   return Status::NotFound("cell '" + id + "' not found");
 }
 
+/// An int64 of the agent's Capabilities as protobuf's JSON writes it (a string) or a number.
+int64_t JsonInt64(const nlohmann::json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_string()) {
+    try {
+      return std::stoll(it->get<std::string>());
+    } catch (const std::exception&) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
+
+Status CellService::RecordCheckpointFacts(const CellSpec& spec) {
+  if (spec.checkpoint.digest.empty()) return Status::Ok();
+  GH_ASSIGN_OR_RETURN(std::optional<CheckpointFacts> known,
+                      store_.GetCheckpointFacts(spec.checkpoint.digest));
+  if (known) return Status::Ok();
+  Result<CheckpointFacts> facts = ReadCheckpointFacts(spec.checkpoint.path);
+  if (!facts.ok()) {
+    // Not a reason to refuse the cell (its load gate says what is wrong): it is not estimated.
+    spdlog::warn("memory estimate: {}", facts.status().message());
+    return Status::Ok();
+  }
+  return store_.PutCheckpointFacts(spec.checkpoint.digest, *facts);
+}
+
+void CellService::NoteAgentMemory(const std::string& name, int64_t memory_bytes,
+                                  int64_t gpu_memory_bytes) {
+  std::lock_guard lock(fleet_mu_);
+  if (fleet_) (*fleet_)[name] = {memory_bytes, gpu_memory_bytes};
+}
+
+Result<std::map<std::string, CellService::AgentMemory>> CellService::FleetMemory() {
+  std::lock_guard lock(fleet_mu_);
+  if (fleet_) return *fleet_;
+  GH_ASSIGN_OR_RETURN(std::vector<AgentRecord> agents, store_.ListAgents());
+  std::map<std::string, AgentMemory> fleet;
+  for (const AgentRecord& agent : agents) {
+    nlohmann::json caps = nlohmann::json::parse(agent.capabilities_json, nullptr, false);
+    if (!caps.is_object()) continue;
+    AgentMemory m{JsonInt64(caps, "memory_bytes"), 0};
+    if (auto gpus = caps.find("gpus"); gpus != caps.end() && gpus->is_array()) {
+      for (const nlohmann::json& gpu : *gpus) {
+        const int64_t g = gpu.is_object() ? JsonInt64(gpu, "memory_bytes") : 0;
+        if (g > 0 && (m.gpu_bytes == 0 || g < m.gpu_bytes)) m.gpu_bytes = g;
+      }
+    }
+    fleet[agent.name] = m;
+  }
+  fleet_ = fleet;
+  return fleet;
+}
+
+Status CellService::AdmitMemory(const CellSpec& spec) {
+  const MemoryEstimate estimate = dispatcher_.EstimateMemoryOf(spec);
+  if (estimate.empty()) return Status::Ok();
+  GH_ASSIGN_OR_RETURN(auto fleet, FleetMemory());
+  const bool gpu = spec.runtime.device == "cuda";
+  std::string why;  // the misfit of the agent with the most memory
+  int64_t most = 0;
+  int known = 0;
+  for (const auto& [name, memory] : fleet) {
+    if (memory.host_bytes <= 0) continue;  // not reported: it might hold anything
+    const std::string misfit =
+        MemoryMisfit(estimate, memory.host_bytes, gpu ? memory.gpu_bytes : 0);
+    if (misfit.empty()) return Status::Ok();  // it fits this agent, idle
+    ++known;
+    if (memory.host_bytes > most) {
+      most = memory.host_bytes;
+      why = name + ": " + misfit;
+    }
+  }
+  if (known == 0) return Status::Ok();
+  return Status::InvalidArgument(
+      std::string(spec.IsReference() ? "its reference cell " : "the cell ") +
+      "fits no agent that ever registered (" + std::to_string(known) + " known; the largest, " +
+      why + ")");
+}
 
 CellService::CellService(Store& store, CellFreezer& freezer, Dispatcher& dispatcher,
                          LeaseKeeper& leases, std::function<void()> schedule)
@@ -41,7 +124,8 @@ Result<bool> CellService::StoreCell(const FrozenCell& frozen, const std::string&
       spdlog::info("cell {} created ({} @ {}, {})", frozen.id, frozen.repository, frozen.commit,
                    frozen.model_family);
     }
-    dispatcher_.Remember(frozen.id, DemandOf(frozen.spec));
+    dispatcher_.Remember(frozen.id,
+                         DemandOf(frozen.spec, dispatcher_.EstimateMemoryOf(frozen.spec)));
   }
   if (!frozen.spec.IsReference()) {
     // Only a hint for readiness: a failure here costs no submit.
@@ -87,6 +171,10 @@ Result<SubmitOutcome> CellService::Submit(std::string_view body, const std::stri
   }
   const FrozenCell& frozen = std::get<FrozenCell>(outcome);
   GH_RETURN_IF_ERROR(CheckNamedCells(frozen.spec, frozen.reference_cell != nullptr));
+  // Memory admission: a cell no known agent could ever hold is refused, not queued forever.
+  GH_RETURN_IF_ERROR(RecordCheckpointFacts(frozen.spec));
+  if (frozen.reference_cell != nullptr) GH_RETURN_IF_ERROR(AdmitMemory(frozen.reference_cell->spec));
+  GH_RETURN_IF_ERROR(AdmitMemory(frozen.spec));
   bool any_created = false;
   // The reference first: a validation cell is never stored without the cell it waits for.
   if (frozen.reference_cell != nullptr) {
@@ -111,6 +199,9 @@ Result<CellDetail> CellService::GetCell(const std::string& id) {
 Result<CellDetail> CellService::LoadDetail(const CellRecord& cell) {
   CellDetail d;
   d.cell = cell;
+  if (Result<CellSpec> spec = ParseCellSpecJson(cell.spec_json); spec.ok()) {
+    d.memory_estimate = dispatcher_.EstimateMemoryOf(*spec);
+  }
   GH_ASSIGN_OR_RETURN(d.attempts, store_.ListAttempts(cell.id));
   if (!d.attempts.empty()) {
     d.status = d.attempts.back().state;

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -48,10 +50,16 @@ class CellService {
   /// Freezes the body (docs/protocols.md §1-2) and stores the cell with attempt 1 unless it
   /// exists (first its reference cell, when the body named no reference); a new cell's demand
   /// goes to the dispatcher and a pass is asked for. While a digest is computed, answers
-  /// `pending` and stores nothing. Errors: as CellFreezer::Freeze; INVALID_ARGUMENT when
+  /// `pending` and stores nothing. The checkpoint's facts are recorded once per digest for
+  /// the memory estimate. Errors: as CellFreezer::Freeze; INVALID_ARGUMENT when
   /// `reference.cell` names no reference cell or `control` no cell (checked before a pending
-  /// answer); INTERNAL on a store failure.
+  /// answer), or when the cell's (or its new reference cell's) memory estimate fits no agent
+  /// that ever registered a memory size (AdmitMemory); INTERNAL on a store failure.
   Result<SubmitOutcome> Submit(std::string_view body, const std::string& submitter);
+
+  /// An agent registered with a node of `memory_bytes` and a smallest GPU of
+  /// `gpu_memory_bytes` (0: not reported): submit's admission counts it from now on.
+  void NoteAgentMemory(const std::string& name, int64_t memory_bytes, int64_t gpu_memory_bytes);
 
   /// Cells newest first. `limit` in [1, 500], `offset` >= 0.
   Result<std::vector<CellSummary>> ListCells(int limit, int offset);
@@ -116,6 +124,23 @@ class CellService {
                               std::optional<int> number, int64_t from = 0);
 
  private:
+  /// Reads and records the facts of spec's checkpoint unless recorded for its digest. A
+  /// checkpoint whose facts cannot be read is logged and left unestimated.
+  Status RecordCheckpointFacts(const CellSpec& spec);
+  /// INVALID_ARGUMENT when agents that registered a memory size exist and none of them, idle,
+  /// could hold the estimate of `spec` (MemoryMisfit names the figures); OK otherwise.
+  Status AdmitMemory(const CellSpec& spec);
+  /// The memory of every agent that ever registered, by name: read from the store once, then
+  /// kept current by NoteAgentMemory.
+  struct AgentMemory {
+    int64_t host_bytes = 0;
+    int64_t gpu_bytes = 0;  // its smallest GPU's
+  };
+  Result<std::map<std::string, AgentMemory>> FleetMemory();
+
+  std::mutex fleet_mu_;
+  std::optional<std::map<std::string, AgentMemory>> fleet_;
+
   Result<CellDetail> LoadDetail(const CellRecord& cell);
   // Appends to `plan` the cells to retry for cell `id`, the ones it waits for first; refuses
   // (changing nothing) when one of them cannot be; `depth` bounds the chain.

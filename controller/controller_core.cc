@@ -125,6 +125,7 @@ Result<std::string> ControllerCore::RegisterAgent(const AgentHello& hello) {
   record.name = hello.name;
   record.capabilities_json = hello.capabilities_json;
   GH_RETURN_IF_ERROR(store_.UpsertAgent(record));
+  cells_.NoteAgentMemory(hello.name, hello.memory_bytes, hello.gpu_memory_bytes);
   // Heard from once attached (AttachAgent): a sign of life here would make a silent instance
   // holding the name look alive to the attach-time check.
   return record.id;
@@ -210,7 +211,7 @@ Status ControllerCore::RecordLog(const std::string& agent_id, int64_t attempt_id
 
 Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_id,
                                   const std::string& outcome, const std::string& reason,
-                                  int exit_code) {
+                                  int exit_code, int64_t oom_limit_bytes) {
   Touch(agent_id);
   GH_ASSIGN_OR_RETURN(AttemptRecord a, AttemptOfAgent(agent_id, attempt_id));
   if (IsTerminal(a.state)) {  // a resend, or the end of a lost attempt: its slot is free now
@@ -247,6 +248,11 @@ Status ControllerCore::EndAttempt(const std::string& agent_id, int64_t attempt_i
   if (changed) {
     spdlog::info("attempt {} of cell {} ended {}{}", attempt_id, a.cell_id, AttemptStateName(to),
                  why.empty() ? "" : ": " + why);
+    // A run cut short measured part of its peak; one the kernel killed at its limit, at least
+    // the limit.
+    if (outcome == "finished" || oom_limit_bytes > 0) {
+      dispatcher_.RecordPeak(attempt_id, a.cell_id, oom_limit_bytes);
+    }
   }
   Schedule();
   return Status::Ok();

@@ -146,9 +146,12 @@ class ControllerCore {
   /// (error when no run_end arrived); "lost" (what ran it was taken away, protocols.md §3.5):
   /// lost with `reason` and retried within the retry limit, as an expired lease (cancelled when
   /// a cancel was requested); "error" (or anything else): error with `reason`. A resend
-  /// for an attempt already ended is ignored. Then schedules. Errors as RecordEvent.
+  /// for an attempt already ended is ignored. `oom_limit_bytes` > 0: the kernel killed one of
+  /// its processes at that cgroup memory limit. A finished or OOM-killed attempt's peak memory
+  /// is recorded for the estimates (Dispatcher::RecordPeak). Then schedules. Errors as
+  /// RecordEvent.
   Status EndAttempt(const std::string& agent_id, int64_t attempt_id, const std::string& outcome,
-                    const std::string& reason, int exit_code);
+                    const std::string& reason, int exit_code, int64_t oom_limit_bytes = 0);
 
   // ---- artifacts (protocols.md §7) ----
 

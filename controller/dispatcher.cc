@@ -102,6 +102,63 @@ Dispatcher::Prerequisites Dispatcher::CheckPrerequisites(const Demand& demand) {
 Dispatcher::Dispatcher(Store& store, AgentRegistry& agents, SchedulingPolicy policy)
     : store_(store), agents_(agents), policy_(policy) {}
 
+std::shared_ptr<const MemoryCalibration> Dispatcher::Calibration() {
+  std::lock_guard lock(calibration_mu_);
+  if (calibration_ == nullptr) {
+    auto peaks = store_.ListMemoryPeaks(kCalibrationPeaks);
+    if (!peaks.ok()) spdlog::warn("memory calibration: {}", peaks.status().ToString());
+    calibration_ = std::make_shared<const MemoryCalibration>(
+        MemoryCalibration::From(peaks.ok() ? *peaks : std::vector<MeasuredPeak>{}));
+    ++calibration_version_;
+  }
+  return calibration_;
+}
+
+MemoryEstimate Dispatcher::EstimateMemoryOf(const CellSpec& spec) {
+  if (spec.checkpoint.digest.empty()) return {};
+  auto facts = store_.GetCheckpointFacts(spec.checkpoint.digest);
+  if (!facts.ok()) {
+    spdlog::warn("memory estimate: {}", facts.status().ToString());
+    return {};
+  }
+  if (!facts->has_value()) return {};
+  return EstimateMemory(spec, **facts, *Calibration());
+}
+
+Demand Dispatcher::DemandOfStored(const std::string& spec_json) {
+  Result<CellSpec> spec = ParseCellSpecJson(spec_json);
+  if (!spec.ok()) return DemandOfSpec(spec_json);  // invalid, saying why
+  return DemandOf(*spec, EstimateMemoryOf(*spec));
+}
+
+void Dispatcher::RecordPeak(int64_t attempt_id, const std::string& cell_id,
+                            int64_t oom_limit_bytes) {
+  auto cell = store_.GetCell(cell_id);
+  if (!cell.ok() || !cell->has_value()) return;
+  Result<CellSpec> spec = ParseCellSpecJson((*cell)->spec_json);
+  if (!spec.ok() || spec->checkpoint.digest.empty()) return;
+  auto facts = store_.GetCheckpointFacts(spec->checkpoint.digest);
+  auto figure = store_.AttemptPeakRss(attempt_id);
+  if (!facts.ok() || !facts->has_value() || !figure.ok()) return;
+  const MemoryEstimate formula = EstimateMemory(*spec, **facts);  // uncalibrated
+  // A rank killed at the limit used at least the limit (per process: the limit is the
+  // attempt's, shared by its ranks).
+  const ProcessMemory& process = formula.processes.front();
+  const int64_t oom_peak = oom_limit_bytes > 0 ? oom_limit_bytes / std::max(process.count, 1) : 0;
+  const int64_t peak = std::max(*figure, oom_peak);
+  if (peak <= 0) return;  // it measured nothing (ended before any phase)
+  MeasuredPeak row{attempt_id, process.role, MemoryKey(*spec), process.host_bytes, peak};
+  if (Status s = store_.RecordMemoryPeak(row); !s.ok()) {
+    spdlog::warn("memory calibration: {}", s.ToString());
+    return;
+  }
+  spdlog::info("attempt {}: {} peak {} (the formula said {}{})", attempt_id, process.role,
+               FormatGigabytes(peak), FormatGigabytes(process.host_bytes),
+               oom_limit_bytes > 0 ? ", killed at its memory limit" : "");
+  std::lock_guard lock(calibration_mu_);
+  calibration_ = nullptr;
+}
+
 void Dispatcher::Remember(const std::string& cell_id, Demand demand) {
   std::lock_guard lock(remembered_mu_);
   remembered_.insert_or_assign(cell_id, std::move(demand));
@@ -138,6 +195,17 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
     spdlog::error("schedule: {}", active.status().ToString());
     return sends;
   }
+  // Estimates made with an older calibration are made again (from the stored specs).
+  Calibration();  // reloaded when a peak was recorded since
+  int64_t version = 0;
+  {
+    std::lock_guard lock(calibration_mu_);
+    version = calibration_version_;
+  }
+  if (version != demands_version_) {
+    demands_.clear();
+    demands_version_ = version;
+  }
   if (demands_.size() > kMaxCachedDemands) demands_.clear();
   {
     std::lock_guard lock(remembered_mu_);
@@ -153,7 +221,7 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
       spdlog::error("schedule: cell {} unreadable", cell_id);
       return nullptr;
     }
-    return &demands_.emplace(cell_id, DemandOfSpec((*cell)->spec_json)).first->second;
+    return &demands_.emplace(cell_id, DemandOfStored((*cell)->spec_json)).first->second;
   };
   RunningLoad load;
   for (const ActiveAttempt& a : *active) {
@@ -164,7 +232,9 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
     if (it == view.end() || it->agent_id != a.agent_id) continue;
     ++it->running;
     const Demand* demand = demand_of(a.cell_id);
-    if (demand != nullptr && demand->gpu) it->gpus_in_use += demand->world_size;
+    if (demand == nullptr) continue;
+    if (demand->gpu) it->gpus_in_use += demand->world_size;
+    it->memory_in_use += demand->memory.host_bytes();
   }
   std::vector<Demand> demands;
   std::vector<QueuedAttempt> placeable;  // the queue less cells whose spec is unreadable
@@ -257,6 +327,10 @@ std::vector<Send> Dispatcher::Pass(bool* again) {
     const CellRecord& c = **cell;
     AssignmentMessage message{p.attempt_id, c.id, c.spec_json, c.branch, {}};
     if (auto it = inputs.find(p.attempt_id); it != inputs.end()) message.inputs = it->second;
+    if (const Demand* demand = demand_of(p.cell_id); demand != nullptr) {
+      message.memory_estimate_bytes = demand->memory.host_bytes();
+      message.memory_estimate = demand->memory.Describe();
+    }
     sends.emplace_back(channels[i], std::move(message));
   }
   return sends;

@@ -40,6 +40,18 @@ class Dispatcher {
   /// stored spec again. Thread-safe; taken up by the next pass.
   void Remember(const std::string& cell_id, Demand demand);
 
+  /// The memory estimate of `spec` (controller/memory_estimate.h) from its checkpoint's
+  /// recorded facts and what ended attempts measured so far; empty when no facts are recorded
+  /// for its checkpoint digest. Thread-safe.
+  MemoryEstimate EstimateMemoryOf(const CellSpec& spec);
+
+  /// Learns from attempt `attempt_id` of `cell_id`, just ended: records the peak its processes
+  /// measured (its largest peak_rss_bytes figure, or `oom_limit_bytes` when the kernel killed
+  /// one of them at that cgroup limit) beside the formula's estimate, so later estimates of
+  /// the same memory key use it and the role's factor grows when the formula fell short.
+  /// Failures are logged. Thread-safe.
+  void RecordPeak(int64_t attempt_id, const std::string& cell_id, int64_t oom_limit_bytes);
+
   /// Why queued attempt `attempt_id` waited in the last pass; empty when it did not. A wait
   /// for another cell (its reference cell, its control) names that cell's state as it is now,
   /// not as it was in the pass ("(running)" once the reference cell started, with no pass
@@ -67,12 +79,23 @@ class Dispatcher {
   };
   Prerequisites CheckPrerequisites(const Demand& demand);
 
+  /// The calibration now, reloaded from the store after a RecordPeak.
+  std::shared_ptr<const MemoryCalibration> Calibration();
+  /// The demand of a stored spec with its memory estimate.
+  Demand DemandOfStored(const std::string& spec_json);
+
   Store& store_;
   AgentRegistry& agents_;
   const SchedulingPolicy policy_;
+  std::mutex calibration_mu_;
+  std::shared_ptr<const MemoryCalibration> calibration_;  // null: to be (re)loaded
+  int64_t calibration_version_ = 0;  // bumped by every reload
+  int64_t demands_version_ = -1;     // the calibration demands_ were estimated with (Pass only)
   /// Demands of cells with active attempts, by cell id (specs never change). Pass only.
   std::unordered_map<std::string, Demand> demands_;
   static constexpr size_t kMaxCachedDemands = 100000;
+  /// Recorded peaks the calibration reads (the newest).
+  static constexpr int kCalibrationPeaks = 1000;
   /// Demands given to Remember since the last pass.
   std::mutex remembered_mu_;
   std::unordered_map<std::string, Demand> remembered_;

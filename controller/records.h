@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "controller/attempt_state.h"
+#include "controller/memory_estimate.h"
 
 namespace gatehouse::controller {
 
@@ -291,6 +292,9 @@ struct CellDetail {
   std::vector<PrerequisiteStatus> prerequisites;
   /// Every hide and show of the cell, oldest first.
   std::vector<CellVisibilityAction> visibility;
+  /// What the scheduler holds the cell to now (docs/scheduling.md "Memory"); empty when its
+  /// checkpoint's facts are not known.
+  MemoryEstimate memory_estimate;
 };
 
 }  // namespace gatehouse::controller

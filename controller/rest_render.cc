@@ -67,6 +67,21 @@ json CellJson(const CellDetail& d) {
     visibility.push_back(
         {{"action", v.action}, {"actor", v.actor}, {"reason", v.reason}, {"at", v.at}});
   }
+  json memory = nullptr;
+  if (!d.memory_estimate.empty()) {
+    json processes = json::array();
+    for (const ProcessMemory& p : d.memory_estimate.processes) {
+      processes.push_back({{"role", p.role},
+                           {"count", p.count},
+                           {"host_bytes", p.host_bytes},
+                           {"device_bytes", p.device_bytes},
+                           {"basis", p.basis}});
+    }
+    memory = {{"host_bytes", d.memory_estimate.host_bytes()},
+              {"device_bytes_per_gpu", d.memory_estimate.device_bytes_per_gpu()},
+              {"summary", d.memory_estimate.Describe()},
+              {"processes", processes}};
+  }
   return {{"id", d.cell.id},
           {"status", AttemptStateName(d.status)},
           {"spec", spec.is_discarded() ? json(d.cell.spec_json) : spec},
@@ -79,7 +94,8 @@ json CellJson(const CellDetail& d) {
           {"artifacts", artifacts},
           {"webhook_deliveries", deliveries},
           {"hidden", d.cell.hidden},
-          {"visibility", visibility}};
+          {"visibility", visibility},
+          {"memory_estimate", memory}};
 }
 
 json DesignationJson(const BranchDesignation& d) {

@@ -18,9 +18,10 @@ int MatchingGpus(const AgentView& agent, const std::string& model) {
   return n;
 }
 
-/// Why `agent` (with `free_slots` and `free_gpus` left this round) cannot take `d`; empty when
-/// it can.
-std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, const Demand& d) {
+/// Why `agent` (with `free_slots`, `free_gpus` and `memory_in_use` this round) cannot take
+/// `d`; empty when it can.
+std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, int64_t memory_in_use,
+                   const Demand& d) {
   if (!d.invalid.empty()) return "the cell's spec is invalid (" + d.invalid + ")";
   if (!agent.drain_reason.empty()) return "draining (" + agent.drain_reason + ")";
   if (free_slots <= 0) return "no free slot";
@@ -45,25 +46,42 @@ std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, const 
              " (the cell pins " + d.gpu_model + ", needs " + std::to_string(d.world_size) + ")";
     }
   }
+  if (std::string never = MemoryMisfit(d.memory, agent.memory_bytes,
+                                       d.gpu ? agent.gpu_memory_bytes : 0);
+      !never.empty()) {
+    return never;
+  }
   if (d.gpu && free_gpus < d.world_size) {
     return std::to_string(free_gpus) + " of " + std::to_string(agent.gpus) +
            " GPUs free, needs " + std::to_string(d.world_size);
   }
+  if (agent.memory_bytes > 0 && !d.memory.empty()) {
+    const int64_t free_memory = agent.memory_bytes - kNodeMemoryReserve - memory_in_use;
+    if (d.memory.host_bytes() > free_memory) {
+      return FormatGigabytes(std::max<int64_t>(free_memory, 0)) + " of " +
+             FormatGigabytes(agent.memory_bytes) +
+             " memory free (its running attempts hold " + FormatGigabytes(memory_in_use) +
+             "), needs ~" + FormatGigabytes(d.memory.host_bytes()) + " (" +
+             d.memory.Describe() + ")";
+    }
+  }
   return "";
 }
 
-bool Fits(const AgentView& agent, int free_slots, int free_gpus, const Demand& d) {
+bool Fits(const AgentView& agent, int free_slots, int free_gpus, int64_t memory_in_use,
+          const Demand& d) {
   if (free_slots <= 0 || !agent.drain_reason.empty()) return false;  // the common case, cheap
-  return Misfit(agent, free_slots, free_gpus, d).empty();
+  return Misfit(agent, free_slots, free_gpus, memory_in_use, d).empty();
 }
 
 /// Why no agent can take `d`: one clause per distinct reason, naming up to 3 agents each
 /// ("a, b, c and 997 more: no free slot; gpu-1: 1 of 4 GPUs free, needs 2").
 std::string WhyNot(const std::vector<AgentView>& agents, const std::vector<int>& free,
-                   const std::vector<int>& free_gpus, const Demand& d) {
+                   const std::vector<int>& free_gpus, const std::vector<int64_t>& memory_in_use,
+                   const Demand& d) {
   std::vector<std::pair<std::string, std::vector<const std::string*>>> groups;  // in first-seen order
   for (size_t i = 0; i < agents.size(); ++i) {
-    const std::string misfit = Misfit(agents[i], free[i], free_gpus[i], d);
+    const std::string misfit = Misfit(agents[i], free[i], free_gpus[i], memory_in_use[i], d);
     auto it = std::find_if(groups.begin(), groups.end(),
                            [&](const auto& g) { return g.first == misfit; });
     if (it == groups.end()) it = groups.insert(groups.end(), {misfit, {}});
@@ -81,8 +99,26 @@ std::string WhyNot(const std::vector<AgentView>& agents, const std::vector<int>&
 
 }  // namespace
 
-Demand DemandOf(const CellSpec& spec) {
+std::string MemoryMisfit(const MemoryEstimate& estimate, int64_t memory_bytes,
+                         int64_t gpu_memory_bytes) {
+  if (estimate.empty()) return "";
+  if (memory_bytes > 0 && estimate.host_bytes() > memory_bytes - kNodeMemoryReserve) {
+    return "needs ~" + FormatGigabytes(estimate.host_bytes()) + " of host memory (" +
+           estimate.Describe() + "), the node has " + FormatGigabytes(memory_bytes) + " (" +
+           FormatGigabytes(std::max<int64_t>(memory_bytes - kNodeMemoryReserve, 0)) +
+           " usable)";
+  }
+  if (gpu_memory_bytes > 0 && estimate.device_bytes_per_gpu() > gpu_memory_bytes) {
+    return "needs ~" + FormatGigabytes(estimate.device_bytes_per_gpu()) +
+           " of GPU memory per rank (" + estimate.Describe() + "), its GPUs have " +
+           FormatGigabytes(gpu_memory_bytes);
+  }
+  return "";
+}
+
+Demand DemandOf(const CellSpec& spec, MemoryEstimate memory) {
   Demand d;
+  d.memory = std::move(memory);
   d.gpu = spec.runtime.device == "cuda";
   d.world_size = spec.topology.world_size();
   d.torch = spec.runtime.torch;
@@ -119,9 +155,11 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
                                 std::vector<Waiting>* waiting, const SchedulingPolicy& policy,
                                 const RunningLoad& load) {
   std::vector<int> free(agents.size()), free_gpus(agents.size());
+  std::vector<int64_t> memory_in_use(agents.size());
   for (size_t i = 0; i < agents.size(); ++i) {
     free[i] = agents[i].drain_reason.empty() ? std::max(agents[i].slots, 1) - agents[i].running : 0;
     free_gpus[i] = agents[i].gpus - agents[i].gpus_in_use;
+    memory_in_use[i] = agents[i].memory_in_use;
   }
   const bool any_draining = std::any_of(agents.begin(), agents.end(), [](const AgentView& a) {
     return !a.drain_reason.empty();
@@ -173,18 +211,20 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
           return free[i] > free[j];
         };
         for (size_t i = 0; i < agents.size(); ++i) {
-          if (!Fits(agents[i], free[i], free_gpus[i], d)) continue;
+          if (!Fits(agents[i], free[i], free_gpus[i], memory_in_use[i], d)) continue;
           if (!best || better(i, *best)) best = i;
         }
         if (!best) {
           if (waiting) {
             waiting->push_back({attempt.attempt_id, agents.empty() ? "no agent connected"
-                                                                   : WhyNot(agents, free, free_gpus, d)});
+                                                                   : WhyNot(agents, free, free_gpus,
+                                                                            memory_in_use, d)});
           }
         } else {
           out.push_back({attempt.attempt_id, attempt.cell_id, agents[*best].agent_id});
           --free[*best];
           if (d.gpu) free_gpus[*best] -= d.world_size;
+          memory_in_use[*best] += d.memory.host_bytes();
           ++by_repository[attempt.repository];
           placed = true;
         }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/cell_spec.h"
+#include "controller/memory_estimate.h"
 #include "controller/records.h"
 
 namespace gatehouse::controller {
@@ -31,10 +32,15 @@ struct Demand {
   /// Non-empty: the cell's stored spec does not parse (ParseCellSpec's error); no agent takes
   /// it, and its waiting reason says why.
   std::string invalid;
+  /// Memory its processes need (controller/memory_estimate.h); empty: not known, not checked.
+  MemoryEstimate memory;
 };
 
-/// The demand of a cell spec.
-Demand DemandOf(const CellSpec& spec);
+/// Memory of an agent's node the scheduler leaves to the system and the agent itself.
+inline constexpr int64_t kNodeMemoryReserve = int64_t{1} << 30;
+
+/// The demand of a cell spec, with the memory estimate when known.
+Demand DemandOf(const CellSpec& spec, MemoryEstimate memory = {});
 
 /// The demand of a stored frozen spec (docs/protocols.md §2), read with ParseCellSpecJson; a
 /// spec that does not parse gives a demand that fits no agent, with `invalid` set.
@@ -62,7 +68,20 @@ struct AgentView {
   /// The transformers version its reference runner has (Capabilities.transformers_version);
   /// empty: it runs no reference cells.
   std::string transformers_version;
+  /// Its node's memory (Capabilities.memory_bytes, MemTotal); 0: not reported, not checked.
+  int64_t memory_bytes = 0;
+  /// What the memory estimates of its leased and running attempts add up to.
+  int64_t memory_in_use = 0;
+  /// Memory of its smallest GPU (Capabilities.gpus[].memory_bytes); 0: not reported.
+  int64_t gpu_memory_bytes = 0;
 };
+
+/// Why a cell with `estimate` can never run on an agent whose node has `memory_bytes` and
+/// whose smallest GPU has `gpu_memory_bytes` (0: not known): e.g. "needs ~44.0 GB of host
+/// memory (reference runner ~44.0 GB), the node has 25.3 GB (24.2 GB usable)"; empty when it
+/// fits an idle agent. Used by the scheduler and by submit's admission check.
+std::string MemoryMisfit(const MemoryEstimate& estimate, int64_t memory_bytes,
+                         int64_t gpu_memory_bytes);
 
 /// Limits the scheduler applies beyond fit (controller flags).
 struct SchedulingPolicy {
@@ -100,7 +119,9 @@ struct Waiting {
 /// the attempt's pin (when both are known), whose CUDA version equals the attempt's CUDA pin
 /// (when the cell pins one) and, for a CUDA attempt, with at least world_size free GPUs (of
 /// the pinned model when the cell pins one: a case-insensitive substring of the agent's GPU
-/// model, "H200" matches "NVIDIA H200"); and only while its repository is under
+/// model, "H200" matches "NVIDIA H200"), whose node's memory less kNodeMemoryReserve and less
+/// what its running attempts' estimates hold covers the attempt's host estimate and whose
+/// smallest GPU its per-GPU estimate (each when both are known); and only while its repository is under
 /// policy.max_running_per_repository. Among fitting agents a CPU attempt prefers lane "cpu"
 /// agents (GPU nodes stay free for GPU work), then the most free slots, then the earlier agent
 /// in `agents`. An attempt that fits no agent stays queued without holding back later ones (it

@@ -27,6 +27,10 @@ function renderSummary(cell) {
   ];
   if (s.control) entries.push(['control', s.control]);
   if (cell.waiting_reason) entries.push(['waiting', cell.waiting_reason]);
+  if (cell.memory_estimate) {
+    const bases = [...new Set(cell.memory_estimate.processes.map((p) => p.basis))].join('; ');
+    entries.push(['memory estimate', `${cell.memory_estimate.summary} (${bases})`]);
+  }
   const dl = document.getElementById('summary');
   dl.replaceChildren();
   for (const [k, v] of entries) {

@@ -1,12 +1,13 @@
 // Two cells side by side (compare.html?a=<id>&b=<id>): the inputs that differ, the phases,
 // and every figure with those that changed highlighted. A number has changed when it differs
 // by more than 1e-9 relative (the same inputs give the same bits); times and memory are
-// measurements of the machine that always move, so they are marked as such and not counted.
+// measurements of the machine that always move (and a build's ccache hits the node's cache), so
+// they are marked as such and not counted.
 // Text changes when it is not equal.
 'use strict';
 
 const idA = param('a'), idB = param('b');
-const MEASURED = /(_ms|_ms_per_token\d*|tokens_per_s|speedup\d*|_ratio|rss_bytes|rss_end_bytes|peak_memory_bytes)$/;
+const MEASURED = /(_ms|_ms_per_token\d*|tokens_per_s|speedup\d*|_ratio|rss_bytes|rss_end_bytes|peak_memory_bytes)$|^build_(compilations|cache_hits)$/;
 
 /** Flattens a JSON object to {"topology.tp": 2, ...}. */
 function flatten(obj, prefix, out) {

@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "controller/clock.h"
 #include "controller/digest_cache.h"
+#include "controller/memory_estimate.h"
 #include "controller/records.h"
 #include "controller/store/migrations.h"
 
@@ -141,6 +142,20 @@ class Store {
 
   /// Every hide and show of `cell_id`, oldest first (empty for an unknown cell).
   Result<std::vector<CellVisibilityAction>> ListCellVisibility(const std::string& cell_id);
+
+  // ---- memory admission (memory.cc, migrations/0014_memory.sql) ----
+
+  /// Records the facts of the checkpoint with `digest` (replacing what was recorded).
+  Status PutCheckpointFacts(const std::string& digest, const CheckpointFacts& facts);
+  /// The facts recorded for `digest`; nullopt when none were.
+  Result<std::optional<CheckpointFacts>> GetCheckpointFacts(const std::string& digest);
+  /// Records what one ended attempt's process measured (replacing an earlier row of it).
+  Status RecordMemoryPeak(const MeasuredPeak& peak);
+  /// The newest `limit` recorded peaks, oldest first.
+  Result<std::vector<MeasuredPeak>> ListMemoryPeaks(int limit);
+  /// The largest peak_rss_bytes figure attempt `attempt_id` reported (any phase, any rank); 0
+  /// when it reported none.
+  Result<int64_t> AttemptPeakRss(int64_t attempt_id);
 
   // ---- designated branches (migrations/0013_designated_branches.sql) ----
 

@@ -2,9 +2,14 @@
 // a recipe, checked out, built and handed to a fake worker, all reported to a recording sink.
 #include "agent/attempt_runner.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +20,8 @@
 
 namespace gatehouse::agent {
 namespace {
+
+using ::testing::HasSubstr;
 
 using nlohmann::json;
 using testing::CommitFiles;
@@ -352,6 +359,61 @@ TEST_F(AttemptRunnerTest, AnAttemptRunsInItsOwnCgroupAndAnOomKillIsNamed) {
   EXPECT_FALSE(std::filesystem::exists(cgroup.parent / name)) << "removed after the attempt";
 }
 
+// Verifies that without an operator's limit the attempt's cgroup is held to the controller's
+// estimate plus a margin (MemoryLimitFor) once the build is done: a worker that takes more is
+// OOM-killed, the end names the limit and the estimate it came from and carries the limit for
+// the controller's calibration, and a process of the node outside the attempt is untouched.
+// SKIPPED where no cgroup is delegated here.
+TEST_F(AttemptRunnerTest, WithoutAnOperatorLimitTheEstimatePlusAMarginHoldsTheAttempt) {
+  CgroupConfig cgroup;  // no --attempt-memory-limit
+  cgroup = PrepareCgroups(cgroup);
+  if (cgroup.version == 0) GTEST_SKIP() << "no cgroup delegated here: " << cgroup.none_reason;
+  const auto worker = tmp_.path() / "greedy-worker.sh";
+  WriteFile(worker,
+            "#!/bin/sh\n"
+            "echo '{\"event\":\"phase_start\",\"phase\":\"load\",\"ts_ms\":1}'\n"
+            "echo \"GATEHOUSE_CGROUP=$GATEHOUSE_CGROUP\" >&2\n"
+            "exec python3 -c \"b = b'x' * (2 << 30)\"\n",
+            true);
+  config_.worker = worker;
+  config_.cgroup = &cgroup;
+  // A neighbour on the node, outside any attempt.
+  const pid_t neighbour = ::fork();
+  ASSERT_GE(neighbour, 0);
+  if (neighbour == 0) {
+    ::execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  AttemptAssignment assignment = Assignment(43, good_);
+  assignment.memory_estimate_bytes = 64 << 20;
+  assignment.memory_estimate = "worker rank ~67 MB";
+  EXPECT_EQ(MemoryLimitFor(assignment.memory_estimate_bytes), (64 << 20) + (int64_t{1} << 30));
+  AttemptRunner runner(config_);
+  runner.Run(assignment, sink_);
+  ASSERT_EQ(sink_.ends.size(), 1u);
+  EXPECT_EQ(sink_.ends[0].outcome, "error");
+  EXPECT_THAT(sink_.ends[0].reason,
+              HasSubstr("the attempt's cgroup reached its memory limit (1.1 GiB: the "
+                        "controller's estimate 64 MiB, worker rank ~67 MB, plus a margin): the "
+                        "kernel killed 1 process"));
+  EXPECT_EQ(sink_.ends[0].oom_limit_bytes, (64 << 20) + (int64_t{1} << 30));
+  EXPECT_THAT(sink_.LogText("worker"), HasSubstr("memory limit 1.1 GiB (the controller's estimate"));
+  EXPECT_NE(sink_.LogText("build").find("+ cmake --build"), std::string::npos)
+      << "the build ran before the limit";
+  EXPECT_EQ(::kill(neighbour, 0), 0) << "the neighbour outside the attempt still runs";
+  ::kill(neighbour, SIGKILL);
+  ::waitpid(neighbour, nullptr, 0);
+  // With an operator's limit the estimate changes nothing.
+  CgroupConfig operator_limit;
+  operator_limit.memory_limit_bytes = int64_t{3} << 30;
+  operator_limit = PrepareCgroups(operator_limit);
+  config_.cgroup = &operator_limit;
+  FakeAttemptSink second;
+  AttemptRunner(config_).Run(Assignment(44, good_), second);
+  ASSERT_EQ(second.ends.size(), 1u);
+  EXPECT_THAT(second.LogText("worker"), HasSubstr("memory limit 3 GiB"));
+}
+
 // A worker that passes identity, starts config and dies there with a Python traceback whose last
 // line carries an address that differs from run to run; with `flaky_mark`, only while that file
 // does not exist (it creates it), and otherwise finishes.
@@ -470,6 +532,45 @@ TEST_F(AttemptRunnerTest, WithoutACgroupTheWorkerIsToldWhy) {
   ASSERT_EQ(sink_.ends.size(), 1u);
   EXPECT_EQ(sink_.ends[0].outcome, "finished") << sink_.ends[0].reason;
   EXPECT_EQ(sink_.LogText("worker"), "GATEHOUSE_CGROUP=none: gatehouse-agent --cgroup none\n");
+}
+
+// Verifies the build's figures reach the worker (GATEHOUSE_BUILD, which the identity gate
+// records), and that a sandboxed build compiles through <build dir>/source, a link relative to
+// the checkout in the work dir the sandbox hides (the checkout and build dir are bound back at
+// the same paths). The sandboxed half is SKIPPED where bwrap cannot make its namespaces here.
+TEST_F(AttemptRunnerTest, TheBuildsFiguresReachTheWorkerAlsoFromASandboxedBuild) {
+  const auto worker = tmp_.path() / "build-worker.sh";
+  WriteFile(worker,
+            "#!/bin/sh\n"
+            "echo \"GATEHOUSE_BUILD=$GATEHOUSE_BUILD\" >&2\n"
+            "echo '{\"event\":\"run_end\",\"status\":\"PASS\",\"ts_ms\":2}'\n",
+            true);
+  config_.worker = worker;
+  const std::regex figures("GATEHOUSE_BUILD=duration_ms=[0-9]+ compilations=1 cache_hits=[01]\n");
+  AttemptRunner(config_).Run(Assignment(51, good_), sink_);
+  ASSERT_EQ(sink_.ends.size(), 1u);
+  EXPECT_EQ(sink_.ends[0].outcome, "finished") << sink_.ends[0].reason;
+  EXPECT_TRUE(std::regex_match(sink_.LogText("worker"), figures)) << sink_.LogText("worker");
+  const std::string key = RepoKey(repo_.string());
+  const auto build_dir = config_.work_dir / "build" / key;
+  EXPECT_EQ(std::filesystem::read_symlink(build_dir / "source"),
+            std::filesystem::path("../../repos") / key / "plugin");
+
+  SandboxConfig sandbox;
+  sandbox.work_dir = config_.work_dir;
+  auto version = ProbeSandbox(sandbox);
+  if (!version.ok()) GTEST_SKIP() << "no sandbox here: " << version.status().message();
+  sandbox.version = *version;
+  config_.sandbox = &sandbox;
+  const std::string changed = CommitFiles(
+      repo_, {{"plugin/plugin.cc", "extern \"C\" int tiny_plugin() { return 2; }\n"}}, "two");
+  FakeAttemptSink sandboxed;
+  AttemptRunner(config_).Run(Assignment(52, changed), sandboxed);
+  ASSERT_EQ(sandboxed.ends.size(), 1u);
+  EXPECT_EQ(sandboxed.ends[0].outcome, "finished")
+      << sandboxed.ends[0].reason << "\n" << sandboxed.LogText("build");
+  EXPECT_TRUE(std::regex_match(sandboxed.LogText("worker"), figures))
+      << sandboxed.LogText("worker") << sandboxed.LogText("build");
 }
 
 }  // namespace

@@ -285,6 +285,88 @@ TEST(SchedulerTest, UnfitAttemptDoesNotHoldBackLaterOnes) {
   EXPECT_EQ(waiting.at(0).reason, "no agent connected");
 }
 
+/// A demand of SampleSpec() with one process of `role` needing `host` bytes (x `count`).
+Demand MemoryDemand(int64_t host, int count = 1, std::string role = std::string(kWorkerRankRole)) {
+  Demand d = DemandOf(SampleSpec());
+  d.memory.processes.push_back({std::move(role), count, host, 0, "formula"});
+  return d;
+}
+
+/// A CPU agent with `slots` and a node of `memory` bytes.
+AgentView MemoryAgent(const std::string& id, int64_t memory, int slots = 1) {
+  AgentView a;
+  a.agent_id = id;
+  a.slots = slots;
+  a.memory_bytes = memory;
+  return a;
+}
+
+TEST(SchedulerMemoryTest, ACellNoAgentCanHoldWaitsNamingTheFigures) {
+  // Verifies a 44 GB reference runner is kept off a 25 GB node, with both figures in the reason.
+  std::vector<Waiting> waiting;
+  auto placements = Schedule(Queue({1}), {MemoryDemand(44'000'000'000, 1, "reference runner")},
+                             {MemoryAgent("cpu-1", 25'000'000'000, 2)}, &waiting);
+  EXPECT_TRUE(placements.empty());
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_THAT(waiting[0].reason,
+              HasSubstr("cpu-1: needs ~44.0 GB of host memory (reference runner ~44.0 GB), "
+                        "the node has 25.0 GB (23.9 GB usable)"));
+  // The same cell on a node that holds it is placed.
+  EXPECT_EQ(Schedule(Queue({1}), {MemoryDemand(44'000'000'000)},
+                     {MemoryAgent("cpu-1", 25'000'000'000), MemoryAgent("big", 128'000'000'000)})
+                .at(0)
+                .agent_id,
+            "big");
+}
+
+TEST(SchedulerMemoryTest, AttemptsShareANodesMemoryNotJustItsSlots) {
+  // Two 15 GB attempts on a 25 GB node with two slots: one runs, the other waits for memory.
+  std::vector<Waiting> waiting;
+  auto placements =
+      Schedule(Queue({1, 2}), {MemoryDemand(15'000'000'000), MemoryDemand(15'000'000'000)},
+               {MemoryAgent("cpu-1", 25'000'000'000, 2)}, &waiting);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].attempt_id, 1);
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_THAT(waiting[0].reason, HasSubstr("cpu-1: 8.9 GB of 25.0 GB memory free (its running "
+                                           "attempts hold 15.0 GB), needs ~15.0 GB"));
+  // What running attempts hold counts too (AgentView::memory_in_use), and a smaller one fits.
+  AgentView busy = MemoryAgent("cpu-1", 25'000'000'000, 2);
+  busy.running = 1;
+  busy.memory_in_use = 15'000'000'000;
+  EXPECT_TRUE(Schedule(Queue({3}), {MemoryDemand(15'000'000'000)}, {busy}).empty());
+  EXPECT_EQ(Schedule(Queue({3}), {MemoryDemand(5'000'000'000)}, {busy}).size(), 1u);
+}
+
+TEST(SchedulerMemoryTest, RanksAddUpAndUnknownsAreNotChecked) {
+  // Four 7 GB ranks (28 GB) do not fit a 25 GB node though one would.
+  EXPECT_TRUE(Schedule(Queue({1}), {MemoryDemand(7'000'000'000, 4)},
+                       {MemoryAgent("cpu-1", 25'000'000'000)})
+                  .empty());
+  // An agent that reports no memory, or a cell without an estimate, is not held back.
+  EXPECT_EQ(Schedule(Queue({1}), {MemoryDemand(7'000'000'000, 4)}, {MemoryAgent("old", 0)}).size(),
+            1u);
+  EXPECT_EQ(Schedule(Queue({1}), {DemandOf(SampleSpec())}, {MemoryAgent("cpu-1", 1)}).size(), 1u);
+}
+
+TEST(SchedulerMemoryTest, AGpuRankMustFitTheSmallestGpu) {
+  Demand d = DemandOf(SampleSpec());
+  d.gpu = true;
+  d.memory.processes.push_back({std::string(kWorkerRankRole), 1, 4'000'000'000, 95'000'000'000, ""});
+  AgentView h100 = MemoryAgent("h100", 2'000'000'000'000);
+  h100.gpus = 8;
+  h100.gpu_memory_bytes = 80'000'000'000;
+  std::vector<Waiting> waiting;
+  EXPECT_TRUE(Schedule(Queue({1}), {d}, {h100}, &waiting).empty());
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_THAT(waiting[0].reason, HasSubstr("needs ~95.0 GB of GPU memory per rank"));
+  EXPECT_THAT(waiting[0].reason, HasSubstr("its GPUs have 80.0 GB"));
+  AgentView h200 = h100;
+  h200.agent_id = "h200";
+  h200.gpu_memory_bytes = 141'000'000'000;
+  EXPECT_EQ(Schedule(Queue({1}), {d}, {h100, h200}).at(0).agent_id, "h200");
+}
+
 TEST(AttemptStateTest, TransitionTableAllowsOnlyTheLifecycle) {
   // Verifies the transition table allows the lifecycle only and terminal states are final.
   using S = AttemptState;

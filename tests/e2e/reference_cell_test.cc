@@ -392,12 +392,14 @@ TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
             "local, unfrozen; tree has 1 changed file: ministral/ministral.cc");
   EXPECT_EQ(local_figures["identity"]["tree_clean"], "false");
   EXPECT_EQ(local_figures["identity"]["sha"], cell["spec"]["commit"]);
-  // Figures that measure this run rather than the adapter (time, memory, where it ran), and the
-  // digest of its own reference bundle (the same runner's, whose reference.json records its
-  // stages' timings).
+  // Figures that measure this run rather than the adapter (time, memory, where it ran, what its
+  // build took from ccache), and the digest of its own reference bundle (the same runner's,
+  // whose reference.json records its stages' timings).
   const std::regex run_figure("(_ms|_s|_bytes|_rss.*|seconds|_per_s|_per_token|threads)$");
-  const std::set<std::string> where = {"evidence", "tree_clean", "cgroup", "sandbox",
-                                       "reference_digest"};
+  const std::set<std::string> where = {"evidence",         "tree_clean",
+                                       "cgroup",           "sandbox",
+                                       "reference_digest", "build_compilations",
+                                       "build_cache_hits"};
   int compared = 0;
   for (const json& phase : cell["phases"]) {
     const std::string name = phase["phase"];

@@ -336,6 +336,29 @@ TEST(IdentityGateTest, PassesOnMatchingCleanCheckout) {
             ctx.checkpoint_scan->bytes_counted());
 }
 
+// Verifies the agent's build figures (GATEHOUSE_BUILD) become the identity gate's, and that
+// none is made up: a Python-lane build gives its time only, no agent build gives none.
+TEST(IdentityGateTest, RecordsTheBuildsFigures) {
+  Fixture fx;
+  fx.Write();
+  GateContext ctx = fx.Context();
+  setenv("GATEHOUSE_BUILD", "duration_ms=22400 compilations=211 cache_hits=209", 1);
+  GateOutcome out = IdentityGate(ctx);
+  EXPECT_STATUS(out, GateStatus::kPass);
+  EXPECT_EQ(Real(out, "build_duration_ms"), 22400.0);
+  EXPECT_EQ(Count(out, "build_compilations"), 211);
+  EXPECT_EQ(Count(out, "build_cache_hits"), 209);
+  setenv("GATEHOUSE_BUILD", "duration_ms=3100", 1);
+  out = IdentityGate(ctx);
+  EXPECT_EQ(Real(out, "build_duration_ms"), 3100.0);
+  EXPECT_EQ(out.Find("build_compilations"), nullptr);
+  EXPECT_EQ(out.Find("build_cache_hits"), nullptr);
+  setenv("GATEHOUSE_BUILD", "", 1);
+  out = IdentityGate(ctx);
+  EXPECT_EQ(out.Find("build_duration_ms"), nullptr);
+  unsetenv("GATEHOUSE_BUILD");
+}
+
 // Verifies the scan is kept only for the frozen bytes: a checkpoint whose digest differs from
 // the cell's leaves no scan for load to use.
 TEST(IdentityGateTest, ScanOnlyOfTheFrozenCheckpoint) {

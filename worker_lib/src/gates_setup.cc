@@ -5,12 +5,14 @@
 #include <caffe2/core/common.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <tuple>
 #include <unordered_map>
 
@@ -61,6 +63,35 @@ nlohmann::json RuntimeJson(const RuntimeInfo& r) {
 
 // --- identity ------------------------------------------------------------------------------
 
+namespace {
+
+// The agent's build figures (GATEHOUSE_BUILD, protocols.md §5.1): "duration_ms=22400
+// compilations=211 cache_hits=211", the last two for a C++ adapter only (a Python adapter's
+// pip build goes through no ccache). Unset or empty (no agent build, a reference cell): none.
+void RecordBuildFigures(GateOutcome& out, const char* build) {
+  if (build == nullptr) return;
+  std::istringstream words{std::string(build)};
+  for (std::string word; words >> word;) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = word.substr(0, eq);
+    int64_t value = 0;
+    const char* first = word.data() + eq + 1;
+    const char* last = word.data() + word.size();
+    const auto [end, error] = std::from_chars(first, last, value);
+    if (error != std::errc() || end != last || first == last) continue;
+    if (key == "duration_ms") {
+      out.Real("build_duration_ms", static_cast<double>(value), "ms");
+    } else if (key == "compilations") {
+      out.Count("build_compilations", value);
+    } else if (key == "cache_hits") {
+      out.Count("build_cache_hits", value);
+    }
+  }
+}
+
+}  // namespace
+
 GateOutcome IdentityGate(GateContext& ctx) {
   GateOutcome out;
   const auto& spec = ctx.spec;
@@ -91,6 +122,7 @@ GateOutcome IdentityGate(GateContext& ctx) {
   const char* local = std::getenv("GATEHOUSE_LOCAL_RUN");
   const bool local_run = local != nullptr && *local != '\0';
   out.Text("evidence", local_run ? std::string(local) : "frozen");
+  RecordBuildFigures(out, std::getenv("GATEHOUSE_BUILD"));
 
   // A wrong or dirty checkout: the evidence could not be attributed to the frozen commit.
   std::vector<std::string> fails;
