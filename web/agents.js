@@ -1,4 +1,4 @@
-// The agents: state, lane, GPUs with memory, how attempts are isolated, attempts running of
+// The agents: state, lane, the node's memory, GPUs with memory, how attempts are isolated, attempts running of
 // slots and their cells, drain reason, last seen. Polls every 10 s.
 'use strict';
 
@@ -32,7 +32,10 @@ async function loadAgents() {
     }
     const runs = el('div');
     for (const id of a.running_cells || []) { runs.appendChild(cellLink(id)); runs.appendChild(el('br')); }
-    const r = row([el('span', 'mono', a.id), badge(state), lane, gpus, isolation,
+    // The node's memory the scheduler places cells by (docs/scheduling.md "Memory").
+    const memory = Number(caps.memory_bytes || 0);
+    const r = row([el('span', 'mono', a.id), badge(state), lane,
+                   memory ? gib(memory) : el('span', 'muted', 'not reported'), gpus, isolation,
                    a.attached ? `${a.running} / ${a.slots}` : String(a.running),
                    runs, a.drain_reason || '', when(a.last_seen_at)]);
     r.dataset.agent = a.id;

@@ -302,7 +302,7 @@ def main():
         seed.db.execute(
             "INSERT INTO agents(id, name, capabilities_json, registered_at, last_heartbeat_at, state) "
             "VALUES ('node-1', 'node-1', ?, ?, ?, 'disconnected')",
-            (json.dumps({"cpu_cores": 16, "gpus": [{"index": 0, "model": "NVIDIA H200", "memory_bytes": str(141 * 2**30)},
+            (json.dumps({"cpu_cores": 16, "memory_bytes": str(2048 * 2**30), "gpus": [{"index": 0, "model": "NVIDIA H200", "memory_bytes": str(141 * 2**30)},
                                                    {"index": 1, "model": "NVIDIA H200", "memory_bytes": str(141 * 2**30)}],
                          "labels": {"lane": "gpu", "sandbox": "bubblewrap 0.8.0",
                                     "cgroup": "none: gatehouse-agent --cgroup none"}}),
@@ -425,6 +425,7 @@ def main():
         driver.get(ctl.url + "agents.html")
         agent = wait_for(driver, "agent row", lambda d: d.find_elements(By.CSS_SELECTOR, "#agents tr[data-agent='node-1']"))
         assert "NVIDIA H200, 141 GiB" in agent[0].text and "gpu" in agent[0].text, agent[0].text
+        assert "2048 GiB" in agent[0].text, agent[0].text  # the node's memory, as the scheduler sees it
         isolation = {li.get_attribute("data-isolation"): li
                      for li in agent[0].find_elements(By.CSS_SELECTOR, "li[data-isolation]")}
         assert isolation["sandbox"].text == "sandbox: bubblewrap 0.8.0", isolation["sandbox"].text
