@@ -261,6 +261,26 @@ TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
   EXPECT_NE(again.out.find(" existing "), std::string::npos) << again.out;
   EXPECT_EQ(Get("/api/v1/cells/" + ref_id)["attempts"].size(), 1u);
 
+  // 2b. The same adapter in another repository (a team's fork): another repository key, so
+  //     another build dir on the agent, yet every compilation of its build comes from ccache
+  //     (docs/protocols.md §5.1), as the identity gate's build figures say.
+  const fs::path fork = root_ / "fork.git";
+  Git(root_, {"clone", "-q", "--bare", (root_ / "adapter").string(), fork.string()});
+  CliRun forked = Cli("submit --wait --timeout-s 1200 --poll-ms 500 --repository " +
+                      fork.string() + " --branch main" + CellArgs(checkpoint));
+  ASSERT_EQ(forked.exit_code, 0) << forked.out << forked.err;
+  const std::string fork_id = FirstId(forked.out);
+  const json fork_cell = Get("/api/v1/cells/" + fork_id);
+  EXPECT_EQ(fork_cell["spec"]["reference"].value("cell", ""), ref_id) << "the same reference";
+  const json* fork_identity = FindPhase(fork_cell, "identity");
+  ASSERT_NE(fork_identity, nullptr) << fork_cell.dump();
+  std::map<std::string, json> build;
+  for (const json& f : fork_identity->at("figures")) build[f["name"]] = f["value"];
+  ASSERT_TRUE(build.count("build_compilations") && build.count("build_cache_hits"))
+      << fork_identity->dump();
+  EXPECT_GT(build["build_compilations"].get<int64_t>(), 0) << fork_identity->dump();
+  EXPECT_EQ(build["build_cache_hits"], build["build_compilations"]) << fork_identity->dump();
+
   // 3. The adapter branch that ignores the sliding window: FAIL, on the reference cell's
   //    default prompt longer than the window (the reference is reused, not run again).
   CliRun broken = Cli(SubmitArgs("no-window", checkpoint));
@@ -321,6 +341,7 @@ TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
   //    receiver's 503, each recorded on its cell.
   const std::map<std::string, std::string> verdicts = {{ref_id, "passed"},
                                                        {id, "passed"},
+                                                       {fork_id, "passed"},
                                                        {FirstId(broken.out), "failed"},
                                                        {bad_ref, "failed"},
                                                        {FirstId(blocked.out), "blocked"}};
@@ -392,6 +413,12 @@ TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
             "local, unfrozen; tree has 1 changed file: ministral/ministral.cc");
   EXPECT_EQ(local_figures["identity"]["tree_clean"], "false");
   EXPECT_EQ(local_figures["identity"]["sha"], cell["spec"]["commit"]);
+  // Its build, in another work dir, took every object from ccache: the edit is a comment, so
+  // even the edited source hits (ccache's preprocessed mode, after the direct-mode miss).
+  ASSERT_TRUE(local_figures["identity"].count("build_compilations")) << local.out;
+  const int64_t local_compilations = local_figures["identity"]["build_compilations"].get<int64_t>();
+  EXPECT_GT(local_compilations, 1);
+  EXPECT_EQ(local_figures["identity"]["build_cache_hits"].get<int64_t>(), local_compilations);
   // Figures that measure this run rather than the adapter (time, memory, where it ran, what its
   // build took from ccache), and the digest of its own reference bundle (the same runner's,
   // whose reference.json records its stages' timings).
