@@ -21,9 +21,13 @@ int MatchingGpus(const AgentView& agent, const std::string& model) {
 /// Why `agent` (with `free_slots`, `free_gpus` and `memory_in_use` this round) cannot take
 /// `d`; empty when it can.
 std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, int64_t memory_in_use,
-                   const Demand& d) {
+                   const Demand& d, int64_t held_for = 0) {
   if (!d.invalid.empty()) return "the cell's spec is invalid (" + d.invalid + ")";
   if (!agent.drain_reason.empty()) return "draining (" + agent.drain_reason + ")";
+  if (held_for != 0) {
+    return "held for attempt " + std::to_string(held_for) +
+           ", which waits for the memory its running attempts hold";
+  }
   if (free_slots <= 0) return "no free slot";
   if (!d.torch.empty() && !agent.torch_version.empty() && agent.torch_version != d.torch) {
     return "torch " + agent.torch_version + " (the cell pins " + d.torch + ")";
@@ -69,19 +73,20 @@ std::string Misfit(const AgentView& agent, int free_slots, int free_gpus, int64_
 }
 
 bool Fits(const AgentView& agent, int free_slots, int free_gpus, int64_t memory_in_use,
-          const Demand& d) {
+          const Demand& d, int64_t held_for) {
   if (free_slots <= 0 || !agent.drain_reason.empty()) return false;  // the common case, cheap
-  return Misfit(agent, free_slots, free_gpus, memory_in_use, d).empty();
+  return Misfit(agent, free_slots, free_gpus, memory_in_use, d, held_for).empty();
 }
 
 /// Why no agent can take `d`: one clause per distinct reason, naming up to 3 agents each
 /// ("a, b, c and 997 more: no free slot; gpu-1: 1 of 4 GPUs free, needs 2").
 std::string WhyNot(const std::vector<AgentView>& agents, const std::vector<int>& free,
                    const std::vector<int>& free_gpus, const std::vector<int64_t>& memory_in_use,
-                   const Demand& d) {
+                   const std::vector<int64_t>& held_for, const Demand& d) {
   std::vector<std::pair<std::string, std::vector<const std::string*>>> groups;  // in first-seen order
   for (size_t i = 0; i < agents.size(); ++i) {
-    const std::string misfit = Misfit(agents[i], free[i], free_gpus[i], memory_in_use[i], d);
+    const std::string misfit =
+        Misfit(agents[i], free[i], free_gpus[i], memory_in_use[i], d, held_for[i]);
     auto it = std::find_if(groups.begin(), groups.end(),
                            [&](const auto& g) { return g.first == misfit; });
     if (it == groups.end()) it = groups.insert(groups.end(), {misfit, {}});
@@ -156,6 +161,10 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
                                 const RunningLoad& load) {
   std::vector<int> free(agents.size()), free_gpus(agents.size());
   std::vector<int64_t> memory_in_use(agents.size());
+  // An attempt that would fit an agent but for the memory its running attempts hold holds that
+  // agent: later attempts of the round do not take it, so small cells cannot keep a large one
+  // waiting forever (the agent's id -> the attempt; 0: not held).
+  std::vector<int64_t> held_for(agents.size(), 0);
   for (size_t i = 0; i < agents.size(); ++i) {
     free[i] = agents[i].drain_reason.empty() ? std::max(agents[i].slots, 1) - agents[i].running : 0;
     free_gpus[i] = agents[i].gpus - agents[i].gpus_in_use;
@@ -211,15 +220,23 @@ std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
           return free[i] > free[j];
         };
         for (size_t i = 0; i < agents.size(); ++i) {
-          if (!Fits(agents[i], free[i], free_gpus[i], memory_in_use[i], d)) continue;
+          if (!Fits(agents[i], free[i], free_gpus[i], memory_in_use[i], d, held_for[i])) continue;
           if (!best || better(i, *best)) best = i;
         }
         if (!best) {
           if (waiting) {
             waiting->push_back({attempt.attempt_id, agents.empty() ? "no agent connected"
                                                                    : WhyNot(agents, free, free_gpus,
-                                                                            memory_in_use, d)});
+                                                                            memory_in_use, held_for, d)});
           }
+          // Hold the largest agent it fits but for the memory in use, if any.
+          std::optional<size_t> hold;
+          for (size_t i = 0; i < agents.size() && !d.memory.empty(); ++i) {
+            if (held_for[i] != 0 || free[i] <= 0) continue;
+            if (!Misfit(agents[i], free[i], free_gpus[i], /*memory_in_use=*/0, d).empty()) continue;
+            if (!hold || agents[i].memory_bytes > agents[*hold].memory_bytes) hold = i;
+          }
+          if (hold) held_for[*hold] = attempt.attempt_id;
         } else {
           out.push_back({attempt.attempt_id, attempt.cell_id, agents[*best].agent_id});
           --free[*best];

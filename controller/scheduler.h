@@ -124,8 +124,11 @@ struct Waiting {
 /// smallest GPU its per-GPU estimate (each when both are known); and only while its repository is under
 /// policy.max_running_per_repository. Among fitting agents a CPU attempt prefers lane "cpu"
 /// agents (GPU nodes stay free for GPU work), then the most free slots, then the earlier agent
-/// in `agents`. An attempt that fits no agent stays queued without holding back later ones (it
-/// is listed in `waiting` with why, when given). Deterministic for equal inputs.
+/// in `agents`. An attempt that fits no agent stays queued (listed in `waiting` with why, when
+/// given) without holding back later ones, except that one which would fit an agent with a
+/// free slot but for the memory that agent's running attempts hold holds that agent (the one
+/// with the most memory): no later attempt of the round is placed there, so a stream of small
+/// cells cannot keep a large one waiting forever. Deterministic for equal inputs.
 std::vector<Placement> Schedule(const std::vector<QueuedAttempt>& queue,
                                 const std::vector<AgentView>& agents,
                                 std::vector<Waiting>* waiting = nullptr,

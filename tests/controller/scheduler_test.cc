@@ -338,6 +338,37 @@ TEST(SchedulerMemoryTest, AttemptsShareANodesMemoryNotJustItsSlots) {
   EXPECT_EQ(Schedule(Queue({3}), {MemoryDemand(5'000'000'000)}, {busy}).size(), 1u);
 }
 
+TEST(SchedulerMemoryTest, ALargeCellWaitingForMemoryHoldsItsAgentAgainstLaterSmallOnes) {
+  // cpu-1 (25 GB, 2 slots) runs a 15 GB attempt. The older 15 GB cell waits for that memory
+  // and holds cpu-1, so the 5 GB cell behind it goes elsewhere or waits, saying why.
+  AgentView busy = MemoryAgent("cpu-1", 25'000'000'000, 2);
+  busy.running = 1;
+  busy.memory_in_use = 15'000'000'000;
+  const std::vector<Demand> big_then_small = {MemoryDemand(15'000'000'000),
+                                              MemoryDemand(5'000'000'000)};
+  std::vector<Waiting> waiting;
+  EXPECT_TRUE(Schedule(Queue({1, 2}), big_then_small, {busy}, &waiting).empty());
+  ASSERT_EQ(waiting.size(), 2u);
+  EXPECT_THAT(waiting[0].reason, HasSubstr("memory free (its running attempts hold 15.0 GB)"));
+  EXPECT_EQ(waiting[1].reason,
+            "cpu-1: held for attempt 1, which waits for the memory its running attempts hold");
+  // Another agent takes the small one.
+  auto placements = Schedule(Queue({1, 2}), big_then_small,
+                             {busy, MemoryAgent("cpu-2", 9'000'000'000)});
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].attempt_id, 2);
+  EXPECT_EQ(placements[0].agent_id, "cpu-2");
+  // The small one first (older) runs beside; a cell that could never fit holds nothing.
+  EXPECT_EQ(Schedule(Queue({2, 1}), {MemoryDemand(5'000'000'000), MemoryDemand(15'000'000'000)},
+                     {busy})
+                .size(),
+            1u);
+  EXPECT_EQ(Schedule(Queue({1, 2}), {MemoryDemand(44'000'000'000), MemoryDemand(5'000'000'000)},
+                     {busy})
+                .size(),
+            1u);
+}
+
 TEST(SchedulerMemoryTest, RanksAddUpAndUnknownsAreNotChecked) {
   // Four 7 GB ranks (28 GB) do not fit a 25 GB node though one would.
   EXPECT_TRUE(Schedule(Queue({1}), {MemoryDemand(7'000'000'000, 4)},
