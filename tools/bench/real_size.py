@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Real-size benchmark: one Qwen2.5-0.5B validation cell through the whole stack, on the CPU,
-beside transformers on the same checkpoint in the same run.
+"""Real-size benchmark: one validation cell at a real size (Qwen2.5-0.5B by default; --model
+picks Llama-3.2-1B or a Llama-2-7B config) through the whole stack, on the CPU, beside
+transformers on the same checkpoint in the same run.
 
 Not a test: figures, printed as a table with the targets they are judged against
 (tools/bench/README.md, "Real size").
@@ -29,7 +30,10 @@ What it does, in order:
      each has its own peak RSS): from_pretrained, the forwards of the reference cell's own
      probe prompts (read from its bundle) plus the cost of the gate's comparison, and the
      training gate's steps.
-  5. The table: submit latency, digest time, reference time, build time, construct + load vs
+  5. The table: the controller's memory estimate per process (reference runner, worker rank:
+     the cell API's memory_estimate, as GET answered right after the submit) against the
+     measured peaks (the reference phase's peak_rss_bytes; the largest peak_rss_bytes of the
+     validation phases) and their ratio; submit latency, digest time, reference time, build time, construct + load vs
      from_pretrained, the inference gate vs transformers' forwards, training vs transformers,
      peak RSS (load and the whole cell) vs transformers and as a multiple of the checkpoint's
      bytes, time to verdict; the targets and whether each is met; per phase the duration,
@@ -40,12 +44,24 @@ Thread count: --threads N (default: the machine's CPU count) is given to every p
 (OMP_NUM_THREADS and MKL_NUM_THREADS in the agent's environment, which the worker and the
 reference runner inherit; torch.set_num_threads in the peers).
 
+Models (--model): qwen2.5-0.5b (the default; family qwen2), llama-3.2-1b (family llama,
+hub_configs/llama3.2-1b.json) and llama-2-7b (family llama, hub_configs/llama-2-7b.json).
+--checkpoint-dtype float32|bfloat16 is how the checkpoint is saved (save_pretrained, or written
+tensor by tensor in shards when it is larger than 6 GB: real_size_peer.py
+make-sharded-checkpoint); --precision fp32|bf16 is the validation cell's precision (and the
+dtype transformers' side runs in). --stop-if-refused ends the run (exit 3) when the controller
+refuses the cell at submit (memory admission: a 400 naming the figures), printing its message;
+--submit-only submits, reads the estimate and cancels the cells without running them.
+--reuse-run keeps <work-dir>/run (the DB, artifacts) of the previous run, so a cell whose
+reference cell passed there reuses that reference cell.
+
 Usage (from the repository root, with build/bin and build/sdk built):
   .venv/bin/python tools/bench/real_size.py                       # makes the checkpoint once
   .venv/bin/python tools/bench/real_size.py --checkpoint /tmp/q05/ckpt --json out.json
   .venv/bin/python tools/bench/real_size.py --tiny                # smoke run, minutes
 Exit status: 0 when the run measured everything (targets met or not), 1 when the cell did not
-pass or a step failed, 2 for usage errors, 77 with --skip-missing when binaries are missing,
+pass or a step failed, 2 for usage errors, 3 when the controller refused the cell and
+--stop-if-refused was given, 77 with --skip-missing when binaries are missing,
 130 when interrupted (Ctrl-C, SIGTERM).
 """
 
@@ -67,11 +83,27 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-HUB_CONFIG = ROOT / "tools/refgen/hub_configs/qwen2.5-0.5b.json"
+HUB_CONFIGS = ROOT / "tools/refgen/hub_configs"
+HUB_CONFIG = HUB_CONFIGS / "qwen2.5-0.5b.json"
 # --tiny: the same config scaled down as tools/refgen/families/qwen2.py scales it.
 TINY_OVERRIDES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
                       bos_token_id=1, eos_token_id=1)
+# --model: a published config.json (tools/refgen/hub_configs/SOURCES.md) and the adapter family
+# (models/gatehouse.recipe.json) that registers it; --tiny scales each down.
+MODELS = {
+    "qwen2.5-0.5b": {"config": HUB_CONFIG, "family": "qwen2", "label": "Qwen2.5-0.5B",
+                     "tiny": TINY_OVERRIDES},
+    "llama-3.2-1b": {"config": HUB_CONFIGS / "llama3.2-1b.json", "family": "llama",
+                     "label": "Llama-3.2-1B", "tiny": dict(TINY_OVERRIDES, head_dim=16)},
+    "llama-2-7b": {"config": HUB_CONFIGS / "llama-2-7b.json", "family": "llama",
+                   "label": "Llama-2-7B", "tiny": dict(TINY_OVERRIDES, num_key_value_heads=4)},
+}
+CKPT_DTYPES = {"float32": 4, "bfloat16": 2}
+# A checkpoint above this many bytes is written tensor by tensor (make-sharded-checkpoint):
+# save_pretrained would hold the model (and, in bf16, its fp32 initialisation) at once.
+STREAMED_ABOVE_BYTES = 6_000_000_000
+REFUSED_RETURN_CODE = 3
 CKPT_FORMAT = 1  # bump when the checkpoint recipe changes for the same config
 PHASES = ["identity", "config", "construct", "load", "inference", "decode", "packing",
           "logprob_parity", "training", "save"]
@@ -89,6 +121,15 @@ CELL_RSS_FACTOR = 4.5
 
 class BenchError(Exception):
     """A step of the benchmark failed: printed, exit 1."""
+
+
+class Refused(BenchError):
+    """The controller refused the submit (a 4xx answer; memory admission answers 400)."""
+
+    def __init__(self, status, answer, answers):
+        self.status, self.answer, self.answers = status, answer, answers
+        message = answer.get("message") or answer.get("error") or json.dumps(answer)
+        super().__init__(f"submit refused: {status} {message}")
 
 
 def log(msg):
@@ -123,6 +164,11 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def checkpoint_dtype_of(directory):
+    cfg = json.loads((Path(directory) / "config.json").read_text())
+    return cfg.get("torch_dtype") or cfg.get("dtype") or "float32 (no dtype named)"
+
+
 def dir_bytes(directory, pattern="*.safetensors"):
     return sum(p.stat().st_size for p in Path(directory).glob(pattern) if p.is_file())
 
@@ -155,32 +201,55 @@ def wait_for_binaries(build_dir, wait_s):
 
 # --- the checkpoint -------------------------------------------------------------------------
 
-def checkpoint_config(tiny):
-    cfg = json.loads(HUB_CONFIG.read_text())
+def checkpoint_config(tiny, model="qwen2.5-0.5b"):
+    cfg = json.loads(MODELS[model]["config"].read_text())
     if tiny:
-        cfg.update(TINY_OVERRIDES)
+        cfg.update(MODELS[model]["tiny"])
     return cfg
 
 
-def ensure_checkpoint(work_dir, tiny, python, env):
-    """The random checkpoint under work_dir, made once per (config, transformers version)."""
-    cfg = checkpoint_config(tiny)
-    name = "qwen2.5-0.5b-tiny" if tiny else "qwen2.5-0.5b"
+def parameter_count(cfg):
+    """The parameters of a dense decoder config (llama / qwen2 shapes; tied head counted once)."""
+    h, inter, layers, vocab = (cfg["hidden_size"], cfg["intermediate_size"],
+                               cfg["num_hidden_layers"], cfg["vocab_size"])
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    head_dim = cfg.get("head_dim") or h // heads
+    bias = (heads + 2 * kv) * head_dim if cfg.get("model_type") == "qwen2" else 0
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2 + bias
+    per_layer = attn + 3 * h * inter + 2 * h
+    return vocab * h * (1 if cfg.get("tie_word_embeddings") else 2) + layers * per_layer + h
+
+
+def ensure_checkpoint(work_dir, tiny, python, env, model="qwen2.5-0.5b", dtype="float32"):
+    """The random checkpoint under work_dir, made once per (config, dtype, transformers
+    version): save_pretrained, or written tensor by tensor in shards above
+    STREAMED_ABOVE_BYTES."""
+    cfg = checkpoint_config(tiny, model)
+    name = model + ("-tiny" if tiny else "") + ("" if dtype == "float32" else "-" + dtype)
     base = work_dir / "checkpoints" / name
     out = base / "checkpoint"
     stamp_file = base / "stamp.json"
-    stamp = json.dumps({"format": CKPT_FORMAT, "config": cfg, "init_seed": 0,
-                        "transformers": importlib.metadata.version("transformers")}, sort_keys=True)
+    streamed = parameter_count(cfg) * CKPT_DTYPES[dtype] > STREAMED_ABOVE_BYTES
+    stamp_fields = {"format": CKPT_FORMAT, "config": cfg, "init_seed": 0,
+                    "transformers": importlib.metadata.version("transformers")}
+    if dtype != "float32":
+        stamp_fields["dtype"] = dtype
+    if streamed:
+        stamp_fields["writer"] = "make-sharded-checkpoint"
+    stamp = json.dumps(stamp_fields, sort_keys=True)
     if out.is_dir() and stamp_file.is_file() and stamp_file.read_text() == stamp:
         log(f"checkpoint: reusing {out}")
         return out
-    log(f"checkpoint: making {out} (random weights, seed 0, fp32, save_pretrained)")
+    how = "written tensor by tensor in shards" if streamed else "save_pretrained"
+    log(f"checkpoint: making {out} (random weights, seed 0, {dtype}, {how})")
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     (base / "config.json").write_text(json.dumps(cfg, indent=2))
     tmp = base / "checkpoint.partial"
-    peer = run_peer(python, env, ["make-checkpoint", "--config", str(base / "config.json"),
-                                  "--out", str(tmp), "--init-seed", "0"])
+    peer = run_peer(python, env, ["make-sharded-checkpoint" if streamed else "make-checkpoint",
+                                  "--config", str(base / "config.json"), "--out", str(tmp),
+                                  "--init-seed", "0", "--dtype", dtype])
     log(f"checkpoint: {peer['parameters']:,} parameters, saved in {peer['seconds']:.1f} s")
     tmp.rename(out)
     stamp_file.write_text(stamp)
@@ -252,6 +321,8 @@ def submit(api, body, timeout_s):
         if status == 202 and obj.get("id") and obj.get("state") not in (None, "resolving"):
             return obj, first_latency, t_answer - t0, answers
         if status != 202:
+            if 400 <= status < 500:
+                raise Refused(status, obj, answers)
             raise BenchError(f"submit refused: {status} {obj}")
         if t_answer - t0 > timeout_s:
             raise BenchError(f"submit still resolving after {timeout_s} s: {obj}")
@@ -279,8 +350,18 @@ class Stack:
 
     # -- setup
     def prepare(self):
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-        self.logs.mkdir(parents=True)
+        self.reused = bool(getattr(self.args, "reuse_run", False)) and (self.run_dir / "gatehouse.db").is_file()
+        if self.reused:
+            # The previous run's DB, tokens, mirrors and artifacts stay: a cell whose reference
+            # cell passed there finds it. Its logs are kept beside this run's.
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            if self.logs.is_dir():
+                self.logs.rename(self.run_dir / f"logs-before-{stamp}")
+            self.logs.mkdir(parents=True)
+            log(f"reusing {self.run_dir} (the previous run's DB and artifacts)")
+        else:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.logs.mkdir(parents=True)
         # The agent's build tree and checkouts stay (later builds are incremental); the
         # previous run's attempts (reference bundles, saved checkpoints) and cache go.
         for sub in ("attempts", "artifacts"):
@@ -289,7 +370,10 @@ class Stack:
             shutil.rmtree(self.agent_dir / "build", ignore_errors=True)
         self.agent_dir.mkdir(parents=True, exist_ok=True)
         self.make_adapter_repo()
-        self.make_tokens()
+        if self.reused:
+            self.ci_token = (self.run_dir / "bench-ci.token").read_text().strip().splitlines()[0]
+        else:
+            self.make_tokens()
 
     def make_adapter_repo(self):
         """models/ committed to a local git repository (deploy/demo.sh, step 2); a rerun with
@@ -321,7 +405,7 @@ class Stack:
         subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
         subprocess.run(["git", "-C", str(repo), "-c", "user.name=gatehouse-bench",
                         "-c", "user.email=bench@gatehouse.invalid", "commit", "-q", "-m",
-                        f"qwen2 adapter {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"],
+                        f"adapter {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
                               capture_output=True, text=True).stdout.strip()
@@ -494,10 +578,37 @@ def phase_cpu_shares(samples, threads, min_wall_s=3.0):
 
 # --- the cell -------------------------------------------------------------------------------
 
-def run_cell(stack, checkpoint, timeout_s, poll_s):
-    """Submits the validation cell, waits for both cells; returns what was measured."""
-    body = {"repository": str(stack.repo), "branch": "main", "model_family": "qwen2",
+def memory_estimates(api, cell_id, ref_id):
+    """{"validation": memory_estimate, "reference": memory_estimate} as GET answers now (the
+    controller computes it at each GET: once an attempt has ended, its measured peak changes
+    later answers, so this is read right after the submit)."""
+    out = {}
+    for kind, cid in (("validation", cell_id), ("reference", ref_id)):
+        if cid:
+            out[kind] = stack_get(api, cid).get("memory_estimate")
+    return out
+
+
+def stack_get(api, cell_id):
+    return api.get_json(f"/api/v1/cells/{cell_id}")
+
+
+def estimate_of(estimate, role):
+    """(host bytes per process, count, basis) of `role` in a memory_estimate, or Nones."""
+    for p in (estimate or {}).get("processes") or []:
+        if p.get("role") == role:
+            return p.get("host_bytes"), p.get("count"), p.get("basis")
+    return None, None, None
+
+
+def run_cell(stack, checkpoint, timeout_s, poll_s, family="qwen2", precision="fp32",
+             submit_only=False):
+    """Submits the validation cell, waits for both cells; returns what was measured. With
+    submit_only: reads the memory estimates and cancels both cells instead of waiting."""
+    body = {"repository": str(stack.repo), "branch": "main", "model_family": family,
             "checkpoint": str(checkpoint), "phases": PHASES}
+    if precision != "fp32":
+        body["precision"] = precision
     t_submit = time.time()
     cell, latency, id_after, answers = submit(stack.api, body, timeout_s=600)
     cell_id = cell["id"]
@@ -507,6 +618,23 @@ def run_cell(stack, checkpoint, timeout_s, poll_s):
         f"reference cell {ref_id[:12] if ref_id else '(none)'}")
     if not cell.get("created", True):
         log("warning: the cell already existed: nothing new runs (is the DB fresh?)")
+    estimates = memory_estimates(stack.api, cell_id, ref_id)
+    for kind, est in estimates.items():
+        log(f"memory estimate, {kind} cell: {(est or {}).get('summary', 'none')}")
+    if submit_only:
+        docs = {}
+        for kind, cid in (("validation", cell_id), ("reference", ref_id)):
+            if not cid:
+                continue
+            status, _, raw = stack.api.request("POST", f"/api/v1/cells/{cid}/cancel",
+                                               {"reason": "real_size.py --submit-only"})
+            log(f"cancel {kind} cell {cid[:12]}: {status}")
+            docs[kind] = stack_get(stack.api, cid)
+        return {"cell_id": cell_id, "reference_cell_id": ref_id, "submit_body": body,
+                "t_submit": t_submit, "submit_latency_s": latency, "id_known_s": id_after,
+                "submit_answers": answers, "memory_estimates_at_submit": estimates,
+                "validation": docs.get("validation"), "reference": docs.get("reference"),
+                "submit_only": True}
     timeline = []
     cpu_samples = []  # the runner's CPU time at each poll, for the phases' CPU share
     attempts_dir = stack.agent_dir.resolve() / "attempts"
@@ -538,6 +666,7 @@ def run_cell(stack, checkpoint, timeout_s, poll_s):
     return {"cell_id": cell_id, "reference_cell_id": ref_id, "submit_body": body,
             "t_submit": t_submit, "submit_latency_s": latency, "id_known_s": id_after,
             "submit_answers": answers, "timeline": timeline, "cpu_samples": cpu_samples,
+            "memory_estimates_at_submit": estimates,
             "validation": docs["validation"], "reference": docs.get("reference")}
 
 
@@ -643,15 +772,16 @@ def run_peer(python, env, argv, timeout_s=7200):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run_peers(python, env, checkpoint, bundle, lengths, training, threads, attn):
-    common = ["--checkpoint", str(checkpoint), "--threads", str(threads), "--attn", attn]
+def run_peers(python, env, checkpoint, bundle, lengths, training, threads, attn, dtype="float32"):
+    common = ["--checkpoint", str(checkpoint), "--threads", str(threads), "--attn", attn,
+              "--dtype", dtype]
     prompts = ["--bundle", str(bundle)] if bundle else ["--lengths", ",".join(map(str, lengths))]
     out = {}
     for mode, extra in (("load", []), ("forward", prompts),
                         ("train", prompts + ["--steps", str(training["steps"]),
                                              "--lr", repr(training["lr"]),
                                              "--seed", str(training["seed"])])):
-        log(f"transformers: {mode} ({attn}, {threads} threads)")
+        log(f"transformers: {mode} ({attn}, {dtype}, {threads} threads)")
         out[mode] = run_peer(python, env, [mode] + common + extra)
     return out
 
@@ -676,6 +806,11 @@ def summarize(cell, build, peers, ckpt_bytes, threads):
          "reference_until_passed_s": (r_ended - cell["t_submit"]) if r_ended else None,
          "reference_phases_s": {n: dur(rp, n) for n in rp},
          "reference_peak_rss_bytes": figure(rp.get("reference"), "peak_rss_bytes"),
+         # The reference runner's stages (forwards, training traces, envelope): stage_<name>_ms
+         # and the process's cumulative peak as each ended, stage_<name>_peak_rss_bytes.
+         "reference_stages": {f["name"][len("stage_"):]: f.get("value")
+                              for f in (rp.get("reference") or {}).get("figures", [])
+                              if f.get("name", "").startswith("stage_")},
          "build_s": build.get("build_s"), "fetch_and_checkout_s": build.get("fetch_and_checkout_s"),
          "phases_s": {n: dur(vp, n) for n in PHASES},
          "phases_status": {n: (vp.get(n) or {}).get("status") for n in PHASES},
@@ -697,6 +832,26 @@ def summarize(cell, build, peers, ckpt_bytes, threads):
     s["cpu_share"] = phase_cpu_shares(cell.get("cpu_samples") or [], threads)
     s["peak_rss_load_bytes"] = max_rss(vp, ["construct", "load"])
     s["peak_rss_cell_bytes"] = max_rss(vp, PHASES)
+    # The controller's estimate per process (as GET answered right after the submit) against
+    # the measured peaks: the reference phase's peak_rss_bytes, the worker's largest
+    # peak_rss_bytes over the validation phases.
+    est = cell.get("memory_estimates_at_submit") or {}
+    ref_est, _, ref_basis = estimate_of(est.get("reference"), "reference runner")
+    worker_est, worker_count, worker_basis = estimate_of(est.get("validation"), "worker rank")
+    worker_peaks = [figure(vp.get(n), "peak_rss_bytes") for n in PHASES]
+    worker_peaks = [v for v in worker_peaks if isinstance(v, (int, float))]
+    s["memory"] = {
+        "reference_runner": {"estimate_bytes": ref_est, "basis": ref_basis,
+                             "peak_rss_bytes": s["reference_peak_rss_bytes"],
+                             "ratio": ratio(s["reference_peak_rss_bytes"], ref_est)},
+        "worker_rank": {"estimate_bytes": worker_est, "count": worker_count, "basis": worker_basis,
+                        "peak_rss_bytes": max(worker_peaks) if worker_peaks else None,
+                        "peak_phase": max(((figure(vp.get(n), "peak_rss_bytes") or 0, n) for n in PHASES),
+                                          default=(None, None))[1] if worker_peaks else None,
+                        "ratio": ratio(max(worker_peaks) if worker_peaks else None, worker_est)},
+        "estimate_summary": {k: (v or {}).get("summary") for k, v in est.items()},
+    }
+    s["reference_reused"] = bool(r_ended and r_ended < cell["t_submit"])
     if peers:
         s["hf_from_pretrained_s"] = peers["load"]["from_pretrained_s"]
         s["hf_import_s"] = peers["load"]["import_s"]
@@ -772,7 +927,16 @@ def print_table(s, meta):
     ref_phases = ", ".join(f"{k} {fmt_s(v)}" for k, v in s["reference_phases_s"].items() if v is not None)
     row("reference time (attempt)", fmt_s(g("reference_attempt_s")), note=ref_phases)
     row("reference runner peak RSS", fmt_bytes(g("reference_peak_rss_bytes")),
-        rat=fmt_x(ratio(g("reference_peak_rss_bytes"), ck)) + " ckpt")
+        rat=fmt_x(ratio(g("reference_peak_rss_bytes"), ck)) + " ckpt",
+        note="the reference cell passed in an earlier run (--reuse-run): its figures are that run's"
+        if g("reference_reused") else "")
+    mem = g("memory") or {}
+    for key, what in (("reference_runner", "reference runner"), ("worker_rank", "worker rank")):
+        m = mem.get(key) or {}
+        where = f", largest in {m['peak_phase']}" if m.get("peak_phase") else ""
+        row(f"{what}: peak vs estimate", fmt_bytes(m.get("peak_rss_bytes")), "",
+            fmt_x(m.get("ratio")) + " est",
+            note=f"controller's estimate {fmt_bytes(m.get('estimate_bytes'))} ({m.get('basis') or 'n/a'}){where}")
     build_note = ""
     if meta.get("build_failed"):
         build_note = "build FAILED (see the build log)"
@@ -837,6 +1001,12 @@ def print_table(s, meta):
         print(f"  {name:<10} {fmt_s(ph.get(name)):>10}  {str(s['phases_status'].get(name)):<8} {rss_text}{cpu_text}")
     print(f"  reference cell: {ref_phases}; runner peak RSS {fmt_bytes(g('reference_peak_rss_bytes'))}, "
           f"cpu share of its reference phase {share('reference', 'reference')}")
+    stages = g("reference_stages") or {}
+    names = [k[:-len("_ms")] for k in stages if k.endswith("_ms")]
+    if names:
+        print("  reference stages: " + ", ".join(
+            f"{n} {fmt_s(stages[n + '_ms'] / 1000.0)} (peak {fmt_bytes(stages.get(n + '_peak_rss_bytes'))})"
+            for n in names if isinstance(stages.get(n + "_ms"), (int, float))))
     print("  (cpu share: CPU time over wall time x threads; about 1 when undisturbed, lower when "
           "other processes took the cores)")
     if s.get("losses") and s.get("hf_losses"):
@@ -852,7 +1022,19 @@ def main(argv=None):
     ap.add_argument("--work-dir", default=str(ROOT / "var" / "bench-real"),
                     help="checkpoint cache, agent work dir (kept), this run's DB and logs")
     ap.add_argument("--checkpoint", help="use this HF checkpoint directory instead of making one")
-    ap.add_argument("--tiny", action="store_true", help="tiny Qwen2 config (hidden 64, 2 layers, vocab 256): a smoke run")
+    ap.add_argument("--tiny", action="store_true", help="the model's config scaled down (hidden 64, 2 layers, vocab 256): a smoke run")
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b",
+                    help="the published config the checkpoint is made from, and its adapter family (default qwen2.5-0.5b)")
+    ap.add_argument("--checkpoint-dtype", choices=sorted(CKPT_DTYPES), default="float32",
+                    help="the dtype the made checkpoint is saved in (default float32)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="the validation cell's precision; transformers' side runs in the same dtype (default fp32)")
+    ap.add_argument("--stop-if-refused", action="store_true",
+                    help=f"when the controller refuses the submit (e.g. memory admission's 400), print its answer and exit {REFUSED_RETURN_CODE}")
+    ap.add_argument("--submit-only", action="store_true",
+                    help="submit, read the memory estimates, cancel the cells; nothing runs")
+    ap.add_argument("--reuse-run", action="store_true",
+                    help="keep <work-dir>/run (DB, artifacts) of the previous run: a passed reference cell there is reused")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="threads of every process (OMP_NUM_THREADS, torch.set_num_threads); default: the CPU count")
     ap.add_argument("--peer-attn", choices=["sdpa", "eager"], default="sdpa",
@@ -907,7 +1089,8 @@ def main(argv=None):
             if not (checkpoint / "config.json").is_file():
                 raise BenchError(f"--checkpoint {checkpoint}: no config.json")
         else:
-            checkpoint = ensure_checkpoint(work_dir, args.tiny, python, env)
+            checkpoint = ensure_checkpoint(work_dir, args.tiny, python, env, args.model,
+                                           args.checkpoint_dtype)
         ckpt_bytes = dir_bytes(checkpoint)
         log(f"checkpoint {checkpoint}: {fmt_bytes(ckpt_bytes)} of safetensors; {args.threads} threads")
         result.update({"checkpoint": str(checkpoint), "checkpoint_bytes": ckpt_bytes})
@@ -915,7 +1098,19 @@ def main(argv=None):
         stack = Stack(args, work_dir, build_dir, args.threads)
         stack.prepare()
         stack.start(torch_version, torch_prefix, python)
-        cell = run_cell(stack, checkpoint, args.timeout_s, args.poll_s)
+        family = MODELS[args.model]["family"]
+        result.update({"model": args.model, "family": family, "precision": args.precision,
+                       "checkpoint_config": json.loads((checkpoint / "config.json").read_text())})
+        cell = run_cell(stack, checkpoint, args.timeout_s, args.poll_s, family, args.precision,
+                        submit_only=args.submit_only)
+        if args.submit_only:
+            stack.close()
+            result["cell"] = cell
+            print(f"\nsubmitted and cancelled (--submit-only): validation cell {cell['cell_id'][:12]}, "
+                  f"reference cell {(cell['reference_cell_id'] or '')[:12]}")
+            for kind, est in (cell.get("memory_estimates_at_submit") or {}).items():
+                print(f"  memory estimate, {kind} cell: {(est or {}).get('summary', 'none')}")
+            return 0
         build = build_facts(stack, cell)
         bundle = download_bundle(stack, cell, stack.run_dir / "bundle")
         status, _, report = stack.api.request("GET", f"/api/v1/cells/{cell['cell_id']}/report")
@@ -932,13 +1127,16 @@ def main(argv=None):
                        for i in range(16)]
             lengths = [n for n in lengths if n] or [7, 33, 300]
             training = cell["validation"]["spec"].get("training") or {"steps": 2, "lr": 1e-3, "seed": 1234}
-            peers = run_peers(python, env, checkpoint, bundle, lengths, training, args.threads, args.peer_attn)
+            peers = run_peers(python, env, checkpoint, bundle, lengths, training, args.threads,
+                              args.peer_attn, "bfloat16" if args.precision == "bf16" else "float32")
         result["peers"] = peers
         summary = summarize(cell, build, peers, ckpt_bytes, args.threads)
         result["summary"] = summary
         result["loadavg_after"] = os.getloadavg()
 
-        print(f"\nReal-size benchmark: qwen2 {'tiny' if args.tiny else 'Qwen2.5-0.5B'} fp32 on the CPU, "
+        label = MODELS[args.model]["label"]
+        print(f"\nReal-size benchmark: {family} {label + ' (tiny)' if args.tiny else label}, checkpoint "
+              f"{checkpoint_dtype_of(checkpoint)}, cell precision {args.precision} on the CPU, "
               f"{args.threads} threads on every side ({os.cpu_count()} CPUs; load average "
               f"{load_before[0]:.2f} before, {result['loadavg_after'][0]:.2f} after)")
         print(f"checkpoint {checkpoint} ({fmt_bytes(ckpt_bytes)}); validation cell {cell['cell_id'][:12]} "
@@ -954,6 +1152,14 @@ def main(argv=None):
             print(f"\nthe validation cell ended {summary['status']}: {reason} "
                   f"(logs: {stack.logs}, report: {stack.run_dir / 'report.md'})")
         return 0 if ok else 1
+    except Refused as e:
+        log(f"error: {e}")
+        result["error"] = str(e)
+        result["refused"] = {"status": e.status, "answer": e.answer, "answers": e.answers}
+        if args.stop_if_refused:
+            print(f"\nthe controller refused the cell: HTTP {e.status}\n  {e.answer.get('error', e.answer)}")
+            return REFUSED_RETURN_CODE
+        return 1
     except BenchError as e:
         log(f"error: {e}")
         result["error"] = str(e)

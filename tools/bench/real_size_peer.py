@@ -4,12 +4,22 @@
 real_size.py starts this script once per measurement, so that each process's peak RSS
 (resource.getrusage ru_maxrss) belongs to that measurement alone:
 
-  make-checkpoint --config FILE --out DIR [--init-seed 0]
+  make-checkpoint --config FILE --out DIR [--init-seed 0] [--dtype float32|bfloat16]
       A random model of config FILE (a config.json; "torch_dtype", "dtype" and
-      "transformers_version" are dropped) from torch.manual_seed(init_seed), fp32, written by save_pretrained as one
-      model.safetensors.
+      "transformers_version" are dropped) from torch.manual_seed(init_seed), in --dtype
+      (default fp32), written by save_pretrained as one model.safetensors.
+  make-sharded-checkpoint --config FILE --out DIR [--init-seed 0] [--dtype bfloat16]
+      [--max-shard-size 5GB]
+      The same model, written without ever holding it: the tensors' names and shapes come from
+      the model built on the meta device (the tied output head dropped, as save_pretrained
+      drops it), each tensor's random values (normal(0, initializer_range); norm weights 1) are
+      made and written one slice at a time into safetensors shards split as save_pretrained
+      splits them (huggingface_hub's split_torch_state_dict_into_shards), with
+      model.safetensors.index.json as transformers writes it and config.json with
+      "torch_dtype". Peak memory: one 16 Mi-element slice. For checkpoints larger than the
+      memory can comfortably hold twice (a 7B model in bf16: 13.5 GB).
   load --checkpoint DIR
-      AutoModelForCausalLM.from_pretrained(DIR, dtype=float32) on the CPU: its wall time (the
+      AutoModelForCausalLM.from_pretrained(DIR, dtype=--dtype, default float32) on the CPU: its wall time (the
       model's module imported before, timed apart as import_s) and the peak RSS right after it; then one read of every parameter (p.sum(): from_pretrained
       may leave the weights memory-mapped, read on first use), timed, and the peak RSS after it.
   forward --checkpoint DIR --bundle DIR
@@ -29,6 +39,8 @@ real_size.py starts this script once per measurement, so that each process's pea
       backward, torch.optim.AdamW(lr) step with torch's defaults. Each step timed; losses and
       the peak RSS after the steps.
 
+load, forward and train take --dtype float32|bfloat16 (the validation cell's precision: the
+model is loaded in it, the forwards and training steps run in it; logits are compared as float32).
 Every mode takes --threads N (torch.set_num_threads; real_size.py also sets OMP_NUM_THREADS
 and MKL_NUM_THREADS) and --attn (transformers' attention implementation: "sdpa", its
 default, or "eager", which the reference bundle uses). Prints one JSON object on standard
@@ -62,8 +74,11 @@ def cpu_share(cpu_s, wall_s, threads):
     return cpu_s / (wall_s * threads) if wall_s > 0 else None
 
 
-def load_model(checkpoint, attn):
-    """from_pretrained in fp32 on the CPU; returns (model, timings, peak RSS after it).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_model(checkpoint, attn, dtype="float32"):
+    """from_pretrained in `dtype` (fp32 unless told) on the CPU; returns (model, timings, peak RSS after it).
 
     The model class's module is imported first (AutoConfig + the causal-LM mapping), timed
     apart as "import_s": from_pretrained_s is the load itself, as a process that has already
@@ -76,7 +91,7 @@ def load_model(checkpoint, attn):
     import_s = time.perf_counter() - t0
     rss_before = peak_rss_bytes()
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=DTYPES[dtype],
                                                  attn_implementation=attn)
     seconds = time.perf_counter() - t0
     return model, {"from_pretrained_s": seconds, "import_s": import_s,
@@ -119,17 +134,22 @@ def logit_comparison(ref, ours):
             "max_abs": diff.max().item(), "abs_sum": diff.sum().item()}
 
 
-def cmd_make_checkpoint(args):
-    cfg = json.loads(Path(args.config).read_text())
+def config_of(path):
+    """The transformers config of a config.json, its dtype and version fields dropped."""
+    cfg = json.loads(Path(path).read_text())
     for key in ("torch_dtype", "dtype", "transformers_version"):
         cfg.pop(key, None)
     model_type = cfg.pop("model_type", None)
     if not model_type:
-        raise SystemExit(f"{args.config}: no model_type")
-    config = transformers.AutoConfig.for_model(model_type, **cfg)
+        raise SystemExit(f"{path}: no model_type")
+    return transformers.AutoConfig.for_model(model_type, **cfg), model_type
+
+
+def cmd_make_checkpoint(args):
+    config, model_type = config_of(args.config)
     torch.manual_seed(args.init_seed)
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[args.dtype or "float32"])
     out = Path(args.out)
     model.save_pretrained(str(out), safe_serialization=True, max_shard_size="100GB")
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
@@ -138,8 +158,77 @@ def cmd_make_checkpoint(args):
             "seconds": time.perf_counter() - t0, "files": files}
 
 
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
+SLICE_ELEMENTS = 16 << 20
+
+
+def cmd_make_sharded_checkpoint(args):
+    """A checkpoint written tensor by tensor, one slice at a time (see the module's doc)."""
+    import struct
+
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    dtype = DTYPES[args.dtype or "bfloat16"]
+    config, model_type = config_of(args.config)
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = model.state_dict()
+    if getattr(config, "tie_word_embeddings", False):
+        for target in dict(getattr(model, "_tied_weights_keys", None) or {}):
+            state.pop(target, None)
+    split = split_torch_state_dict_into_shards(state, filename_pattern="model{suffix}.safetensors",
+                                               max_shard_size=int(args.max_shard_size) if args.max_shard_size.isdigit() else args.max_shard_size)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    std = float(getattr(config, "initializer_range", 0.02))
+    gen = torch.Generator().manual_seed(args.init_seed)
+    element = torch.tensor([], dtype=dtype).element_size()
+    written = 0
+    for shard, names in split.filename_to_tensors.items():
+        names = sorted(names)
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name in names:
+            n = state[name].numel() * element
+            header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(state[name].shape),
+                            "data_offsets": [offset, offset + n]}
+            offset += n
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        with open(out / shard, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for name in names:
+                count = state[name].numel()
+                # RMSNorm / LayerNorm weights start at 1 (as transformers initialises them).
+                is_norm = state[name].dim() == 1 and "norm" in name
+                for start in range(0, count, SLICE_ELEMENTS):
+                    k = min(SLICE_ELEMENTS, count - start)
+                    if is_norm:
+                        chunk = torch.ones(k, dtype=dtype)
+                    else:
+                        chunk = (torch.randn(k, generator=gen, dtype=torch.float32) * std).to(dtype)
+                    f.write(chunk.view(torch.int16 if element == 2 else torch.int32).numpy().tobytes())
+                    written += k * element
+    if split.is_sharded:
+        index = {"metadata": {"total_parameters": sum(t.numel() for t in state.values()),
+                              **split.metadata},
+                 "weight_map": split.tensor_to_filename}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    cfg = config.to_dict()
+    cfg.pop("dtype", None)
+    cfg["torch_dtype"] = str(dtype).replace("torch.", "")
+    cfg["transformers_version"] = transformers.__version__
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+    return {"mode": "make-sharded-checkpoint", "out": str(out), "model_type": model_type,
+            "parameters": sum(t.numel() for t in state.values()), "bytes_written": written,
+            "shards": len(split.filename_to_tensors), "seconds": time.perf_counter() - t0,
+            "files": files, "peak_rss_bytes": peak_rss_bytes()}
+
+
 def cmd_load(args):
-    model, timings, rss = load_model(args.checkpoint, args.attn)
+    model, timings, rss = load_model(args.checkpoint, args.attn, args.dtype or "float32")
     # from_pretrained may leave the weights memory-mapped from the safetensors file, read on
     # first use: reading every parameter once shows what materialising them costs.
     t0 = time.perf_counter()
@@ -153,7 +242,7 @@ def cmd_load(args):
 
 
 def cmd_forward(args):
-    model, timings, load_rss = load_model(args.checkpoint, args.attn)
+    model, timings, load_rss = load_model(args.checkpoint, args.attn, args.dtype or "float32")
     prompts, source = probe_prompts(args, model.config.vocab_size)
     model.eval()
 
@@ -210,7 +299,7 @@ def cmd_forward(args):
 
 
 def cmd_train(args):
-    model, timings, load_rss = load_model(args.checkpoint, args.attn)
+    model, timings, load_rss = load_model(args.checkpoint, args.attn, args.dtype or "float32")
     prompts, source = probe_prompts(args, model.config.vocab_size)
     usable = [p for p in prompts if p.numel() >= 2]
     if not usable:
@@ -242,7 +331,7 @@ def cmd_train(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["make-checkpoint", "load", "forward", "train"])
+    ap.add_argument("mode", choices=["make-checkpoint", "make-sharded-checkpoint", "load", "forward", "train"])
     ap.add_argument("--checkpoint", help="HF checkpoint directory (load, forward, train)")
     ap.add_argument("--bundle", help="reference bundle directory: the probe prompts' ids")
     ap.add_argument("--lengths", default="7,33,300",
@@ -255,12 +344,17 @@ def main(argv=None):
     ap.add_argument("--config", help="make-checkpoint: config.json to instantiate")
     ap.add_argument("--out", help="make-checkpoint: output directory")
     ap.add_argument("--init-seed", type=int, default=0, help="make-checkpoint: torch.manual_seed")
+    ap.add_argument("--dtype", choices=sorted(DTYPES),
+                    help="make-checkpoint: the saved dtype (default float32); make-sharded-checkpoint: "
+                         "(default bfloat16); load, forward, train: the model's dtype (default float32)")
+    ap.add_argument("--max-shard-size", default="5GB",
+                    help="make-sharded-checkpoint: the largest shard (save_pretrained's max_shard_size)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.mode == "make-checkpoint":
+    if args.mode in ("make-checkpoint", "make-sharded-checkpoint"):
         if not args.config or not args.out:
-            ap.error("make-checkpoint needs --config and --out")
-        result = cmd_make_checkpoint(args)
+            ap.error(f"{args.mode} needs --config and --out")
+        result = (cmd_make_checkpoint if args.mode == "make-checkpoint" else cmd_make_sharded_checkpoint)(args)
     else:
         if not args.checkpoint:
             ap.error(f"{args.mode} needs --checkpoint")
