@@ -61,9 +61,9 @@ Result<CgroupSlot> OpenCgroup(const CgroupConfig* config, int64_t attempt_id) {
 // controller's estimate plus a margin (MemoryLimitFor), so a wrong estimate ends as a named
 // OOM kill inside the attempt, not as a node out of memory.
 void LimitToEstimate(const CgroupConfig* config, CgroupSlot& slot, int64_t attempt_id,
-                     int64_t estimate_bytes, const std::string& estimate) {
+                     int64_t estimate_bytes, const std::string& estimate, int64_t node_bytes) {
   if (!slot.cgroup || config == nullptr || config->memory_limit_bytes > 0) return;
-  const int64_t limit = MemoryLimitFor(estimate_bytes);
+  const int64_t limit = MemoryLimitFor(estimate_bytes, node_bytes);
   if (limit <= 0) return;
   const std::string why = "the controller's estimate " + FormatBytes(estimate_bytes) +
                           (estimate.empty() ? "" : ", " + estimate) + ", plus a margin";
@@ -329,7 +329,7 @@ AttemptEndReport AttemptRunner::RunSteps(const AttemptAssignment& assignment, At
   }
 
   LimitToEstimate(config_.cgroup, *cgroup, id, assignment.memory_estimate_bytes,
-                  assignment.memory_estimate);
+                  assignment.memory_estimate, config_.node_memory_bytes);
   WorkerLaunch launch;
   launch.attempt_id = id;
   launch.attempt_dir = attempt_dir;
@@ -448,7 +448,7 @@ AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec,
   auto cgroup = OpenCgroup(config_.cgroup, id);
   if (!cgroup.ok()) return Error(id, cgroup.status().message());
   LimitToEstimate(config_.cgroup, *cgroup, id, assignment.memory_estimate_bytes,
-                  assignment.memory_estimate);
+                  assignment.memory_estimate, config_.node_memory_bytes);
   launch.cgroup_dirs = cgroup->Join();
   launch.cgroup_evidence = cgroup->evidence;
   AttemptEndReport end = RunWorker(launch, sink, cancel, &used_ports);
@@ -478,10 +478,12 @@ AttemptEndReport AttemptRunner::RunReference(int64_t id, CellSpec spec,
   return end;
 }
 
-int64_t MemoryLimitFor(int64_t estimate_bytes) {
+int64_t MemoryLimitFor(int64_t estimate_bytes, int64_t node_bytes) {
   if (estimate_bytes <= 0) return 0;
-  constexpr int64_t kMinMargin = int64_t{1} << 30;
-  return estimate_bytes + std::max(estimate_bytes / 4, kMinMargin);
+  constexpr int64_t kGiB = int64_t{1} << 30;  // the least margin; the node's reserve
+  int64_t limit = estimate_bytes + std::max(estimate_bytes / 4, kGiB);
+  if (node_bytes > 0) limit = std::min(limit, node_bytes - kGiB);
+  return std::max(limit, estimate_bytes);
 }
 
 }  // namespace gatehouse::agent

@@ -41,8 +41,12 @@ struct AttemptAssignment {
 };
 
 /// The cgroup memory limit of an attempt whose processes are estimated at `estimate_bytes`:
-/// the estimate plus a margin of a quarter of it, at least 1 GiB; 0 (none) for no estimate.
-int64_t MemoryLimitFor(int64_t estimate_bytes);
+/// the estimate plus a margin of a quarter of it, at least 1 GiB, but no more than the node
+/// holds less the controller's reserve for the system and the agent (1 GiB; `node_bytes` 0:
+/// not known, not capped) and never below the estimate; 0 (none) for no estimate. Without
+/// the cap a large cell's limit could pass the node's memory, and the kernel's global OOM
+/// killer, not the attempt's cgroup, would choose what dies.
+int64_t MemoryLimitFor(int64_t estimate_bytes, int64_t node_bytes = 0);
 
 struct RunnerConfig {
   /// Absolute. Clones under repos/, build trees under build/, attempts under attempts/<id>/.
@@ -61,6 +65,8 @@ struct RunnerConfig {
   std::chrono::milliseconds log_flush_timeout{2000};
   /// Checks what each attempt left behind (cleanup evidence); nullptr: no check.
   const CleanupChecker* cleanup = nullptr;
+  /// The node's memory (MemTotal, Capabilities.memory_bytes): caps MemoryLimitFor. 0: unknown.
+  int64_t node_memory_bytes = 0;
   /// The reference runner (protocols.md §3.4): `<python> <script> --run-spec run.json --out
   /// DIR`. Empty python: this agent runs no reference cells.
   std::filesystem::path reference_python;

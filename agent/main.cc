@@ -303,6 +303,7 @@ int main(int argc, char** argv) {
                  slurm.partition.empty() ? "(default)" : slurm.partition);
   }
   const auto& caps = client_config.capabilities;
+  runner_config.node_memory_bytes = caps.memory_bytes;
   for (const auto& gpu : caps.gpus) {
     if (use_slurm) break;
     runner_config.gpu_indices.push_back(gpu.index);

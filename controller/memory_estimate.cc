@@ -91,12 +91,13 @@ Result<CheckpointFacts> ReadCheckpointFacts(const fs::path& dir) {
   CheckpointFacts facts;
   int64_t safetensors = 0, other = 0;
   int files = 0;
-  std::error_code ec;
+  std::error_code ec;  // the directory's; a file that cannot be read is skipped
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file(ec)) continue;
+    std::error_code file_ec;
+    if (!entry.is_regular_file(file_ec)) continue;
     const std::string ext = entry.path().extension().string();
-    const auto size = static_cast<int64_t>(entry.file_size(ec));
-    if (ec) continue;
+    const auto size = static_cast<int64_t>(entry.file_size(file_ec));
+    if (file_ec) continue;
     if (ext == ".safetensors") {
       safetensors += size;
       ++files;

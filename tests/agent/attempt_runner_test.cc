@@ -388,6 +388,11 @@ TEST_F(AttemptRunnerTest, WithoutAnOperatorLimitTheEstimatePlusAMarginHoldsTheAt
   assignment.memory_estimate_bytes = 64 << 20;
   assignment.memory_estimate = "worker rank ~67 MB";
   EXPECT_EQ(MemoryLimitFor(assignment.memory_estimate_bytes), (64 << 20) + (int64_t{1} << 30));
+  // The 1B fp32 worker of docs/real-size.md: 22.82 GB + 25% would pass its 25.3 GB node, so the
+  // limit stops at the node less 1 GiB; never below the estimate itself.
+  EXPECT_EQ(MemoryLimitFor(22'820'000'000, 25'300'000'000), 25'300'000'000 - (int64_t{1} << 30));
+  EXPECT_EQ(MemoryLimitFor(22'820'000'000), 22'820'000'000 + 22'820'000'000 / 4);
+  EXPECT_EQ(MemoryLimitFor(24'800'000'000, 25'300'000'000), 24'800'000'000);
   AttemptRunner runner(config_);
   runner.Run(assignment, sink_);
   ASSERT_EQ(sink_.ends.size(), 1u);
