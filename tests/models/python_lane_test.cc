@@ -81,6 +81,12 @@ double Real(const GateOutcome& out, const char* name) {
                                                                    : std::nan("");
 }
 
+int64_t Count(const GateOutcome& out, const char* name) {
+  const Figure* f = out.Find(name);
+  return f != nullptr && std::holds_alternative<int64_t>(f->value) ? std::get<int64_t>(f->value)
+                                                                    : -1;
+}
+
 TEST(PythonLane, RegistersTheSpecsAsFamilies) {
   const FamilyRegistry& registry = ArchonRegistry();
   ASSERT_NE(registry.FindByName("llama"), nullptr);
@@ -136,9 +142,15 @@ TEST(PythonLane, EveryGatePassesOnTheReferenceAdaptersFixtures) {
         }
         if (phase == "inference") EXPECT_EQ(Real(out, "max_abs_diff"), 0.0) << variant << " " << precision;
         if (phase == "decode") {
-          // The adapters' own KV cache: each step's logits are upstream's cached decode's.
+          // The adapters' own KV cache. bf16 steps equal upstream's cached decode's; fp32 ones
+          // are held by the gate's bars, as the C++ families' are (families_test): the
+          // bundle's first row is generate's head over the last position alone, ours the
+          // prompt forward's row T-1, and MKL rounds the two shapes differently on some CPUs
+          // (docs/bars.md; test_archon_adapters.py checks the steps bit for bit).
           EXPECT_EQ(test_util::FigureText(out, "decode_path"), "KV cache") << variant;
-          EXPECT_EQ(Real(out, "steps_max_abs_diff"), 0.0) << variant << " " << precision;
+          if (precision == "bf16") {
+            EXPECT_EQ(Real(out, "steps_max_abs_diff"), 0.0) << variant << " " << precision;
+          }
         }
         if (phase == "training") {
           EXPECT_EQ(Real(out, "loss_rel_diff_step_1"), 0.0) << variant << " " << precision;
@@ -348,7 +360,10 @@ TEST(PythonLane, DecodesThroughTheAdaptersKvCacheWhenItGivesOne) {
   const GateOutcome decode = DecodeGate(cached.ctx);
   EXPECT_EQ(decode.status, GateStatus::kPass) << decode.reason;
   EXPECT_EQ(test_util::FigureText(decode, "decode_path"), "KV cache");
-  EXPECT_EQ(Real(decode, "steps_max_abs_diff"), 0.0);
+  // fp32: the steps within the gate's bars (the first row's product shape, docs/bars.md); the
+  // greedy ids all upstream's.
+  EXPECT_GT(Count(decode, "tokens_total"), 0);
+  EXPECT_EQ(Count(decode, "tokens_matched"), Count(decode, "tokens_total"));
   const std::vector<std::string> gate_calls = read_calls();
   EXPECT_GT(std::count_if(gate_calls.begin(), gate_calls.end(),
                           [](const std::string& l) { return l.rfind("decode 1 ", 0) == 0; }),

@@ -1548,6 +1548,47 @@ TEST(StatsOfTest, SlicesAddUpToTheWhole) {
   EXPECT_TRUE(inf.any_nonzero);
 }
 
+// Verifies the flags below float64 (decided by the sums) and in float64 (element by element)
+// on the values where a sum could mislead: a NaN and +Inf/-Inf (their sum is NaN), the
+// smallest denormal (nonzero although its square is tiny), float32's largest finite values
+// (finite although their squares are huge), and float64 values whose squares overflow or
+// underflow.
+TEST(StatsOfTest, FlagsAtTheEdgesOfEachDtype) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float denormal = std::numeric_limits<float>::denorm_min();
+  const float big = std::numeric_limits<float>::max();
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    torch::Tensor z = torch::zeros({7}, dtype);
+    EXPECT_TRUE(internal::StatsOf(z, 3).finite);
+    EXPECT_FALSE(internal::StatsOf(z, 3).any_nonzero);
+    z[5] = std::nanf("");
+    EXPECT_FALSE(internal::StatsOf(z, 3).finite);
+    EXPECT_TRUE(internal::StatsOf(z, 3).any_nonzero);  // a NaN is not zero
+    z[5] = inf;
+    z[1] = -inf;
+    EXPECT_FALSE(internal::StatsOf(z, 3).finite);
+  }
+  torch::Tensor tiny = torch::zeros({7});
+  tiny[6] = denormal;
+  EXPECT_TRUE(internal::StatsOf(tiny, 3).any_nonzero);
+  EXPECT_TRUE(internal::StatsOf(tiny, 3).finite);
+  const torch::Tensor huge = torch::full({9}, big);
+  EXPECT_TRUE(internal::StatsOf(huge, 4).finite);
+  EXPECT_TRUE(internal::StatsOf(torch::tensor({0, 0, 3}, torch::kInt64)).any_nonzero);
+  EXPECT_TRUE(internal::StatsOf(torch::tensor({1.0f, -1.0f})).any_nonzero);  // sums to 0
+
+  // float64: a square past the range is still a finite element; one below it still nonzero.
+  torch::Tensor wide = torch::zeros({5}, torch::kDouble);
+  wide[4] = 1e-200;
+  EXPECT_TRUE(internal::StatsOf(wide, 2).any_nonzero);
+  wide[0] = 1e200;
+  EXPECT_TRUE(internal::StatsOf(wide, 2).finite);
+  wide[2] = std::nan("");
+  EXPECT_FALSE(internal::StatsOf(wide, 2).finite);
+  EXPECT_TRUE(internal::StatsOf(torch::tensor({true, false})).any_nonzero);
+}
+
 // --- runner -----------------------------------------------------------------------------------
 
 std::vector<nlohmann::json> PhaseEnds(const MemoryEventSink& sink) {

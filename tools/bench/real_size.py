@@ -20,7 +20,8 @@ What it does, in order:
      models/. Both processes are stopped at the end, also on an error, Ctrl-C or SIGTERM.
   3. One validation cell for family qwen2 on the checkpoint, naming no reference (the
      controller creates the reference cell; the validation cell waits for it), phases
-     identity, config, construct, load, inference, decode, training, save. The POST is timed:
+     identity, config, construct, load, inference, decode, packing, logprob_parity, training,
+     save. The POST is timed:
      its first answer (submit latency) and, when the controller answers 202 {"state":
      "resolving"} while it digests the checkpoint (the same body is posted again after its
      Retry-After), the time until the cell id is known (digest time; equal to the latency
@@ -53,7 +54,9 @@ dtype transformers' side runs in). --stop-if-refused ends the run (exit 3) when 
 refuses the cell at submit (memory admission: a 400 naming the figures), printing its message;
 --submit-only submits, reads the estimate and cancels the cells without running them.
 --reuse-run keeps <work-dir>/run (the DB, artifacts) of the previous run, so a cell whose
-reference cell passed there reuses that reference cell.
+reference cell passed there reuses that reference cell. --phases LIST submits those phases
+only: another cell (a cell that passed is not run again: its inputs give the same verdict)
+with the same reference cell.
 
 Usage (from the repository root, with build/bin and build/sdk built):
   .venv/bin/python tools/bench/real_size.py                       # makes the checkpoint once
@@ -80,6 +83,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import phase_accounting  # tools/bench, beside this file (python puts the script's folder first)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -602,11 +607,12 @@ def estimate_of(estimate, role):
 
 
 def run_cell(stack, checkpoint, timeout_s, poll_s, family="qwen2", precision="fp32",
-             submit_only=False):
-    """Submits the validation cell, waits for both cells; returns what was measured. With
-    submit_only: reads the memory estimates and cancels both cells instead of waiting."""
+             submit_only=False, phases=None):
+    """Submits the validation cell (phases: PHASES unless given), waits for both cells; returns
+    what was measured. With submit_only: reads the memory estimates and cancels both cells
+    instead of waiting."""
     body = {"repository": str(stack.repo), "branch": "main", "model_family": family,
-            "checkpoint": str(checkpoint), "phases": PHASES}
+            "checkpoint": str(checkpoint), "phases": phases or PHASES}
     if precision != "fp32":
         body["precision"] = precision
     t_submit = time.time()
@@ -772,21 +778,37 @@ def run_peer(python, env, argv, timeout_s=7200):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run_peers(python, env, checkpoint, bundle, lengths, training, threads, attn, dtype="float32"):
+def run_peers(python, env, checkpoint, bundle, lengths, training, threads, attn, dtype="float32",
+              max_new_tokens=None, phases_run=()):
+    """The transformers side, one process per measurement. decode, packing and logprob (the
+    gates' same work, phase_accounting.py) need the bundle and run for the phases the cell ran."""
     common = ["--checkpoint", str(checkpoint), "--threads", str(threads), "--attn", attn,
               "--dtype", dtype]
     prompts = ["--bundle", str(bundle)] if bundle else ["--lengths", ",".join(map(str, lengths))]
+    modes = [("load", []), ("forward", prompts),
+             ("train", prompts + ["--steps", str(training["steps"]), "--lr", repr(training["lr"]),
+                                  "--seed", str(training["seed"])])]
+    if bundle:
+        decoding = prompts + ["--max-new-tokens", str(max_new_tokens)] if max_new_tokens else None
+        for phase, mode, extra in (("decode", "decode", decoding), ("packing", "packing", prompts),
+                                   ("logprob_parity", "logprob",
+                                    decoding and decoding + ["--seed", str(training["seed"])])):
+            if phase in phases_run and extra is not None:
+                modes.append((mode, extra))
     out = {}
-    for mode, extra in (("load", []), ("forward", prompts),
-                        ("train", prompts + ["--steps", str(training["steps"]),
-                                             "--lr", repr(training["lr"]),
-                                             "--seed", str(training["seed"])])):
+    for mode, extra in modes:
         log(f"transformers: {mode} ({attn}, {dtype}, {threads} threads)")
         out[mode] = run_peer(python, env, [mode] + common + extra)
     return out
 
 
 # --- the report -----------------------------------------------------------------------------
+
+def summarize_status(cell):
+    """{phase: status} of the validation cell."""
+    vp = phase_map(cell["validation"])
+    return {n: (vp.get(n) or {}).get("status") for n in PHASES}
+
 
 def summarize(cell, build, peers, ckpt_bytes, threads):
     """Every figure of the table, and the targets (None where a figure is missing)."""
@@ -873,6 +895,13 @@ def summarize(cell, build, peers, ckpt_bytes, threads):
         s["hf_peak_rss_bytes"] = max(s["hf_peak_rss_load_bytes"], s["hf_peak_rss_forward_bytes"],
                                      s["hf_peak_rss_train_bytes"])
         s["hf_rss_baseline_bytes"] = peers["load"]["peak_rss_before_load_bytes"]
+    # Each phase against transformers' same work, its parts side by side (phase_accounting.py).
+    s["accounting"] = {}
+    for phase in ("decode", "packing", "logprob_parity", "training"):
+        mode = phase_accounting.PARTS[phase][0]
+        acc = phase_accounting.account(phase, vp.get(phase), (peers or {}).get(mode))
+        if acc is not None:
+            s["accounting"][phase] = acc
     inf = s["phases_s"].get("inference")
     budget = (INFERENCE_FACTOR * s["hf_forward_s"] + s["hf_comparison_s"]) if peers else None
     s["inference_budget_s"] = budget
@@ -1011,6 +1040,27 @@ def print_table(s, meta):
           "other processes took the cores)")
     if s.get("losses") and s.get("hf_losses"):
         print(f"\ntraining losses: gatehouse {s['losses']}  transformers {s['hf_losses']}")
+    print_accounting(s.get("accounting") or {})
+
+
+def print_accounting(accounting):
+    """Each accounted phase: ours against transformers' same work, part by part, and the why of
+    a phase above phase_accounting.LIMIT."""
+    if not accounting:
+        return
+    print(f"\nphases against transformers' same work (parts timed on both sides; a why above "
+          f"{phase_accounting.LIMIT:.1f}x):")
+    for name, a in accounting.items():
+        r = f"{a['ratio']:.2f}x" if a["ratio"] is not None else "n/a"
+        share = a.get("peer_cpu_share")
+        print(f"  {name}: {fmt_s(a['ours_s'])} vs {fmt_s(a['theirs_s'])} ({r})"
+              + (f", transformers' cpu share {share:.2f}" if isinstance(share, (int, float)) else ""))
+        for p in a["parts"]:
+            theirs = fmt_s(p["theirs_s"]) if p["theirs_s"] is not None else ("n/a" if p["both"] else "-")
+            print(f"    {p['label']:<58} {fmt_s(p['ours_s']):>10} {theirs:>10}")
+        print(f"    {'other (untimed)':<58} {fmt_s(a['other_s']):>10}")
+        if a["why"]:
+            print(f"    why: {a['why']}")
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -1033,6 +1083,9 @@ def main(argv=None):
                     help=f"when the controller refuses the submit (e.g. memory admission's 400), print its answer and exit {REFUSED_RETURN_CODE}")
     ap.add_argument("--submit-only", action="store_true",
                     help="submit, read the memory estimates, cancel the cells; nothing runs")
+    ap.add_argument("--phases", metavar="LIST",
+                    help="comma-separated validation phases (default: all of them; run in their "
+                         "usual order); another list is another cell, with the same reference cell")
     ap.add_argument("--reuse-run", action="store_true",
                     help="keep <work-dir>/run (DB, artifacts) of the previous run: a passed reference cell there is reused")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
@@ -1056,6 +1109,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.checkpoint and args.tiny:
         ap.error("--checkpoint and --tiny exclude each other")
+    phases = None
+    if args.phases:
+        phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+        unknown = [x for x in phases if x not in PHASES]
+        if unknown or not phases:
+            ap.error(f"--phases {args.phases!r}: unknown {unknown}; known: {','.join(PHASES)}")
+        phases = [x for x in PHASES if x in phases]  # the runner's order, each once
 
     build_dir = Path(args.build_dir).resolve()
     work_dir = Path(args.work_dir).resolve()
@@ -1102,7 +1162,7 @@ def main(argv=None):
         result.update({"model": args.model, "family": family, "precision": args.precision,
                        "checkpoint_config": json.loads((checkpoint / "config.json").read_text())})
         cell = run_cell(stack, checkpoint, args.timeout_s, args.poll_s, family, args.precision,
-                        submit_only=args.submit_only)
+                        submit_only=args.submit_only, phases=phases)
         if args.submit_only:
             stack.close()
             result["cell"] = cell
@@ -1127,8 +1187,11 @@ def main(argv=None):
                        for i in range(16)]
             lengths = [n for n in lengths if n] or [7, 33, 300]
             training = cell["validation"]["spec"].get("training") or {"steps": 2, "lr": 1e-3, "seed": 1234}
+            decode = cell["validation"]["spec"].get("decode") or {}
+            ran = {n for n, st in summarize_status(cell).items() if st not in (None, "SKIPPED")}
             peers = run_peers(python, env, checkpoint, bundle, lengths, training, args.threads,
-                              args.peer_attn, "bfloat16" if args.precision == "bf16" else "float32")
+                              args.peer_attn, "bfloat16" if args.precision == "bf16" else "float32",
+                              max_new_tokens=decode.get("max_new_tokens"), phases_run=ran)
         result["peers"] = peers
         summary = summarize(cell, build, peers, ckpt_bytes, args.threads)
         result["summary"] = summary

@@ -39,7 +39,25 @@ real_size.py starts this script once per measurement, so that each process's pea
       backward, torch.optim.AdamW(lr) step with torch's defaults. Each step timed; losses and
       the peak RSS after the steps.
 
-load, forward and train take --dtype float32|bfloat16 (the validation cell's precision: the
+  decode --checkpoint DIR --bundle DIR --max-new-tokens N
+      The decode gate's work (worker_lib/src/gates_compute.cc DecodeGate): per prompt, the
+      KV-cached decode along the bundle's greedy ids (each step's logits as float32), its four
+      comparisons with the bundle's decode and continuation logits, and a free greedy decode of
+      N tokens (transformers' DynamicCache, one token per forward, as the gate steps).
+  packing --checkpoint DIR --bundle DIR
+      The packing gate's work (gates_packing.cc): the prompts packed into one row (positions
+      restarting per sequence) against each alone, then the unpacked batch's backward and the
+      packed step's, the gradients compared per parameter in float64.
+  logprob --checkpoint DIR --bundle DIR --max-new-tokens N --seed SEED
+      The logprob_parity gate's work (gates_logprob.cc): N tokens sampled per prompt with the
+      KV cache, the cached decode along the bundle's greedy ids, one packed train-mode forward
+      without autograd over every prompt with its sampled and its greedy tokens.
+
+Each of decode, packing and logprob times its parts apart, as the gates' figures do, and
+reports a figure the gate also reports (greedy ids matched, packed vs alone, rollout vs
+training log-probs) as a check that it did the same work.
+
+load, forward, train, decode, packing and logprob take --dtype float32|bfloat16 (the validation cell's precision: the
 model is loaded in it, the forwards and training steps run in it; logits are compared as float32).
 Every mode takes --threads N (torch.set_num_threads; real_size.py also sets OMP_NUM_THREADS
 and MKL_NUM_THREADS) and --attn (transformers' attention implementation: "sdpa", its
@@ -307,7 +325,7 @@ def cmd_train(args):
     model.train()
     torch.manual_seed(args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    step_s, losses, lengths = [], [], []
+    step_s, fb_s, opt_s, losses, lengths = [], [], [], [], []
     c0 = time.process_time()
     for step in range(1, args.steps + 1):
         ids = usable[(step - 1) % len(usable)]
@@ -316,22 +334,271 @@ def cmd_train(args):
         logits = model(input_ids=ids[:-1].unsqueeze(0), use_cache=False).logits.to(torch.float32)
         loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), ids[1:])
         loss.backward()
+        t1 = time.perf_counter()
         optimizer.step()
         losses.append(loss.item())
         step_s.append(time.perf_counter() - t0)
+        fb_s.append(t1 - t0)
+        opt_s.append(step_s[-1] - fb_s[-1])
         lengths.append(int(ids.numel()) - 1)
     return {"mode": "train", "prompt_source": source, "steps": args.steps, "lr": args.lr,
             "seed": args.seed, "step_input_lengths": lengths, **timings,
             "peak_rss_after_load_bytes": load_rss,
             "step_s": step_s, "train_s": sum(step_s),
+            "step_forward_backward_s": fb_s, "step_optimizer_s": opt_s,
             "train_cpu_share": cpu_share(time.process_time() - c0, sum(step_s), torch.get_num_threads()),
             "step_mean_s": sum(step_s) / len(step_s), "losses": losses,
             "peak_rss_bytes": peak_rss_bytes()}
 
 
+# --- the decode, packing and logprob_parity gates' work, done by transformers ----------------
+
+def bundle_tensors(args, names):
+    """The bundle's tensors `names` (each a format string of the prompt index i), per prompt."""
+    from safetensors import safe_open
+
+    out = []
+    with safe_open(str(Path(args.bundle) / "reference.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+        i = 0
+        while f"prompts.{i}.input_ids" in keys:
+            out.append({n: f.get_tensor(n.format(i=i)) for n in names})
+            i += 1
+    return out
+
+
+def run_suffix(dtype):
+    """The bundle's tensor suffix of the cell's precision ("" fp32, "_bf16")."""
+    return "_bf16" if dtype == "bfloat16" else ""
+
+
+def new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def cached_step(model, ids, cache):
+    """One forward of ids [1, k] after what `cache` holds (positions continue from its length),
+    the cache extended: the logits [1, k, V]."""
+    return model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+
+def forced_decode_logits(model, prompt, forced):
+    """The decode gate's ForcedDecodeLogits: the prompt, then forced[:-1] one token at a time
+    with the KV cache; each step's last-position logits as float32, [n, V]."""
+    with torch.no_grad():
+        cache = new_cache(model)
+        rows = [cached_step(model, prompt.unsqueeze(0), cache)[0, -1].float()]
+        for s in range(1, forced.numel()):
+            rows.append(cached_step(model, forced[s - 1].view(1, 1), cache)[0, -1].float())
+    return torch.stack(rows)
+
+
+def greedy_decode(model, prompt, n):
+    """The decode gate's GreedyDecode: n tokens, argmax at each step, with the KV cache."""
+    with torch.no_grad():
+        cache = new_cache(model)
+        nxt = cached_step(model, prompt.unsqueeze(0), cache)[0, -1].argmax()
+        ids = [int(nxt)]
+        for _ in range(1, n):
+            nxt = cached_step(model, nxt.view(1, 1), cache)[0, -1].argmax()
+            ids.append(int(nxt))
+    return torch.tensor(ids)
+
+
+def packed_positions(seqs):
+    """One row of sequences: ids [1, sum T] and positions restarting at 0 at each sequence
+    (transformers finds the sequences' bounds from the restarts and masks each apart)."""
+    ids = torch.cat(seqs).unsqueeze(0)
+    pos = torch.cat([torch.arange(s.numel()) for s in seqs]).unsqueeze(0)
+    return ids, pos
+
+
+def cmd_decode(args):
+    """The decode gate's work (worker_lib/src/gates_compute.cc DecodeGate): per prompt, the
+    decode along upstream's greedy ids with the KV cache and its four comparisons with the
+    bundle's decode and continuation logits, then a free greedy decode."""
+    model, timings, _ = load_model(args.checkpoint, args.attn, args.dtype or "float32")
+    model.eval()
+    sfx = run_suffix(args.dtype)
+    n = args.max_new_tokens
+    runs = bundle_tensors(args, ["prompts.{i}.input_ids", "prompts.{i}.greedy_ids" + sfx,
+                                 "prompts.{i}.decode_logits" + sfx,
+                                 "prompts.{i}.continuation_logits" + sfx])
+    forced_s = compare_s = greedy_s = 0.0
+    matched = total = 0
+    steps_max_abs = 0.0
+    c0 = time.process_time()
+    t_all = time.perf_counter()
+    for r in runs:
+        prompt = r["prompts.{i}.input_ids"].long()
+        forced = r["prompts.{i}.greedy_ids" + sfx][:n].long()
+        dec = r["prompts.{i}.decode_logits" + sfx][:n]
+        cont = r["prompts.{i}.continuation_logits" + sfx][:n]
+        t0 = time.perf_counter()
+        steps = forced_decode_logits(model, prompt, forced)
+        forced_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        figures = [logit_comparison(dec, steps), logit_comparison(cont, steps),
+                   logit_comparison(cont, dec), logit_comparison(dec, cont)]
+        compare_s += time.perf_counter() - t0
+        steps_max_abs = max(steps_max_abs, figures[0]["max_abs"])
+        t0 = time.perf_counter()
+        ours = greedy_decode(model, prompt, n)
+        greedy_s += time.perf_counter() - t0
+        matched += int((ours == forced).sum())
+        total += n
+    wall = time.perf_counter() - t_all
+    return {"mode": "decode", "prompts": len(runs), "max_new_tokens": n, **timings,
+            "decode_s": wall, "forced_decode_s": forced_s, "comparison_s": compare_s,
+            "greedy_decode_s": greedy_s,
+            "cpu_share": cpu_share(time.process_time() - c0, wall, torch.get_num_threads()),
+            # A sanity check that the peer decoded what the bundle holds.
+            "greedy_matched": matched, "greedy_total": total,
+            "steps_vs_bundle_max_abs_diff": steps_max_abs, "peak_rss_bytes": peak_rss_bytes()}
+
+
+def cmd_packing(args):
+    """The packing gate's work (worker_lib/src/gates_packing.cc): the prompts packed into one
+    row against each alone (eval, no grad), then the unpacked batch's backward (each sequence's
+    summed cross-entropy over the batch's predicted tokens) and the packed step's, their
+    gradients compared per parameter in float64."""
+    model, timings, _ = load_model(args.checkpoint, args.attn, args.dtype or "float32")
+    prompts, _ = probe_prompts(args, model.config.vocab_size)
+    out = {"mode": "packing", "sequences": len(prompts), **timings}
+    c0 = time.process_time()
+    t_all = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        ids, pos = packed_positions(prompts)
+        t0 = time.perf_counter()
+        packed = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+        out["packed_forward_s"] = time.perf_counter() - t0
+        alone_s = compare_s = 0.0
+        bound, worst = 0, 0.0
+        for p in prompts:
+            t0 = time.perf_counter()
+            alone = model(input_ids=p.unsqueeze(0), use_cache=False).logits[0]
+            alone_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            f = logit_comparison(alone.float(), packed[bound:bound + p.numel()].float())
+            compare_s += time.perf_counter() - t0
+            worst = max(worst, f["max_abs"])
+            bound += p.numel()
+        # Near 0 when transformers masked each sequence apart (a leak across sequences would
+        # show as a large difference).
+        out.update({"alone_forwards_s": alone_s, "logit_comparison_s": compare_s,
+                    "packed_vs_alone_max_abs_diff": worst})
+        del packed
+    inputs = [p[:-1] for p in prompts if p.numel() >= 2]
+    labels = [p[1:] for p in prompts if p.numel() >= 2]
+    predicted = sum(x.numel() for x in labels)
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    for p in params:
+        p.grad = None
+    t0 = time.perf_counter()
+    for x, y in zip(inputs, labels):
+        logits = model(input_ids=x.unsqueeze(0), use_cache=False).logits[0].float()
+        loss = torch.nn.functional.cross_entropy(logits, y, reduction="sum") / predicted
+        loss.backward()
+    out["unpacked_step_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        norms = [p.grad.double().pow(2).sum().sqrt().item() if p.grad is not None else 0.0
+                 for p in params]
+    norms_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ids, pos = packed_positions(inputs)
+    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
+    loss = torch.nn.functional.cross_entropy(logits, torch.cat(labels))
+    (-loss).backward()
+    out["packed_step_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        rel = [(p.grad.double().pow(2).sum().sqrt().item() / n) if p.grad is not None and n > 0 else 0.0
+               for p, n in zip(params, norms)]
+    out["gradient_comparison_s"] = norms_s + time.perf_counter() - t0
+    wall = time.perf_counter() - t_all
+    out.update({"packing_s": wall, "grad_rel_diff_max": max(rel) if rel else None,
+                "cpu_share": cpu_share(time.process_time() - c0, wall, torch.get_num_threads()),
+                "peak_rss_bytes": peak_rss_bytes()})
+    return out
+
+
+def cmd_logprob(args):
+    """The logprob_parity gate's work (worker_lib/src/gates_logprob.cc): per prompt, n tokens
+    sampled with the KV cache at temperature 1 (float32 log_softmax, a draw from a CPU generator
+    seeded with the cell's training seed); the KV-cached decode along upstream's greedy ids;
+    then one packed train-mode forward without autograd over every prompt with its sampled
+    tokens and with upstream's greedy tokens, each target's log-prob gathered."""
+    model, timings, _ = load_model(args.checkpoint, args.attn, args.dtype or "float32")
+    sfx = run_suffix(args.dtype)
+    n = args.max_new_tokens
+    runs = bundle_tensors(args, ["prompts.{i}.input_ids", "prompts.{i}.greedy_ids" + sfx])
+    prompts = [r["prompts.{i}.input_ids"].long() for r in runs]
+    greedy = [r["prompts.{i}.greedy_ids" + sfx][:n].long() for r in runs]
+    out = {"mode": "logprob", "prompts": len(prompts), "max_new_tokens": n, **timings}
+    c0 = time.process_time()
+    t_all = time.perf_counter()
+    model.eval()
+    gen = torch.Generator().manual_seed(args.seed)
+    sampled, sampled_logprobs = [], []
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for p in prompts:
+            cache = new_cache(model)
+            logits = cached_step(model, p.unsqueeze(0), cache)
+            ids, lps = [], []
+            for step in range(n):
+                logp = torch.log_softmax(logits[0, -1].float(), -1)
+                tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                ids.append(tok)
+                lps.append(float(logp[tok]))
+                if step + 1 < n:
+                    logits = cached_step(model, torch.tensor([[tok]]), cache)
+            sampled.append(torch.tensor(ids))
+            sampled_logprobs.append(torch.tensor(lps, dtype=torch.float64))
+    out["rollout_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for p, g in zip(prompts, greedy):
+        logits = forced_decode_logits(model, p, g)
+        torch.log_softmax(logits, -1).gather(1, g.unsqueeze(1))
+    out["forced_decode_s"] = time.perf_counter() - t0
+    sequences = [torch.cat([p, s[:-1]]) for p, s in zip(prompts, sampled)]
+    sequences += [torch.cat([p, g[:-1]]) for p, g in zip(prompts, greedy)]
+    targets = sampled + greedy
+    model.train()
+    t0 = time.perf_counter()
+    diffs = []
+    with torch.no_grad():
+        ids, pos = packed_positions(sequences)
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+        bound = 0
+        for i, (seq, tgt) in enumerate(zip(sequences, targets)):
+            t = prompts[i % len(prompts)].numel()
+            logp = torch.log_softmax(logits[bound + t - 1:bound + t - 1 + tgt.numel()].float(), -1)
+            scored = logp.gather(1, tgt.unsqueeze(1)).squeeze(1).double()
+            if i < len(prompts):
+                diffs.append((scored - sampled_logprobs[i]).abs())
+            bound += seq.numel()
+    out["training_forward_s"] = time.perf_counter() - t0
+    wall = time.perf_counter() - t_all
+    d = torch.cat(diffs)
+    out.update({"logprob_s": wall, "sampled_tokens": int(d.numel()),
+                # The same figure as the gate's (rollout vs training log-probs), transformers'
+                # own: a sanity check that the peer did the same work.
+                "mean_abs_diff": float(d.mean()), "max_abs_diff": float(d.max()),
+                "cpu_share": cpu_share(time.process_time() - c0, wall, torch.get_num_threads()),
+                "peak_rss_bytes": peak_rss_bytes()})
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["make-checkpoint", "make-sharded-checkpoint", "load", "forward", "train"])
+    ap.add_argument("mode", choices=["make-checkpoint", "make-sharded-checkpoint", "load", "forward", "train",
+                                     "decode", "packing", "logprob"])
     ap.add_argument("--checkpoint", help="HF checkpoint directory (load, forward, train)")
     ap.add_argument("--bundle", help="reference bundle directory: the probe prompts' ids")
     ap.add_argument("--lengths", default="7,33,300",
@@ -340,7 +607,10 @@ def main(argv=None):
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--steps", type=int, default=2, help="training steps (the cell's)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW lr (the cell's)")
-    ap.add_argument("--seed", type=int, default=1234, help="training seed / random-id seed")
+    ap.add_argument("--seed", type=int, default=1234,
+                    help="training seed / random-id seed / logprob: the sampling seed (the cell's training seed)")
+    ap.add_argument("--max-new-tokens", type=int, default=32,
+                    help="decode, logprob: tokens per prompt (the cell's decode.max_new_tokens)")
     ap.add_argument("--config", help="make-checkpoint: config.json to instantiate")
     ap.add_argument("--out", help="make-checkpoint: output directory")
     ap.add_argument("--init-seed", type=int, default=0, help="make-checkpoint: torch.manual_seed")
@@ -358,7 +628,10 @@ def main(argv=None):
     else:
         if not args.checkpoint:
             ap.error(f"{args.mode} needs --checkpoint")
-        result = {"load": cmd_load, "forward": cmd_forward, "train": cmd_train}[args.mode](args)
+        if args.mode in ("decode", "packing", "logprob") and not args.bundle:
+            ap.error(f"{args.mode} needs --bundle (the reference bundle's prompts and greedy ids)")
+        result = {"load": cmd_load, "forward": cmd_forward, "train": cmd_train, "decode": cmd_decode,
+                  "packing": cmd_packing, "logprob": cmd_logprob}[args.mode](args)
     result.update({"threads": torch.get_num_threads(), "attn_implementation": args.attn,
                    "torch": torch.__version__, "transformers": transformers.__version__})
     print(json.dumps(result))

@@ -110,7 +110,11 @@ namespace internal {
 
 bool RequireReference(GateContext& ctx, GateOutcome& out) {
   if (ctx.reference) return true;
+  const double read_start = NowMsSteady();
   Result<ReferenceBundle> ref = LoadReference(ctx.spec.reference.path);
+  // Read (mapped, every tensor checked) by the first gate that needs it and again after a gate
+  // released it: part of this gate's time.
+  out.Real("reference_read_ms", NowMsSteady() - read_start, "ms");
   if (!ref.ok()) {
     // The bundle is an outside input: a missing or inconsistent one keeps the gate from
     // running (BLOCKED, naming the tensor or field), it says nothing about the adapter.
@@ -370,22 +374,29 @@ GateOutcome DecodeGate(GateContext& ctx) {
   // the direction of a comparison against upstream's decode.
   LogitComparison vs_decode, vs_continuation, upstream_self, upstream_self_reverse;
   int64_t distinct_min = std::numeric_limits<int64_t>::max();
+  // The gate's costs, timed apart (tools/bench/real_size.py sets them beside transformers' same
+  // work): the forced decodes, their comparisons, the free greedy decodes.
+  double forced_ms = 0, comparison_ms = 0;
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const ReferencePrompt& p = ref.prompts[i];
     const ReferenceRun& run = p.For(precision);
     const torch::Tensor forced = run.greedy_ids.slice(0, 0, n);
+    const double forced_start = NowMsSteady();
     const torch::Tensor steps = ForcedDecodeLogits(*ctx.model, p.input_ids, forced, ctx.device);
+    forced_ms += NowMsSteady() - forced_start;
     if (steps.dim() != 2 || steps.size(1) != ref.vocab_size) {
       return out.Fail(FailureClass::kAdapterContract,
                       "prompt " + std::to_string(i) + ": decode steps returned logits " +
                           ShapeString(steps.sizes()) + ", expected [" + std::to_string(n) + ", " +
                           std::to_string(ref.vocab_size) + "]");
     }
+    const double comparison_start = NowMsSteady();
     vs_decode.Add(run.decode_logits.slice(0, 0, n), steps);
     vs_continuation.Add(run.continuation_logits.slice(0, 0, n), steps);
     upstream_self.Add(run.continuation_logits.slice(0, 0, n), run.decode_logits.slice(0, 0, n));
     upstream_self_reverse.Add(run.decode_logits.slice(0, 0, n),
                               run.continuation_logits.slice(0, 0, n));
+    comparison_ms += NowMsSteady() - comparison_start;
     const int64_t distinct = DistinctTokens(forced);
     distinct_min = std::min(distinct_min, distinct);
     out.Count("reference_distinct_tokens_prompt_" + std::to_string(i), distinct);
@@ -449,14 +460,16 @@ GateOutcome DecodeGate(GateContext& ctx) {
   // 2. Free greedy decode: ids and text.
   const double tie_gap = NearTieGap(steps_bars);
   int64_t matched = 0, total = 0, texts_compared = 0, texts_equal = 0, tie_divergences = 0;
-  double ms_sum = 0;
+  double ms_sum = 0, greedy_ms = 0;
   std::string first_mismatch;
   std::vector<std::string> ties;
   bool mismatch_counts = false;  // a mismatch that is not an accepted near-tie divergence
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     const ReferencePrompt& p = ref.prompts[i];
     double ms = 0;
+    const double greedy_start = NowMsSteady();
     const torch::Tensor ours = GreedyDecode(*ctx.model, p.input_ids, n, ctx.device, &ms);
+    greedy_ms += NowMsSteady() - greedy_start;
     ms_sum += ms;
     const torch::Tensor want = p.For(precision).greedy_ids.slice(0, 0, n);
     const torch::Tensor eq = ours == want;
@@ -515,6 +528,9 @@ GateOutcome DecodeGate(GateContext& ctx) {
   out.Count("tokens_total", total);
   out.Text("first_mismatch", first_mismatch.empty() ? "none" : first_mismatch);
   out.Real("ms_per_token", ms_sum / static_cast<double>(ref.prompts.size()), "ms");
+  out.Real("forced_decode_ms", forced_ms, "ms");
+  out.Real("comparison_ms", comparison_ms, "ms");
+  out.Real("greedy_decode_ms", greedy_ms, "ms");
   if (tie_gap > 0) {
     out.Real("near_tie_gap_bar", tie_gap, "nats");
     out.Count("near_tie_divergences", tie_divergences);

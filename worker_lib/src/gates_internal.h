@@ -49,19 +49,37 @@ struct Float64Stats {
 /// training step would be the training gate's peak memory.
 inline constexpr int64_t kStatsChunk = int64_t{1} << 22;
 
-/// Float64Stats of `t` (any dtype and device), converted to float64 one slice of `chunk`
+/// Float64Stats of `t` (any real dtype and device), converted to float64 one slice of `chunk`
 /// elements at a time; sums accumulate across slices in float64.
+///
+/// Below float64 (float32, bfloat16, float16, integers, bool) the two sums decide the flags: a
+/// finite element's square (at most 1.2e77) cannot overflow float64 nor can their sum, so a
+/// NaN or an Inf is exactly what makes a sum non-finite; and a nonzero element's square is
+/// nonzero in float64 (the smallest float32 denormal squared is 2e-90), so sum_sq > 0 is
+/// exactly "some element is nonzero" (sum_sq != 0, so a NaN counts as nonzero, as it does
+/// element by element). That saves two passes over every slice (the training gate runs this
+/// over every weight and gradient: docs/real-size.md). Any other dtype (float64, whose squares
+/// can overflow or underflow; complex) is checked element by element.
 inline Float64Stats StatsOf(const torch::Tensor& t, int64_t chunk = kStatsChunk) {
   torch::NoGradGuard no_grad;
   Float64Stats s;
   const torch::Tensor flat = t.detach().reshape({-1});
+  const torch::ScalarType type = flat.scalar_type();
+  const bool wide = !(type == torch::kFloat || type == torch::kBFloat16 || type == torch::kHalf ||
+                      c10::isIntegralType(type, /*includeBool=*/true));
   for (int64_t begin = 0; begin < flat.numel(); begin += chunk) {
     const torch::Tensor d =
         flat.slice(0, begin, std::min(begin + chunk, flat.numel())).to(torch::kDouble);
-    s.finite = s.finite && torch::isfinite(d).all().item<bool>();
-    s.any_nonzero = s.any_nonzero || (d != 0).any().item<bool>();
+    if (wide) {
+      s.finite = s.finite && torch::isfinite(d).all().item<bool>();
+      s.any_nonzero = s.any_nonzero || (d != 0).any().item<bool>();
+    }
     s.sum += d.sum().item<double>();
     s.sum_sq += d.pow(2).sum().item<double>();
+  }
+  if (!wide) {
+    s.finite = std::isfinite(s.sum) && std::isfinite(s.sum_sq);
+    s.any_nonzero = s.sum_sq != 0;
   }
   return s;
 }

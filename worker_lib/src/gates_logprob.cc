@@ -154,6 +154,7 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
   out.Real("rollout_ms", NowMsSteady() - rollout_start, "ms");
   // Our KV-cached decode along upstream's greedy tokens (the rows that chose them).
   std::vector<torch::Tensor> greedy_decode_logprobs(prompts.size());
+  const double forced_start = NowMsSteady();
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (greedy[i].size(0) == 0) continue;
     const torch::Tensor logits = ForcedDecodeLogits(model, prompts[i], greedy[i], ctx.device);
@@ -162,6 +163,7 @@ GateOutcome LogprobParityGate(GateContext& ctx) {
                                     .squeeze(1)
                                     .to(torch::kDouble);
   }
+  out.Real("forced_decode_ms", NowMsSteady() - forced_start, "ms");
   out.Count("sequences", static_cast<int64_t>(prompts.size()));
   out.Count("sampled_tokens", static_cast<int64_t>(prompts.size()) * n);
   out.Count("sampling_seed", ctx.spec.training.seed);

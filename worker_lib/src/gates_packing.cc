@@ -65,6 +65,9 @@ GateOutcome PackingGate(GateContext& ctx) {
     const double start = NowMsSteady();
     const torch::Tensor logits =
         model.ForwardPacked(packed.tokens, packed.positions, packed.cu_seqlens);
+    // Each timer is read after the device has finished (the figures are parts of the phase's
+    // time, tools/bench/phase_accounting.py; on CUDA the kernels are asynchronous).
+    internal::SyncDevice(ctx.device);
     out.Real("packed_forward_ms", NowMsSteady() - start, "ms");
     if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != packed.bounds.back() ||
         logits.size(2) != ref.vocab_size) {
@@ -77,11 +80,16 @@ GateOutcome PackingGate(GateContext& ctx) {
     int64_t bit_equal = 0, near_ties = 0;
     double flip_gap_max = 0;  // the largest log-prob gap (alone) of a flipped top-1, nats
     std::vector<std::string> differing;
+    double alone_ms = 0;  // the forwards of each prompt alone; the rest of the loop compares
+    const double compare_start = NowMsSteady();
     for (size_t i = 0; i < prompts.size(); ++i) {
       const int64_t t = prompts[i].size(0);
+      const double alone_start = NowMsSteady();
       const torch::Tensor alone =
           model.Forward(prompts[i].unsqueeze(0).to(ctx.device), Positions(0, t, ctx.device),
                         nullptr)[0];
+      internal::SyncDevice(ctx.device);
+      alone_ms += NowMsSteady() - alone_start;
       const torch::Tensor in_pack = logits[0].slice(0, packed.bounds[i], packed.bounds[i + 1]);
       const bool equal = torch::equal(alone, in_pack);
       if (equal) {
@@ -135,6 +143,8 @@ GateOutcome PackingGate(GateContext& ctx) {
                          "own forward");
       }
     }
+    out.Real("alone_forwards_ms", alone_ms, "ms");
+    out.Real("logit_comparison_ms", NowMsSteady() - compare_start - alone_ms, "ms");
     out.Count("sequences_bit_equal", bit_equal);
     out.Real("max_abs_diff", cmp.max_abs_diff(), "logits");
     out.Real("kl_max", cmp.kl_max(), "nats");
@@ -201,12 +211,14 @@ GateOutcome PackingGate(GateContext& ctx) {
       unpacked_loss += loss.item<double>();
     }
     out.Real("unpacked_step_ms", NowMsSteady() - unpacked_start, "ms");
+    const double norms_start = NowMsSteady();
     std::vector<double> unpacked_norm(params.size(), 0.0);
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].grad().defined()) {
         unpacked_norm[i] = std::sqrt(internal::StatsOf(params[i].grad()).sum_sq);
       }
     }
+    const double norms_ms = NowMsSteady() - norms_start;
 
     // The packed step, its loss backpropagated negated: each gradient becomes unpacked -
     // packed in place (negation is exact in floating point, so -packed is the packed
@@ -219,6 +231,7 @@ GateOutcome PackingGate(GateContext& ctx) {
     const torch::Tensor packed_loss =
         torch::nn::functional::cross_entropy(packed_logits, torch::cat(labels).to(ctx.device));
     (-packed_loss).backward();
+    internal::SyncDevice(ctx.device);
     out.Real("packed_step_ms", NowMsSteady() - start, "ms");
     const double packed_loss_value = packed_loss.item<double>();
     const double loss_rel =
@@ -232,6 +245,7 @@ GateOutcome PackingGate(GateContext& ctx) {
     }
     // Per parameter: ||unpacked - packed|| / ||unpacked||, in float64 by slices.
     torch::NoGradGuard no_grad;
+    const double grad_compare_start = NowMsSteady();
     double worst = 0;
     std::string worst_name;
     std::vector<std::string> grad_misses;
@@ -248,6 +262,8 @@ GateOutcome PackingGate(GateContext& ctx) {
         grad_misses.push_back(names[i] + " (relative diff " + Num(rel) + ")");
       }
     }
+    // Both passes over the gradients in float64: the unpacked norms, then the differences'.
+    out.Real("gradient_comparison_ms", norms_ms + NowMsSteady() - grad_compare_start, "ms");
     out.Real("grad_rel_diff_max", worst, "ratio");
     if (!worst_name.empty()) out.Text("grad_rel_diff_max_parameter", worst_name);
     out.Count("parameters_compared", static_cast<int64_t>(params.size()));

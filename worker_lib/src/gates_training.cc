@@ -195,8 +195,10 @@ GateOutcome TrainingGate(GateContext& ctx) {
     out.Real("adopted_copy_ms", NowMsSteady() - copy_start, "ms");
   }
   internal::ReturnFreedMemory();  // the bundle's logits, mostly tensors below glibc's threshold
+  const double fingerprint_start = NowMsSteady();
   std::map<std::string, std::array<double, 3>> before;
   for (const auto& [key, t] : tensors_by_key(false)) before[key] = Fingerprint(t);
+  double fingerprint_ms = NowMsSteady() - fingerprint_start;  // with the one after the steps
   out.Count("trainable_tensors", static_cast<int64_t>(trainable.size()));
   if (trainable.empty()) return out.Fail(FailureClass::kAdapterContract, "no trainable parameter");
   // Upstream's AdamW, op for op (adamw.h): the trace's later losses depend on its rounding.
@@ -232,8 +234,14 @@ GateOutcome TrainingGate(GateContext& ctx) {
     const torch::Tensor loss =
         torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), labels);
     loss.backward();
+    SyncDevice(ctx.device);
+    // Each step's parts, timed apart (tools/bench/real_size.py sets them beside transformers'
+    // steps): forward and backward, the gradient checks (every gradient's float64 statistics,
+    // at step 1 each checkpoint key's float64 norm and sum against upstream's), the optimizer.
+    const double checks_start = NowMsSteady();
 
     const std::string k = std::to_string(step);
+    out.Real("step_" + k + "_forward_backward_ms", checks_start - t0, "ms");
     const double loss_value = loss.item<double>();
     out.Real("loss_step_" + k, loss_value, "nats");
     std::vector<std::string> bad;
@@ -337,7 +345,11 @@ GateOutcome TrainingGate(GateContext& ctx) {
                          WorstFirst(std::move(off_sum)));
       }
     }
+    const double optimizer_start = NowMsSteady();
+    out.Real("step_" + k + "_checks_ms", optimizer_start - checks_start, "ms");
     optimizer.Step();
+    SyncDevice(ctx.device);
+    out.Real("step_" + k + "_optimizer_ms", NowMsSteady() - optimizer_start, "ms");
     // The step's temporaries (step 1's float64 norms, the adopted parameters' file copies)
     // leave holes in malloc's heap that the next step's gradients do not fill: returned, the
     // cell's peak is 0.2 GB lower at Qwen2.5-0.5B (docs/real-size.md).
@@ -358,6 +370,7 @@ GateOutcome TrainingGate(GateContext& ctx) {
   // bf16 an update below half an ulp rounds away, upstream's too: those are not required).
   std::vector<std::string> unchanged;
   int64_t required = 0;
+  const double fingerprint_after_start = NowMsSteady();
   const std::map<std::string, torch::Tensor> after = tensors_by_key(false);
   for (const auto& [key, slot] : key_slot) {
     auto first = trace.first_changed_step.find(key);
@@ -369,6 +382,8 @@ GateOutcome TrainingGate(GateContext& ctx) {
     auto now = after.find(key);
     if (now == after.end() || Fingerprint(now->second) == before[key]) unchanged.push_back(key);
   }
+  fingerprint_ms += NowMsSteady() - fingerprint_after_start;
+  out.Real("fingerprint_ms", fingerprint_ms, "ms");
   out.Count("weights_required_to_change", required);
   out.Count("weights_unchanged", static_cast<int64_t>(unchanged.size()));
   if (!unchanged.empty()) {
