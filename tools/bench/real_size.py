@@ -835,7 +835,7 @@ def summarize(cell, build, peers, ckpt_bytes, threads):
                               if f.get("name", "").startswith("stage_")},
          "build_s": build.get("build_s"), "fetch_and_checkout_s": build.get("fetch_and_checkout_s"),
          "phases_s": {n: dur(vp, n) for n in PHASES},
-         "phases_status": {n: (vp.get(n) or {}).get("status") for n in PHASES},
+         "phases_status": summarize_status(cell),
          "phases_rss": {n: rss_figures(vp.get(n)) for n in PHASES},
          "time_to_verdict_s": (v_ended - cell["t_submit"]) if v_ended else None,
          "validation_attempt_s": (v_ended - v_started) if v_started and v_ended else None,

@@ -119,15 +119,8 @@ def load_model(checkpoint, attn, dtype="float32"):
 def probe_prompts(args, vocab_size):
     """The reference bundle's prompt ids, or seeded random ids of --lengths."""
     if args.bundle:
-        from safetensors import safe_open
-
-        prompts = []
-        with safe_open(str(Path(args.bundle) / "reference.safetensors"), framework="pt") as f:
-            keys = set(f.keys())
-            i = 0
-            while f"prompts.{i}.input_ids" in keys:
-                prompts.append(f.get_tensor(f"prompts.{i}.input_ids").to(torch.long))
-                i += 1
+        prompts = [r["prompts.{i}.input_ids"].long()
+                   for r in bundle_tensors(args, ["prompts.{i}.input_ids"])]
         if not prompts:
             raise SystemExit(f"{args.bundle}/reference.safetensors holds no prompts.<i>.input_ids")
         return prompts, "reference bundle"
@@ -590,6 +583,8 @@ def cmd_logprob(args):
                 # The same figure as the gate's (rollout vs training log-probs), transformers'
                 # own: a sanity check that the peer did the same work.
                 "mean_abs_diff": float(d.mean()), "max_abs_diff": float(d.max()),
+                # The gate's rollout_logprob_mean: what the seed's draws scored.
+                "rollout_logprob_mean": float(torch.cat(sampled_logprobs).mean()),
                 "cpu_share": cpu_share(time.process_time() - c0, wall, torch.get_num_threads()),
                 "peak_rss_bytes": peak_rss_bytes()})
     return out
