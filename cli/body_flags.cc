@@ -1,5 +1,8 @@
 #include "cli/body_flags.h"
 
+#include <algorithm>
+#include <charconv>
+#include <iterator>
 #include <sstream>
 #include <utility>
 
@@ -13,10 +16,44 @@ void AddBodyFlags(CLI::App& command, BodyFlags& f) {
   command.add_option("--mode", f.mode, "eager or cuda_graph");
   command.add_option("--device", f.device, "cpu or cuda");
   command.add_option("--tp", f.tp, "tensor-parallel size")->check(CLI::Range(1, 64));
+  command
+      .add_option("--mesh", f.mesh,
+                  "topology as KEY=N,...: tp, dp, pp, dp_shard, cp, ep, etp (e.g. dp_shard=2,tp=2)")
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            Result<nlohmann::json> mesh = ParseMeshFlag(value);
+            return mesh.ok() ? std::string() : mesh.status().message();
+          },
+          "KEY=N,..."));
   command.add_option("--phases", f.phases, "comma-separated phases (default: the controller's)");
   command.add_option("--max-new-tokens", f.max_new_tokens, "greedy decode length")
       ->check(CLI::Range(1, 4096));
   command.add_option("--training-steps", f.steps, "optimizer steps")->check(CLI::Range(2, 1000));
+}
+
+Result<nlohmann::json> ParseMeshFlag(std::string_view value) {
+  static constexpr std::string_view kKeys[] = {"tp", "dp", "pp", "ep", "dp_shard", "cp", "etp"};
+  nlohmann::json out = nlohmann::json::object();
+  size_t start = 0;
+  while (start <= value.size()) {
+    const size_t end = std::min(value.find(',', start), value.size());
+    const std::string_view item = value.substr(start, end - start);
+    const size_t eq = item.find('=');
+    const std::string_view key = item.substr(0, eq);
+    const std::string_view digits = eq == std::string_view::npos ? "" : item.substr(eq + 1);
+    const bool known = std::find(std::begin(kKeys), std::end(kKeys), key) != std::end(kKeys);
+    int64_t n = 0;
+    const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (!known || digits.empty() || ec != std::errc() || ptr != digits.data() + digits.size() ||
+        n < 1) {
+      return Status::InvalidArgument(
+          "--mesh: '" + std::string(item) + "' is not KEY=N with KEY one of tp, dp, pp, ep, "
+          "dp_shard, cp, etp and N a positive integer");
+    }
+    out[std::string(key)] = n;
+    start = end + 1;
+  }
+  return out;
 }
 
 void ApplyBodyFlags(const BodyFlags& f, nlohmann::json& body) {
@@ -25,6 +62,12 @@ void ApplyBodyFlags(const BodyFlags& f, nlohmann::json& body) {
         std::pair{"reference", &f.reference}, std::pair{"precision", &f.precision},
         std::pair{"mode", &f.mode}, std::pair{"device", &f.device}}) {
     if (!value->empty()) body[key] = *value;
+  }
+  if (!f.mesh.empty()) {
+    // Checked when parsed (AddBodyFlags' validator).
+    if (Result<nlohmann::json> mesh = ParseMeshFlag(f.mesh); mesh.ok()) {
+      for (const auto& [key, n] : mesh->items()) body["topology"][key] = n;
+    }
   }
   if (f.tp > 0) body["topology"]["tp"] = f.tp;
   if (f.max_new_tokens > 0) body["decode"]["max_new_tokens"] = f.max_new_tokens;

@@ -6,6 +6,9 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "common/status.h"
 
 namespace gatehouse::cli {
 
@@ -13,15 +16,22 @@ namespace gatehouse::cli {
 struct BodyFlags {
   std::string family, checkpoint, reference, precision, mode, device, phases;
   int tp = 0, max_new_tokens = 0, steps = 0;
+  /// --mesh "dp_shard=2,tp=2": topology members (docs/protocols.md §2), checked for form here
+  /// and for values by the controller.
+  std::string mesh;
 };
 
-/// Adds --family, --checkpoint, --reference, --precision, --mode, --device, --tp, --phases,
-/// --max-new-tokens and --training-steps to `command`, writing into `flags` (which must outlive
+/// The topology members of a --mesh value "KEY=N[,KEY=N...]" (KEY one of tp, dp, pp, ep,
+/// dp_shard, cp, etp; N a positive integer). Errors: INVALID_ARGUMENT naming the item.
+Result<nlohmann::json> ParseMeshFlag(std::string_view value);
+
+/// Adds --family, --checkpoint, --reference, --precision, --mode, --device, --tp, --mesh,
+/// --phases, --max-new-tokens and --training-steps to `command`, writing into `flags` (which must outlive
 /// the parse).
 void AddBodyFlags(CLI::App& command, BodyFlags& flags);
 
 /// Sets the body members of the flags that were given (model_family, checkpoint, ...,
-/// topology.tp, decode.max_new_tokens, training.steps, phases split at commas), replacing what
+/// topology.tp and the --mesh members, decode.max_new_tokens, training.steps, phases split at commas), replacing what
 /// `body` had for them.
 void ApplyBodyFlags(const BodyFlags& flags, nlohmann::json& body);
 

@@ -156,22 +156,37 @@ bool IsMajorMinor(const std::string& s) {
 }
 
 Status ReadTopology(const json& v, Form form, CellSpec::Topology& out) {
-  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "topology.", {"tp", "dp", "pp", "ep"}));
-  std::pair<const char*, int64_t*> members[] = {
-      {"tp", &out.tp}, {"dp", &out.dp}, {"pp", &out.pp}, {"ep", &out.ep}};
-  for (auto& [name, dst] : members) {
-    GH_ASSIGN_OR_RETURN(const json* f, Get(m, form, name));
+  GH_ASSIGN_OR_RETURN(Members m, Members::Of(v, "topology.",
+                                             {"tp", "dp", "pp", "ep", "dp_shard", "cp", "etp"}));
+  // dp_shard, cp and etp are frozen only when not 1 (CellSpecToJson), so they are optional there.
+  struct Degree {
+    const char* name;
+    int64_t* dst;
+    bool optional_when_frozen;
+  };
+  const Degree members[] = {{"tp", &out.tp, false},      {"dp", &out.dp, false},
+                            {"pp", &out.pp, false},      {"ep", &out.ep, false},
+                            {"dp_shard", &out.dp_shard, true}, {"cp", &out.cp, true},
+                            {"etp", &out.etp, true}};
+  for (const Degree& d : members) {
+    GH_ASSIGN_OR_RETURN(const json* f, Get(m, form, d.name, d.optional_when_frozen));
     if (f) {
-      GH_ASSIGN_OR_RETURN(*dst, ReadInt(*f, m.Name(name), 1, Limits::kMaxWorldSize));
+      GH_ASSIGN_OR_RETURN(*d.dst, ReadInt(*f, m.Name(d.name), 1, Limits::kMaxWorldSize));
     }
   }
-  // One worker process per rank (tp x dp x pp). Each factor is at most kMaxWorldSize, so the
-  // product cannot overflow.
-  if (out.tp * out.dp * out.pp > Limits::kMaxWorldSize) {
+  // One worker process per rank. Each factor is at most kMaxWorldSize, so the product cannot
+  // overflow.
+  if (out.tp * out.dp * out.pp * out.dp_shard * out.cp > Limits::kMaxWorldSize) {
     return FieldError("topology",
-                      "tp x dp x pp of at most " + std::to_string(Limits::kMaxWorldSize) +
-                          " ranks",
+                      "pp x dp x dp_shard x cp x tp of at most " +
+                          std::to_string(Limits::kMaxWorldSize) + " ranks",
                       v);
+  }
+  // A submitted mesh must also be one the ranks can form (ep borrowed from dp_shard x cp).
+  // A frozen spec is not held to that rule: cells stored before it keep reading (their
+  // parallel gate names what it cannot run).
+  if (form == Form::kBody) {
+    GH_RETURN_IF_ERROR(Mesh::Make(out.mesh_shape(), Limits::kMaxWorldSize).status());
   }
   return Status::Ok();
 }
@@ -586,6 +601,24 @@ Result<CellSpec> ParseCellSpecJson(std::string_view spec_json) {
   return ParseCellSpec(spec);
 }
 
+json TopologyJson(const CellSpec::Topology& t) {
+  json out = {{"tp", t.tp}, {"dp", t.dp}, {"pp", t.pp}, {"ep", t.ep}};
+  // Frozen only when not 1: a cell frozen before these dimensions existed keeps its identity.
+  if (t.dp_shard != 1) out["dp_shard"] = t.dp_shard;
+  if (t.cp != 1) out["cp"] = t.cp;
+  if (t.etp != 1) out["etp"] = t.etp;
+  return out;
+}
+
+std::string TopologyText(const CellSpec::Topology& t) {
+  std::string out = "tp=" + std::to_string(t.tp) + " dp=" + std::to_string(t.dp) +
+                    " pp=" + std::to_string(t.pp) + " ep=" + std::to_string(t.ep);
+  if (t.dp_shard != 1) out += " dp_shard=" + std::to_string(t.dp_shard);
+  if (t.cp != 1) out += " cp=" + std::to_string(t.cp);
+  if (t.etp != 1) out += " etp=" + std::to_string(t.etp);
+  return out;
+}
+
 json CellSpecToJson(const CellSpec& s) {
   json spec = json::object();
   spec["spec_version"] = s.spec_version;
@@ -619,8 +652,7 @@ json CellSpecToJson(const CellSpec& s) {
   if (!s.control.empty()) spec["control"] = s.control;
   spec["launch"] = {{"runner", s.launch.runner},
                     {"processes_per_rank", s.launch.processes_per_rank}};
-  spec["topology"] = {
-      {"tp", s.topology.tp}, {"dp", s.topology.dp}, {"pp", s.topology.pp}, {"ep", s.topology.ep}};
+  spec["topology"] = TopologyJson(s.topology);
   spec["precision"] = s.precision;
   spec["mode"] = s.mode;
   return spec;

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mesh.h"
 #include "common/status.h"
 
 namespace gatehouse {
@@ -23,7 +24,7 @@ inline constexpr int64_t kCellSpecVersion = 1;
 /// Limits on the knobs of a cell. A submit body past one is refused (REST 400) naming the field
 /// and the value; a frozen spec past one is refused by the agent and the worker the same way.
 struct CellSpecLimits {
-  /// Worker ranks one cell may ask for: topology tp x dp x pp, one process per rank.
+  /// Worker ranks one cell may ask for: the topology's mesh, one process per rank.
   static constexpr int64_t kMaxWorldSize = 64;
   /// Optimizer steps of the training phase (the reference trace holds 4).
   static constexpr int64_t kMaxTrainingSteps = 1000;
@@ -114,11 +115,21 @@ struct CellSpec {
     bool operator==(const Launch&) const = default;
   } launch;
 
+  /// The parallel layout, a device mesh (common/mesh.h, torchtitan's dimension names): `dp`
+  /// is the data-parallel replicate degree (torchtitan's dp_replicate), `dp_shard` the FSDP
+  /// degree, `ep` borrows its ranks from dp_shard x cp (x tp when etp is 1). dp_shard, cp and
+  /// etp enter the frozen spec only when not 1, so a cell frozen before they existed keeps
+  /// its identity.
   struct Topology {
     int64_t tp = 1, dp = 1, pp = 1, ep = 1;  // each 1..kMaxWorldSize
-    /// tp x dp x pp: the worker ranks the agent launches ("ep" adds none); at most
-    /// CellSpecLimits::kMaxWorldSize once parsed.
-    int world_size() const { return static_cast<int>(tp * dp * pp); }
+    int64_t dp_shard = 1, cp = 1, etp = 1;   // each 1..kMaxWorldSize
+    /// pp x dp x dp_shard x cp x tp: the worker ranks the agent launches ("ep" adds none);
+    /// at most CellSpecLimits::kMaxWorldSize once parsed.
+    int world_size() const { return static_cast<int>(tp * dp * pp * dp_shard * cp); }
+    MeshShape mesh_shape() const {
+      return {.pp = pp, .dp_replicate = dp, .dp_shard = dp_shard, .cp = cp, .tp = tp,
+              .ep = ep, .etp = etp};
+    }
     bool operator==(const Topology&) const = default;
   } topology;
 
@@ -163,6 +174,13 @@ Result<CellSpec> ParseCellSpecJson(std::string_view spec_json);
 /// The frozen spec as JSON: every member, runtime.cuda and runtime.gpu_model only when set
 /// (so a cell without those pins keeps the id it had before they existed).
 nlohmann::json CellSpecToJson(const CellSpec& spec);
+
+/// The topology as the frozen spec writes it: {"tp", "dp", "pp", "ep"} always, "dp_shard",
+/// "cp" and "etp" only when not 1 (REST renders it the same way).
+nlohmann::json TopologyJson(const CellSpec::Topology& topology);
+/// "tp=2 dp=1 pp=1 ep=1", then " dp_shard=N", " cp=N", " etp=N" for those not 1: the
+/// topology in reports, matrix column keys and reasons.
+std::string TopologyText(const CellSpec::Topology& topology);
 
 /// The canonical serialisation of the frozen spec (keys sorted, no whitespace): the text
 /// whose SHA-256 is the cell id.

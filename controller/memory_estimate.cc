@@ -172,6 +172,22 @@ MemoryCalibration MemoryCalibration::From(const std::vector<MeasuredPeak>& peaks
   return c;
 }
 
+namespace {
+
+// [tp, dp, pp, ep], then dp_shard, cp, etp when any is not 1: the keys of cells stored before
+// those dimensions existed stay as they were, so their measured peaks still apply.
+nlohmann::json TopologyKey(const CellSpec::Topology& t) {
+  nlohmann::json key = {t.tp, t.dp, t.pp, t.ep};
+  if (t.dp_shard != 1 || t.cp != 1 || t.etp != 1) {
+    key.push_back(t.dp_shard);
+    key.push_back(t.cp);
+    key.push_back(t.etp);
+  }
+  return key;
+}
+
+}  // namespace
+
 std::string MemoryKey(const CellSpec& spec) {
   nlohmann::json key = {
       {"checkpoint", spec.checkpoint.digest.empty() ? spec.checkpoint.path : spec.checkpoint.digest},
@@ -179,7 +195,7 @@ std::string MemoryKey(const CellSpec& spec) {
       {"device", spec.runtime.device},
       {"precision", spec.precision},
       {"mode", spec.mode},
-      {"topology", {spec.topology.tp, spec.topology.dp, spec.topology.pp, spec.topology.ep}},
+      {"topology", TopologyKey(spec.topology)},
       {"phases", spec.phases},
       {"decode", spec.decode.max_new_tokens},
       {"training", spec.training.steps},

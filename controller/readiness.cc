@@ -1,12 +1,21 @@
 #include "controller/readiness.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <tuple>
 #include <utility>
 
 namespace gatehouse::controller {
+namespace {
+
+/// The topology's degrees in a fixed order, so combinations and columns sort by number.
+std::array<int64_t, 7> Degrees(const CellSpec::Topology& t) {
+  return {t.tp, t.dp, t.pp, t.ep, t.dp_shard, t.cp, t.etp};
+}
+
+}  // namespace
 
 std::string_view ReadinessOf(AttemptState status) {
   switch (status) {
@@ -22,8 +31,9 @@ std::string_view ReadinessOf(AttemptState status) {
 }
 
 std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary>& cells) {
+  // The topology enters as its seven degrees, compared as numbers.
   using Key = std::tuple<std::string, std::string, std::string, std::string, std::string,
-                         int64_t, int64_t, int64_t, int64_t, std::string, std::string, std::string>;
+                         std::array<int64_t, 7>, std::string, std::string, std::string>;
   std::map<Key, ReadinessCombination> combinations;
   std::set<std::pair<Key, std::pair<std::string, std::string>>> seen;  // (key, (repo, commit))
   for (const CellSummary& c : cells) {
@@ -32,8 +42,8 @@ std::vector<ReadinessCombination> ComputeReadiness(const std::vector<CellSummary
     std::string phases;
     for (const std::string& p : spec->phases) phases += (phases.empty() ? "" : ",") + p;
     const Key key{spec->model_family, spec->checkpoint.path, spec->checkpoint.digest,
-                  spec->runtime.device, spec->precision, spec->topology.tp, spec->topology.dp,
-                  spec->topology.pp, spec->topology.ep, spec->mode, phases, spec->runtime.torch};
+                  spec->runtime.device, spec->precision, Degrees(spec->topology),
+                  spec->mode, phases, spec->runtime.torch};
     if (!seen.insert({key, {spec->repository, spec->commit}}).second) continue;  // older cell
     ReadinessCombination& combination = combinations[key];
     if (combination.commits.empty()) {
@@ -142,16 +152,15 @@ std::vector<CellSummary> OnDesignatedBranches(std::vector<CellSummary> cells,
 }
 
 Matrix ArrangeMatrix(const std::vector<MatrixSquare>& squares, std::string_view status) {
-  using ColumnOrder = std::tuple<std::string, std::string, int, int, int, int, std::string>;
+  using ColumnOrder =
+      std::tuple<std::string, std::string, std::array<int64_t, 7>, std::string>;
   std::map<ColumnOrder, MatrixColumn> columns;
   Matrix out;
   for (const MatrixSquare& q : squares) {
     const std::string_view readiness = ReadinessOf(q.status);
     if (!status.empty() && status != AttemptStateName(q.status) && status != readiness) continue;
-    MatrixColumn c{"", q.device, q.precision, {q.tp, q.dp, q.pp, q.ep}, q.mode};
-    c.key = q.device + " " + q.precision + " tp=" + std::to_string(q.tp) + " dp=" +
-            std::to_string(q.dp) + " pp=" + std::to_string(q.pp) + " ep=" + std::to_string(q.ep) +
-            " " + q.mode;
+    MatrixColumn c{"", q.device, q.precision, q.topology, q.mode};
+    c.key = q.device + " " + q.precision + " " + TopologyText(q.topology) + " " + q.mode;
     if (out.rows.empty() || out.rows.back().model_family != q.model_family ||
         out.rows.back().checkpoint.digest != q.checkpoint_digest ||
         out.rows.back().checkpoint.path != q.checkpoint_path) {
@@ -160,7 +169,7 @@ Matrix ArrangeMatrix(const std::vector<MatrixSquare>& squares, std::string_view 
     MatrixRow& row = out.rows.back();
     ++row.counts[std::string(readiness)];
     row.squares.emplace(c.key, q);
-    columns.emplace(ColumnOrder{q.device, q.precision, q.tp, q.dp, q.pp, q.ep, q.mode}, std::move(c));
+    columns.emplace(ColumnOrder{q.device, q.precision, Degrees(q.topology), q.mode}, std::move(c));
   }
   for (MatrixRow& row : out.rows) {
     const auto validated = row.counts.find("validated");

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cell_spec.h"
 #include "controller/attempt_state.h"
 #include "controller/memory_estimate.h"
 
@@ -185,7 +186,7 @@ struct MatrixSquare {
   std::string checkpoint_digest;
   std::string device;
   std::string precision;
-  int tp = 0, dp = 0, pp = 0, ep = 0;
+  CellSpec::Topology topology;  // the square's mesh
   std::string mode;
   std::string cell_id;  // the newest cell
   std::string repository;

@@ -104,9 +104,8 @@ std::vector<std::string> EvidenceSummaryLines(const CellDetail& d, const CellSpe
   row("adapter", "the model family built from that commit by its gatehouse.recipe.json (a C++ "
                  "plugin, or a Python package for lane python), run by the pinned worker (torch " +
                      c.runtime.torch + ")");
-  std::string scope = fmt::format("device {}, precision {}, tp={} dp={} pp={} ep={}, mode {}",
-                                  c.runtime.device, c.precision, c.topology.tp, c.topology.dp,
-                                  c.topology.pp, c.topology.ep, c.mode);
+  std::string scope = fmt::format("device {}, precision {}, {}, mode {}", c.runtime.device,
+                                  c.precision, TopologyText(c.topology), c.mode);
   if (!c.runtime.gpu_model.empty()) scope += ", GPU " + c.runtime.gpu_model;
   if (!c.runtime.cuda.empty()) scope += ", CUDA " + c.runtime.cuda;
   std::string phases;
@@ -284,8 +283,7 @@ std::string RenderReport(const CellDetail& d) {
     if (!c.control.empty()) line(fmt::format("| control | cell `{}` |", c.control));
     line(fmt::format("| runtime pin | torch {}, device {} |", Cell(c.runtime.torch),
                      Cell(c.runtime.device)));
-    line(fmt::format("| topology | tp={} dp={} pp={} ep={} |", c.topology.tp, c.topology.dp,
-                     c.topology.pp, c.topology.ep));
+    line(fmt::format("| topology | {} |", TopologyText(c.topology)));
     line(fmt::format("| precision | {} |", Cell(c.precision)));
     line(fmt::format("| mode | {} |", Cell(c.mode)));
     line(fmt::format("| training | steps={} lr={} seed={} |", c.training.steps,

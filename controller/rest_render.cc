@@ -134,9 +134,7 @@ json ReadinessJson(const ReadinessView& view) {
                    {"checkpoint", {{"path", c.checkpoint.path}, {"digest", c.checkpoint.digest}}},
                    {"device", c.device},
                    {"precision", c.precision},
-                   {"topology",
-                    {{"tp", c.topology.tp}, {"dp", c.topology.dp}, {"pp", c.topology.pp},
-                     {"ep", c.topology.ep}}},
+                   {"topology", TopologyJson(c.topology)},
                    {"mode", c.mode},
                    {"phases", c.phases},
                    {"torch", c.torch},
@@ -159,9 +157,7 @@ json MatrixJson(const Matrix& matrix, const MatrixChoices& choices, const Matrix
     columns.push_back({{"key", c.key},
                        {"device", c.device},
                        {"precision", c.precision},
-                       {"topology",
-                        {{"tp", c.topology.tp}, {"dp", c.topology.dp}, {"pp", c.topology.pp},
-                         {"ep", c.topology.ep}}},
+                       {"topology", TopologyJson(c.topology)},
                        {"mode", c.mode}});
   }
   json rows = json::array();

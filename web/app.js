@@ -162,9 +162,15 @@ function fmtMs(ms) {
   return ms >= 1000 ? `${(ms / 1000).toFixed(ms >= 10000 ? 0 : 1)} s` : `${ms} ms`;
 }
 
-/** The topology as "tp=2 dp=1 pp=1 ep=1". */
+/**
+ * The topology as "tp=2 dp=1 pp=1 ep=1", then dp_shard, cp and etp where present (the API
+ * gives them only when not 1; TopologyText in common/cell_spec.cc).
+ */
 function topologyText(t) {
-  return t ? `tp=${t.tp} dp=${t.dp} pp=${t.pp} ep=${t.ep}` : '';
+  if (!t) return '';
+  let text = `tp=${t.tp} dp=${t.dp} pp=${t.pp} ep=${t.ep}`;
+  for (const d of ['dp_shard', 'cp', 'etp']) if (t[d] && t[d] !== 1) text += ` ${d}=${t[d]}`;
+  return text;
 }
 
 /**

@@ -215,7 +215,8 @@ let cellNow = null;
 function addRankStreams(cell) {
   const select = document.getElementById('log-stream');
   const t = cell.spec.topology || {};
-  const world = (t.tp || 1) * (t.dp || 1) * (t.pp || 1);
+  // pp x dp x dp_shard x cp x tp: ep adds no rank (docs/protocols.md §3.1).
+  const world = (t.tp || 1) * (t.dp || 1) * (t.pp || 1) * (t.dp_shard || 1) * (t.cp || 1);
   for (let r = 1; r < world && r < 64; ++r) {
     const name = `worker.rank${r}`;
     if (select.querySelector(`option[value="${name}"]`)) continue;

@@ -887,8 +887,8 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
   // looked up once (its id), then its state by primary key.
   Stmt s(*statements_,
          "SELECT g.*, a.state, a.id FROM (SELECT model_family, checkpoint_path, "
-         "checkpoint_digest, device, precision, tp, dp, pp, ep, mode, id, repository, branch, "
-         "commit_sha, max(created_at), count(*), (SELECT a.id FROM attempts a WHERE a.cell_id = "
+         "checkpoint_digest, device, precision, tp, dp, pp, ep, dp_shard, cp, etp, mode, id, "
+         "repository, branch, commit_sha, max(created_at), count(*), (SELECT a.id FROM attempts a WHERE a.cell_id = "
          "c.id ORDER BY a.number DESC LIMIT 1) AS last_attempt "
          "FROM cells c WHERE kind = '' AND hidden <= ?5 "
          "AND (?1 = '' OR repository = ?1) AND (?2 = '' OR branch = ?2) "
@@ -899,10 +899,11 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
          "(SELECT 1 FROM cell_branches b WHERE b.cell_id = c.id AND (c.repository, b.branch) IN "
          "(SELECT json_extract(d.value, '$[0]'), json_extract(d.value, '$[1]') "
          "FROM json_each(?8) d))) "
-         "GROUP BY model_family, checkpoint_digest, device, precision, tp, dp, pp, ep, mode) g "
+         "GROUP BY model_family, checkpoint_digest, device, precision, tp, dp, pp, ep, dp_shard, "
+         "cp, etp, mode) g "
          "LEFT JOIN attempts a ON a.id = g.last_attempt "
          "ORDER BY g.model_family, g.checkpoint_path, g.checkpoint_digest, g.device, g.precision, "
-         "g.tp, g.dp, g.pp, g.ep, g.mode");
+         "g.tp, g.dp, g.pp, g.ep, g.dp_shard, g.cp, g.etp, g.mode");
   nlohmann::json restricted = nlohmann::json::array(), designated = nlohmann::json::array();
   if (f.designated) {
     restricted = f.designated->restricted;
@@ -923,19 +924,22 @@ Result<std::vector<MatrixSquare>> Store::Matrix(const MatrixFilter& f) {
     q.checkpoint_digest = s.Text(2);
     q.device = s.Text(3);
     q.precision = s.Text(4);
-    q.tp = static_cast<int>(s.Int(5));
-    q.dp = static_cast<int>(s.Int(6));
-    q.pp = static_cast<int>(s.Int(7));
-    q.ep = static_cast<int>(s.Int(8));
-    q.mode = s.Text(9);
-    q.cell_id = s.Text(10);
-    q.repository = s.Text(11);
-    q.branch = s.Text(12);
-    q.commit_sha = s.Text(13);
-    q.created_at = s.Text(14);
-    q.cells = s.Int(15);
-    GH_ASSIGN_OR_RETURN(q.status, StateColumn(s, 17));
-    q.attempt_id = s.Int(18);
+    q.topology.tp = s.Int(5);
+    q.topology.dp = s.Int(6);
+    q.topology.pp = s.Int(7);
+    q.topology.ep = s.Int(8);
+    q.topology.dp_shard = s.Int(9);
+    q.topology.cp = s.Int(10);
+    q.topology.etp = s.Int(11);
+    q.mode = s.Text(12);
+    q.cell_id = s.Text(13);
+    q.repository = s.Text(14);
+    q.branch = s.Text(15);
+    q.commit_sha = s.Text(16);
+    q.created_at = s.Text(17);
+    q.cells = s.Int(18);
+    GH_ASSIGN_OR_RETURN(q.status, StateColumn(s, 20));
+    q.attempt_id = s.Int(21);
     out.push_back(std::move(q));
   }
   GH_RETURN_IF_ERROR(s.status());

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cli/api_client.h"
+#include "cli/body_flags.h"
 #include "cli/matrix.h"
 #include "cli/submit.h"
 #include "cli/verdict.h"
@@ -141,6 +142,32 @@ TEST(Verdict, JUnitXmlIsWellFormedWithOneCasePerPhase) {
                           "assert len(list(r.iter(\"testcase\"))) == 5' '" +
                           path.string() + "'";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << xml;
+}
+
+// Verifies --mesh: KEY=N items become topology members (the values are the controller's to
+// judge), anything else is refused naming the item.
+TEST(BodyFlags, MeshFillsTheTopology) {
+  Result<json> mesh = ParseMeshFlag("dp_shard=2,tp=2,etp=2");
+  ASSERT_TRUE(mesh.ok()) << mesh.status().ToString();
+  EXPECT_EQ(*mesh, (json{{"dp_shard", 2}, {"tp", 2}, {"etp", 2}}));
+  for (const char* bad : {"", "tp", "tp=", "tp=0", "tp=2,", "zz=2", "tp=2x", "tp=-1", "dp_shard=2,,cp=2"}) {
+    Result<json> refused = ParseMeshFlag(bad);
+    EXPECT_FALSE(refused.ok()) << bad;
+    if (!refused.ok()) EXPECT_THAT(refused.status().message(), HasSubstr("is not KEY=N"));
+  }
+  EXPECT_THAT(ParseMeshFlag("tp=2,zz=3").status().message(), HasSubstr("'zz=3'"));
+  // Through the command line: --tp, when also given, wins for tp.
+  CLI::App app;
+  BodyFlags flags;
+  AddBodyFlags(app, flags);
+  app.parse(std::vector<std::string>{"2", "--tp", "dp_shard=4,cp=2,tp=4", "--mesh"});
+  json body = {{"topology", {{"pp", 2}}}};
+  ApplyBodyFlags(flags, body);
+  EXPECT_EQ(body["topology"], (json{{"pp", 2}, {"dp_shard", 4}, {"cp", 2}, {"tp", 2}}));
+  CLI::App strict;
+  BodyFlags unused;
+  AddBodyFlags(strict, unused);
+  EXPECT_THROW(strict.parse(std::vector<std::string>{"tp=two", "--mesh"}), CLI::ValidationError);
 }
 
 TEST(Matrix, ExpandsTheProductOfItsAxesLastFastest) {

@@ -52,6 +52,17 @@ TEST(CellSpecTest, CanonicalJsonRoundTrips) {
   EXPECT_EQ(again, spec);
   EXPECT_EQ(CanonicalSpecJson(again), canonical);
   EXPECT_EQ(again.topology.world_size(), 4);  // ep adds no rank
+  EXPECT_FALSE(CellSpecToJson(spec)["topology"].contains("dp_shard"));  // 1: not frozen
+  spec.topology.dp_shard = 2;
+  spec.topology.cp = 2;
+  spec.topology.etp = 2;
+  const json frozen = CellSpecToJson(spec);
+  EXPECT_EQ(frozen["topology"]["dp_shard"], 2);
+  EXPECT_EQ(frozen["topology"]["etp"], 2);
+  EXPECT_EQ(ParseCellSpec(frozen).value(), spec);
+  EXPECT_EQ(spec.topology.world_size(), 16);  // tp 2 x dp 2 x dp_shard 2 x cp 2
+  EXPECT_EQ(TopologyText(spec.topology), "tp=2 dp=2 pp=1 ep=4 dp_shard=2 cp=2 etp=2");
+  EXPECT_EQ(TopologyText(CellSpec::Topology{}), "tp=1 dp=1 pp=1 ep=1");
 }
 
 // Verifies the frozen form names what is missing or unknown at any depth.
@@ -96,14 +107,29 @@ TEST(CellSpecTest, TopologyIsBounded) {
   }
   // The product: each form shows the topology it read.
   EXPECT_EQ(BodyError({{"topology", {{"tp", 8}, {"dp", 16}}}}),
-            "field 'topology': expected tp x dp x pp of at most 64 ranks, got {\"dp\":16,\"tp\":8}");
+            "field 'topology': expected pp x dp x dp_shard x cp x tp of at most 64 ranks, got "
+            "{\"dp\":16,\"tp\":8}");
+  EXPECT_EQ(BodyError({{"topology", {{"dp_shard", 8}, {"cp", 16}}}}),
+            "field 'topology': expected pp x dp x dp_shard x cp x tp of at most 64 ranks, got "
+            "{\"cp\":16,\"dp_shard\":8}");
   json spec = CellSpecToJson(SampleSpec());
   spec["topology"].update({{"tp", 8}, {"dp", 16}});
   EXPECT_EQ(FrozenError(spec),
-            "field 'topology': expected tp x dp x pp of at most 64 ranks, got "
+            "field 'topology': expected pp x dp x dp_shard x cp x tp of at most 64 ranks, got "
             "{\"dp\":16,\"ep\":1,\"pp\":1,\"tp\":8}");
   EXPECT_EQ(BodyError({{"topology", 2}}), "field 'topology': expected an object, got 2");
-  EXPECT_EQ(BodyError({{"topology", {{"tp", 4}, {"dp", 2}, {"pp", 2}, {"ep", 8}}}}), "");
+  // Expert parallelism borrows its ranks from dp_shard x cp (common/mesh.h): a submitted
+  // mesh is held to that; a frozen one is not, so a cell stored before the rule keeps reading.
+  EXPECT_EQ(BodyError({{"topology", {{"tp", 4}, {"dp", 2}, {"pp", 2}, {"ep", 8}}}}),
+            "field 'topology.ep': 8 ranks must be borrowed from dp_shard x cp x tp = 4 (etp = 1): "
+            "ep must divide it and be a multiple of cp x tp (4)");
+  EXPECT_EQ(BodyError({{"topology", {{"tp", 2}, {"dp_shard", 4}, {"pp", 2}, {"ep", 4}, {"etp", 2}}}}),
+            "");
+  EXPECT_EQ(BodyError({{"topology", {{"tp", 2}, {"dp_shard", 2}, {"ep", 2}, {"etp", 3}}}}),
+            "field 'topology.etp': 3 must be 1 (experts not tensor-parallel) or tp (2)");
+  json stored = CellSpecToJson(SampleSpec());
+  stored["topology"].update({{"tp", 4}, {"dp", 2}, {"pp", 2}, {"ep", 8}});
+  EXPECT_EQ(FrozenError(stored), "");
   EXPECT_EQ(BodyError({{"topology", {{"tp", 64}}}}), "");
 }
 

@@ -98,7 +98,11 @@ TEST_F(IdentityTest, EveryFieldChangeGivesANewId) {
       {"topology.tp", {{"topology", {{"tp", 2}}}}},
       {"topology.dp", {{"topology", {{"dp", 2}}}}},
       {"topology.pp", {{"topology", {{"pp", 2}}}}},
-      {"topology.ep", {{"topology", {{"ep", 2}}}}},
+      {"topology.dp_shard", {{"topology", {{"dp_shard", 2}}}}},
+      {"topology.cp", {{"topology", {{"cp", 2}}}}},
+      // ep borrows its ranks from dp_shard x cp: the same dp_shard with and without it.
+      {"topology.ep", {{"topology", {{"dp_shard", 2}, {"ep", 2}}}}},
+      {"topology.etp", {{"topology", {{"dp_shard", 2}, {"tp", 2}, {"ep", 2}, {"etp", 2}}}}},
       {"training.steps", {{"training", {{"steps", 3}}}}},
       {"training.lr", {{"training", {{"lr", 0.01}}}}},
       {"training.seed", {{"training", {{"seed", 7}}}}},

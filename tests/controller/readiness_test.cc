@@ -135,8 +135,7 @@ MatrixSquare Square(const std::string& family, const std::string& precision, int
   q.checkpoint_digest = "sha256:" + family;
   q.device = "cpu";
   q.precision = precision;
-  q.tp = tp;
-  q.dp = q.pp = q.ep = 1;
+  q.topology.tp = tp;
   q.mode = "eager";
   q.cell_id = cell;
   q.status = status;

@@ -7,6 +7,7 @@
 #include <sqlite3.h>
 
 #include <atomic>
+#include <map>
 #include <vector>
 
 #include "tests/controller/test_util.h"
@@ -279,6 +280,32 @@ CellRecord MatrixCell(const std::string& id, const std::string& family, const st
   return c;
 }
 
+TEST_F(StoreTest, MeshDimensionsMakeSquaresOfTheirOwn) {
+  // Verifies the matrix tells apart cells that differ only in dp_shard, cp or etp (frozen only
+  // when not 1; migrations/0015_matrix_mesh.sql), and reads them back into the square.
+  const std::string c1(40, '1');
+  CellRecord plain = MatrixCell("p", "llama", "fp32", 2, "main", c1);
+  CellRecord fsdp = MatrixCell("f", "llama", "fp32", 2, "main", c1);
+  CellRecord cp = MatrixCell("c", "llama", "fp32", 2, "main", c1);
+  for (auto& [cell, extra] : {std::pair<CellRecord*, nlohmann::json>{&fsdp, {{"dp_shard", 2}}},
+                              {&cp, {{"cp", 2}, {"ep", 2}, {"etp", 2}}}}) {
+    nlohmann::json spec = nlohmann::json::parse(cell->spec_json);
+    spec["topology"].update(extra);
+    cell->spec_json = spec.dump();
+  }
+  for (const CellRecord& c : {plain, fsdp, cp}) ASSERT_TRUE(*store_->CreateCellIfAbsent(c));
+  auto squares = store_->Matrix({});
+  ASSERT_TRUE(squares.ok()) << squares.status().ToString();
+  ASSERT_EQ(squares->size(), 3u);
+  std::map<std::string, CellSpec::Topology> by_cell;
+  for (const MatrixSquare& q : *squares) by_cell[q.cell_id] = q.topology;
+  EXPECT_EQ(by_cell["p"].dp_shard, 1);
+  EXPECT_EQ(by_cell["f"].dp_shard, 2);
+  EXPECT_EQ(by_cell["c"].cp, 2);
+  EXPECT_EQ(by_cell["c"].etp, 2);
+  EXPECT_EQ(by_cell["c"].tp, 2);
+}
+
 TEST_F(StoreTest, TheMatrixHoldsTheNewestCellOfEachSquare) {
   // Verifies Store::Matrix: one square per family x checkpoint x device x precision x topology x
   // mode, the newest cell of the filter's cells with its latest attempt's state and the count;
@@ -306,7 +333,7 @@ TEST_F(StoreTest, TheMatrixHoldsTheNewestCellOfEachSquare) {
   EXPECT_EQ(fp32.branch, "dev");
   EXPECT_EQ(fp32.checkpoint_digest, "sha256:llama");
   EXPECT_EQ(fp32.device, "cpu");
-  EXPECT_EQ(all->at(2).tp, 2);
+  EXPECT_EQ(all->at(2).topology.tp, 2);
 
   auto main_only = store_->Matrix({.branch = "main"});
   ASSERT_TRUE(main_only.ok());

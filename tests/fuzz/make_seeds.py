@@ -119,7 +119,7 @@ def cell_seeds():
         "valid_commit_only": body(branch=None, commit=commit, repository="/srv/git/adapter"),
         "valid_full": body(
             commit=commit, reference="/data/ckpt/reference/", precision="bf16", mode="cuda_graph",
-            device="cuda", topology={"tp": 2, "dp": 2, "pp": 1, "ep": 4},
+            device="cuda", topology={"tp": 2, "dp": 2, "pp": 1, "ep": 2},
             training={"steps": 3, "lr": 1e-4, "seed": 7}, decode={"max_new_tokens": 16},
             env={"OMP_NUM_THREADS": "2", "CUDA_LAUNCH_BLOCKING": "1"},
             phases=["performance", "load", "construct", "config", "identity"], runtime={"torch": "2.11.0"}),

@@ -62,7 +62,7 @@ TEST(CellSpecPathsTest, ControllerAgentAndWorkerReadTheSameSpec) {
                    {"precision", "bf16"},
                    {"mode", "cuda_graph"},
                    {"device", "cuda"},
-                   {"topology", {{"tp", 2}, {"dp", 2}, {"ep", 4}}},
+                   {"topology", {{"tp", 2}, {"dp", 2}, {"ep", 2}}},
                    {"training", {{"steps", 4}, {"lr", 3e-4}, {"seed", 7}}},
                    {"decode", {{"max_new_tokens", 64}}},
                    {"env", {{"NCCL_DEBUG", "INFO"}, {"EMPTY", ""}}},

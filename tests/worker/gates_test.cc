@@ -1489,7 +1489,23 @@ TEST(ParallelGateTest, WorldSize) {
   ctx.spec.topology.dp = 2;
   GateOutcome dp = ParallelGate(ctx);
   EXPECT_STATUS(dp, GateStatus::kBlocked);
-  EXPECT_THAT(dp.reason, HasSubstr("only tensor parallelism is implemented"));
+  EXPECT_EQ(dp.reason, "topology tp=1 dp=2 pp=1 ep=1: only tensor parallelism is implemented; "
+                       "dp is not");
+  // The mesh's dimensions are named, each that has no check (common/mesh.h).
+  ctx.spec.topology.dp = 1;
+  ctx.spec.topology.tp = 2;
+  ctx.spec.topology.dp_shard = 2;
+  ctx.spec.topology.cp = 2;
+  GateOutcome fsdp = ParallelGate(ctx);
+  EXPECT_STATUS(fsdp, GateStatus::kBlocked);
+  EXPECT_THAT(fsdp.reason, HasSubstr("dp_shard, cp are not"));
+  // A stored cell is not held to the mesh rules when read: the gate names what the ranks
+  // cannot form (ep borrowed from dp_shard x cp).
+  ctx.spec.topology = {};
+  ctx.spec.topology.ep = 2;
+  GateOutcome ep = ParallelGate(ctx);
+  EXPECT_STATUS(ep, GateStatus::kBlocked);
+  EXPECT_THAT(ep.reason, HasSubstr("field 'topology.ep': 2 ranks must be borrowed from"));
 }
 
 // Verifies cuda_graph: SKIPPED without CUDA or in eager mode; in cuda_graph mode it needs a

@@ -1,0 +1,75 @@
+// The parallel gate (gates.h ParallelGate): the cell's topology as a device mesh
+// (common/mesh.h), checked against a single-rank control one dimension at a time. Each
+// dimension's check lives in a file of its own (tp_parity.cc; parallel_internal.h lists them);
+// a dimension without a check BLOCKS the gate, naming it.
+#include <set>
+
+#include "common/cell_spec.h"
+#include "common/mesh.h"
+#include "gatehouse/worker/distributed.h"
+#include "gatehouse/worker/gates.h"
+#include "parallel_internal.h"
+
+namespace gatehouse::worker {
+
+namespace {
+
+/// The dimensions a check exists for: a mesh that enables any other is BLOCKED.
+const std::set<std::string>& CheckedDimensions() {
+  static const std::set<std::string> checked = {"tp"};
+  return checked;
+}
+
+}  // namespace
+
+GateOutcome ParallelGate(GateContext& ctx) {
+  GateOutcome out;
+  const CellSpec::Topology& topo = ctx.spec.topology;
+  out.Count("world_size", topo.world_size());
+  out.Count("tp", topo.tp);
+  const std::string topo_text = "topology " + TopologyText(topo);
+  // A frozen spec is not held to the mesh rules (cells stored before them keep reading): a
+  // mesh the ranks cannot form is named here.
+  Result<Mesh> mesh = Mesh::Make(topo.mesh_shape(), CellSpecLimits::kMaxWorldSize);
+  if (!mesh.ok()) return out.Blocked(topo_text + ": " + mesh.status().message());
+  if (topo.world_size() == 1) {
+    return out.Skipped(topo_text + ": world size 1, nothing to compare against TP=1");
+  }
+  out.Text("mesh", mesh->ToString());
+  std::vector<std::string> unchecked;
+  for (const std::string& dim : mesh->EnabledNames()) {
+    // Named as the spec names it: its `dp` is the mesh's dp_replicate.
+    if (!CheckedDimensions().count(dim)) unchecked.push_back(dim == "dp_replicate" ? "dp" : dim);
+  }
+  if (!unchecked.empty()) {
+    std::string names;
+    for (const std::string& d : unchecked) names += (names.empty() ? "" : ", ") + d;
+    return out.Blocked(topo_text + ": only tensor parallelism is implemented; " + names +
+                       (unchecked.size() == 1 ? " is" : " are") + " not");
+  }
+  if (ctx.world_size != topo.world_size()) {
+    return out.Blocked(topo_text + " needs " + std::to_string(topo.world_size()) +
+                       " worker ranks, but this worker runs as rank " + std::to_string(ctx.rank) +
+                       " of " + std::to_string(ctx.world_size) +
+                       " (WORLD_SIZE; the agent starts one worker per rank)");
+  }
+  if (!ctx.comm) {
+    return out.Blocked("rank " + std::to_string(ctx.rank) + " of " +
+                       std::to_string(ctx.world_size) + " has no process group (joining it failed)");
+  }
+  // The backend follows the device (worker_main): gloo for CPU tensors, NCCL for CUDA ones.
+  const std::string want_backend = ctx.device.is_cuda() ? "nccl" : "gloo";
+  if (ctx.comm_backend != want_backend) {
+    return out.Blocked("device " + ctx.device.str() + " needs a " + want_backend +
+                       " group but this rank joined " +
+                       (ctx.comm_backend.empty() ? std::string("none") : ctx.comm_backend) +
+                       (ctx.device.is_cuda() && !NcclGroupsAvailable()
+                            ? " (this worker was built without c10d's NCCL backend)"
+                            : ""));
+  }
+  out.Text("process_group", ctx.comm_backend);
+  // Only tp is enabled, so the TP group is the whole world (mesh->GroupOf(rank, {kTp})).
+  return parallel::TensorParallelParity(ctx, topo.tp, std::move(out));
+}
+
+}  // namespace gatehouse::worker
