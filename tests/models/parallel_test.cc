@@ -13,7 +13,7 @@
 
 #include "tests/common/temp_dir.h"
 #include "tests/models/family_test_util.h"
-#include "tests/worker/gloo_ranks.h"
+#include "tests/models/parallel_ranks.h"
 
 namespace gatehouse {
 namespace {
@@ -22,42 +22,16 @@ using ::testing::HasSubstr;
 using worker::GateOutcome;
 using gatehouse::GateStatus;
 
-/// What rank 0's parallel gate (and every rank's earlier gates) reported.
-struct TpRun {
-  std::vector<std::string> errors;       // per rank: join error or exception
-  std::vector<GateOutcome> outcomes;     // per rank: the parallel gate
-  std::vector<std::string> early;        // per rank: an earlier gate that did not PASS
-};
+using TpRun = test_util::RankOutcomes;
 
 /// Runs config, construct, load and the parallel gate on `tp` in-process ranks for a fixture.
 /// `family_override` replaces the registry's family (to inject faults).
 TpRun RunParallelGate(const std::string& variant, const std::string& family, int tp,
                       const std::string& precision,
                       const worker::ModelFamily* family_override = nullptr) {
-  torch::set_num_threads(1);
-  test_util::TempDir attempt("gatehouse-parallel");
-  TpRun run;
-  run.outcomes.resize(static_cast<size_t>(tp));
-  run.early.resize(static_cast<size_t>(tp));
-  run.errors = test_util::RunGlooRanks(tp, [&](int r, std::shared_ptr<worker::TpCommunicator> comm) {
-    worker::GateContext ctx = test_util::FixtureContext(test_util::FixtureDir(variant), family,
-                                                        precision, attempt.path());
-    ctx.spec.topology.tp = tp;
-    ctx.rank = r;
-    ctx.world_size = tp;
-    ctx.comm = comm;
-    ctx.comm_backend = "gloo";
-    for (const auto& g : test_util::GatesThrough("load")) {
-      GateOutcome out = g.run(ctx);
-      if (out.status != GateStatus::kPass) {
-        run.early[static_cast<size_t>(r)] = std::string(g.phase) + ": " + out.reason;
-        break;
-      }
-      if (family_override != nullptr && std::string(g.phase) == "config") ctx.family = family_override;
-    }
-    run.outcomes[static_cast<size_t>(r)] = worker::ParallelGate(ctx);
-  });
-  return run;
+  CellSpec::Topology topology;
+  topology.tp = tp;
+  return test_util::RunParallelRanks(variant, family, topology, precision, family_override);
 }
 
 /// Expects every rank to PASS and rank 0's figures to meet the fp32 bars.
@@ -71,6 +45,9 @@ void ExpectParity(const std::string& variant, const std::string& family, int tp,
     EXPECT_EQ(run.outcomes[r].status, GateStatus::kPass) << "rank " << r << ": " << run.outcomes[r].reason;
   }
   const GateOutcome& out = run.outcomes[0];
+  test_util::PrintFigures(variant + " tp=" + std::to_string(tp) + " " + precision, out,
+                          {"kl_mean_vs_tp1", "top1_agreement_vs_tp1", "loss_rel_diff",
+                           "grad_max_rel_diff", "save_tensors_equal"});
   auto real = [&](const char* name) {
     const worker::Figure* f = out.Find(name);
     EXPECT_NE(f, nullptr) << name;

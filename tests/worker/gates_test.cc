@@ -1473,8 +1473,8 @@ TEST(SaveGateTest, UnmappedParameterFails) {
 // Verifies parallel is SKIPPED at world size 1 and BLOCKED above.
 TEST(ParallelGateTest, WorldSize) {
   // Verifies parallel: SKIPPED at world size 1; BLOCKED when the topology asks for ranks this
-  // worker was not started with, or for data / pipeline parallelism (not implemented). The
-  // TP comparisons themselves: tests/models/parallel_test.cc.
+  // worker was not started with, or for a dimension without a check (pipeline, ...). The
+  // comparisons themselves: tests/models/parallel_test.cc, parallel_dp_test.cc.
   Fixture fx;
   GateContext ctx = fx.Context();
   GateOutcome one = ParallelGate(ctx);
@@ -1486,11 +1486,17 @@ TEST(ParallelGateTest, WorldSize) {
   EXPECT_STATUS(two, GateStatus::kBlocked);
   EXPECT_THAT(two.reason, HasSubstr("needs 2 worker ranks, but this worker runs as rank 0 of 1"));
   ctx.spec.topology.tp = 1;
+  ctx.spec.topology.pp = 2;
+  GateOutcome pp = ParallelGate(ctx);
+  EXPECT_STATUS(pp, GateStatus::kBlocked);
+  EXPECT_EQ(pp.reason, "topology tp=1 dp=1 pp=2 ep=1: only tensor and data parallelism are "
+                       "implemented; pp is not");
+  // Data parallelism has its check (tests/models/parallel_dp_test.cc): dp=2 asks for 2 ranks.
+  ctx.spec.topology.pp = 1;
   ctx.spec.topology.dp = 2;
   GateOutcome dp = ParallelGate(ctx);
   EXPECT_STATUS(dp, GateStatus::kBlocked);
-  EXPECT_EQ(dp.reason, "topology tp=1 dp=2 pp=1 ep=1: only tensor parallelism is implemented; "
-                       "dp is not");
+  EXPECT_THAT(dp.reason, HasSubstr("needs 2 worker ranks, but this worker runs as rank 0 of 1"));
   // The mesh's dimensions are named, each that has no check (common/mesh.h).
   ctx.spec.topology.dp = 1;
   ctx.spec.topology.tp = 2;

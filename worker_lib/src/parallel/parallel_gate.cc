@@ -1,7 +1,7 @@
 // The parallel gate (gates.h ParallelGate): the cell's topology as a device mesh
 // (common/mesh.h), checked against a single-rank control one dimension at a time. Each
-// dimension's check lives in a file of its own (tp_parity.cc; parallel_internal.h lists them);
-// a dimension without a check BLOCKS the gate, naming it.
+// dimension's check lives in a file of its own (tp_parity.cc, dp_parity.cc; parallel_internal.h
+// lists them); a dimension without a check, or dimensions combined, BLOCK the gate, naming them.
 #include <set>
 
 #include "common/cell_spec.h"
@@ -16,7 +16,7 @@ namespace {
 
 /// The dimensions a check exists for: a mesh that enables any other is BLOCKED.
 const std::set<std::string>& CheckedDimensions() {
-  static const std::set<std::string> checked = {"tp"};
+  static const std::set<std::string> checked = {"tp", "dp_replicate"};
   return checked;
 }
 
@@ -36,16 +36,23 @@ GateOutcome ParallelGate(GateContext& ctx) {
     return out.Skipped(topo_text + ": world size 1, nothing to compare against TP=1");
   }
   out.Text("mesh", mesh->ToString());
-  std::vector<std::string> unchecked;
+  std::vector<std::string> unchecked, enabled;
   for (const std::string& dim : mesh->EnabledNames()) {
     // Named as the spec names it: its `dp` is the mesh's dp_replicate.
-    if (!CheckedDimensions().count(dim)) unchecked.push_back(dim == "dp_replicate" ? "dp" : dim);
+    enabled.push_back(dim == "dp_replicate" ? "dp" : dim);
+    if (!CheckedDimensions().count(dim)) unchecked.push_back(enabled.back());
   }
   if (!unchecked.empty()) {
     std::string names;
     for (const std::string& d : unchecked) names += (names.empty() ? "" : ", ") + d;
-    return out.Blocked(topo_text + ": only tensor parallelism is implemented; " + names +
-                       (unchecked.size() == 1 ? " is" : " are") + " not");
+    return out.Blocked(topo_text + ": only tensor and data parallelism are implemented; " +
+                       names + (unchecked.size() == 1 ? " is" : " are") + " not");
+  }
+  if (enabled.size() > 1) {
+    std::string names;
+    for (const std::string& d : enabled) names += (names.empty() ? "" : " x ") + d;
+    return out.Blocked(topo_text + ": each dimension is checked alone so far; the combined " +
+                       "layout " + names + " is not");
   }
   if (ctx.world_size != topo.world_size()) {
     return out.Blocked(topo_text + " needs " + std::to_string(topo.world_size()) +
@@ -68,7 +75,8 @@ GateOutcome ParallelGate(GateContext& ctx) {
                             : ""));
   }
   out.Text("process_group", ctx.comm_backend);
-  // Only tp is enabled, so the TP group is the whole world (mesh->GroupOf(rank, {kTp})).
+  // One dimension is enabled, so its group is the whole world (mesh->GroupOf(rank, {dim})).
+  if (topo.dp > 1) return parallel::DataParallelParity(ctx, topo.dp, std::move(out));
   return parallel::TensorParallelParity(ctx, topo.tp, std::move(out));
 }
 

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -46,5 +47,27 @@ torch::Tensor NextTokenLoss(CausalLM& model, const torch::Tensor& ids, torch::De
 /// enabled) against the TP=1 control on rank 0, on the reference prompts (tp_parity.cc).
 /// `out` holds the figures ParallelGate recorded; every rank calls it together.
 GateOutcome TensorParallelParity(GateContext& ctx, int64_t tp_size, GateOutcome out);
+
+/// How the data-parallel check reduces gradients over the dp group. The gate runs kSum; the
+/// others are the bugs the check must catch, run by its tests (tests/models/parallel_dp_test.cc).
+struct DpReduction {
+  enum class Mode {
+    kSum,        // each rank's loss divided by the global token count, gradients summed in fp32
+    kAverage,    // as kSum, then the gradients divided by dp
+    kLocalMean,  // each rank's own token mean, gradients averaged over dp (DDP's default)
+    kNone,       // no all-reduce: each rank steps on its own gradients
+  };
+  Mode mode = Mode::kSum;
+  /// In words, for the evidence.
+  std::string Name() const;
+};
+
+/// The data-parallel check: the mesh's dp_replicate group (the whole world: no other dimension
+/// is enabled) trained two AdamW steps on the reference prompts split over the ranks, against
+/// the single-rank control on the whole batch on rank 0 (dp_parity.cc). BLOCKED when the
+/// bundle has fewer prompts of 2 tokens or more than dp. `out` holds the figures ParallelGate
+/// recorded; every rank calls it together.
+GateOutcome DataParallelParity(GateContext& ctx, int64_t dp, GateOutcome out,
+                               const DpReduction& reduction = {});
 
 }  // namespace gatehouse::worker::parallel

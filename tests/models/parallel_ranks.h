@@ -1,0 +1,83 @@
+// Test helper for the parallel gate's checks: one thread per rank over a real gloo group on
+// 127.0.0.1 (tests/worker/gloo_ranks.h), each rank running the earlier gates (config ..
+// load) on a transformers-saved fixture and then the check under test. Used by
+// parallel_test.cc (tensor parallelism) and parallel_dp_test.cc (data parallelism).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/cell_spec.h"
+#include "tests/common/temp_dir.h"
+#include "tests/models/family_test_util.h"
+#include "tests/worker/gloo_ranks.h"
+
+namespace gatehouse::test_util {
+
+/// What every rank's parallel check (and its earlier gates) reported.
+struct RankOutcomes {
+  std::vector<std::string> errors;            // per rank: join error or exception
+  std::vector<worker::GateOutcome> outcomes;  // per rank: the check under test
+  std::vector<std::string> early;             // per rank: an earlier gate that did not PASS
+};
+
+/// Runs config, construct, load and then `check` (the parallel gate by default) on
+/// topology.world_size() in-process ranks for a fixture, the cell's topology set to `topology`.
+/// `family_override` replaces the registry's family after the config gate (to inject faults).
+inline RankOutcomes RunParallelRanks(
+    const std::string& variant, const std::string& family, const CellSpec::Topology& topology,
+    const std::string& precision, const worker::ModelFamily* family_override = nullptr,
+    const std::function<worker::GateOutcome(worker::GateContext&)>& check = worker::ParallelGate) {
+  torch::set_num_threads(1);
+  TempDir attempt("gatehouse-parallel");
+  const int world = static_cast<int>(topology.world_size());
+  RankOutcomes run;
+  run.outcomes.resize(static_cast<size_t>(world));
+  run.early.resize(static_cast<size_t>(world));
+  run.errors = RunGlooRanks(world, [&](int r, std::shared_ptr<worker::TpCommunicator> comm) {
+    worker::GateContext ctx = FixtureContext(FixtureDir(variant), family, precision, attempt.path());
+    ctx.spec.topology = topology;
+    ctx.rank = r;
+    ctx.world_size = world;
+    ctx.comm = comm;
+    ctx.comm_backend = "gloo";
+    for (const auto& g : GatesThrough("load")) {
+      worker::GateOutcome out = g.run(ctx);
+      if (out.status != GateStatus::kPass) {
+        run.early[static_cast<size_t>(r)] = std::string(g.phase) + ": " + out.reason;
+        break;
+      }
+      if (family_override != nullptr && std::string(g.phase) == "config") ctx.family = family_override;
+    }
+    run.outcomes[static_cast<size_t>(r)] = check(ctx);
+  });
+  return run;
+}
+
+/// Prints one line, "[parallel figures] <label> name=value ...", with the named figures of
+/// `out` ("-" for one it lacks; reals to 3 significant digits): what docs/parity.md's table of
+/// parallel layouts is read from.
+inline void PrintFigures(const std::string& label, const worker::GateOutcome& out,
+                         const std::vector<std::string>& names) {
+  std::ostringstream line;
+  line << "[parallel figures] " << label;
+  for (const std::string& name : names) {
+    line << " " << name << "=";
+    const worker::Figure* f = out.Find(name);
+    if (f == nullptr) {
+      line << "-";
+    } else {
+      std::visit([&](const auto& v) { line << std::setprecision(3) << v; }, f->value);
+    }
+  }
+  std::cout << line.str() << std::endl;
+}
+
+}  // namespace gatehouse::test_util
