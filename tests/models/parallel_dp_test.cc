@@ -71,7 +71,6 @@ void ExpectDpParity(const std::string& variant, const std::string& family, int d
     EXPECT_LT(Real(out, std::string("grad_norm_step_") + step + "_rel_diff"), loss_bar) << step;
   }
   EXPECT_LT(Real(out, "grad_nearest_bar_rel_diff"), Real(out, "grad_nearest_bar_bar"));
-  EXPECT_EQ(Count(out, "grads_compared") % 2, 0);  // every tensor, at both steps
   if (dp == 2) {
     // Two shares add the same way whatever the order: the reduced gradients are the control's
     // computed in the ranks' grouping, bit for bit.

@@ -25,6 +25,7 @@
 #include "../gates_internal.h"
 #include "gatehouse/worker/adamw.h"
 #include "gatehouse/worker/bars.h"
+#include "parallel_internal.h"
 #include "tp_run.h"
 
 namespace gatehouse::worker::parallel {
@@ -210,7 +211,7 @@ void CompareStepGradients(DpRun& run, int step, const std::vector<torch::Tensor>
 
 /// Builds and loads the full model on every rank and the control on rank 0. Returns this
 /// rank's problem ("" when none).
-std::string BuildReplicas(DpRun& run, const TpRun& loader) {
+std::string BuildReplicas(DpRun& run) {
   GateContext& ctx = run.ctx;
   try {
     for (int copy = 0; copy < (run.rank0 ? 2 : 1); ++copy) {
@@ -221,7 +222,7 @@ std::string BuildReplicas(DpRun& run, const TpRun& loader) {
       if (!built.ok() || !*built) {
         return "Construct: " + (built.ok() ? std::string("returned no model") : built.status().ToString());
       }
-      Result<LoadReport> loaded = loader.LoadFull(**built);
+      Result<LoadReport> loaded = LoadFull(ctx, **built);
       if (!loaded.ok() || !loaded->ok()) {
         return std::string(copy == 0 ? "full load" : "single-rank control") + " on rank " +
                std::to_string(ctx.rank) + ": " +
@@ -382,20 +383,9 @@ GateOutcome DataParallelParity(GateContext& ctx, int64_t dp, GateOutcome out,
             .rank0 = ctx.rank == 0,
             .thr = TpThresholdsFor(ctx.spec.precision),
             .reduction = reduction};
-  // The loader of the TP check (LoadFull: by name table, or by the adapter's code).
-  TpRun loader{.ctx = ctx, .comm = *ctx.comm, .tp_size = 1, .rank0 = run.rank0, .thr = run.thr};
-  loader.by_code = ctx.family != nullptr && ctx.family->MapsWeightsByCode();
-  std::string not_ready;
   bool blocked = false;  // an input the cell cannot change by running again
-  GateOutcome scratch;
-  if (!ctx.family || !ctx.args) {
-    not_ready = "no model args: phase config did not pass";
-  } else if (!ctx.checkpoint || (!loader.by_code && !ctx.adapter)) {
-    not_ready = "no checkpoint or name table: phase load did not pass";
-  } else if (!internal::RequireReference(ctx, scratch)) {
-    not_ready = scratch.reason;
-    blocked = scratch.status == GateStatus::kBlocked;
-  } else {
+  std::string not_ready = NotReady(ctx, blocked);
+  if (not_ready.empty()) {
     for (const ReferencePrompt& p : ctx.reference->prompts) {
       if (p.input_ids.size(0) >= 2) run.batch.push_back(&p);
     }
@@ -411,7 +401,7 @@ GateOutcome DataParallelParity(GateContext& ctx, int64_t dp, GateOutcome out,
     return out.Unknown("not ready for the parallel gate: " + all);
   }
   run.global_tokens = Tokens(run.batch);
-  if (const std::string all = RankProblems(run.comm, BuildReplicas(run, loader)); !all.empty()) {
+  if (const std::string all = RankProblems(run.comm, BuildReplicas(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);
   }
   if (const std::string all = RankProblems(run.comm, Train(run)); !all.empty()) {

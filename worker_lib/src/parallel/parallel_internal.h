@@ -43,6 +43,16 @@ Result<Artifact> WriteCheckpoint(const std::filesystem::path& attempt_dir,
 /// parallel checks train one step on.
 torch::Tensor NextTokenLoss(CausalLM& model, const torch::Tensor& ids, torch::Device device);
 
+/// The whole checkpoint into `model` (every parameter, unsharded): through the adapter's code
+/// when the family maps weights by code (the Python lane), else through its name table.
+Result<LoadReport> LoadFull(const GateContext& ctx, CausalLM& model);
+
+/// What every parallel check needs before its first collective: model args (config), a
+/// checkpoint and a name table or weights mapped by code (load), the reference bundle. Returns
+/// "" when all are there, else why not; `blocked` is set when the reason is an input the cell
+/// cannot change by running again (RequireReference's BLOCKED).
+std::string NotReady(GateContext& ctx, bool& blocked);
+
 /// The tensor-parallel check: the mesh's TP group (the whole world: no other dimension is
 /// enabled) against the TP=1 control on rank 0, on the reference prompts (tp_parity.cc).
 /// `out` holds the figures ParallelGate recorded; every rank calls it together.

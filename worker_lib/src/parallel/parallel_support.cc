@@ -57,6 +57,26 @@ Result<Artifact> WriteCheckpoint(const std::filesystem::path& attempt_dir,
   return internal::ArtifactOf(attempt_dir, rel, name);
 }
 
+Result<LoadReport> LoadFull(const GateContext& ctx, CausalLM& model) {
+  return ctx.family->MapsWeightsByCode()
+             ? LoadStateDictByCode(*ctx.checkpoint, *ctx.family, *ctx.args, model)
+             : LoadStateDict(*ctx.checkpoint, *ctx.adapter, model);
+}
+
+std::string NotReady(GateContext& ctx, bool& blocked) {
+  blocked = false;
+  if (!ctx.family || !ctx.args) return "no model args: phase config did not pass";
+  if (!ctx.checkpoint || (!ctx.family->MapsWeightsByCode() && !ctx.adapter)) {
+    return "no checkpoint or name table: phase load did not pass";
+  }
+  GateOutcome scratch;
+  if (!internal::RequireReference(ctx, scratch)) {
+    blocked = scratch.status == GateStatus::kBlocked;
+    return scratch.reason;
+  }
+  return "";
+}
+
 torch::Tensor NextTokenLoss(CausalLM& model, const torch::Tensor& ids, torch::Device device) {
   const int64_t t = ids.size(0);
   const torch::Tensor d = ids.to(device);

@@ -68,17 +68,10 @@ void MeasureBf16Floor(TpRun& run) {
 // 1. Each rank checks what it needs, then all agree before any other collective.
 bool AgreeOnPlan(TpRun& run, GateOutcome& out) {
   GateContext& ctx = run.ctx;
-  std::string not_ready;
-  GateOutcome scratch;
   run.by_code = ctx.family != nullptr && ctx.family->MapsWeightsByCode();
   const bool sharded_by_code = ctx.family != nullptr && ctx.family->ShardsLoadedModel();
-  if (!ctx.family || !ctx.args) {
-    not_ready = "no model args: phase config did not pass";
-  } else if (!ctx.checkpoint || (!run.by_code && !ctx.adapter)) {
-    not_ready = "no checkpoint or name table: phase load did not pass";
-  } else if (!internal::RequireReference(ctx, scratch)) {
-    not_ready = scratch.reason;
-  }
+  bool blocked = false;
+  const std::string not_ready = NotReady(ctx, blocked);
   Status plan_status = Status::Ok();
   if (not_ready.empty() && !sharded_by_code) {
     if (run.by_code) {
@@ -99,7 +92,7 @@ bool AgreeOnPlan(TpRun& run, GateOutcome& out) {
   const std::string every_rank =
       RankProblems(run.comm, not_ready.empty() ? plan_problem : not_ready);
   if (!not_ready.empty()) {
-    if (scratch.status == GateStatus::kBlocked) out.Blocked(not_ready);
+    if (blocked) out.Blocked(not_ready);
     else out.Unknown(not_ready);
     return false;
   }

@@ -77,10 +77,7 @@ struct TpRun {
   int64_t save_equal = 0;
   std::optional<Artifact> art_n, art_1;
 
-  Result<LoadReport> LoadFull(CausalLM& m) const {
-    return by_code ? LoadStateDictByCode(*ctx.checkpoint, *ctx.family, *ctx.args, m)
-                   : LoadStateDict(*ctx.checkpoint, *ctx.adapter, m);
-  }
+  Result<LoadReport> LoadFull(CausalLM& m) const { return parallel::LoadFull(ctx, m); }
 };
 
 // The steps, in order; each returns false once it has ended the gate (out holds the verdict).
