@@ -541,7 +541,7 @@ DecoderModel::DecoderModel(const DecoderSpec& spec, TensorParallel tp, const Par
   }
 }
 
-torch::Tensor DecoderModel::Embed(const torch::Tensor& tokens) {
+torch::Tensor DecoderModel::Embed(const torch::Tensor& tokens, bool shared_tied_grad) {
   tied_grad_slot = torch::Tensor();
   torch::Tensor h;  // [B, T, hidden]
   if (vocab_parallel_) {
@@ -552,7 +552,7 @@ torch::Tensor DecoderModel::Embed(const torch::Tensor& tokens) {
     const auto outside = local.lt(0).logical_or(local.ge(rows));
     h = tok_embeddings_(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
     h = worker::ReduceFromTensorParallelRegion(h, tp_);
-  } else if (!output_ && !tp_.enabled() && torch::GradMode::is_enabled() &&
+  } else if (shared_tied_grad && !output_ && !tp_.enabled() && torch::GradMode::is_enabled() &&
              tok_embeddings_->weight.requires_grad() && tok_embeddings_->weight.device().is_cpu()) {
     // Tied and training: no vocabulary-sized temporaries in backward (TiedEmbeddingLookup).
     // CPU only so far: CUDA's dense backward sums rows in another order.
@@ -603,28 +603,70 @@ torch::Tensor DecoderModel::Forward(const torch::Tensor& tokens, const torch::Te
               positions.scalar_type(), " ", positions.sizes());
   const int64_t t = tokens.size(1);
   const int64_t past = cache != nullptr ? cache->length() : 0;
-  const auto device = tokens.device();
 
   torch::Tensor h = Embed(tokens);  // [B, T, hidden]
+  std::vector<RotaryTables> ropes;
+  std::map<int64_t, torch::Tensor> masks;
+  Tables(positions, past, h.scalar_type(), ropes, masks);
+  torch::Tensor logits = Run(std::move(h), ropes, masks, cache);
+  if (cache != nullptr) cache->Advance(t);
+  return logits;
+}
+
+void DecoderModel::Tables(const torch::Tensor& positions, int64_t past, torch::ScalarType dtype,
+                          std::vector<RotaryTables>& ropes,
+                          std::map<int64_t, torch::Tensor>& masks) const {
+  const auto device = positions.device();
+  const int64_t t = positions.size(1);
   // RoPE tables per distinct setting; "dynamic" depends on the largest position.
   const int64_t seq_len = positions.numel() > 0 ? positions.max().item<int64_t>() + 1 : 0;
-  std::vector<RotaryTables> ropes;
   ropes.reserve(spec_.ropes.size());
   for (const auto& r : spec_.ropes) {
     auto inv_freq = RopeInverseFrequencies(r, spec_.head_dim, spec_.max_position_embeddings,
                                            seq_len, device);
-    ropes.push_back(RopeTables(positions, inv_freq, h.scalar_type()));
+    ropes.push_back(RopeTables(positions, inv_freq, dtype));
   }
   // Masks per distinct window.
-  std::map<int64_t, torch::Tensor> masks;
   for (const auto& l : spec_.layers) {
     if (!masks.count(l.sliding_window)) {
       masks.emplace(l.sliding_window, AttentionMask(past, t, l.sliding_window, device));
     }
   }
-  torch::Tensor logits = Run(std::move(h), ropes, masks, cache);
-  if (cache != nullptr) cache->Advance(t);
-  return logits;
+}
+
+torch::Tensor DecoderModel::ForwardStage(const torch::Tensor& input, const torch::Tensor& positions,
+                                         int64_t first_layer, int64_t end_layer) {
+  const auto layers = static_cast<int64_t>(layers_->size());
+  TORCH_CHECK(0 <= first_layer && first_layer < end_layer && end_layer <= layers,
+              "stage: layers [", first_layer, ", ", end_layer, ") must be a non-empty range in [0, ",
+              layers, "]");
+  TORCH_CHECK(positions.dim() == 2 && positions.scalar_type() == torch::kLong,
+              "stage: positions must be int64 [B, T], got ", positions.scalar_type(), " ",
+              positions.sizes());
+  torch::Tensor h;
+  if (first_layer == 0) {
+    TORCH_CHECK(input.sizes() == positions.sizes() && input.scalar_type() == torch::kLong,
+                "stage 0: tokens must be int64 with the shape of positions ", positions.sizes(),
+                ", got ", input.scalar_type(), " ", input.sizes());
+    h = Embed(input, /*shared_tied_grad=*/false);
+  } else {
+    TORCH_CHECK(input.dim() == 3 && input.size(0) == positions.size(0) &&
+                    input.size(1) == positions.size(1) && input.size(2) == spec_.hidden_size,
+                "stage from layer ", first_layer, ": hidden states must be [B, T, ",
+                spec_.hidden_size, "] for positions ", positions.sizes(), ", got ", input.sizes());
+    h = input;
+  }
+  std::vector<RotaryTables> ropes;
+  std::map<int64_t, torch::Tensor> masks;
+  Tables(positions, /*past=*/0, h.scalar_type(), ropes, masks);
+  for (int64_t i = first_layer; i < end_layer; ++i) {
+    const LayerSpec& l = spec_.layers[static_cast<size_t>(i)];
+    h = layers_->at<TransformerBlockImpl>(static_cast<size_t>(i))
+            .forward(h, ropes[l.rope], masks.at(l.sliding_window), nullptr, i);
+  }
+  if (end_layer < layers) return h;
+  tied_grad_slot = torch::Tensor();  // the plain head (see ForwardStage in model.h)
+  return Head(h);
 }
 
 torch::Tensor DecoderModel::Run(torch::Tensor h, const std::vector<RotaryTables>& ropes,

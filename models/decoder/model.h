@@ -327,11 +327,25 @@ class DecoderModel : public worker::CausalLM {
   torch::Tensor ForwardPacked(const torch::Tensor& tokens, const torch::Tensor& positions,
                               const torch::Tensor& cu_seqlens) override;
 
+  /// True: any range of the layers runs alone (pipeline stages).
+  bool SupportsStages() const override { return true; }
+  /// See worker::CausalLM::ForwardStage. A tied embedding goes through the plain lookup and
+  /// linear head here (the training path that shares one gradient buffer between them needs
+  /// both on one stage). Throws c10::Error on bad shapes or a range outside the layers.
+  torch::Tensor ForwardStage(const torch::Tensor& input, const torch::Tensor& positions,
+                             int64_t first_layer, int64_t end_layer) override;
+
   const DecoderSpec& spec() const { return spec_; }
 
  private:
   /// Token embeddings [B, T, hidden] (vocabulary-parallel under TP, scaled for Gemma).
-  torch::Tensor Embed(const torch::Tensor& tokens);
+  /// `shared_tied_grad`: a tied embedding in training takes the path whose backward shares one
+  /// gradient buffer with the head's (Head must follow on this model).
+  torch::Tensor Embed(const torch::Tensor& tokens, bool shared_tied_grad = true);
+  /// RoPE tables per RoPE setting and attention masks per sliding window for `positions`
+  /// [B, T] after `past` cached positions, in `dtype` on `device`.
+  void Tables(const torch::Tensor& positions, int64_t past, torch::ScalarType dtype,
+              std::vector<RotaryTables>& ropes, std::map<int64_t, torch::Tensor>& masks) const;
   /// Final norm, lm_head (gathered under TP) and soft-capping: [B, T, hidden] -> logits.
   torch::Tensor Head(const torch::Tensor& h);
   /// The layers over embeddings `h` [B, T, hidden] under `masks` (one per sliding window) and

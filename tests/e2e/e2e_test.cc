@@ -155,6 +155,32 @@ class EndToEndTest : public ::testing::Test {
     return *parallel;
   }
 
+  /// Submits `body` with `topology` and only the phases the parallel gate needs (config,
+  /// construct, load, parallel) and expects the cell to pass: one worker process per rank, rank
+  /// 0's parallel gate training two steps against the single-rank control, the step-1 loss
+  /// within the fp32 bar and the figures named `judged` present. Returns the parallel phase.
+  json ExpectLayoutPasses(json body, const json& topology, const std::vector<std::string>& judged) {
+    body["topology"] = topology;
+    body["phases"] = {"config", "construct", "load", "parallel"};
+    json sub = Submit(body);
+    EXPECT_TRUE(sub.contains("id")) << sub.dump();
+    json cell = WaitFinal(sub.value("id", ""), seconds(600));
+    EXPECT_EQ(cell.value("status", ""), "passed") << topology.dump() << " " << cell.dump(2);
+    const json* parallel = FindPhase(cell, "parallel");
+    if (parallel == nullptr) {
+      ADD_FAILURE() << "no parallel phase: " << cell.dump(2);
+      return json();
+    }
+    EXPECT_EQ(parallel->at("status"), "PASS") << parallel->dump();
+    auto loss = Figure(*parallel, "loss_step_1_rel_diff");
+    EXPECT_TRUE(loss) << parallel->dump();
+    if (loss) EXPECT_LT(*loss, 1e-5);
+    for (const std::string& name : judged) {
+      EXPECT_TRUE(Figure(*parallel, name)) << name << " in " << parallel->dump();
+    }
+    return *parallel;
+  }
+
   struct CliRun {
     int exit_code = -1;
     std::string out, err;
@@ -339,6 +365,13 @@ TEST_F(EndToEndTest, CellFromRestToEvidence) {
       http_port_, "GET", "/api/v1/cells/" + tp_id + "/log?stream=worker.rank1", "", token_);
   EXPECT_EQ(rank1_log.status, 200);
   EXPECT_NE(rank1_log.body.find("rank 1 of 2"), std::string::npos) << rank1_log.body;
+
+  // 4c. Layouts beyond tp: dp=2 x tp=2 (four worker processes, each replica sharded over its
+  //     own tp group) and pp=2 (two stages, 1F1B), each against the single-rank control.
+  ExpectLayoutPasses(Body("main", "llama-tiny-untied"), {{"dp", 2}, {"tp", 2}},
+                     {"replica_max_abs_diff", "grad_norm_step_2_rel_diff"});
+  ExpectLayoutPasses(Body("main", "llama-tiny-untied"), {{"pp", 2}},
+                     {"stage_copies_max_abs_diff", "grad_norm_step_2_rel_diff"});
 
   // 5. The branch that commits the RoPE bug FAILs at inference and stops later gates.
   json bug = Submit(Body("rope-keys-bug", "llama-tiny-tied"));

@@ -1,9 +1,11 @@
 // Test helper for the parallel gate's checks: one thread per rank over a real gloo group on
 // 127.0.0.1 (tests/worker/gloo_ranks.h), each rank running the earlier gates (config ..
 // load) on a transformers-saved fixture and then the check under test. Used by
-// parallel_test.cc (tensor parallelism) and parallel_dp_test.cc (data parallelism).
+// parallel_test.cc (tensor parallelism) and parallel_dp_test.cc (data parallelism), with the
+// base of their families that change one behaviour of a registered one (DelegatingFamily).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -20,6 +22,24 @@
 #include "tests/worker/gloo_ranks.h"
 
 namespace gatehouse::test_util {
+
+/// A family that delegates to a real one: the base of the test families that change one
+/// behaviour (a fault, a lane's property) of a registered family.
+class DelegatingFamily : public worker::ModelFamily {
+ public:
+  explicit DelegatingFamily(const worker::ModelFamily& real) : real_(real) {}
+  std::string_view name() const override { return real_.name(); }
+  std::vector<std::string> model_types() const override { return real_.model_types(); }
+  Result<worker::ParsedConfig> ParseConfig(const nlohmann::json& c) const override { return real_.ParseConfig(c); }
+  Result<std::shared_ptr<worker::CausalLM>> Construct(const worker::ModelArgs& a, torch::Dtype d,
+                                                      torch::Device dev) const override {
+    return real_.Construct(a, d, dev);
+  }
+  Result<worker::StateDictAdapter> Adapter(const worker::ModelArgs& a) const override { return real_.Adapter(a); }
+
+ protected:
+  const worker::ModelFamily& real_;
+};
 
 /// What every rank's parallel check (and its earlier gates) reported.
 struct RankOutcomes {
@@ -41,12 +61,14 @@ inline RankOutcomes RunParallelRanks(
   RankOutcomes run;
   run.outcomes.resize(static_cast<size_t>(world));
   run.early.resize(static_cast<size_t>(world));
-  run.errors = RunGlooRanks(world, [&](int r, std::shared_ptr<worker::TpCommunicator> comm) {
+  run.errors = RunGlooGroups(world, [&](int r, std::shared_ptr<worker::TpCommunicator> comm,
+                                        std::shared_ptr<worker::SubgroupFactory> subgroups) {
     worker::GateContext ctx = FixtureContext(FixtureDir(variant), family, precision, attempt.path());
     ctx.spec.topology = topology;
     ctx.rank = r;
     ctx.world_size = world;
     ctx.comm = comm;
+    ctx.subgroups = subgroups;
     ctx.comm_backend = "gloo";
     for (const auto& g : GatesThrough("load")) {
       worker::GateOutcome out = g.run(ctx);
@@ -59,6 +81,20 @@ inline RankOutcomes RunParallelRanks(
     run.outcomes[static_cast<size_t>(r)] = check(ctx);
   });
   return run;
+}
+
+/// The real figure `name` of `out`, or -1 (and a test failure) when it lacks one.
+inline double RealFigure(const worker::GateOutcome& out, const std::string& name) {
+  const worker::Figure* f = out.Find(name);
+  EXPECT_NE(f, nullptr) << name;
+  return f != nullptr && std::holds_alternative<double>(f->value) ? std::get<double>(f->value) : -1.0;
+}
+
+/// The count figure `name` of `out`, or -1 (and a test failure) when it lacks one.
+inline int64_t CountFigure(const worker::GateOutcome& out, const std::string& name) {
+  const worker::Figure* f = out.Find(name);
+  EXPECT_NE(f, nullptr) << name;
+  return f != nullptr && std::holds_alternative<int64_t>(f->value) ? std::get<int64_t>(f->value) : -1;
 }
 
 /// Prints one line, "[parallel figures] <label> name=value ...", with the named figures of

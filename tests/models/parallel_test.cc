@@ -53,6 +53,9 @@ void ExpectParity(const std::string& variant, const std::string& family, int tp,
     EXPECT_NE(f, nullptr) << name;
     return f ? std::get<double>(f->value) : -1.0;
   };
+  // The judged figures lead (a report shows the first few).
+  ASSERT_FALSE(out.figures.empty());
+  EXPECT_EQ(out.figures[0].name, "kl_mean_vs_tp1");
   if (precision == "fp32") {
     EXPECT_LT(real("kl_mean_vs_tp1"), 1e-6);
     EXPECT_EQ(real("top1_agreement_vs_tp1"), 100.0);
@@ -106,18 +109,10 @@ TEST(ParallelGateTest, Bf16) {
 
 /// A family that delegates to a real one, with a fault: a wrong plan, or a communicator that
 /// drops all-reduces inside the model (the gate's own collectives are untouched).
-class FaultyFamily : public worker::ModelFamily {
+class FaultyFamily : public test_util::DelegatingFamily {
  public:
   enum class Fault { kWrongPlan, kNoAllReduce };
-  FaultyFamily(const worker::ModelFamily& real, Fault fault) : real_(real), fault_(fault) {}
-  std::string_view name() const override { return real_.name(); }
-  std::vector<std::string> model_types() const override { return real_.model_types(); }
-  Result<worker::ParsedConfig> ParseConfig(const nlohmann::json& c) const override { return real_.ParseConfig(c); }
-  Result<std::shared_ptr<worker::CausalLM>> Construct(const worker::ModelArgs& a, torch::Dtype d,
-                                                      torch::Device dev) const override {
-    return real_.Construct(a, d, dev);
-  }
-  Result<worker::StateDictAdapter> Adapter(const worker::ModelArgs& a) const override { return real_.Adapter(a); }
+  FaultyFamily(const worker::ModelFamily& real, Fault fault) : DelegatingFamily(real), fault_(fault) {}
   Result<worker::TpPlan> Parallelize(const worker::ModelArgs& a, int64_t tp) const override {
     GH_ASSIGN_OR_RETURN(worker::TpPlan plan, real_.Parallelize(a, tp));
     if (fault_ != Fault::kWrongPlan) return plan;
@@ -145,7 +140,6 @@ class FaultyFamily : public worker::ModelFamily {
     std::vector<torch::Tensor> AllGather(const torch::Tensor& t) override { return inner->AllGather(t); }
     std::shared_ptr<worker::TpCommunicator> inner;
   };
-  const worker::ModelFamily& real_;
   Fault fault_;
 };
 

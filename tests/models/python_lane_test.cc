@@ -423,7 +423,7 @@ struct WorkerRun {
 /// `--python-path`, events on stdout) over `variant` (of model family `family`) in `precision`
 /// through `phases`, as
 /// `world` ranks with torchrun's variables (one process each, rendezvous on 127.0.0.1; a
-/// topology of `dimension` = world, tp or dp) when world > 1. `sys_path` goes in front of the
+/// topology of `dimension` = world, tp, dp or dp_shard) when world > 1. `sys_path` goes in front of the
 /// reference adapters.
 /// Returns each rank's events, rank 0 first; every process is bounded to 10 minutes.
 std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& family,
@@ -579,31 +579,43 @@ TEST(PythonLane, ParallelGateRunsTheAdaptersParallelize) {
 
 /// Data parallelism on the lane: two worker processes, each holding the adapter's whole model
 /// (build_model, from_hf), train two AdamW steps on their share of the reference prompts, the
-/// gate all-reducing the gradients; the losses, the global grad norms and every gradient agree
-/// with the single-rank control on rank 0, and the replicas stay bit-equal.
+/// gate all-reducing the gradients (dp=2) or also keeping each rank's optimizer state to its
+/// dim-0 slices (dp_shard=2); the losses, the global grad norms and every gradient agree with
+/// the single-rank control on rank 0, and the replicas stay bit-equal.
 TEST(PythonLane, DataParallelTrainsLikeOneRank) {
   const auto fixtures = Fixtures({"llama"});
   if (!fixtures.count("llama-tiny-untied")) GTEST_SKIP() << "no fixture";
-  const auto ranks = RunWorker("gh_archon.llama.spec:SPEC", "llama", "llama-tiny-untied", "fp32",
-                               kParallelPhases, /*world=*/2, "", "dp");
-  ASSERT_TRUE(ranks[0].ends.count("parallel"));
-  const json& end = ranks[0].ends.at("parallel");
-  EXPECT_EQ(end.value("status", ""), "PASS") << end.dump();
-  EXPECT_EQ(ranks[1].ends.count("parallel") ? ranks[1].ends.at("parallel").value("status", "") : "", "PASS");
-  std::cout << "[parallel figures] python lane llama-tiny-untied dp=2 fp32";
-  for (const char* name : {"loss_step_1", "loss_step_1_rel_diff", "loss_step_2_rel_diff",
-                           "grad_norm_step_1", "grad_norm_step_1_rel_diff", "grad_norm_step_2_rel_diff",
-                           "grad_max_rel_diff", "grad_order_floor_max_rel", "grads_bit_equal",
-                           "grads_compared", "grads_step1_bit_equal_to_grouping",
-                           "replica_max_abs_diff", "params_after_max_abs_diff"}) {
-    std::cout << " " << name << "=" << ranks[0].Figure("parallel", name).dump();
+  for (const std::string dimension : {"dp", "dp_shard"}) {
+    SCOPED_TRACE(dimension);
+    const auto ranks = RunWorker("gh_archon.llama.spec:SPEC", "llama", "llama-tiny-untied", "fp32",
+                                 kParallelPhases, /*world=*/2, "", dimension);
+    ASSERT_TRUE(ranks[0].ends.count("parallel"));
+    const json& end = ranks[0].ends.at("parallel");
+    EXPECT_EQ(end.value("status", ""), "PASS") << end.dump();
+    EXPECT_EQ(ranks[1].ends.count("parallel") ? ranks[1].ends.at("parallel").value("status", "") : "", "PASS");
+    std::cout << "[parallel figures] python lane llama-tiny-untied " << dimension << "=2 fp32";
+    for (const char* name : {"loss_step_1", "loss_step_1_rel_diff", "loss_step_2_rel_diff",
+                             "grad_norm_step_1", "grad_norm_step_1_rel_diff", "grad_norm_step_2_rel_diff",
+                             "grad_max_rel_diff", "grad_order_floor_max_rel", "grads_bit_equal",
+                             "grads_compared", "grads_step1_bit_equal_to_grouping",
+                             "replica_max_abs_diff", "params_after_max_abs_diff",
+                             "optimizer_state_elements_rank0", "optimizer_state_elements_unsharded"}) {
+      std::cout << " " << name << "=" << ranks[0].Figure("parallel", name).dump();
+    }
+    std::cout << std::endl;
+    EXPECT_EQ(ranks[0].Figure("parallel", "replica_max_abs_diff"), 0.0);
+    EXPECT_LT(ranks[0].Figure("parallel", "loss_step_2_rel_diff").get<double>(), 1e-5);
+    EXPECT_LT(ranks[0].Figure("parallel", "grad_norm_step_1_rel_diff").get<double>(), 1e-5);
+    const int64_t state = ranks[0].Figure("parallel", "optimizer_state_elements_rank0").get<int64_t>();
+    const int64_t unsharded = ranks[0].Figure("parallel", "optimizer_state_elements_unsharded").get<int64_t>();
+    if (dimension == "dp_shard") {
+      EXPECT_LT(state, unsharded);
+    } else {
+      EXPECT_EQ(state, unsharded);
+    }
+    EXPECT_EQ(ranks[0].exit_code, 0);
+    EXPECT_EQ(ranks[1].exit_code, 0);
   }
-  std::cout << std::endl;
-  EXPECT_EQ(ranks[0].Figure("parallel", "replica_max_abs_diff"), 0.0);
-  EXPECT_LT(ranks[0].Figure("parallel", "loss_step_2_rel_diff").get<double>(), 1e-5);
-  EXPECT_LT(ranks[0].Figure("parallel", "grad_norm_step_1_rel_diff").get<double>(), 1e-5);
-  EXPECT_EQ(ranks[0].exit_code, 0);
-  EXPECT_EQ(ranks[1].exit_code, 0);
 }
 
 /// Adapters whose tensor parallelism is broken the ways it breaks, each caught by the parallel

@@ -1,5 +1,5 @@
-// ReadRankEnv (torchrun variables) and JoinGlooGroup: c10d gloo groups of 2 and 4 ranks, here
-// one thread per rank in one process, on 127.0.0.1.
+// ReadRankEnv (torchrun variables) and JoinGlooGroup: c10d gloo groups of 2 and 4 ranks and
+// the sub-groups of a mesh's dimensions, here one thread per rank in one process, on 127.0.0.1.
 #include "gatehouse/worker/distributed.h"
 
 #include <gmock/gmock.h>
@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mesh.h"
 #include "tests/worker/gloo_ranks.h"
 
 namespace gatehouse::worker {
@@ -90,12 +91,12 @@ void ExpectCollectives(int world, const std::string& master_addr = "127.0.0.1") 
         return;
       }
       std::vector<at::Tensor> t{torch::tensor({1.0f * (r + 1), 10.0f * (r + 1)})};
-      (*group)->allreduce(t)->wait();
+      group->group->allreduce(t)->wait();
       reduced[r] = t[0];
       std::vector<std::vector<at::Tensor>> out(1);
       for (int i = 0; i < world; ++i) out[0].push_back(torch::empty({1}, torch::kLong));
       std::vector<at::Tensor> in{torch::tensor({static_cast<int64_t>(r)})};
-      (*group)->allgather(out, in)->wait();
+      group->group->allgather(out, in)->wait();
       gathered[r] = torch::cat(out[0]);
     });
   }
@@ -141,6 +142,58 @@ TEST(GlooGroupTest, BadMasterAddress) {
   auto group = JoinGlooGroup(env, std::chrono::milliseconds(500));
   EXPECT_EQ(group.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(group.status().message(), HasSubstr("not-an-address"));
+}
+
+// Verifies sub-groups along each dimension of a dp=2 x tp=2 mesh: each rank joins its TP group
+// and its DP group (Mesh::GroupOf), and a sum over each adds exactly its members' values
+// (ranks 0+1 and 2+3 along tp, 0+2 and 1+3 along dp), with the rank in the group being the
+// index in the mesh's group.
+TEST(GlooGroupTest, SubgroupsAlongMeshDimensions) {
+  MeshShape shape;
+  shape.dp_replicate = 2;
+  shape.tp = 2;
+  const Mesh mesh = *Mesh::Make(shape, 64);
+  std::vector<torch::Tensor> tp_sum(4), dp_sum(4);
+  std::vector<int64_t> tp_rank(4, -1), dp_size(4, -1);
+  const std::vector<std::string> errors = test_util::RunGlooGroups(
+      4, [&](int r, std::shared_ptr<TpCommunicator>, std::shared_ptr<SubgroupFactory> groups) {
+        auto tp = groups->Join("tp", mesh.GroupOf(r, {Mesh::Dim::kTp}));
+        auto dp = groups->Join("dp_replicate", mesh.GroupOf(r, {Mesh::Dim::kDpReplicate}));
+        ASSERT_TRUE(tp.ok()) << tp.status().ToString();
+        ASSERT_TRUE(dp.ok()) << dp.status().ToString();
+        torch::Tensor a = torch::tensor({static_cast<double>(r)});
+        torch::Tensor b = a.clone();
+        (*tp)->AllReduceSum(a);
+        (*dp)->AllReduceSum(b);
+        tp_sum[r] = a;
+        dp_sum[r] = b;
+        tp_rank[r] = (*tp)->rank();
+        dp_size[r] = (*dp)->world_size();
+      });
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(tp_sum[r].item<double>(), r < 2 ? 1.0 : 5.0) << "rank " << r;
+    EXPECT_EQ(dp_sum[r].item<double>(), r % 2 == 0 ? 2.0 : 4.0) << "rank " << r;
+    EXPECT_EQ(tp_rank[r], r % 2);
+    EXPECT_EQ(dp_size[r], 2);
+  }
+}
+
+// Verifies a sub-group that does not hold the joining rank is INVALID_ARGUMENT naming the
+// group and its ranks, before any rendezvous.
+TEST(GlooGroupTest, SubgroupWithoutThisRankIsRefused) {
+  std::string message;
+  StatusCode code = StatusCode::kOk;
+  const std::vector<std::string> errors = test_util::RunGlooGroups(
+      2, [&](int r, std::shared_ptr<TpCommunicator>, std::shared_ptr<SubgroupFactory> groups) {
+        if (r != 0) return;
+        auto g = groups->Join("tp", {1});
+        code = g.status().code();
+        message = g.status().message();
+      });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(code, StatusCode::kInvalidArgument);
+  EXPECT_THAT(message, HasSubstr("gloo group 'tp' of ranks [1]"));
 }
 
 }  // namespace

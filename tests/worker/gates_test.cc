@@ -1470,11 +1470,26 @@ TEST(SaveGateTest, UnmappedParameterFails) {
 
 // --- parallel, cuda_graph, performance ---------------------------------------------------------
 
+// Verifies Lead moves the named figures to the front in the order named, keeps the others in
+// theirs, and ignores a name the outcome lacks.
+TEST(GateOutcomeTest, LeadMovesNamedFiguresFirst) {
+  GateOutcome out;
+  out.Count("world_size", 2);
+  out.Text("mesh", "tp=2");
+  out.Real("loss", 1.5, "nats");
+  out.Real("kl", 0.0, "nats");
+  out.Lead({"kl", "absent", "loss"});
+  std::vector<std::string> names;
+  for (const Figure& f : out.figures) names.push_back(f.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"kl", "loss", "world_size", "mesh"}));
+}
+
 // Verifies parallel is SKIPPED at world size 1 and BLOCKED above.
 TEST(ParallelGateTest, WorldSize) {
   // Verifies parallel: SKIPPED at world size 1; BLOCKED when the topology asks for ranks this
-  // worker was not started with, or for a dimension without a check (pipeline, ...). The
-  // comparisons themselves: tests/models/parallel_test.cc, parallel_dp_test.cc.
+  // worker was not started with, for a dimension without a check (context, ...) or for pp
+  // with another dimension. The comparisons themselves: tests/models/parallel_test.cc,
+  // parallel_dp_test.cc, parallel_pp_test.cc.
   Fixture fx;
   GateContext ctx = fx.Context();
   GateOutcome one = ParallelGate(ctx);
@@ -1489,8 +1504,7 @@ TEST(ParallelGateTest, WorldSize) {
   ctx.spec.topology.pp = 2;
   GateOutcome pp = ParallelGate(ctx);
   EXPECT_STATUS(pp, GateStatus::kBlocked);
-  EXPECT_EQ(pp.reason, "topology tp=1 dp=1 pp=2 ep=1: only tensor and data parallelism are "
-                       "implemented; pp is not");
+  EXPECT_THAT(pp.reason, HasSubstr("needs 2 worker ranks, but this worker runs as rank 0 of 1"));
   // Data parallelism has its check (tests/models/parallel_dp_test.cc): dp=2 asks for 2 ranks.
   ctx.spec.topology.pp = 1;
   ctx.spec.topology.dp = 2;
@@ -1504,7 +1518,12 @@ TEST(ParallelGateTest, WorldSize) {
   ctx.spec.topology.cp = 2;
   GateOutcome fsdp = ParallelGate(ctx);
   EXPECT_STATUS(fsdp, GateStatus::kBlocked);
-  EXPECT_THAT(fsdp.reason, HasSubstr("dp_shard, cp are not"));
+  EXPECT_THAT(fsdp.reason, HasSubstr("parallelism are implemented; cp is not"));
+  ctx.spec.topology.cp = 1;
+  ctx.spec.topology.pp = 2;
+  GateOutcome pp_tp = ParallelGate(ctx);
+  EXPECT_STATUS(pp_tp, GateStatus::kBlocked);
+  EXPECT_THAT(pp_tp.reason, HasSubstr("the combined layout pp x dp_shard x tp is not"));
   // A stored cell is not held to the mesh rules when read: the gate names what the ranks
   // cannot form (ep borrowed from dp_shard x cp).
   ctx.spec.topology = {};

@@ -1,6 +1,6 @@
 // Test helpers for c10d gloo groups inside one test process: a free port on 127.0.0.1 and a
 // runner that starts one thread per rank, joins the group (JoinGlooGroup) and hands each rank
-// its communicator. Used by tests/worker (distributed, tensor_parallel) and tests/models
+// its communicator and the factory of its sub-groups. Used by tests/worker (distributed, tensor_parallel) and tests/models
 // (the parallel gate).
 #pragma once
 
@@ -36,13 +36,15 @@ inline int FreePort() {
 }
 
 /// Runs `world` ranks, one thread each: every rank joins a gloo group on 127.0.0.1 (timeout
-/// `timeout`) and calls `body(rank, comm)`. Returns per rank "" or the join error; exceptions
+/// `timeout`) and calls `body(rank, comm, subgroups)`: the world's communicator and the
+/// factory of its sub-groups. Returns per rank "" or the join error; exceptions
 /// thrown by `body` are returned as "exception: <what>". The groups are destroyed only after
 /// every rank's body returned, ranks > 0 first and rank 0 (which hosts the store) last, so no
 /// rank tears its group down while a peer still talks to it.
-inline std::vector<std::string> RunGlooRanks(
+inline std::vector<std::string> RunGlooGroups(
     int world,
-    const std::function<void(int rank, std::shared_ptr<worker::TpCommunicator> comm)>& body,
+    const std::function<void(int rank, std::shared_ptr<worker::TpCommunicator> comm,
+                             std::shared_ptr<worker::SubgroupFactory> subgroups)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   // c10d's process-wide FlightRecorder (on by default, 2000 entries) inserts into a map before
   // taking its mutex (FlightRecorderDetail.hpp recordWithResetEnabled, torch 2.11): several
@@ -67,9 +69,9 @@ inline std::vector<std::string> RunGlooRanks(
         errors[static_cast<size_t>(r)] = group.status().ToString();
         return;
       }
-      groups[static_cast<size_t>(r)] = *group;
+      groups[static_cast<size_t>(r)] = group->group;
       try {
-        body(r, worker::MakeC10dCommunicator(*group));
+        body(r, worker::MakeC10dCommunicator(group->group), group->subgroups);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = std::string("exception: ") + e.what();
       }
@@ -78,6 +80,18 @@ inline std::vector<std::string> RunGlooRanks(
   for (auto& t : threads) t.join();
   for (int r = world - 1; r >= 0; --r) groups[static_cast<size_t>(r)].reset();
   return errors;
+}
+
+/// RunGlooGroups for bodies that use the world group only: `body(rank, comm)`.
+inline std::vector<std::string> RunGlooRanks(
+    int world,
+    const std::function<void(int rank, std::shared_ptr<worker::TpCommunicator> comm)>& body,
+    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  return RunGlooGroups(
+      world,
+      [&](int r, std::shared_ptr<worker::TpCommunicator> comm,
+          std::shared_ptr<worker::SubgroupFactory>) { body(r, std::move(comm)); },
+      timeout);
 }
 
 }  // namespace gatehouse::test_util

@@ -8,12 +8,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <optional>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "distributed_subgroups.h"
 
 namespace gatehouse::worker {
 namespace {
@@ -96,13 +100,87 @@ class C10dCommunicator : public TpCommunicator {
     }
     return out[0];
   }
+  std::function<void()> Send(const torch::Tensor& t, int64_t dst, int64_t tag) override {
+    std::vector<torch::Tensor> io{t.detach().to(device_).contiguous()};
+    c10::intrusive_ptr<c10d::Work> work =
+        group_->send(io, static_cast<int>(dst), static_cast<int>(tag));
+    // The tensor sent stays alive in the wait until the send is done.
+    return [work, io]() { work->wait(); };
+  }
+  void Recv(torch::Tensor& t, int64_t src, int64_t tag) override {
+    std::vector<torch::Tensor> io{t.device() == device_ && t.is_contiguous()
+                                      ? t
+                                      : torch::empty(t.sizes(), t.options().device(device_))};
+    group_->recv(io, static_cast<int>(src), static_cast<int>(tag))->wait();
+    if (!io[0].is_same(t)) t.copy_(io[0]);
+  }
 
  private:
   c10::intrusive_ptr<c10d::Backend> group_;
   torch::Device device_;
 };
 
+class StoreSubgroups : public SubgroupFactory {
+ public:
+  StoreSubgroups(int64_t world_rank, c10::intrusive_ptr<c10d::Store> store, torch::Device device,
+                 internal::MakeBackend make, std::string backend_name)
+      : world_rank_(world_rank),
+        store_(std::move(store)),
+        device_(device),
+        make_(std::move(make)),
+        backend_name_(std::move(backend_name)) {}
+
+  Result<std::shared_ptr<TpCommunicator>> Join(const std::string& name,
+                                               const std::vector<int64_t>& ranks) override {
+    std::string list;
+    for (int64_t r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+    const std::string what = backend_name_ + " group '" + name + "' of ranks [" + list + "]";
+    const auto self = std::find(ranks.begin(), ranks.end(), world_rank_);
+    if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) || self == ranks.end()) {
+      return Status::InvalidArgument("rank " + std::to_string(world_rank_) + " cannot join the " +
+                                     what + ": the ranks must be ascending and hold it");
+    }
+    try {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gatehouse/" + name + "/" + list, store_);
+      c10::intrusive_ptr<c10d::Backend> group =
+          make_(prefixed, static_cast<int>(self - ranks.begin()), static_cast<int>(ranks.size()));
+      return MakeC10dCommunicator(std::move(group), device_);
+    } catch (const std::exception& e) {
+      return Status::Unavailable("rank " + std::to_string(world_rank_) + " could not join the " +
+                                 what + ": " + e.what());
+    }
+  }
+
+ private:
+  int64_t world_rank_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  torch::Device device_;
+  internal::MakeBackend make_;
+  std::string backend_name_;
+};
+
+/// gloo's options as JoinGlooGroup describes them: the transport on a loopback master's
+/// address (one host), else on this host's own address.
+c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> GlooOptions(in_addr master,
+                                                                const std::string& master_addr,
+                                                                std::chrono::milliseconds timeout) {
+  auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
+  gloo->devices.push_back(IsLoopback(master)
+                              ? c10d::ProcessGroupGloo::createDeviceForHostname(master_addr)
+                              : c10d::ProcessGroupGloo::createDefaultDevice());
+  return gloo;
+}
+
 }  // namespace
+
+std::shared_ptr<SubgroupFactory> internal::MakeStoreSubgroups(int64_t world_rank,
+                                                              c10::intrusive_ptr<c10d::Store> store,
+                                                              torch::Device device,
+                                                              MakeBackend make,
+                                                              std::string backend_name) {
+  return std::make_shared<StoreSubgroups>(world_rank, std::move(store), device, std::move(make),
+                                          std::move(backend_name));
+}
 
 std::shared_ptr<TpCommunicator> MakeC10dCommunicator(c10::intrusive_ptr<c10d::Backend> group,
                                                      torch::Device device) {
@@ -174,21 +252,23 @@ Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
   }
 }
 
-Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
-                                                       std::chrono::milliseconds timeout) {
+Result<JoinedGroup> JoinGlooGroup(const RankEnv& env, std::chrono::milliseconds timeout) {
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   GH_ASSIGN_OR_RETURN(in_addr master, ResolveMaster(env.master_addr));
   GH_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store, ConnectStore(env, timeout));
   try {
-    auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
-    // One host: the transport on the loopback master's address. Across nodes each rank binds
-    // its own host's address (gloo's default device: the host name's, else loopback).
-    gloo->devices.push_back(IsLoopback(master)
-                                ? c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr)
-                                : c10d::ProcessGroupGloo::createDefaultDevice());
-    c10::intrusive_ptr<c10d::Backend> group =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, gloo);
-    return group;
+    JoinedGroup joined;
+    joined.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        store, env.rank, env.world_size, GlooOptions(master, env.master_addr, timeout));
+    joined.subgroups = internal::MakeStoreSubgroups(
+        env.rank, store, torch::kCPU,
+        [master, addr = env.master_addr, timeout](const c10::intrusive_ptr<c10d::Store>& s,
+                                                  int rank, int size) {
+          return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<c10d::ProcessGroupGloo>(
+              s, rank, size, GlooOptions(master, addr, timeout)));
+        },
+        "gloo");
+    return joined;
   } catch (const std::exception& e) {
     return Status::Unavailable("rank " + std::to_string(env.rank) + " of " +
                                std::to_string(env.world_size) + " could not join the gloo group at " +

@@ -3,6 +3,7 @@
 // empty without that define, and JoinNcclGroup then says the worker was built without NCCL.
 #include "gatehouse/worker/distributed.h"
 
+#include "distributed_subgroups.h"
 #include "gatehouse/worker/cuda_graph.h"
 
 #ifdef USE_C10D_NCCL
@@ -19,17 +20,24 @@ bool NcclGroupsAvailable() {
 #endif
 }
 
-Result<c10::intrusive_ptr<c10d::Backend>> JoinNcclGroup(const RankEnv& env, int device_index,
-                                                       std::chrono::milliseconds timeout) {
+Result<JoinedGroup> JoinNcclGroup(const RankEnv& env, int device_index,
+                                  std::chrono::milliseconds timeout) {
 #ifdef USE_C10D_NCCL
   GH_RETURN_IF_ERROR(SetCudaDevice(device_index));
   GH_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store, ConnectStore(env, timeout));
   try {
-    auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = timeout;
-    c10::intrusive_ptr<c10d::Backend> group =
-        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, options);
-    return group;
+    auto make = [timeout](const c10::intrusive_ptr<c10d::Store>& s, int rank, int size) {
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = timeout;
+      return c10::intrusive_ptr<c10d::Backend>(
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(s, rank, size, options));
+    };
+    JoinedGroup joined;
+    joined.group = make(store, env.rank, env.world_size);
+    joined.subgroups = internal::MakeStoreSubgroups(
+        env.rank, store,
+        torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_index)), make, "NCCL");
+    return joined;
   } catch (const std::exception& e) {
     return Status::Unavailable("rank " + std::to_string(env.rank) + " of " +
                                std::to_string(env.world_size) + " could not join the NCCL group on cuda:" +

@@ -30,6 +30,15 @@ const Figure* GateOutcome::Find(std::string_view name) const {
   return nullptr;
 }
 
+void GateOutcome::Lead(const std::vector<std::string_view>& names) {
+  auto rank = [&](const Figure& f) {
+    const auto it = std::find(names.begin(), names.end(), f.name);
+    return static_cast<size_t>(it - names.begin());  // names.size() when not named
+  };
+  std::stable_sort(figures.begin(), figures.end(),
+                   [&](const Figure& a, const Figure& b) { return rank(a) < rank(b); });
+}
+
 // --- runner --------------------------------------------------------------------------------
 
 std::vector<GateDef> DefaultGates() {

@@ -5,6 +5,16 @@
 #include <numeric>
 
 namespace gatehouse::worker {
+
+std::function<void()> TpCommunicator::Send(const torch::Tensor& t, int64_t dst, int64_t tag) {
+  (void)t;
+  TORCH_CHECK(false, "this communicator has no point-to-point send (to rank ", dst, ", tag ", tag, ")");
+}
+
+void TpCommunicator::Recv(torch::Tensor& t, int64_t src, int64_t tag) {
+  (void)t;
+  TORCH_CHECK(false, "this communicator has no point-to-point receive (from rank ", src, ", tag ", tag, ")");
+}
 namespace {
 
 using torch::autograd::AutogradContext;

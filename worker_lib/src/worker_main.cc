@@ -166,9 +166,8 @@ int main(int argc, char** argv) {
                 ": joining the " + ctx.comm_backend + " group at " + rank_env->master_addr + ":" +
                 std::to_string(rank_env->master_port) +
                 (nccl ? " on cuda:" + std::to_string(rank_env->local_rank) : ""));
-      Result<c10::intrusive_ptr<c10d::Backend>> group =
-          nccl ? JoinNcclGroup(*rank_env, rank_env->local_rank, timeout)
-               : JoinGlooGroup(*rank_env, timeout);
+      Result<JoinedGroup> group = nccl ? JoinNcclGroup(*rank_env, rank_env->local_rank, timeout)
+                                       : JoinGlooGroup(*rank_env, timeout);
       if (!group.ok()) {
         // Without its group this rank cannot take part; it exits before any event, so the
         // agent stops the other ranks and names this one.
@@ -176,9 +175,11 @@ int main(int argc, char** argv) {
         return kExitNoGroup;
       }
       if (nccl) ctx.device_index = rank_env->local_rank;
+      ctx.subgroups = group->subgroups;
       ctx.comm = MakeC10dCommunicator(
-          *group, nccl ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank_env->local_rank))
-                       : torch::Device(torch::kCPU));
+          group->group,
+          nccl ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank_env->local_rank))
+               : torch::Device(torch::kCPU));
     }
     log::Info("attempt " + std::to_string(spec->attempt.id) + ": torch " +
               ctx.runtime.torch_version + ", device " + spec->runtime.device + ", " +

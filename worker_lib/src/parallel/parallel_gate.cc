@@ -1,7 +1,9 @@
 // The parallel gate (gates.h ParallelGate): the cell's topology as a device mesh
 // (common/mesh.h), checked against a single-rank control one dimension at a time. Each
-// dimension's check lives in a file of its own (tp_parity.cc, dp_parity.cc; parallel_internal.h
-// lists them); a dimension without a check, or dimensions combined, BLOCK the gate, naming them.
+// dimension's check lives in files of its own (tp_parity.cc, dp_parity.cc, pp_parity.cc;
+// parallel_internal.h lists them), and dp, dp_shard and either with tp are the data-parallel
+// check (with tensor-parallel replicas); a dimension without a check, or pp with another,
+// BLOCKs the gate, naming them.
 #include <set>
 
 #include "common/cell_spec.h"
@@ -16,7 +18,7 @@ namespace {
 
 /// The dimensions a check exists for: a mesh that enables any other is BLOCKED.
 const std::set<std::string>& CheckedDimensions() {
-  static const std::set<std::string> checked = {"tp", "dp_replicate"};
+  static const std::set<std::string> checked = {"tp", "dp_replicate", "dp_shard", "pp"};
   return checked;
 }
 
@@ -36,23 +38,22 @@ GateOutcome ParallelGate(GateContext& ctx) {
     return out.Skipped(topo_text + ": world size 1, nothing to compare against TP=1");
   }
   out.Text("mesh", mesh->ToString());
-  std::vector<std::string> unchecked, enabled;
+  std::vector<std::string> unchecked;
   for (const std::string& dim : mesh->EnabledNames()) {
-    // Named as the spec names it: its `dp` is the mesh's dp_replicate.
-    enabled.push_back(dim == "dp_replicate" ? "dp" : dim);
-    if (!CheckedDimensions().count(dim)) unchecked.push_back(enabled.back());
+    if (!CheckedDimensions().count(dim)) unchecked.push_back(dim);
   }
   if (!unchecked.empty()) {
     std::string names;
     for (const std::string& d : unchecked) names += (names.empty() ? "" : ", ") + d;
-    return out.Blocked(topo_text + ": only tensor and data parallelism are implemented; " +
-                       names + (unchecked.size() == 1 ? " is" : " are") + " not");
+    return out.Blocked(topo_text + ": only tensor, data (dp, dp_shard) and pipeline " +
+                       "parallelism are implemented; " + names +
+                       (unchecked.size() == 1 ? " is" : " are") + " not");
   }
-  if (enabled.size() > 1) {
+  if (topo.pp > 1 && mesh->EnabledNames().size() > 1) {
     std::string names;
-    for (const std::string& d : enabled) names += (names.empty() ? "" : " x ") + d;
-    return out.Blocked(topo_text + ": each dimension is checked alone so far; the combined " +
-                       "layout " + names + " is not");
+    for (const std::string& d : mesh->EnabledNames()) names += (names.empty() ? "" : " x ") + d;
+    return out.Blocked(topo_text + ": pipeline parallelism is checked alone so far; the " +
+                       "combined layout " + names + " is not");
   }
   if (ctx.world_size != topo.world_size()) {
     return out.Blocked(topo_text + " needs " + std::to_string(topo.world_size()) +
@@ -75,8 +76,12 @@ GateOutcome ParallelGate(GateContext& ctx) {
                             : ""));
   }
   out.Text("process_group", ctx.comm_backend);
-  // One dimension is enabled, so its group is the whole world (mesh->GroupOf(rank, {dim})).
-  if (topo.dp > 1) return parallel::DataParallelParity(ctx, topo.dp, std::move(out));
+  // Data parallelism forms its groups from the mesh; tensor parallelism alone is the world.
+  if (topo.pp > 1) return parallel::PipelineParallelParity(ctx, *mesh, std::move(out));
+  // Data parallelism (dp, dp_shard or both), with or without tp, is one check.
+  if (topo.dp > 1 || topo.dp_shard > 1) {
+    return parallel::DataParallelParity(ctx, *mesh, std::move(out));
+  }
   return parallel::TensorParallelParity(ctx, topo.tp, std::move(out));
 }
 

@@ -7,11 +7,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/artifacts.h"
+#include "common/mesh.h"
 #include "common/status.h"
 #include "gatehouse/worker/gates.h"
 
@@ -43,15 +46,78 @@ Result<Artifact> WriteCheckpoint(const std::filesystem::path& attempt_dir,
 /// parallel checks train one step on.
 torch::Tensor NextTokenLoss(CausalLM& model, const torch::Tensor& ids, torch::Device device);
 
+/// Sum of the next-token cross entropies of `ids` [T] int64 (T >= 2) on `model`, in fp32:
+/// the loss the training checks divide by the global token count.
+torch::Tensor TokenLossSum(CausalLM& model, const torch::Tensor& ids, torch::Device device);
+
+/// Forward and backward over `sequences` (token ids [T] each) on `model`, gradients
+/// accumulating in sequence order; each sequence's TokenLossSum divided by `normalizer`.
+/// Returns the sum of those losses.
+double Backward(CausalLM& model, const std::vector<torch::Tensor>& sequences, double normalizer,
+                torch::Device device);
+
+/// Each parameter's gradient (a copy; zeros where it has none), in `groups` order.
+std::vector<torch::Tensor> GradsOf(const std::vector<ParamGroup>& groups);
+
+/// sqrt of the sum of squares of every element of `grads`, in float64 (the total norm
+/// clip_grad_norm_ computes and a trainer clips with).
+double GlobalNorm(const std::vector<torch::Tensor>& grads);
+
+/// max |a - b| / max |b| (infinite when b is all zeros and a is not), and whether a equals b
+/// bit for bit.
+std::pair<double, bool> RelDiff(const torch::Tensor& a, const torch::Tensor& b);
+
+/// What a training check (data or pipeline parallel) records per optimizer step, here and on
+/// the single-rank control, and how its gradients compared.
+struct StepTrace {
+  std::vector<double> loss, control_loss, grad_norm, control_grad_norm;  // per step
+  int64_t grads_bit_equal = 0, grads_compared = 0;
+  double grad_max_rel = 0;
+  // The gradient nearest its bar: its name and step, its difference and bar.
+  double worst_grad_ratio = 0, worst_grad_rel = 0, worst_grad_bar = 0;
+  std::string worst_grad;
+
+  /// Folds gradient `name` of step `step` (ours against the control's) with bar `bar` (a
+  /// relative difference, RelDiff's).
+  void AddGradient(const std::string& name, int step, const torch::Tensor& ours,
+                   const torch::Tensor& control, double bar);
+  /// Records loss_step_k, loss_step_k_control, loss_step_k_rel_diff, grad_norm_step_k (same
+  /// three), grad_max_rel_diff, grads_bit_equal, grads_compared and grad_nearest_bar_tensor /
+  /// _rel_diff / _bar; appends to `fails` each step's loss or grad norm whose relative
+  /// difference is not below `loss_bar`, and the nearest gradient when it reached its bar.
+  void Record(double loss_bar, GateOutcome& out, std::vector<std::string>& fails) const;
+};
+
 /// The whole checkpoint into `model` (every parameter, unsharded): through the adapter's code
 /// when the family maps weights by code (the Python lane), else through its name table.
 Result<LoadReport> LoadFull(const GateContext& ctx, CausalLM& model);
+
+/// A model a check trains: made by `construct` (Construct or ConstructParallel, under
+/// SkipWeightInit: `load` overwrites every parameter), loaded by `load`, then each parameter
+/// moved to memory of its own (one adopted from the checkpoint's mapping shares the file's
+/// pages with every model of this process). Errors: INTERNAL naming `what` and this rank with
+/// the construct or load problem (exceptions included).
+Result<std::shared_ptr<CausalLM>> TrainableModel(
+    const GateContext& ctx, const std::string& what,
+    const std::function<Result<std::shared_ptr<CausalLM>>()>& construct,
+    const std::function<Result<LoadReport>(CausalLM&)>& load);
 
 /// What every parallel check needs before its first collective: model args (config), a
 /// checkpoint and a name table or weights mapped by code (load), the reference bundle. Returns
 /// "" when all are there, else why not; `blocked` is set when the reason is an input the cell
 /// cannot change by running again (RequireReference's BLOCKED).
 std::string NotReady(GateContext& ctx, bool& blocked);
+
+/// This rank's group along `dims` of `mesh`: the world's communicator (ctx.comm) when the
+/// group is the whole world, else the sub-group of Mesh::GroupOf joined through
+/// ctx.subgroups, named after the dims ("dp_replicate", "tp", "dp_shard.cp"). Every rank calls
+/// it with the same dims, in the same order. Errors: FAILED_PRECONDITION when a sub-group is
+/// needed and the rank has no factory; the factory's.
+Result<std::shared_ptr<TpCommunicator>> MeshGroup(const GateContext& ctx, const Mesh& mesh,
+                                                  const std::vector<Mesh::Dim>& dims);
+
+/// "tp [0,1] [2,3]": the groups along `dims`, for the evidence.
+std::string GroupsText(const Mesh& mesh, const std::vector<Mesh::Dim>& dims);
 
 /// The tensor-parallel check: the mesh's TP group (the whole world: no other dimension is
 /// enabled) against the TP=1 control on rank 0, on the reference prompts (tp_parity.cc).
@@ -66,18 +132,48 @@ struct DpReduction {
     kAverage,    // as kSum, then the gradients divided by dp
     kLocalMean,  // each rank's own token mean, gradients averaged over dp (DDP's default)
     kNone,       // no all-reduce: each rank steps on its own gradients
+    kWholeWorld, // as kSum, but over every rank (the TP ranks too), not the dp group
+    kShardGroupOnly,  // as kSum over dp_shard, the all-reduce across replicas left out (HSDP)
   };
   Mode mode = Mode::kSum;
   /// In words, for the evidence.
   std::string Name() const;
 };
 
-/// The data-parallel check: the mesh's dp_replicate group (the whole world: no other dimension
-/// is enabled) trained two AdamW steps on the reference prompts split over the ranks, against
-/// the single-rank control on the whole batch on rank 0 (dp_parity.cc). BLOCKED when the
-/// bundle has fewer prompts of 2 tokens or more than dp. `out` holds the figures ParallelGate
-/// recorded; every rank calls it together.
-GateOutcome DataParallelParity(GateContext& ctx, int64_t dp, GateOutcome out,
+/// The data-parallel check: the mesh's data-parallel dimensions (dp_replicate, dp_shard: each
+/// rank stepping the optimizer state of its slice of every parameter, or both: HSDP), alone or
+/// with tensor parallelism inside each replica (the model sharded over its tp group through the
+/// family's plan), trained two AdamW steps on the reference prompts split over the
+/// data-parallel ranks, against the single-rank control on the whole batch on rank 0
+/// (dp_parity.cc). BLOCKED when the prompts cannot make one sequence per data-parallel rank,
+/// or for dp x tp when the family shards by code (the Python lane's parallelize takes the
+/// whole world as its TP group). `out` holds the figures ParallelGate recorded; every rank
+/// calls it together.
+GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome out,
                                const DpReduction& reduction = {});
+
+/// How the pipeline-parallel check computes each microbatch's loss and syncs the stages. The
+/// gate runs kNone; the others are the bugs the check must catch, run by its tests
+/// (tests/models/parallel_pp_test.cc).
+struct PpFault {
+  enum class Mode {
+    kNone,            // each microbatch's token sum over the global token count
+    kMicrobatchMean,  // each microbatch's own token mean, averaged over the microbatches
+    kRawTokenSum,     // the token sum, never divided
+    kTiedNotSynced,   // a parameter two stages own (a tied embedding): each steps its own part
+  };
+  Mode mode = Mode::kNone;
+  /// In words, for the evidence.
+  std::string Name() const;
+};
+
+/// The pipeline-parallel check: the mesh's pp dimension (alone), the decoder layers cut into
+/// pp stages (CausalLM::ForwardStage), two AdamW steps of the reference prompts as
+/// microbatches through a 1F1B schedule, against the single-rank control on rank 0
+/// (pp_parity.cc). BLOCKED when the model has fewer layers than stages, the bundle no prompt,
+/// or the family's model does not run in stages. `out` holds the figures ParallelGate
+/// recorded; every rank calls it together.
+GateOutcome PipelineParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome out,
+                                   const PpFault& fault = {});
 
 }  // namespace gatehouse::worker::parallel

@@ -1,6 +1,8 @@
 // What the parallel gate's checks share (parallel_internal.h).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "../gates_internal.h"
 #include "gatehouse/worker/safetensors_torch.h"
@@ -85,6 +87,162 @@ torch::Tensor NextTokenLoss(CausalLM& model, const torch::Tensor& ids, torch::De
           .to(torch::kFloat);
   return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
                                               d.slice(0, 1, t));
+}
+
+Result<std::shared_ptr<CausalLM>> TrainableModel(
+    const GateContext& ctx, const std::string& what,
+    const std::function<Result<std::shared_ptr<CausalLM>>()>& construct,
+    const std::function<Result<LoadReport>(CausalLM&)>& load) {
+  const std::string where = what + " on rank " + std::to_string(ctx.rank) + ": ";
+  try {
+    Result<std::shared_ptr<CausalLM>> built = [&] {
+      const SkipWeightInit loaded_next;
+      return construct();
+    }();
+    if (!built.ok() || !*built) {
+      return Status::Internal(where + "construct: " +
+                              (built.ok() ? std::string("returned no model") : built.status().ToString()));
+    }
+    Result<LoadReport> loaded = load(**built);
+    if (!loaded.ok() || !loaded->ok()) {
+      return Status::Internal(where + (loaded.ok() ? LoadProblems(*loaded) : loaded.status().ToString()));
+    }
+    torch::NoGradGuard no_grad;
+    for (const ParamGroup& g : UniqueParameters(**built)) g.tensor.set_data(g.tensor.detach().clone());
+    return *built;
+  } catch (const std::exception& e) {
+    return Status::Internal(where + e.what());
+  }
+}
+
+torch::Tensor TokenLossSum(CausalLM& model, const torch::Tensor& ids, torch::Device device) {
+  const int64_t t = ids.size(0);
+  const torch::Tensor d = ids.to(device);
+  const torch::Tensor logits =
+      model.Forward(d.slice(0, 0, t - 1).unsqueeze(0), internal::Positions(0, t - 1, device), nullptr)
+          .to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(
+      logits.view({-1, logits.size(-1)}), d.slice(0, 1, t),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+}
+
+double Backward(CausalLM& model, const std::vector<torch::Tensor>& sequences, double normalizer,
+                torch::Device device) {
+  double total = 0;
+  for (const torch::Tensor& ids : sequences) {
+    const torch::Tensor loss = TokenLossSum(model, ids, device) / normalizer;
+    loss.backward();
+    total += loss.item<double>();
+  }
+  return total;
+}
+
+std::vector<torch::Tensor> GradsOf(const std::vector<ParamGroup>& groups) {
+  std::vector<torch::Tensor> out;
+  out.reserve(groups.size());
+  for (const ParamGroup& g : groups) {
+    out.push_back(g.tensor.grad().defined() ? g.tensor.grad().detach().clone()
+                                            : torch::zeros_like(g.tensor));
+  }
+  return out;
+}
+
+double GlobalNorm(const std::vector<torch::Tensor>& grads) {
+  double sq = 0;
+  for (const torch::Tensor& g : grads) sq += g.to(torch::kDouble).pow(2).sum().item<double>();
+  return std::sqrt(sq);
+}
+
+std::pair<double, bool> RelDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  const torch::Tensor da = a.to(torch::kDouble), db = b.to(torch::kDouble);
+  const double scale = db.abs().max().item<double>();
+  const double diff = (da - db).abs().max().item<double>();
+  const double rel = scale > 0 ? diff / scale : (diff > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+  return {rel, torch::equal(a, b)};
+}
+
+void StepTrace::AddGradient(const std::string& name, int step, const torch::Tensor& ours,
+                            const torch::Tensor& control, double bar) {
+  const auto [rel, equal] = RelDiff(ours, control);
+  ++grads_compared;
+  if (equal) ++grads_bit_equal;
+  grad_max_rel = std::max(grad_max_rel, rel);
+  if (worst_grad.empty() || rel / bar > worst_grad_ratio) {
+    worst_grad_ratio = rel / bar;
+    worst_grad_rel = rel;
+    worst_grad_bar = bar;
+    worst_grad = name + " (step " + std::to_string(step) + ")";
+  }
+}
+
+void StepTrace::Record(double loss_bar, GateOutcome& out, std::vector<std::string>& fails) const {
+  using internal::Num;
+  auto rel = [](double a, double b) { return b != 0 ? std::abs(a - b) / std::abs(b) : std::abs(a - b); };
+  for (size_t s = 0; s < loss.size() && s < control_loss.size(); ++s) {
+    const std::string k = std::to_string(s + 1);
+    const double loss_rel = rel(loss[s], control_loss[s]);
+    const double norm_rel = rel(grad_norm[s], control_grad_norm[s]);
+    out.Real("loss_step_" + k, loss[s], "nats");
+    out.Real("loss_step_" + k + "_control", control_loss[s], "nats");
+    out.Real("loss_step_" + k + "_rel_diff", loss_rel, "ratio");
+    out.Real("grad_norm_step_" + k, grad_norm[s], "gradient");
+    out.Real("grad_norm_step_" + k + "_control", control_grad_norm[s], "gradient");
+    out.Real("grad_norm_step_" + k + "_rel_diff", norm_rel, "ratio");
+    if (!(loss_rel < loss_bar)) {
+      fails.push_back("step " + k + " loss " + Num(loss[s]) + " vs the control's " +
+                      Num(control_loss[s]) + " (rel diff " + Num(loss_rel) + ", bar " +
+                      Num(loss_bar) + ")");
+    }
+    if (!(norm_rel < loss_bar)) {
+      fails.push_back("step " + k + " global grad norm " + Num(grad_norm[s]) +
+                      " vs the control's " + Num(control_grad_norm[s]) + " (rel diff " +
+                      Num(norm_rel) + ", bar " + Num(loss_bar) + ")");
+    }
+  }
+  out.Real("grad_max_rel_diff", grad_max_rel, "ratio");
+  out.Count("grads_bit_equal", grads_bit_equal);
+  out.Count("grads_compared", grads_compared);
+  out.Text("grad_nearest_bar_tensor", worst_grad);
+  out.Real("grad_nearest_bar_rel_diff", worst_grad_rel, "ratio");
+  out.Real("grad_nearest_bar_bar", worst_grad_bar, "ratio");
+  if (worst_grad_ratio >= 1) {
+    fails.push_back("gradient " + worst_grad + " differs from the control's by " +
+                    Num(worst_grad_rel) + " of its max (bar " + Num(worst_grad_bar) + ")");
+  }
+}
+
+namespace {
+
+std::string DimsName(const std::vector<Mesh::Dim>& dims) {
+  std::string name;
+  for (Mesh::Dim d : dims) name += (name.empty() ? "" : ".") + std::string(Mesh::DimName(d));
+  return name;
+}
+
+std::string RanksText(const std::vector<int64_t>& ranks) {
+  std::string text;
+  for (int64_t r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+  return "[" + text + "]";
+}
+
+}  // namespace
+
+Result<std::shared_ptr<TpCommunicator>> MeshGroup(const GateContext& ctx, const Mesh& mesh,
+                                                  const std::vector<Mesh::Dim>& dims) {
+  const std::vector<int64_t> ranks = mesh.GroupOf(ctx.rank, dims);
+  if (static_cast<int64_t>(ranks.size()) == ctx.world_size && ctx.comm) return ctx.comm;
+  if (!ctx.subgroups) {
+    return Status::FailedPrecondition("rank " + std::to_string(ctx.rank) +
+                                      " cannot form its " + DimsName(dims) + " group " +
+                                      RanksText(ranks) + ": its process group has no sub-groups");
+  }
+  return ctx.subgroups->Join(DimsName(dims), ranks);
+}
+
+std::string GroupsText(const Mesh& mesh, const std::vector<Mesh::Dim>& dims) {
+  std::string text = DimsName(dims);
+  for (const std::vector<int64_t>& g : mesh.GroupsAlong(dims)) text += " " + RanksText(g);
+  return text;
 }
 
 }  // namespace gatehouse::worker::parallel

@@ -178,6 +178,10 @@ void Verdict(const TpRun& run, GateOutcome& out) {
     for (size_t i = 0; i < failed.size(); ++i) reason += (i ? "; " : "") + failed[i];
     out.Fail(FailureClass::kAdapterContract, reason);
   }
+  // The judged figures first: a report shows the first few (ParallelGate's bookkeeping,
+  // world_size, mesh, process_group, came before them).
+  out.Lead({"kl_mean_vs_tp1", "top1_agreement_vs_tp1", "loss_rel_diff",
+            "grad_nearest_bar_rel_diff", "save_tensors_equal", "max_abs_diff_across_ranks"});
 }
 
 }  // namespace gatehouse::worker::parallel

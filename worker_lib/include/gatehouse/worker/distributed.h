@@ -12,7 +12,9 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "gatehouse/worker/tensor_parallel.h"
@@ -46,14 +48,20 @@ Result<RankEnv> ReadRankEnv(
 Result<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
                                                     std::chrono::milliseconds timeout);
 
+/// A joined world group and the means to form groups over subsets of its ranks.
+struct JoinedGroup {
+  c10::intrusive_ptr<c10d::Backend> group;    // every rank of the world
+  std::shared_ptr<SubgroupFactory> subgroups;  // the same backend, over the same rendezvous
+};
+
 /// Joins the group of `env.world_size` ranks: the rendezvous of ConnectStore, then a c10d
 /// ProcessGroupGloo whose transport binds to a loopback master_addr (one host), or across
-/// nodes to each rank's own host address (gloo's default device).
+/// nodes to each rank's own host address (gloo's default device). Its sub-groups are gloo
+/// groups of their own on the same store, each under the prefix "gatehouse/<name>/<ranks>".
 /// Blocks until all ranks joined or `timeout` passed. Errors: INVALID_ARGUMENT (bad
 /// master_addr), UNAVAILABLE naming the address and the cause (cannot bind, a rank missing at
 /// the timeout, gloo failures).
-Result<c10::intrusive_ptr<c10d::Backend>> JoinGlooGroup(const RankEnv& env,
-                                                       std::chrono::milliseconds timeout);
+Result<JoinedGroup> JoinGlooGroup(const RankEnv& env, std::chrono::milliseconds timeout);
 
 /// True when this worker was built with c10d's NCCL backend (USE_C10D_NCCL: LibTorch with CUDA
 /// and nccl.h found at configure time; worker_lib/CMakeLists.txt).
@@ -64,9 +72,10 @@ bool NcclGroupsAvailable();
 /// GPU per rank visible and the rank uses device LOCAL_RANK). NCCL creates its communicator
 /// lazily, at the first collective. Errors: FAILED_PRECONDITION when !NcclGroupsAvailable(),
 /// FAILED_PRECONDITION without CUDA or when the device is not visible; UNAVAILABLE as
-/// JoinGlooGroup. Checked here only by compiling: NCCL needs one GPU per rank.
-Result<c10::intrusive_ptr<c10d::Backend>> JoinNcclGroup(const RankEnv& env, int device_index,
-                                                       std::chrono::milliseconds timeout);
+/// JoinGlooGroup; sub-groups are NCCL groups on the same device and store. Checked here only
+/// by compiling: NCCL needs one GPU per rank.
+Result<JoinedGroup> JoinNcclGroup(const RankEnv& env, int device_index,
+                                  std::chrono::milliseconds timeout);
 
 /// The collectives of `group` as tensor-parallel modules use them (tensor_parallel.h):
 /// AllReduceSum is c10d allreduce (SUM), AllGather is c10d allgather; both wait for the work

@@ -81,6 +81,9 @@ struct GateOutcome {
   }
   /// The figure named `name`, or nullptr (tests, and gates that read their own figures).
   const Figure* Find(std::string_view name) const;
+  /// Moves the figures named in `names` to the front, in that order (the others keep theirs):
+  /// what a report shows first of a gate with many figures. Names it lacks are ignored.
+  void Lead(const std::vector<std::string_view>& names);
 };
 
 /// The runtime the worker actually runs on (identity gate, cuda_graph gate).
@@ -283,6 +286,8 @@ struct GateContext {
   int64_t world_size = 1;
   /// The group's collectives; null when world_size is 1.
   std::shared_ptr<TpCommunicator> comm;
+  /// Groups over subsets of the world (a mesh dimension's ranks); null when world_size is 1.
+  std::shared_ptr<SubgroupFactory> subgroups;
   /// The group's c10d backend: "gloo" or "nccl" (chosen by the device); empty when alone.
   std::string comm_backend;
   /// CUDA device index of this rank for a cuda cell: LOCAL_RANK in an NCCL group, else 0.

@@ -116,6 +116,21 @@ class CausalLM : public torch::nn::Module {
     (void)cu_seqlens;
     TORCH_CHECK(false, "this model has no packed forward (SupportsPacked is false)");
   }
+  /// True when ForwardStage is implemented for this model (pipeline parallelism). Default false.
+  virtual bool SupportsStages() const { return false; }
+  /// The forward of one pipeline stage: the decoder layers [first_layer, end_layer) alone, no
+  /// cache. `input` is token ids [B, T] int64 when first_layer is 0 (embedded first), else the
+  /// previous stage's hidden states [B, T, hidden_size] in the model dtype; positions [B, T]
+  /// int64. Returns hidden states [B, T, hidden_size] after the last layer of the range, or
+  /// logits [B, T, vocab_size] when end_layer is num_hidden_layers (the final norm and the head
+  /// applied). The stages in order compose to Forward. Default: throws c10::Error.
+  virtual torch::Tensor ForwardStage(const torch::Tensor& input, const torch::Tensor& positions,
+                                     int64_t first_layer, int64_t end_layer) {
+    (void)input;
+    (void)positions;
+    TORCH_CHECK(false, "this model does not run in stages (SupportsStages is false); asked for "
+                "layers [", first_layer, ", ", end_layer, ")");
+  }
   /// Every parameter in full (gradients false) or its gradient in full (gradients true; zeros
   /// where a parameter has none), detached, in named_parameters order with a tied weight once,
   /// under its first name. For a model that ModelFamily::ShardLoaded sharded this gathers the

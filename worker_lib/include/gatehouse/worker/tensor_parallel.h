@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,6 +40,28 @@ class TpCommunicator {
   virtual void AllReduceSum(torch::Tensor& t) = 0;
   /// Every rank's `t` (same shape and dtype on every rank), in rank order.
   virtual std::vector<torch::Tensor> AllGather(const torch::Tensor& t) = 0;
+  /// Point to point (pipeline stages): sends `t` to rank `dst` under `tag` without waiting
+  /// for it to arrive, and returns the wait (call it before the communicator goes away). The
+  /// default throws c10::Error: a communicator without point-to-point.
+  virtual std::function<void()> Send(const torch::Tensor& t, int64_t dst, int64_t tag);
+  /// Receives into `t` (the sender's shape and dtype) what rank `src` sent under `tag`,
+  /// waiting for it. The default throws c10::Error.
+  virtual void Recv(torch::Tensor& t, int64_t src, int64_t tag);
+};
+
+/// Forms process groups over subsets of the world's ranks (a mesh dimension's groups:
+/// common/mesh.h Mesh::GroupOf), sharing the world's rendezvous. Implementations:
+/// distributed.h (c10d gloo and NCCL).
+class SubgroupFactory {
+ public:
+  virtual ~SubgroupFactory() = default;
+  /// Joins the group `name` of `ranks` (world ranks, ascending, holding this rank): this
+  /// rank's index in `ranks` is its rank in the group. Every member calls it with the same
+  /// name and ranks; ranks outside the group need not call. Blocks until every member joined.
+  /// Errors: INVALID_ARGUMENT when `ranks` is empty, unsorted or lacks this rank; UNAVAILABLE
+  /// naming the group when a member does not join in time.
+  virtual Result<std::shared_ptr<TpCommunicator>> Join(const std::string& name,
+                                                       const std::vector<int64_t>& ranks) = 0;
 };
 
 /// The tensor-parallel group a model is built for. size 1 (the default) is the plain model.

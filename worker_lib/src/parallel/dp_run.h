@@ -1,0 +1,112 @@
+// The data-parallel check's shared state and steps (parallel_internal.h DataParallelParity):
+// dp_parity.cc forms the groups, builds the replicas, compares the parameters and gives the
+// verdict; dp_train.cc runs the optimizer steps against the control; dp_shard.cc holds the
+// optimizer over this rank's slices of the parameters (dp_shard). Internal to the SDK.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/mesh.h"
+#include "gatehouse/worker/adamw.h"
+#include "gatehouse/worker/gates.h"
+#include "parallel_internal.h"
+#include "tp_run.h"
+
+namespace gatehouse::worker::parallel {
+
+/// Optimizer steps the check trains.
+inline constexpr int kDpSteps = 2;
+
+/// What the check's steps share.
+struct DpRun {
+  GateContext& ctx;
+  TpCommunicator& comm;  // the world: agreement on problems
+  const Mesh& mesh;
+  int64_t replicate;  // dp_replicate
+  int64_t shard;      // dp_shard
+  int64_t dp;         // replicate x shard: the data-parallel ranks the batch is split over
+  int64_t dp_index;   // this rank's index among them: which share of the batch
+  int64_t tp;
+  bool rank0;
+  TpThresholds thr;
+  DpReduction reduction;
+  // The flattened data-parallel group (dp_replicate x dp_shard), and its two parts (null when
+  // the part has one rank; one of them is dp_comm itself when the other has one rank).
+  std::shared_ptr<TpCommunicator> dp_comm, replicate_comm, shard_comm;
+  std::shared_ptr<TpCommunicator> tp_comm;  // null when tp is 1
+  std::optional<TpPlan> plan;               // the family's, when tp > 1
+  std::vector<torch::Tensor> batch;         // the global batch: token ids [T] int64, CPU
+  int64_t batch_splits = 0;                 // prompts cut in two to make it (GlobalBatch)
+  double global_tokens = 0;                 // predicted tokens of the whole batch
+  std::shared_ptr<CausalLM> model, control;
+  std::vector<ParamGroup> params, control_params;  // UniqueParameters, the same order
+  StepTrace trace;  // per step, here and on the control
+  // Step 1: each tensor's reduction-order spread (relative to its max) and its bar.
+  std::vector<double> floor;
+  double floor_max = 0;
+  int64_t grads_bit_equal_to_grouping = 0;
+  double replica_max_abs = 0, replica_max_rel = 0;
+  double params_after_max_abs = 0, params_after_max_rel = 0;
+  // Optimizer state elements (exp_avg and exp_avg_sq) this rank holds, and unsharded.
+  int64_t optimizer_state_elements = 0, optimizer_state_elements_unsharded = 0;
+};
+
+/// The global batch the data-parallel ranks split: every reference prompt of 2 tokens or more,
+/// in bundle order; while there are fewer sequences than `dp`, the longest (the first of
+/// equals) is cut in two, its first ceil(T/2) tokens and the rest, each a sequence of its own
+/// (positions from 0), as long as both parts keep 2 tokens. The control trains the same batch.
+/// `splits` counts the cuts. Fewer than `dp` sequences come back only when no cut is possible.
+std::vector<torch::Tensor> GlobalBatch(const std::vector<ReferencePrompt>& prompts, int64_t dp,
+                                       int64_t& splits);
+
+/// Builds and loads this rank's replica (the full model, or its tp shard through the plan) on
+/// every rank and the control on rank 0 (dp_parity.cc). Returns this rank's problem.
+std::string BuildReplicas(DpRun& run);
+
+/// The optimizer steps, each compared on rank 0 (dp_train.cc). Returns this rank's problem.
+std::string Train(DpRun& run);
+
+/// The full tensors of this rank's tp shards `local` (in run.params order): gathered over the
+/// tp group and put together through the plan; `local` itself when tp is 1. A collective over
+/// the tp group. Throws std::runtime_error naming the parameter when a shard does not fit its
+/// rule (dp_train.cc).
+std::vector<torch::Tensor> Full(const DpRun& run, const std::vector<torch::Tensor>& local);
+
+/// AdamW over this rank's slice of each parameter along dim 0, as FSDP2's fully_shard lays a
+/// parameter out (Shard(0), torch.chunk's sizes: ceil(rows / S) rows per rank, the last ranks
+/// holding fewer or none); a 0-dimensional parameter is held whole by every rank. After each
+/// step the full parameters are put back together by an all-gather over the shard group
+/// (dp_shard.cc).
+class ShardedAdamW {
+ public:
+  /// `params`: this rank's full (or tp-shard) parameters, the same on every rank of `shard`.
+  ShardedAdamW(const std::vector<torch::Tensor>& params, TpCommunicator& shard,
+               UpstreamAdamW::Options options);
+  /// One step: each parameter's .grad() (the reduced gradient; undefined counts as zeros) is
+  /// cut to this rank's slice, the slice stepped, and every rank's slices gathered back into
+  /// the parameter. A collective over the shard group.
+  void Step();
+  /// exp_avg and exp_avg_sq elements this rank holds (after the first step).
+  int64_t StateElements() const;
+
+ private:
+  struct Slice {
+    torch::Tensor param;   // the full parameter
+    int64_t start = 0;     // first row of this rank's slice
+    int64_t rows = 0;      // rows of this rank's slice (0 .. chunk)
+    int64_t chunk = 0;     // rows per rank (ceil(rows / S)); 0 for a 0-dimensional parameter
+    torch::Tensor master;  // this rank's slice, the tensor the optimizer steps
+  };
+  std::vector<Slice> slices_;
+  TpCommunicator& comm_;
+  std::unique_ptr<UpstreamAdamW> optimizer_;
+};
+
+}  // namespace gatehouse::worker::parallel

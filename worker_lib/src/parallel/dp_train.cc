@@ -1,0 +1,207 @@
+// The data-parallel check's optimizer steps (dp_run.h Train): each rank's share of the global
+// batch forward and backward, the gradients reduced over the data-parallel groups, the step
+// (on this rank's slices under dp_shard), and on rank 0 the control on the whole batch, its
+// gradients the bar's reference.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+
+#include "../gates_internal.h"
+#include "dp_run.h"
+#include "gatehouse/worker/bars.h"
+
+namespace gatehouse::worker::parallel {
+
+using internal::Positions;
+
+namespace {
+
+/// The sequences (d, d + dp, ...) of the global batch that dp index d takes.
+std::vector<torch::Tensor> ShareOf(const DpRun& run, int64_t dp_index) {
+  std::vector<torch::Tensor> share;
+  for (size_t i = static_cast<size_t>(dp_index); i < run.batch.size(); i += static_cast<size_t>(run.dp)) {
+    share.push_back(run.batch[i]);
+  }
+  return share;
+}
+
+/// Tokens predicted on `sequences` (each predicts all but its first).
+double Tokens(const std::vector<torch::Tensor>& sequences) {
+  double n = 0;
+  for (const torch::Tensor& ids : sequences) n += static_cast<double>(ids.size(0) - 1);
+  return n;
+}
+
+void SetGrads(const std::vector<ParamGroup>& groups, const std::vector<torch::Tensor>& grads) {
+  for (size_t i = 0; i < groups.size(); ++i) groups[i].tensor.mutable_grad() = grads[i].clone();
+}
+
+void ZeroGrads(const std::vector<ParamGroup>& groups) {
+  for (const ParamGroup& g : groups) g.tensor.mutable_grad() = torch::Tensor();
+}
+
+/// This rank's share, forward and backward, then the gradients reduced over the
+/// data-parallel groups as `run.reduction` says (kSum is the correct one). Returns the global
+/// loss.
+double DataParallelStep(DpRun& run) {
+  GateContext& ctx = run.ctx;
+  const std::vector<torch::Tensor> share = ShareOf(run, run.dp_index);
+  const bool local_mean = run.reduction.mode == DpReduction::Mode::kLocalMean;
+  ZeroGrads(run.params);
+  double local = Backward(*run.model, share, local_mean ? Tokens(share) : run.global_tokens, ctx.device);
+  torch::Tensor loss = torch::tensor({local}, torch::kDouble);
+  run.dp_comm->AllReduceSum(loss);
+  torch::NoGradGuard no_grad;
+  for (const ParamGroup& g : run.params) {
+    torch::Tensor grad = g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(g.tensor);
+    if (run.reduction.mode == DpReduction::Mode::kNone) {
+      g.tensor.mutable_grad() = grad;
+      continue;
+    }
+    torch::Tensor wide = grad.to(torch::kFloat).contiguous();
+    if (run.reduction.mode == DpReduction::Mode::kWholeWorld) {
+      run.comm.AllReduceSum(wide);
+    } else {
+      // FSDP's reduce-scatter sums over the shard group (each rank keeps its slice at the
+      // step: ShardedAdamW); HSDP then all-reduces over the replicas.
+      if (run.shard_comm) run.shard_comm->AllReduceSum(wide);
+      if (run.replicate_comm && run.reduction.mode != DpReduction::Mode::kShardGroupOnly) {
+        run.replicate_comm->AllReduceSum(wide);
+      }
+    }
+    if (run.reduction.mode == DpReduction::Mode::kAverage ||
+        run.reduction.mode == DpReduction::Mode::kLocalMean) {
+      wide.div_(static_cast<double>(run.dp));
+    }
+    g.tensor.mutable_grad() = wide.to(grad.scalar_type());
+  }
+  const double global = loss.item<double>();
+  return local_mean ? global / static_cast<double>(run.dp) : global;
+}
+
+/// Rank 0, step 1: the control's gradient of the global batch in the ranks' grouping (each
+/// share's gradient accumulated alone, the shares added in fp32 in rank order) against the
+/// control's own (prompt order): each tensor's reduction-order spread. Leaves the control's
+/// own gradients in place.
+/// Also counts the tensors whose reduced gradient `ours` equals that grouping bit for bit.
+void MeasureOrderFloor(DpRun& run, const std::vector<torch::Tensor>& control_grads,
+                       const std::vector<torch::Tensor>& ours) {
+  std::vector<torch::Tensor> grouped;
+  for (int64_t r = 0; r < run.dp; ++r) {
+    ZeroGrads(run.control_params);
+    Backward(*run.control, ShareOf(run, r), run.global_tokens, run.ctx.device);
+    const std::vector<torch::Tensor> share = GradsOf(run.control_params);
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < share.size(); ++i) {
+      if (r == 0) grouped.push_back(share[i].to(torch::kFloat));
+      else grouped[i].add_(share[i].to(torch::kFloat));
+    }
+  }
+  for (size_t i = 0; i < grouped.size(); ++i) {
+    const torch::Tensor same_dtype = grouped[i].to(control_grads[i].scalar_type());
+    const double rel = RelDiff(same_dtype, control_grads[i]).first;
+    if (torch::equal(same_dtype, ours[i])) ++run.grads_bit_equal_to_grouping;
+    run.floor.push_back(rel);
+    run.floor_max = std::max(run.floor_max, rel);
+  }
+  SetGrads(run.control_params, control_grads);
+}
+
+/// Rank 0: the reduced gradients of one step against the control's, each with its bar.
+void CompareStepGradients(DpRun& run, int step, const std::vector<torch::Tensor>& ours,
+                          const std::vector<torch::Tensor>& control) {
+  for (size_t i = 0; i < ours.size(); ++i) {
+    const double bar = std::max(run.thr.grad_rel_below, kFloorMargin * run.floor[i]);
+    run.trace.AddGradient(run.params[i].names[0], step, ours[i], control[i], bar);
+  }
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> GlobalBatch(const std::vector<ReferencePrompt>& prompts, int64_t dp,
+                                       int64_t& splits) {
+  std::vector<torch::Tensor> batch;
+  for (const ReferencePrompt& p : prompts) {
+    if (p.input_ids.size(0) >= 2) batch.push_back(p.input_ids);
+  }
+  splits = 0;
+  while (static_cast<int64_t>(batch.size()) < dp) {
+    auto longest = std::max_element(batch.begin(), batch.end(), [](const auto& a, const auto& b) {
+      return a.size(0) < b.size(0);
+    });
+    if (longest == batch.end() || (*longest).size(0) < 4) break;
+    const int64_t t = (*longest).size(0), first = (t + 1) / 2;
+    const torch::Tensor whole = *longest;
+    *longest = whole.slice(0, 0, first);
+    batch.insert(longest + 1, whole.slice(0, first, t));
+    ++splits;
+  }
+  return batch;
+}
+
+std::vector<torch::Tensor> Full(const DpRun& run, const std::vector<torch::Tensor>& local) {
+  if (!run.plan) return local;
+  std::vector<torch::Tensor> full;
+  full.reserve(local.size());
+  for (size_t i = 0; i < local.size(); ++i) {
+    const std::string& name = run.params[i].names[0];
+    const ShardRule* rule = run.plan->Find(name);  // the sharded load proved every one has one
+    Result<torch::Tensor> whole = run.plan->Unshard(*rule, run.tp_comm->AllGather(local[i]));
+    if (!whole.ok()) throw std::runtime_error(name + ": " + whole.status().message());
+    full.push_back(*whole);
+  }
+  return full;
+}
+
+std::string Train(DpRun& run) {
+  GateContext& ctx = run.ctx;
+  UpstreamAdamW::Options options;
+  options.lr = ctx.spec.training.lr;
+  auto tensors = [](const std::vector<ParamGroup>& groups) {
+    std::vector<torch::Tensor> t;
+    for (const ParamGroup& g : groups) t.push_back(g.tensor);
+    return t;
+  };
+  try {
+    run.model->train();
+    // dp_shard: each rank steps its slices (optimizer state sharded); else the whole tensors.
+    std::optional<UpstreamAdamW> optimizer;
+    std::optional<ShardedAdamW> sharded;
+    if (run.shard_comm) sharded.emplace(tensors(run.params), *run.shard_comm, options);
+    else optimizer.emplace(tensors(run.params), options);
+    std::optional<UpstreamAdamW> control_optimizer;
+    if (run.control) {
+      run.control->train();
+      control_optimizer.emplace(tensors(run.control_params), options);
+    }
+    for (int step = 1; step <= kDpSteps; ++step) {
+      run.trace.loss.push_back(DataParallelStep(run));
+      const std::vector<torch::Tensor> ours = Full(run, GradsOf(run.params));
+      run.trace.grad_norm.push_back(GlobalNorm(ours));
+      if (run.control) {
+        ZeroGrads(run.control_params);
+        run.trace.control_loss.push_back(
+            Backward(*run.control, run.batch, run.global_tokens, ctx.device));
+        const std::vector<torch::Tensor> control = GradsOf(run.control_params);
+        run.trace.control_grad_norm.push_back(GlobalNorm(control));
+        if (step == 1) MeasureOrderFloor(run, control, ours);
+        CompareStepGradients(run, step, ours, control);
+        control_optimizer->Step();
+      }
+      if (sharded) sharded->Step();
+      else optimizer->Step();
+    }
+    for (const ParamGroup& g : run.params) run.optimizer_state_elements_unsharded += 2 * g.tensor.numel();
+    run.optimizer_state_elements =
+        sharded ? sharded->StateElements() : run.optimizer_state_elements_unsharded;
+    run.model->eval();
+    if (run.control) run.control->eval();
+  } catch (const std::exception& e) {
+    return std::string("training: ") + e.what();
+  }
+  return "";
+}
+
+}  // namespace gatehouse::worker::parallel
