@@ -39,7 +39,8 @@ int64_t Count(const GateOutcome& out, const std::string& name) { return test_uti
 const std::vector<std::string> kFigures = {
     "loss_step_1", "loss_step_1_rel_diff", "loss_step_2_rel_diff", "grad_norm_step_1",
     "grad_norm_step_1_rel_diff", "grad_norm_step_2_rel_diff", "grad_max_rel_diff",
-    "grads_bit_equal", "grads_compared", "grad_nearest_bar_tensor", "stage_copies_max_abs_diff",
+    "grads_bit_equal", "grads_compared", "grad_nearest_bar_tensor", "grad_later_max_rel_diff",
+    "stage_copies_max_abs_diff",
     "params_after_max_abs_diff", "params_owned_by_two_stages", "microbatches"};
 
 /// Expects every rank to PASS and rank 0's figures within the bars.

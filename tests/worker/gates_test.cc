@@ -1518,12 +1518,12 @@ TEST(ParallelGateTest, WorldSize) {
   ctx.spec.topology.cp = 2;
   GateOutcome fsdp = ParallelGate(ctx);
   EXPECT_STATUS(fsdp, GateStatus::kBlocked);
-  EXPECT_THAT(fsdp.reason, HasSubstr("parallelism are implemented; cp is not"));
+  EXPECT_THAT(fsdp.reason, HasSubstr("no check for cp yet"));
   ctx.spec.topology.cp = 1;
   ctx.spec.topology.pp = 2;
   GateOutcome pp_tp = ParallelGate(ctx);
   EXPECT_STATUS(pp_tp, GateStatus::kBlocked);
-  EXPECT_THAT(pp_tp.reason, HasSubstr("the combined layout pp x dp_shard x tp is not"));
+  EXPECT_THAT(pp_tp.reason, HasSubstr("not in the combined layout pp x dp_shard x tp"));
   // A stored cell is not held to the mesh rules when read: the gate names what the ranks
   // cannot form (ep borrowed from dp_shard x cp).
   ctx.spec.topology = {};

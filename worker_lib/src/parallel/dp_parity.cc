@@ -127,7 +127,7 @@ std::vector<Mesh::Dim> DataDims(const DpRun& run) {
 }
 
 void RecordAndJudge(const DpRun& run, GateOutcome& out) {
-  out.Count("dp", run.dp);
+  out.Count("data_parallel_ranks", run.dp);  // dp x dp_shard
   out.Text("dp_groups", GroupsText(run.mesh, DataDims(run)));
   if (run.replicate > 1 && run.shard > 1) {
     out.Text("dp_shard_groups", GroupsText(run.mesh, {Mesh::Dim::kDpShard}));

@@ -45,15 +45,14 @@ GateOutcome ParallelGate(GateContext& ctx) {
   if (!unchecked.empty()) {
     std::string names;
     for (const std::string& d : unchecked) names += (names.empty() ? "" : ", ") + d;
-    return out.Blocked(topo_text + ": only tensor, data (dp, dp_shard) and pipeline " +
-                       "parallelism are implemented; " + names +
-                       (unchecked.size() == 1 ? " is" : " are") + " not");
+    return out.Blocked(topo_text + ": no check for " + names + " yet (tensor, data (dp, " +
+                       "dp_shard) and pipeline parallelism have one)");
   }
   if (topo.pp > 1 && mesh->EnabledNames().size() > 1) {
     std::string names;
     for (const std::string& d : mesh->EnabledNames()) names += (names.empty() ? "" : " x ") + d;
-    return out.Blocked(topo_text + ": pipeline parallelism is checked alone so far; the " +
-                       "combined layout " + names + " is not");
+    return out.Blocked(topo_text + ": pipeline parallelism is checked alone so far, not in the " +
+                       "combined layout " + names);
   }
   if (ctx.world_size != topo.world_size()) {
     return out.Blocked(topo_text + " needs " + std::to_string(topo.world_size()) +

@@ -68,23 +68,31 @@ double GlobalNorm(const std::vector<torch::Tensor>& grads);
 std::pair<double, bool> RelDiff(const torch::Tensor& a, const torch::Tensor& b);
 
 /// What a training check (data or pipeline parallel) records per optimizer step, here and on
-/// the single-rank control, and how its gradients compared.
+/// the single-rank control, and how its gradients compared. Each gradient is judged at step
+/// 1, where the parameters are the control's. Later steps start from parameters the first
+/// update moved by its rounding (AdamW divides by the root of the second moment, so an
+/// element whose gradient is within rounding of zero moves by up to 2 lr either way): their
+/// gradients are a figure, and those steps are judged by their loss and global grad norm.
 struct StepTrace {
   std::vector<double> loss, control_loss, grad_norm, control_grad_norm;  // per step
-  int64_t grads_bit_equal = 0, grads_compared = 0;
-  double grad_max_rel = 0;
-  // The gradient nearest its bar: its name and step, its difference and bar.
+  int64_t grads_bit_equal = 0, grads_compared = 0;  // step 1
+  double grad_max_rel = 0;                          // step 1
+  // Step 1's gradient nearest its bar: its name, its difference and bar.
   double worst_grad_ratio = 0, worst_grad_rel = 0, worst_grad_bar = 0;
   std::string worst_grad;
+  // Later steps: the largest difference and its gradient (a figure).
+  double later_max_rel = 0;
+  std::string later_worst;
 
   /// Folds gradient `name` of step `step` (ours against the control's) with bar `bar` (a
-  /// relative difference, RelDiff's).
+  /// relative difference, RelDiff's), judged at step 1 only.
   void AddGradient(const std::string& name, int step, const torch::Tensor& ours,
                    const torch::Tensor& control, double bar);
   /// Records loss_step_k, loss_step_k_control, loss_step_k_rel_diff, grad_norm_step_k (same
-  /// three), grad_max_rel_diff, grads_bit_equal, grads_compared and grad_nearest_bar_tensor /
-  /// _rel_diff / _bar; appends to `fails` each step's loss or grad norm whose relative
-  /// difference is not below `loss_bar`, and the nearest gradient when it reached its bar.
+  /// three), step 1's grad_max_rel_diff, grads_bit_equal, grads_compared and
+  /// grad_nearest_bar_tensor / _rel_diff / _bar, and grad_later_max_rel_diff (+ _tensor);
+  /// appends to `fails` each step's loss or grad norm whose relative difference is not below
+  /// `loss_bar`, and step 1's nearest gradient when it reached its bar.
   void Record(double loss_bar, GateOutcome& out, std::vector<std::string>& fails) const;
 };
 
