@@ -542,20 +542,21 @@ TEST(ConfigFaultsTest, UnreadableConfigBlocksConfig) {
   EXPECT_THAT(r.Reason("config"), HasSubstr(c.File("config.json").string() + "' is not valid JSON"));
 }
 
-// Verifies TP sizes that do not divide the head counts FAIL config naming the size and each
-// count it does not divide (4 attention heads, 2 KV heads), and one that divides both passes.
-TEST(ConfigFaultsTest, TpNotDividingHeadsFailsConfig) {
+// Verifies TP sizes that do not divide the head counts BLOCK config (the layout does not fit the
+// checkpoint; the adapter is not at fault) naming the size and each count it does not divide
+// (4 attention heads, 2 KV heads), and one that divides both passes.
+TEST(ConfigFaultsTest, TpNotDividingHeadsBlocksConfig) {
   Case c(kUntied);
   c.tp = 3;
   RunResult r3 = c.Run();
-  ExpectStoppedAt(r3, kThroughInference, "config", GateStatus::kFail, "adapter_contract");
+  ExpectStoppedAt(r3, kThroughInference, "config", GateStatus::kBlocked, "");
   EXPECT_THAT(r3.Reason("config"), HasSubstr("tp=3"));
   EXPECT_THAT(r3.Reason("config"), HasSubstr("num_attention_heads=4"));
   EXPECT_THAT(r3.Reason("config"), HasSubstr("num_key_value_heads=2"));
 
   c.tp = 4;
   RunResult r4 = c.Run();
-  ExpectStoppedAt(r4, kThroughInference, "config", GateStatus::kFail, "adapter_contract");
+  ExpectStoppedAt(r4, kThroughInference, "config", GateStatus::kBlocked, "");
   EXPECT_THAT(r4.Reason("config"), HasSubstr("tp=4 does not divide num_key_value_heads=2"));
   EXPECT_THAT(r4.Reason("config"), Not(HasSubstr("num_attention_heads")));
 

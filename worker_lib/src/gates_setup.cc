@@ -297,9 +297,10 @@ GateOutcome ConfigGate(GateContext& ctx) {
   }
   if (kv_heads % tp != 0) tp_problems.push_back("num_key_value_heads=" + std::to_string(kv_heads));
   if (!tp_problems.empty()) {
-    return out.Fail(FailureClass::kAdapterContract,
-                    "tensor-parallel size tp=" + std::to_string(tp) + " does not divide " +
-                        JoinFew(tp_problems));
+    // The layout does not fit this checkpoint (no adapter can change that): BLOCKED, not a
+    // verdict on the adapter.
+    return out.Blocked("tensor-parallel size tp=" + std::to_string(tp) + " does not divide " +
+                       JoinFew(tp_problems) + ": choose a tp that divides the head counts");
   }
   return out;
 }
