@@ -505,14 +505,15 @@ TEST(ConfigGateTest, ParseErrorFails) {
   EXPECT_EQ(FailureClassName(out.classification), "adapter_contract");
 }
 
-// Verifies a TP size that divides neither head count fails naming the values.
-TEST(ConfigGateTest, TpNotDividingHeadsFails) {
+// Verifies a TP size that divides neither head count BLOCKs config naming the values: the layout
+// does not fit the checkpoint, which no adapter change can fix.
+TEST(ConfigGateTest, TpNotDividingHeadsBlocks) {
   Fixture fx;
   fx.Write();
   GateContext ctx = fx.Context();
   ctx.spec.topology.tp = 3;
   GateOutcome out = RunThrough(ctx, "config");
-  EXPECT_STATUS(out, GateStatus::kFail);
+  EXPECT_STATUS(out, GateStatus::kBlocked);
   EXPECT_THAT(out.reason, HasSubstr("tp=3"));
   EXPECT_THAT(out.reason, HasSubstr("num_attention_heads=4"));
   EXPECT_THAT(out.reason, HasSubstr("num_key_value_heads=2"));
