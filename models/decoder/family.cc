@@ -1,11 +1,11 @@
 #include "decoder/family.h"
 
-#include "decoder/parallelize.h"
-
+#include <algorithm>
 #include <cmath>
 #include <exception>
 
 #include "decoder/name_table.h"
+#include "decoder/parallelize.h"
 
 namespace gatehouse::models {
 namespace {
@@ -51,7 +51,27 @@ Result<worker::TpPlan> DecoderFamily::Parallelize(const worker::ModelArgs& args,
 Result<std::shared_ptr<worker::CausalLM>> DecoderFamily::ConstructParallel(
     const worker::ModelArgs& args, torch::Dtype dtype, torch::Device device,
     const worker::TensorParallel& tp) const {
+  return ConstructExpertParallel(args, dtype, device, tp, worker::ExpertParallel{});
+}
+
+Result<std::shared_ptr<worker::CausalLM>> DecoderFamily::ConstructExpertParallel(
+    const worker::ModelArgs& args, torch::Dtype dtype, torch::Device device,
+    const worker::TensorParallel& tp, const worker::ExpertParallel& ep) const {
   GH_ASSIGN_OR_RETURN(const DecoderArgs* d, AsDecoderArgs(args, name_));
+  if (ep.enabled()) {
+    const DecoderSpec& spec = d->spec();
+    const bool moe = std::any_of(spec.layers.begin(), spec.layers.end(),
+                                 [](const LayerSpec& l) { return l.moe; });
+    if (!moe) {
+      return Status::InvalidArgument("expert parallelism (ep=" + std::to_string(ep.size) +
+                                     ") needs MoE layers; this " + name_ + " model has none");
+    }
+    if (spec.num_experts % ep.size != 0) {
+      return Status::InvalidArgument("num_experts=" + std::to_string(spec.num_experts) +
+                                     " is not divisible by ep=" + std::to_string(ep.size));
+    }
+    if (!ep.comm) return Status::InvalidArgument("expert-parallel size > 1 without a communicator");
+  }
   GH_RETURN_IF_ERROR(d->spec().Validate());
   if (tp.enabled()) {
     GH_RETURN_IF_ERROR(DecoderTpPlan(d->spec(), tp.size).status());
@@ -60,7 +80,7 @@ Result<std::shared_ptr<worker::CausalLM>> DecoderFamily::ConstructParallel(
   try {
     const ParamOptions po{torch::TensorOptions().dtype(dtype).device(device),
                           /*init=*/!worker::WeightInitSkipped()};
-    auto model = std::make_shared<DecoderModel>(d->spec(), tp, po);
+    auto model = std::make_shared<DecoderModel>(d->spec(), tp, po, ep);
     return std::shared_ptr<worker::CausalLM>(std::move(model));
   } catch (const c10::Error& e) {
     return Status::Internal("constructing the " + name_ + " model: " + e.what_without_backtrace());

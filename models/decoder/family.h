@@ -47,6 +47,12 @@ class DecoderFamily : public worker::ModelFamily {
   Result<std::shared_ptr<worker::CausalLM>> ConstructParallel(
       const worker::ModelArgs& args, torch::Dtype dtype, torch::Device device,
       const worker::TensorParallel& tp) const override;
+  /// As ConstructParallel, with each MoE layer's experts split over `ep` (MoEImpl).
+  /// INVALID_ARGUMENT naming num_experts when ep.size does not divide it, or the model has no
+  /// MoE layer.
+  Result<std::shared_ptr<worker::CausalLM>> ConstructExpertParallel(
+      const worker::ModelArgs& args, torch::Dtype dtype, torch::Device device,
+      const worker::TensorParallel& tp, const worker::ExpertParallel& ep) const override;
 
  private:
   std::string name_;

@@ -1,4 +1,5 @@
 #include "decoder/model.h"
+#include "decoder/model_parts.h"
 
 #include "decoder/parallelize.h"
 
@@ -101,22 +102,6 @@ struct TiedEmbeddingLookup : public torch::autograd::Function<TiedEmbeddingLooku
 // The slot from this thread's last Embed for its Head (both run in one forward, in order).
 thread_local torch::Tensor tied_grad_slot;
 
-/// Standard deviation of upstream's fresh-weight init (initializer_range default).
-constexpr double kInitStd = 0.02;
-
-/// A parameter of `shape` as `po` says: `fill` draws its init, or it is left uninitialised.
-template <typename Fill>
-torch::Tensor NewParameter(torch::IntArrayRef shape, const ParamOptions& po, Fill fill) {
-  torch::Tensor t = torch::empty(shape, po.options);
-  if (po.init) {
-    torch::NoGradGuard no_grad;
-    fill(t);
-  }
-  return t;
-}
-
-void InitNormal(torch::Tensor& t) { t.normal_(0.0, kInitStd); }
-
 
 /// Megatron's RowParallelLinear: this rank's partial x W_local^T, summed over the ranks, then
 /// the (replicated) bias once. At TP size 1 it is the plain layer (bias inside the GEMM).
@@ -124,16 +109,6 @@ torch::Tensor RowParallel(Linear& linear, const torch::Tensor& x, const TensorPa
   if (!tp.enabled()) return linear(x);
   auto y = worker::ReduceFromTensorParallelRegion(torch::linear(x, linear->weight), tp);
   return linear->bias.defined() ? y + linear->bias : y;
-}
-
-/// The size of a dimension split over the TP ranks (the plan checked divisibility).
-int64_t Local(int64_t n, const TensorParallel& tp) {
-  TORCH_CHECK(n % tp.size == 0, "tensor-parallel size ", tp.size, " does not divide ", n);
-  return n / tp.size;
-}
-
-torch::Tensor Activate(Activation act, const torch::Tensor& x) {
-  return act == Activation::kSilu ? torch::silu(x) : torch::gelu(x, "tanh");
 }
 
 /// cap * tanh(x / cap) (Gemma 2 soft-capping).
@@ -426,63 +401,11 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
   return RowParallel(w2_, Activate(act_, w1_(in)) * w3_(in), tp_);
 }
 
-// --- MoE ----------------------------------------------------------------------------------
-
-MoEImpl::MoEImpl(const DecoderSpec& spec, const TensorParallel& tp, const ParamOptions& po)
-    : tp_(tp),
-      num_experts_(spec.num_experts),
-      top_k_(spec.num_experts_per_tok),
-      norm_topk_prob_(spec.norm_topk_prob),
-      act_(spec.hidden_act) {
-  const int64_t e = spec.num_experts, h = spec.hidden_size;
-  const int64_t i = Local(spec.moe_intermediate_size, tp);
-  router_ = register_module("router", Linear(h, e, false, po));
-  auto experts = register_module("experts", std::make_shared<torch::nn::Module>());
-  w1_ = experts->register_parameter("w1", NewParameter({e, i, h}, po, InitNormal));
-  w2_ = experts->register_parameter("w2", NewParameter({e, h, i}, po, InitNormal));
-  w3_ = experts->register_parameter("w3", NewParameter({e, i, h}, po, InitNormal));
-}
-
-torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
-  const auto shape = x.sizes().vec();
-  auto flat = x.reshape({-1, shape.back()});                       // [N, H]
-  auto logits = router_(flat);                                      // [N, E]
-  auto probs = torch::softmax(logits, -1, torch::kFloat32);
-  auto [top_p, top_i] = torch::topk(probs, top_k_, -1);            // [N, k]
-  if (norm_topk_prob_) top_p = top_p / top_p.sum(-1, /*keepdim=*/true);
-  top_p = top_p.to(logits.scalar_type());
-  // Under TP each rank computes every expert on its share of the intermediate features: the
-  // experts' input and the routing weights are replicated (their gradients summed over the
-  // ranks) and the weighted expert outputs are summed over the ranks at the end.
-  top_p = worker::CopyToTensorParallelRegion(top_p, tp_);
-  const torch::Tensor expert_in = worker::CopyToTensorParallelRegion(flat, tp_);
-
-  auto out = torch::zeros_like(flat);
-  // Which (token, slot) pairs chose each expert; experts in index order, as upstream.
-  auto hits = torch::one_hot(top_i, num_experts_).permute({2, 1, 0});  // [E, k, N]
-  auto used = hits.sum({1, 2}).gt(0).nonzero().flatten().cpu();
-  for (int64_t n = 0; n < used.size(0); ++n) {
-    const int64_t e = used[n].item<int64_t>();
-    auto where = torch::where(hits[e]);  // (slot, token)
-    const auto& slot = where[0];
-    const auto& token = where[1];
-    auto state = expert_in.index_select(0, token);
-    // One GEMM over gate and up together, as upstream's experts hold them fused (gate_up_proj
-    // [E, 2I, H]): the input's gradient is then one bf16 accumulation over 2I, not two
-    // rounded halves added (which moved bf16 gradient norms by ~0.7 %).
-    auto gate_up = torch::linear(state, torch::cat({w1_[e], w3_[e]}, 0)).chunk(2, -1);
-    auto hidden = Activate(act_, gate_up[0]) * gate_up[1];
-    hidden = torch::linear(hidden, w2_[e]);
-    hidden = hidden * top_p.index({token, slot}).unsqueeze(-1);
-    out.index_add_(0, token, hidden.to(out.scalar_type()));
-  }
-  return worker::ReduceFromTensorParallelRegion(out, tp_).reshape(shape);
-}
-
 // --- Decoder layer ------------------------------------------------------------------------
 
 TransformerBlockImpl::TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer,
-                                           const TensorParallel& tp, const ParamOptions& po) {
+                                           const TensorParallel& tp, const ParamOptions& po,
+                                           const ExpertParallel& ep) {
   const int64_t h = spec.hidden_size;
   const double eps = spec.rms_norm_eps;
   const TensorParallel whole;  // layer norms see the whole hidden state on every rank
@@ -494,7 +417,7 @@ TransformerBlockImpl::TransformerBlockImpl(const DecoderSpec& spec, const LayerS
   }
   ffn_norm_ = register_module("ffn_norm", RMSNorm(h, eps, spec.norm, whole, po));
   if (layer.moe) {
-    moe_ = register_module("moe", MoE(spec, tp, po));
+    moe_ = register_module("moe", MoE(spec, tp, po, ep));
   } else {
     feed_forward_ =
         register_module("feed_forward", FeedForward(spec, spec.intermediate_size, tp, po));
@@ -518,7 +441,8 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotary
 
 // --- Causal LM ----------------------------------------------------------------------------
 
-DecoderModel::DecoderModel(const DecoderSpec& spec, TensorParallel tp, const ParamOptions& po)
+DecoderModel::DecoderModel(const DecoderSpec& spec, TensorParallel tp, const ParamOptions& po,
+                           const ExpertParallel& ep)
     : spec_(spec), tp_(std::move(tp)), vocab_parallel_(VocabParallel(spec, tp_.size)) {
   TORCH_CHECK(!tp_.enabled() || tp_.comm, "tensor-parallel size ", tp_.size,
               " needs a communicator");
@@ -533,11 +457,27 @@ DecoderModel::DecoderModel(const DecoderSpec& spec, TensorParallel tp, const Par
   tok_embeddings_ =
       register_module("tok_embeddings", Embedding(vocab_rows, spec.hidden_size, pad_row, po));
   layers_ = register_module("layers", torch::nn::ModuleList());
-  for (const auto& layer : spec.layers) layers_->push_back(TransformerBlock(spec, layer, tp_, po));
+  for (const auto& layer : spec.layers) {
+    layers_->push_back(TransformerBlock(spec, layer, tp_, po, ep));
+  }
   norm_ = register_module(
       "norm", RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.norm, TensorParallel{}, po));
   if (!spec.tie_word_embeddings) {
     output_ = register_module("output", Linear(spec.hidden_size, vocab_rows, false, po));
+  }
+}
+
+torch::Tensor DecoderModel::ExpertTokenCounts() const {
+  std::vector<torch::Tensor> rows;
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    if (MoE moe = layers_->at<TransformerBlockImpl>(i).moe()) rows.push_back(moe->counts());
+  }
+  return rows.empty() ? torch::Tensor() : torch::stack(rows);
+}
+
+void DecoderModel::ResetExpertTokenCounts() {
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    if (MoE moe = layers_->at<TransformerBlockImpl>(i).moe()) moe->ResetCounts();
   }
 }
 

@@ -50,6 +50,7 @@
 
 namespace gatehouse::models {
 
+using worker::ExpertParallel;
 using worker::TensorParallel;
 
 /// How RMSNorm applies its weight.
@@ -260,12 +261,28 @@ TORCH_MODULE(FeedForward);
 class MoEImpl : public torch::nn::Module {
  public:
   /// Under TP every rank holds every expert with moe_intermediate_size / tp.size features
-  /// (the router is replicated, so every rank routes the same way).
-  MoEImpl(const DecoderSpec& spec, const TensorParallel& tp, const ParamOptions& po = {});
+  /// (the router is replicated, so every rank routes the same way). Under EP this rank holds
+  /// experts [ep.rank * E / ep.size, (ep.rank + 1) * E / ep.size) (the stacked parameters'
+  /// dim 0 is E / ep.size): the tokens routed to an expert go to the rank that holds it and
+  /// its outputs come back (AllToAllRows), then are weighted and summed where the tokens live.
+  /// ep.size must divide num_experts.
+  MoEImpl(const DecoderSpec& spec, const TensorParallel& tp, const ParamOptions& po = {},
+          const ExpertParallel& ep = {});
   torch::Tensor forward(const torch::Tensor& x);
+  /// Tokens routed to each expert since construction or ResetCounts: [E] int64, CPU.
+  const torch::Tensor& counts() const { return counts_; }
+  void ResetCounts() { counts_.zero_(); }
 
  private:
+  /// Local expert `e` (an index into w1_ / w2_ / w3_) on `state` [n, H] -> [n, H].
+  torch::Tensor Expert(int64_t e, const torch::Tensor& state) const;
+  /// The expert-parallel forward over `expert_in` [N, H] routed by `top_i`, `top_p` [N, k].
+  torch::Tensor ExpertParallelForward(const torch::Tensor& expert_in, const torch::Tensor& top_i,
+                                      const torch::Tensor& top_p);
+
   TensorParallel tp_;
+  ExpertParallel ep_;
+  torch::Tensor counts_;  // [E] int64
   int64_t num_experts_;
   int64_t top_k_;
   bool norm_topk_prob_;
@@ -280,7 +297,9 @@ TORCH_MODULE(MoE);
 class TransformerBlockImpl : public torch::nn::Module {
  public:
   TransformerBlockImpl(const DecoderSpec& spec, const LayerSpec& layer, const TensorParallel& tp,
-                       const ParamOptions& po = {});
+                       const ParamOptions& po = {}, const ExpertParallel& ep = {});
+  /// The MoE block, or null for a dense layer.
+  MoE moe() const { return moe_; }
   /// As AttentionImpl::forward.
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
                         const torch::Tensor& mask, worker::KVCache* cache, int64_t layer,
@@ -303,9 +322,10 @@ class DecoderModel : public worker::CausalLM {
   /// _init_weights). `spec` must be valid. Throws c10::Error. `tp`: this rank's part of a
   /// tensor-parallel model (parameters are the local shards of DecoderTpPlan(spec, tp.size);
   /// Forward still returns full logits on every rank). The plan must be valid for the spec
-  /// (DecoderTpPlan returns no error).
+  /// (DecoderTpPlan returns no error). `ep`: this rank's experts of an expert-parallel
+  /// model (MoEImpl); Forward returns the logits of this rank's own tokens.
   explicit DecoderModel(const DecoderSpec& spec, TensorParallel tp = {},
-                        const ParamOptions& po = {});
+                        const ParamOptions& po = {}, const ExpertParallel& ep = {});
 
   /// tokens, positions: [B, T] int64. Returns logits [B, T, vocab] in the model dtype.
   /// See worker::CausalLM::Forward for the cache contract. Throws c10::Error on bad shapes or
@@ -334,6 +354,10 @@ class DecoderModel : public worker::CausalLM {
   /// both on one stage). Throws c10::Error on bad shapes or a range outside the layers.
   torch::Tensor ForwardStage(const torch::Tensor& input, const torch::Tensor& positions,
                              int64_t first_layer, int64_t end_layer) override;
+
+  /// [MoE layers, num_experts] counts of each MoE layer (see worker::CausalLM).
+  torch::Tensor ExpertTokenCounts() const override;
+  void ResetExpertTokenCounts() override;
 
   const DecoderSpec& spec() const { return spec_; }
 

@@ -88,6 +88,9 @@ void ExpectDpParity(const std::string& variant, const std::string& family,
     EXPECT_EQ(state, unsharded);
   }
   EXPECT_EQ(Real(out, "replica_max_abs_diff"), 0.0);
+  // The save gathered from the ranks (tp shards) is the control's, bit for bit.
+  EXPECT_GT(Count(out, "save_tensors"), 0);
+  EXPECT_EQ(Count(out, "save_tensors_bit_equal"), Count(out, "save_tensors"));
   // The judged figures lead (a report shows the first few).
   ASSERT_FALSE(out.figures.empty());
   EXPECT_EQ(out.figures[0].name, "loss_step_1_rel_diff");

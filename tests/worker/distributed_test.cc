@@ -179,6 +179,68 @@ TEST(GlooGroupTest, SubgroupsAlongMeshDimensions) {
   }
 }
 
+// Verifies all-to-all over a real gloo group (c10d alltoall_base) and through the base class's
+// all-gather (the default a communicator without alltoall gets): rank r sends r + d + 1 rows
+// of value 10 r + d to rank d (uneven counts, none empty), each rank receiving its rows in
+// source order; and AllToAllRows's backward sends the gradient rows back to their sources.
+TEST(GlooGroupTest, AllToAllSendsRowsByCount) {
+  /// The base class's AllToAll over a real group: what a test communicator gets.
+  class ByAllGather : public TpCommunicator {
+   public:
+    explicit ByAllGather(std::shared_ptr<TpCommunicator> inner) : inner_(std::move(inner)) {}
+    int64_t rank() const override { return inner_->rank(); }
+    int64_t world_size() const override { return inner_->world_size(); }
+    void AllReduceSum(torch::Tensor& t) override { inner_->AllReduceSum(t); }
+    std::vector<torch::Tensor> AllGather(const torch::Tensor& t) override { return inner_->AllGather(t); }
+
+   private:
+    std::shared_ptr<TpCommunicator> inner_;
+  };
+  constexpr int kWorld = 3;
+  std::vector<std::vector<torch::Tensor>> got(kWorld), got_default(kWorld);
+  std::vector<torch::Tensor> grads(kWorld);
+  const std::vector<std::string> errors = test_util::RunGlooGroups(
+      kWorld, [&](int r, std::shared_ptr<TpCommunicator> comm, std::shared_ptr<SubgroupFactory>) {
+        std::vector<torch::Tensor> send;
+        std::vector<int64_t> send_rows, recv_rows;
+        for (int d = 0; d < kWorld; ++d) {
+          send.push_back(torch::full({r + d + 1, 2}, 10.0 * r + d));
+          send_rows.push_back(r + d + 1);
+          recv_rows.push_back(d + r + 1);  // rank d sends d + r + 1 rows here
+        }
+        got[r] = comm->AllToAll(send);
+        got_default[r] = ByAllGather(comm).AllToAll(send);
+        torch::Tensor x = torch::cat(send, 0).requires_grad_(true);
+        ExpertParallel ep{r, kWorld, comm};
+        torch::Tensor y = AllToAllRows(x, send_rows, recv_rows, ep);
+        // d(sum(y * source)) / dx: each row's gradient is the rank it went to.
+        torch::Tensor weight = torch::cat([&] {
+          std::vector<torch::Tensor> w;
+          for (int s = 0; s < kWorld; ++s) w.push_back(torch::full({s + r + 1, 2}, 1.0 * r));
+          return w;
+        }());
+        (y * weight).sum().backward();
+        grads[r] = x.grad();
+      });
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    for (const auto* parts : {&got[r], &got_default[r]}) {
+      ASSERT_EQ(parts->size(), static_cast<size_t>(kWorld));
+      for (int s = 0; s < kWorld; ++s) {
+        EXPECT_TRUE(torch::equal((*parts)[s], torch::full({s + r + 1, 2}, 10.0 * s + r)))
+            << "rank " << r << " from " << s;
+      }
+    }
+    int64_t row = 0;
+    for (int d = 0; d < kWorld; ++d) {
+      EXPECT_TRUE(torch::equal(grads[r].slice(0, row, row + r + d + 1),
+                               torch::full({r + d + 1, 2}, 1.0 * d)))
+          << "rank " << r << " rows sent to " << d;
+      row += r + d + 1;
+    }
+  }
+}
+
 // Verifies a sub-group that does not hold the joining rank is INVALID_ARGUMENT naming the
 // group and its ranks, before any rendezvous.
 TEST(GlooGroupTest, SubgroupWithoutThisRankIsRefused) {

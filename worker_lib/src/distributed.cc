@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -113,6 +114,35 @@ class C10dCommunicator : public TpCommunicator {
                                       : torch::empty(t.sizes(), t.options().device(device_))};
     group_->recv(io, static_cast<int>(src), static_cast<int>(tag))->wait();
     if (!io[0].is_same(t)) t.copy_(io[0]);
+  }
+  /// One alltoall_base over the rows: the receive counts first (an all-gather of every rank's
+  /// send counts), then the rows, split by count along dim 0.
+  std::vector<torch::Tensor> AllToAll(const std::vector<torch::Tensor>& send) override {
+    const int64_t size = world_size();
+    TORCH_CHECK(static_cast<int64_t>(send.size()) == size, "all-to-all: ", send.size(),
+                " tensors to send over a group of ", size);
+    torch::Tensor counts = torch::empty({size}, torch::kLong);
+    std::vector<int64_t> send_rows, recv_rows;
+    for (int64_t r = 0; r < size; ++r) {
+      send_rows.push_back(send[static_cast<size_t>(r)].size(0));
+      counts[r] = send_rows.back();
+    }
+    for (const torch::Tensor& c : AllGather(counts)) recv_rows.push_back(c[rank()].item<int64_t>());
+    const torch::Device home = send.front().device();
+    torch::Tensor in = torch::cat(send, 0).to(device_).contiguous();
+    std::vector<int64_t> shape = in.sizes().vec();
+    shape[0] = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
+    torch::Tensor out = torch::empty(shape, in.options());
+    // alltoall_base takes the split sizes by reference and may move from them (gloo does).
+    std::vector<int64_t> out_splits = recv_rows, in_splits = send_rows;
+    group_->alltoall_base(out, in, out_splits, in_splits)->wait();
+    std::vector<torch::Tensor> received;
+    int64_t start = 0;
+    for (int64_t n : recv_rows) {
+      received.push_back(out.slice(0, start, start + n).to(home));
+      start += n;
+    }
+    return received;
   }
 
  private:

@@ -109,6 +109,16 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
     const torch::Tensor& param = groups[g].tensor;
     torch::Tensor dest = param;
     std::string of_stack;  // " (slice of [E, ...])" for a stacked parameter
+    // Under expert parallelism a stacked parameter holds this rank's experts: the slice of
+    // expert e is e - ep_rank * n (n local experts); another rank's expert is not loaded here.
+    if (slot->slice >= 0 && shard != nullptr && shard->ep_size > 1 && param.dim() > 0) {
+      const int64_t n = param.size(0), first = shard->ep_rank * n;
+      if (slot->slice < first || slot->slice >= first + n) {
+        ++rep.keys_other_ranks;
+        continue;
+      }
+      slot->slice -= first;
+    }
     if (slot->slice >= 0) {
       if (param.dim() == 0 || slot->slice >= param.size(0)) {
         rep.shape_mismatches.push_back(key + " (-> " + target + "): model " +
@@ -127,7 +137,7 @@ Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAd
     const int64_t leading = slot->slice >= 0 ? 1 : 0;
     std::optional<std::vector<int64_t>> expected;
     if (info != nullptr) expected = info->shape;
-    if (shard != nullptr && info != nullptr) {
+    if (shard != nullptr && shard->plan != nullptr && info != nullptr) {
       rule = shard->plan->Find(slot->internal);
       Result<std::vector<int64_t>> local =
           rule ? shard->plan->LocalShape(*rule, info->shape, leading)

@@ -1,6 +1,7 @@
 // Tensor-parallel mappings and plans (tensor_parallel.h).
 #include "gatehouse/worker/tensor_parallel.h"
 
+#include <algorithm>
 #include <cctype>
 #include <numeric>
 
@@ -15,6 +16,34 @@ void TpCommunicator::Recv(torch::Tensor& t, int64_t src, int64_t tag) {
   (void)t;
   TORCH_CHECK(false, "this communicator has no point-to-point receive (from rank ", src, ", tag ", tag, ")");
 }
+std::vector<torch::Tensor> TpCommunicator::AllToAll(const std::vector<torch::Tensor>& send) {
+  const int64_t size = world_size();
+  TORCH_CHECK(static_cast<int64_t>(send.size()) == size, "all-to-all: ", send.size(),
+              " tensors to send over a group of ", size);
+  // Every rank's row counts, then every rank's sends padded to the largest and gathered.
+  torch::Tensor rows = torch::empty({size}, torch::kLong);
+  for (int64_t r = 0; r < size; ++r) rows[r] = send[static_cast<size_t>(r)].size(0);
+  const std::vector<torch::Tensor> all_rows = AllGather(rows);
+  int64_t widest = 0;
+  for (const torch::Tensor& t : all_rows) widest = std::max(widest, t.max().item<int64_t>());
+  const torch::Tensor& first = send.front();
+  std::vector<int64_t> padded_shape = first.sizes().vec();
+  padded_shape[0] = widest;
+  padded_shape.insert(padded_shape.begin(), size);
+  torch::Tensor padded = torch::zeros(padded_shape, first.options());
+  for (int64_t r = 0; r < size; ++r) {
+    const torch::Tensor& t = send[static_cast<size_t>(r)];
+    if (t.size(0) > 0) padded[r].slice(0, 0, t.size(0)).copy_(t);
+  }
+  const std::vector<torch::Tensor> gathered = AllGather(padded);
+  std::vector<torch::Tensor> received;
+  for (int64_t r = 0; r < size; ++r) {
+    const int64_t n = all_rows[static_cast<size_t>(r)][rank()].item<int64_t>();
+    received.push_back(gathered[static_cast<size_t>(r)][rank()].slice(0, 0, n).clone());
+  }
+  return received;
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -43,6 +72,45 @@ struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
     const int64_t rank = ctx->saved_data["rank"].toInt();
     const int64_t size = ctx->saved_data["size"].toInt();
     return {grad[0].chunk(size, -1)[rank].contiguous(), torch::Tensor()};
+  }
+};
+
+/// Forward: rows sent by count to each rank; backward: the gradient rows sent back.
+struct AllToAllRowsFn : torch::autograd::Function<AllToAllRowsFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const std::vector<int64_t>& send_rows,
+                               const std::vector<int64_t>& recv_rows, TpCommunicator* comm) {
+    ctx->saved_data["send"] = c10::IValue(send_rows);
+    ctx->saved_data["recv"] = c10::IValue(recv_rows);
+    ctx->saved_data["comm"] = c10::IValue(reinterpret_cast<int64_t>(comm));
+    return Exchange(x, send_rows, recv_rows, comm);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto* comm = reinterpret_cast<TpCommunicator*>(ctx->saved_data["comm"].toInt());
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    return {Exchange(grad[0], recv, send, comm), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+  static torch::Tensor Exchange(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                                const std::vector<int64_t>& recv_rows, TpCommunicator* comm) {
+    std::vector<torch::Tensor> parts;
+    int64_t start = 0;
+    const torch::Tensor c = x.contiguous();
+    for (int64_t n : send_rows) {
+      parts.push_back(c.slice(0, start, start + n));
+      start += n;
+    }
+    TORCH_CHECK(start == x.size(0), "all-to-all: send rows sum to ", start, " but x has ",
+                x.size(0), " rows");
+    std::vector<torch::Tensor> got = comm->AllToAll(parts);
+    TORCH_CHECK(got.size() == send_rows.size(), "all-to-all over ", comm->world_size(),
+                " ranks returned ", got.size(), " parts for ", parts.size(), " sent");
+    for (size_t r = 0; r < got.size(); ++r) {
+      TORCH_CHECK(got[r].size(0) == recv_rows[r], "all-to-all: expected ", recv_rows[r],
+                  " rows from rank ", r, ", got ", got[r].size(0));
+    }
+    return torch::cat(got, 0);
   }
 };
 
@@ -95,6 +163,16 @@ torch::Tensor CopyToTensorParallelRegion(const torch::Tensor& x, const TensorPar
     return sum;
   });
   return y;
+}
+
+torch::Tensor AllToAllRows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows, const ExpertParallel& ep) {
+  if (!ep.enabled()) return x;
+  TORCH_CHECK(static_cast<int64_t>(send_rows.size()) == ep.size &&
+                  static_cast<int64_t>(recv_rows.size()) == ep.size,
+              "all-to-all over ", ep.size, " expert-parallel ranks needs as many row counts, got ",
+              send_rows.size(), " to send and ", recv_rows.size(), " to receive");
+  return AllToAllRowsFn::apply(x, send_rows, recv_rows, ep.comm.get());
 }
 
 torch::Tensor ReduceFromTensorParallelRegion(const torch::Tensor& x, const TensorParallel& tp) {

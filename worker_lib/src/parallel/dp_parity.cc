@@ -1,8 +1,9 @@
 // The parallel gate's data-parallel check (parallel_internal.h DataParallelParity): the mesh's
 // data-parallel dimensions (dp_replicate, dp_shard, both: HSDP), alone or with tensor
-// parallelism inside each replica, trained against the single-rank control on rank 0. Its
-// steps: form the groups, build the replicas (here), train (dp_train.cc, dp_shard.cc), compare
-// the parameters and judge (here); dp_run.h holds what they share.
+// parallelism inside each replica and experts split over ranks of dp_shard, trained against
+// the single-rank control on rank 0. Its steps: form the groups, build the replicas (here),
+// compare the gathered save (dp_save.cc), train (dp_train.cc, dp_shard.cc), compare the
+// parameters and judge (here); dp_run.h holds what they share.
 //
 // The global batch is the reference prompts of 2 tokens or more (the longest cut in two until
 // every data-parallel rank has one: GlobalBatch); the ranks at data-parallel index d (over
@@ -44,21 +45,37 @@ std::string BuildReplicas(DpRun& run) {
   GateContext& ctx = run.ctx;
   for (int copy = 0; copy < (run.rank0 ? 2 : 1); ++copy) {
     const bool sharded = copy == 0 && run.plan.has_value();
+    const bool experts = copy == 0 && run.ep > 1;
     const TensorParallel tp{run.tp_comm ? run.tp_comm->rank() : 0, run.tp, run.tp_comm};
-    const ShardedLoad shard{sharded ? &*run.plan : nullptr, tp.rank};
+    const ExpertParallel ep{run.ep_comm ? run.ep_comm->rank() : 0, run.ep, run.ep_comm};
+    const ShardedLoad shard{sharded ? &*run.plan : nullptr, tp.rank, ep.rank, ep.size};
     Result<std::shared_ptr<CausalLM>> built = TrainableModel(
-        ctx, copy == 0 ? (sharded ? "the replica's shard" : "the replica") : "the single-rank control",
+        ctx,
+        copy == 0 ? (sharded || experts ? "the replica's shard" : "the replica")
+                  : "the single-rank control",
         [&] {
+          if (experts) {
+            return ctx.family->ConstructExpertParallel(*ctx.args, ctx.dtype, ctx.device, tp, ep);
+          }
           return sharded ? ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp)
                          : ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
         },
         [&](CausalLM& m) {
-          return sharded ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, m, &shard) : LoadFull(ctx, m);
+          return sharded || experts ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, m, &shard)
+                                    : LoadFull(ctx, m);
         });
     if (!built.ok()) return built.status().message();
     (copy == 0 ? run.model : run.control) = *built;
   }
   run.params = UniqueParameters(*run.model);
+  for (const ParamGroup& g : run.params) {
+    bool stacked = false;
+    if (run.ep > 1) {
+      Result<std::vector<HfSlice>> slices = ctx.adapter->HfSlices(g.names[0]);
+      stacked = slices.ok() && !slices->empty() && slices->front().slice >= 0;
+    }
+    run.expert.push_back(stacked);
+  }
   if (!run.control) return "";
   run.control_params = UniqueParameters(*run.control);
   // The checks pair a replica's parameters with the control's by position.
@@ -84,7 +101,9 @@ std::string CompareParameters(DpRun& run) {
   std::vector<torch::Tensor> local;
   for (size_t i = 0; i < run.params.size(); ++i) {
     local.push_back(run.params[i].tensor.detach());
-    RankSpread(run.dp_comm->AllGather(local.back()), run.replica_max_abs, run.replica_max_rel);
+    // An expert is the same on the data-parallel ranks that hold it, not on the others.
+    TpCommunicator* replicas = run.expert[i] ? run.expert_dp_comm.get() : run.dp_comm.get();
+    if (replicas) RankSpread(replicas->AllGather(local.back()), run.replica_max_abs, run.replica_max_rel);
   }
   const std::vector<torch::Tensor> spreads =
       run.comm.AllGather(torch::tensor({run.replica_max_abs, run.replica_max_rel}, torch::kDouble));
@@ -113,7 +132,7 @@ std::string CompareParameters(DpRun& run) {
 std::string DataText(const DpRun& run) {
   std::string text;
   for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp", run.replicate},
-                                   {"dp_shard", run.shard}, {"tp", run.tp}}) {
+                                   {"dp_shard", run.shard}, {"tp", run.tp}, {"ep", run.ep}}) {
     if (size > 1) text += (text.empty() ? "" : " x ") + std::string(name) + "=" + std::to_string(size);
   }
   return text;
@@ -126,6 +145,34 @@ std::vector<Mesh::Dim> DataDims(const DpRun& run) {
   return {Mesh::Dim::kDpReplicate, Mesh::Dim::kDpShard};
 }
 
+/// "ep [0,2] [1,3]": the EP groups.
+std::string ExpertGroupsText(const Mesh& mesh) {
+  std::string text = "ep";
+  for (const std::vector<int64_t>& g : mesh.ExpertGroups()) {
+    text += " [";
+    for (size_t i = 0; i < g.size(); ++i) text += (i ? "," : "") + std::to_string(g[i]);
+    text += "]";
+  }
+  return text;
+}
+
+/// MoE: the tokens routed to each expert at step 1, summed over the data-parallel ranks,
+/// against the control's on the whole batch: they must be equal (the router is replicated, so
+/// every token routes as on the control).
+void RecordExpertTokens(const DpRun& run, GateOutcome& out, std::vector<std::string>& fails) {
+  if (!run.expert_tokens.defined() || !run.control_expert_tokens.defined()) return;
+  const int64_t total = run.control_expert_tokens.sum().item<int64_t>();
+  const int64_t diff = (run.expert_tokens - run.control_expert_tokens).abs().max().item<int64_t>();
+  out.Count("expert_tokens_step1", run.expert_tokens.sum().item<int64_t>());
+  out.Count("expert_tokens_step1_control", total);
+  out.Count("expert_tokens_max_abs_diff", diff);
+  if (diff != 0) {
+    fails.push_back("tokens routed per expert at step 1, summed over the data-parallel ranks, " +
+                    std::string("differ from the control's by up to ") + std::to_string(diff) +
+                    " (of " + std::to_string(total) + " routings)");
+  }
+}
+
 void RecordAndJudge(const DpRun& run, GateOutcome& out) {
   out.Count("data_parallel_ranks", run.dp);  // dp x dp_shard
   out.Text("dp_groups", GroupsText(run.mesh, DataDims(run)));
@@ -133,6 +180,7 @@ void RecordAndJudge(const DpRun& run, GateOutcome& out) {
     out.Text("dp_shard_groups", GroupsText(run.mesh, {Mesh::Dim::kDpShard}));
   }
   if (run.tp > 1) out.Text("tp_groups", GroupsText(run.mesh, {Mesh::Dim::kTp}));
+  if (run.ep > 1) out.Text("ep_groups", ExpertGroupsText(run.mesh));
   out.Count("global_batch_sequences", static_cast<int64_t>(run.batch.size()));
   out.Count("global_batch_splits", run.batch_splits);
   out.Count("global_batch_tokens", static_cast<int64_t>(run.global_tokens));
@@ -145,6 +193,9 @@ void RecordAndJudge(const DpRun& run, GateOutcome& out) {
                (run.shard > 1 ? "optimizer state sharded on dim 0 over the dp_shard group, the "
                                 "parameters gathered after each step; "
                               : "") +
+               (run.ep > 1 ? "experts split over the EP group, tokens dispatched all-to-all, "
+                             "expert gradients reduced over the ranks holding the same experts; "
+                           : "") +
                "gradients reduced " +
                (run.reduction.mode == DpReduction::Mode::kSum
                     ? std::string(run.shard > 1 && run.replicate > 1
@@ -153,6 +204,13 @@ void RecordAndJudge(const DpRun& run, GateOutcome& out) {
                     : "(mutated: " + run.reduction.Name() + ")"));
   std::vector<std::string> fails;
   run.trace.Record(run.thr.loss_rel_below, out, fails);
+  RecordExpertTokens(run, out, fails);
+  out.Count("save_tensors", run.save_tensors);
+  out.Count("save_tensors_bit_equal", run.save_tensors_equal);
+  if (!run.save_problems.empty()) {
+    fails.push_back("the save gathered from the ranks (before training) is not the single-rank "
+                    "save: " + internal::JoinFew(run.save_problems));
+  }
   out.Real("grad_order_floor_max_rel", run.floor_max, "ratio");
   out.Count("grads_step1_bit_equal_to_grouping", run.grads_bit_equal_to_grouping);
   const StepTrace& t = run.trace;
@@ -176,7 +234,63 @@ void RecordAndJudge(const DpRun& run, GateOutcome& out) {
   }
   // The judged figures first: a report shows the first few.
   out.Lead({"loss_step_1_rel_diff", "grad_norm_step_1_rel_diff", "grad_nearest_bar_rel_diff",
-            "replica_max_abs_diff", "loss_step_2_rel_diff", "grad_norm_step_2_rel_diff"});
+            "replica_max_abs_diff", "expert_tokens_max_abs_diff", "grad_norm_sharded_step_1_rel_diff",
+            "loss_step_2_rel_diff", "grad_norm_step_2_rel_diff"});
+}
+
+/// Joins this rank's EP group (Mesh::ExpertGroupOf) and, when other data-parallel ranks hold
+/// the same experts, their group. Returns this rank's problem; `blocked` for a layout the check
+/// has no plan for.
+std::string FormExpertGroups(DpRun& run, bool& blocked) {
+  GateContext& ctx = run.ctx;
+  const MeshShape& shape = run.mesh.shape();
+  if (ctx.family->MapsWeightsByCode() || ctx.family->ShardsLoadedModel()) {
+    blocked = true;
+    return "ep=" + std::to_string(run.ep) + ": the family shards by code (the Python lane's " +
+           "parallelize), which is handed no expert-parallel group yet";
+  }
+  if (shape.tp > 1 && shape.etp == 1) {
+    blocked = true;
+    return "ep=" + std::to_string(run.ep) + " with etp=1 and tp=" + std::to_string(shape.tp) +
+           " (whole experts over ranks of the tp groups) has no check yet; etp=tp has one";
+  }
+  // The experts the name table stacks (every stacked parameter is split over ep).
+  int64_t experts = 0;
+  for (const std::string& hf : ctx.adapter->ExpectedHfNames()) {
+    Result<TensorSlot> slot = ctx.adapter->Resolve(hf);
+    if (!slot.ok() || slot->slice < 0) continue;
+    Result<std::vector<HfSlice>> slices = ctx.adapter->HfSlices(slot->internal);
+    if (slices.ok()) experts = static_cast<int64_t>(slices->size());
+    break;
+  }
+  if (experts == 0 || experts % run.ep != 0) {
+    blocked = true;
+    return "ep=" + std::to_string(run.ep) + (experts == 0 ? std::string(": this model has no experts (no stacked parameter in its name table)")
+                                                          : " does not divide the model's " + std::to_string(experts) + " experts");
+  }
+  if (!ctx.subgroups) return "the EP group needs sub-groups, which this rank's process group lacks";
+  auto ranks_text = [](const std::vector<int64_t>& ranks) {
+    std::string t;
+    for (int64_t r : ranks) t += (t.empty() ? "" : ",") + std::to_string(r);
+    return t;
+  };
+  const std::vector<int64_t> ep_ranks = run.mesh.ExpertGroupOf(ctx.rank);
+  Result<std::shared_ptr<TpCommunicator>> ep = ctx.subgroups->Join("ep", ep_ranks);
+  if (!ep.ok()) return "EP group [" + ranks_text(ep_ranks) + "]: " + ep.status().message();
+  run.ep_comm = *ep;
+  // The data-parallel ranks at this rank's place in their own EP group hold its experts.
+  const int64_t ep_rank = run.ep_comm->rank();
+  std::vector<int64_t> same_experts;
+  for (int64_t r : run.mesh.GroupOf(ctx.rank, DataDims(run))) {
+    const std::vector<int64_t> g = run.mesh.ExpertGroupOf(r);
+    if (std::find(g.begin(), g.end(), r) - g.begin() == ep_rank) same_experts.push_back(r);
+  }
+  if (same_experts.size() > 1) {
+    Result<std::shared_ptr<TpCommunicator>> dp = ctx.subgroups->Join("dp_mod_ep", same_experts);
+    if (!dp.ok()) return "group of the ranks holding the same experts: " + dp.status().message();
+    run.expert_dp_comm = *dp;
+  }
+  return "";
 }
 
 /// Joins the data-parallel groups (flattened, then dp_replicate and dp_shard apart when both
@@ -199,6 +313,9 @@ std::string FormGroups(DpRun& run, bool& blocked) {
     run.shard_comm = *s;
   } else {
     (run.shard > 1 ? run.shard_comm : run.replicate_comm) = run.dp_comm;
+  }
+  if (run.ep > 1) {
+    if (std::string problem = FormExpertGroups(run, blocked); !problem.empty()) return problem;
   }
   if (run.tp == 1) return "";
   Result<std::shared_ptr<TpCommunicator>> tp = MeshGroup(ctx, run.mesh, {Mesh::Dim::kTp});
@@ -228,6 +345,10 @@ std::string DpReduction::Name() const {
     case Mode::kNone: return "not reduced";
     case Mode::kWholeWorld: return "summed over every rank, not the dp group";
     case Mode::kShardGroupOnly: return "summed over the dp_shard group only, not across replicas";
+    case Mode::kExpertsOverDp: return "expert gradients summed over the data-parallel group";
+    case Mode::kEpNormAveraged: return "the grad norm's expert part averaged over ep";
+    case Mode::kReplicatedCountedTp: return "the grad norm counting tp-replicated tensors tp times";
+    case Mode::kExpertCountsNotReduced: return "tokens per expert not summed over the ranks";
   }
   return "?";
 }
@@ -245,14 +366,17 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
             .rank0 = ctx.rank == 0,
             .thr = TpThresholdsFor(ctx.spec.precision),
             .reduction = reduction};
+  run.ep = mesh.shape().ep;
   bool blocked = false;  // an input the cell cannot change by running again
   std::string not_ready = NotReady(ctx, blocked);
   if (not_ready.empty()) {
-    run.batch = GlobalBatch(ctx.reference->prompts, run.dp, run.batch_splits);
-    if (static_cast<int64_t>(run.batch.size()) < run.dp) {
-      not_ready = "the reference bundle's prompts make " + std::to_string(run.batch.size()) +
+    run.batch = GlobalBatch(ctx.reference->prompts, run.dp, run.batch_splits, run.ep > 1);
+    const auto n = static_cast<int64_t>(run.batch.size());
+    if (n < run.dp || (run.ep > 1 && n % run.dp != 0)) {
+      not_ready = "the reference bundle's prompts make " + std::to_string(n) +
                   " sequence(s) of 2 tokens or more, cut as far as they go; " +
-                  std::to_string(run.dp) + " data-parallel ranks need one each at least";
+                  std::to_string(run.dp) + " data-parallel ranks need one each at least" +
+                  (run.ep > 1 ? " and, under expert parallelism, as many each" : "");
       blocked = true;
     }
   }
@@ -270,6 +394,9 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
   }
   for (const torch::Tensor& ids : run.batch) run.global_tokens += static_cast<double>(ids.size(0) - 1);
   if (const std::string all = RankProblems(run.comm, BuildReplicas(run)); !all.empty()) {
+    return out.Fail(FailureClass::kAdapterContract, all);
+  }
+  if (const std::string all = RankProblems(run.comm, CompareSave(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);
   }
   if (const std::string all = RankProblems(run.comm, Train(run)); !all.empty()) {

@@ -41,6 +41,11 @@ struct DpRun {
   // the part has one rank; one of them is dp_comm itself when the other has one rank).
   std::shared_ptr<TpCommunicator> dp_comm, replicate_comm, shard_comm;
   std::shared_ptr<TpCommunicator> tp_comm;  // null when tp is 1
+  // Expert parallelism: the EP group (null when ep is 1) and the data-parallel ranks that hold
+  // the same experts (null when this rank alone does), over which expert gradients are reduced.
+  int64_t ep = 1;
+  std::shared_ptr<TpCommunicator> ep_comm, expert_dp_comm;
+  std::vector<bool> expert;  // per params: a stacked (expert) parameter, split over ep
   std::optional<TpPlan> plan;               // the family's, when tp > 1
   std::vector<torch::Tensor> batch;         // the global batch: token ids [T] int64, CPU
   int64_t batch_splits = 0;                 // prompts cut in two to make it (GlobalBatch)
@@ -54,6 +59,13 @@ struct DpRun {
   int64_t grads_bit_equal_to_grouping = 0;
   double replica_max_abs = 0, replica_max_rel = 0;
   double params_after_max_abs = 0, params_after_max_rel = 0;
+  // MoE: tokens routed to each expert at step 1 ([MoE layers, E]), summed over the
+  // data-parallel ranks, and the control's; undefined for a dense model.
+  torch::Tensor expert_tokens, control_expert_tokens;
+  // Before the steps: the gathered save's tensors, those bit-equal to the control's, and the
+  // problems (rank 0).
+  int64_t save_tensors = 0, save_tensors_equal = 0;
+  std::vector<std::string> save_problems;
   // Optimizer state elements (exp_avg and exp_avg_sq) this rank holds, and unsharded.
   int64_t optimizer_state_elements = 0, optimizer_state_elements_unsharded = 0;
 };
@@ -62,22 +74,38 @@ struct DpRun {
 /// in bundle order; while there are fewer sequences than `dp`, the longest (the first of
 /// equals) is cut in two, its first ceil(T/2) tokens and the rest, each a sequence of its own
 /// (positions from 0), as long as both parts keep 2 tokens. The control trains the same batch.
-/// `splits` counts the cuts. Fewer than `dp` sequences come back only when no cut is possible.
+/// `splits` counts the cuts. With `equal_shares` the cuts go on until dp divides the count
+/// (expert parallelism: the ranks of an EP group must run as many forwards, each one
+/// all-to-all). Fewer than `dp` sequences (or a count dp does not divide) come back only when
+/// no cut is possible.
 std::vector<torch::Tensor> GlobalBatch(const std::vector<ReferencePrompt>& prompts, int64_t dp,
-                                       int64_t& splits);
+                                       int64_t& splits, bool equal_shares = false);
 
 /// Builds and loads this rank's replica (the full model, or its tp shard through the plan) on
 /// every rank and the control on rank 0 (dp_parity.cc). Returns this rank's problem.
 std::string BuildReplicas(DpRun& run);
 
+/// Before the steps: every rank's parameters gathered (Full) and, on rank 0, named as the
+/// checkpoint names them and compared with the control's save bit for bit, into
+/// run.save_tensors / save_tensors_equal / save_problems (dp_save.cc). A collective over the
+/// tp and EP groups. Returns this rank's problem (a gather that failed).
+std::string CompareSave(DpRun& run);
+
 /// The optimizer steps, each compared on rank 0 (dp_train.cc). Returns this rank's problem.
 std::string Train(DpRun& run);
 
 /// The full tensors of this rank's tp shards `local` (in run.params order): gathered over the
-/// tp group and put together through the plan; `local` itself when tp is 1. A collective over
-/// the tp group. Throws std::runtime_error naming the parameter when a shard does not fit its
+/// tp group and put together through the plan, then an expert parameter's experts gathered
+/// over the EP group (along dim 0); `local` itself when tp and ep are 1. A collective over the
+/// tp and EP groups. Throws std::runtime_error naming the parameter when a shard does not fit its
 /// rule (dp_train.cc).
 std::vector<torch::Tensor> Full(const DpRun& run, const std::vector<torch::Tensor>& local);
+
+/// The global grad norm from this rank's gradients `local` (in run.params order), as a trainer
+/// holding shards computes it: the expert parameters' squares summed over the EP group, with
+/// the tp-sharded parameters' summed over the tp group, the tp-replicated ones counted once
+/// (run.reduction's norm mutations change exactly that). A collective over the EP and tp groups.
+double ShardedNorm(const DpRun& run, const std::vector<torch::Tensor>& local);
 
 /// AdamW over this rank's slice of each parameter along dim 0, as FSDP2's fully_shard lays a
 /// parameter out (Shard(0), torch.chunk's sizes: ceil(rows / S) rows per rank, the last ranks

@@ -54,14 +54,20 @@ double DataParallelStep(DpRun& run) {
   torch::Tensor loss = torch::tensor({local}, torch::kDouble);
   run.dp_comm->AllReduceSum(loss);
   torch::NoGradGuard no_grad;
-  for (const ParamGroup& g : run.params) {
+  for (size_t i = 0; i < run.params.size(); ++i) {
+    const ParamGroup& g = run.params[i];
+    const bool expert = run.expert[i];
     torch::Tensor grad = g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(g.tensor);
     if (run.reduction.mode == DpReduction::Mode::kNone) {
       g.tensor.mutable_grad() = grad;
       continue;
     }
     torch::Tensor wide = grad.to(torch::kFloat).contiguous();
-    if (run.reduction.mode == DpReduction::Mode::kWholeWorld) {
+    if (expert && run.reduction.mode != DpReduction::Mode::kExpertsOverDp) {
+      // An expert's gradient already holds every EP rank's tokens (the all-to-all's
+      // backward); what is left is the sum over the ranks that hold the same experts.
+      if (run.expert_dp_comm) run.expert_dp_comm->AllReduceSum(wide);
+    } else if (run.reduction.mode == DpReduction::Mode::kWholeWorld) {
       run.comm.AllReduceSum(wide);
     } else {
       // FSDP's reduce-scatter sums over the shard group (each rank keeps its slice at the
@@ -79,6 +85,16 @@ double DataParallelStep(DpRun& run) {
   }
   const double global = loss.item<double>();
   return local_mean ? global / static_cast<double>(run.dp) : global;
+}
+
+/// Step 1's tokens per expert, summed over the data-parallel ranks (every rank of a tp group
+/// routes the same tokens, so the dp group counts each once) into run.expert_tokens.
+void ExpertTokens(DpRun& run) {
+  torch::Tensor counts = run.model->ExpertTokenCounts();
+  if (!counts.defined()) return;
+  counts = counts.clone();
+  if (run.reduction.mode != DpReduction::Mode::kExpertCountsNotReduced) run.dp_comm->AllReduceSum(counts);
+  run.expert_tokens = counts;
 }
 
 /// Rank 0, step 1: the control's gradient of the global batch in the ranks' grouping (each
@@ -121,13 +137,17 @@ void CompareStepGradients(DpRun& run, int step, const std::vector<torch::Tensor>
 }  // namespace
 
 std::vector<torch::Tensor> GlobalBatch(const std::vector<ReferencePrompt>& prompts, int64_t dp,
-                                       int64_t& splits) {
+                                       int64_t& splits, bool equal_shares) {
   std::vector<torch::Tensor> batch;
   for (const ReferencePrompt& p : prompts) {
     if (p.input_ids.size(0) >= 2) batch.push_back(p.input_ids);
   }
   splits = 0;
-  while (static_cast<int64_t>(batch.size()) < dp) {
+  auto short_of = [&] {
+    const auto n = static_cast<int64_t>(batch.size());
+    return n < dp || (equal_shares && n % dp != 0);
+  };
+  while (short_of()) {
     auto longest = std::max_element(batch.begin(), batch.end(), [](const auto& a, const auto& b) {
       return a.size(0) < b.size(0);
     });
@@ -142,17 +162,47 @@ std::vector<torch::Tensor> GlobalBatch(const std::vector<ReferencePrompt>& promp
 }
 
 std::vector<torch::Tensor> Full(const DpRun& run, const std::vector<torch::Tensor>& local) {
-  if (!run.plan) return local;
+  if (!run.plan && !run.ep_comm) return local;
   std::vector<torch::Tensor> full;
   full.reserve(local.size());
   for (size_t i = 0; i < local.size(); ++i) {
     const std::string& name = run.params[i].names[0];
-    const ShardRule* rule = run.plan->Find(name);  // the sharded load proved every one has one
-    Result<torch::Tensor> whole = run.plan->Unshard(*rule, run.tp_comm->AllGather(local[i]));
-    if (!whole.ok()) throw std::runtime_error(name + ": " + whole.status().message());
-    full.push_back(*whole);
+    torch::Tensor whole = local[i];
+    if (run.plan) {
+      const ShardRule* rule = run.plan->Find(name);  // the sharded load proved every one has one
+      Result<torch::Tensor> unsharded = run.plan->Unshard(*rule, run.tp_comm->AllGather(whole));
+      if (!unsharded.ok()) throw std::runtime_error(name + ": " + unsharded.status().message());
+      whole = *unsharded;
+    }
+    if (run.ep_comm && run.expert[i]) whole = torch::cat(run.ep_comm->AllGather(whole), 0);
+    full.push_back(whole);
   }
   return full;
+}
+
+double ShardedNorm(const DpRun& run, const std::vector<torch::Tensor>& local) {
+  using Mode = DpReduction::Mode;
+  double experts = 0, sharded = 0, replicated = 0;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const double sq = local[i].to(torch::kDouble).pow(2).sum().item<double>();
+    const ShardRule* rule = run.plan ? run.plan->Find(run.params[i].names[0]) : nullptr;
+    if (run.expert[i]) experts += sq;
+    else if (rule != nullptr && rule->style != ShardStyle::kReplicated) sharded += sq;
+    else replicated += sq;
+  }
+  torch::Tensor e = torch::tensor({experts}, torch::kDouble);
+  if (run.ep_comm) {
+    run.ep_comm->AllReduceSum(e);
+    if (run.reduction.mode == Mode::kEpNormAveraged) e.div_(static_cast<double>(run.ep));
+  }
+  // Experts are tp-sharded too (etp = tp): with the dense shards, summed over the tp group.
+  torch::Tensor s = e + sharded;
+  torch::Tensor r = torch::tensor({replicated}, torch::kDouble);
+  if (run.tp_comm) {
+    run.tp_comm->AllReduceSum(s);
+    if (run.reduction.mode == Mode::kReplicatedCountedTp) run.tp_comm->AllReduceSum(r);
+  }
+  return std::sqrt((s + r).item<double>());
 }
 
 std::string Train(DpRun& run) {
@@ -167,23 +217,39 @@ std::string Train(DpRun& run) {
   try {
     run.model->train();
     // dp_shard: each rank steps its slices (optimizer state sharded); else the whole tensors.
-    std::optional<UpstreamAdamW> optimizer;
-    std::optional<ShardedAdamW> sharded;
-    if (run.shard_comm) sharded.emplace(tensors(run.params), *run.shard_comm, options);
-    else optimizer.emplace(tensors(run.params), options);
+    // Experts (EP) are stepped apart: sharded over the ranks that hold the same experts.
+    std::vector<torch::Tensor> dense, experts;
+    for (size_t i = 0; i < run.params.size(); ++i) {
+      (run.expert[i] ? experts : dense).push_back(run.params[i].tensor);
+    }
+    std::optional<UpstreamAdamW> optimizer, expert_optimizer;
+    std::optional<ShardedAdamW> sharded, expert_sharded;
+    if (run.shard_comm) sharded.emplace(dense, *run.shard_comm, options);
+    else optimizer.emplace(dense, options);
+    if (!experts.empty() && run.expert_dp_comm) {
+      expert_sharded.emplace(experts, *run.expert_dp_comm, options);
+    } else if (!experts.empty()) {
+      expert_optimizer.emplace(experts, options);
+    }
     std::optional<UpstreamAdamW> control_optimizer;
     if (run.control) {
       run.control->train();
       control_optimizer.emplace(tensors(run.control_params), options);
     }
     for (int step = 1; step <= kDpSteps; ++step) {
+      run.model->ResetExpertTokenCounts();
       run.trace.loss.push_back(DataParallelStep(run));
-      const std::vector<torch::Tensor> ours = Full(run, GradsOf(run.params));
+      if (step == 1) ExpertTokens(run);
+      const std::vector<torch::Tensor> local = GradsOf(run.params);
+      if (run.tp > 1 || run.ep > 1) run.trace.sharded_grad_norm.push_back(ShardedNorm(run, local));
+      const std::vector<torch::Tensor> ours = Full(run, local);
       run.trace.grad_norm.push_back(GlobalNorm(ours));
       if (run.control) {
         ZeroGrads(run.control_params);
+        run.control->ResetExpertTokenCounts();
         run.trace.control_loss.push_back(
             Backward(*run.control, run.batch, run.global_tokens, ctx.device));
+        if (step == 1) run.control_expert_tokens = run.control->ExpertTokenCounts();
         const std::vector<torch::Tensor> control = GradsOf(run.control_params);
         run.trace.control_grad_norm.push_back(GlobalNorm(control));
         if (step == 1) MeasureOrderFloor(run, control, ours);
@@ -192,10 +258,17 @@ std::string Train(DpRun& run) {
       }
       if (sharded) sharded->Step();
       else optimizer->Step();
+      if (expert_sharded) expert_sharded->Step();
+      else if (expert_optimizer) expert_optimizer->Step();
     }
-    for (const ParamGroup& g : run.params) run.optimizer_state_elements_unsharded += 2 * g.tensor.numel();
-    run.optimizer_state_elements =
-        sharded ? sharded->StateElements() : run.optimizer_state_elements_unsharded;
+    int64_t dense_elements = 0, expert_elements = 0;
+    for (size_t i = 0; i < run.params.size(); ++i) {
+      (run.expert[i] ? expert_elements : dense_elements) += 2 * run.params[i].tensor.numel();
+    }
+    // Unsharded: every expert of the model, as the single-rank control holds them.
+    run.optimizer_state_elements_unsharded = dense_elements + expert_elements * run.ep;
+    run.optimizer_state_elements = (sharded ? sharded->StateElements() : dense_elements) +
+                                   (expert_sharded ? expert_sharded->StateElements() : expert_elements);
     run.model->eval();
     if (run.control) run.control->eval();
   } catch (const std::exception& e) {

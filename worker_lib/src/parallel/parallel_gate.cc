@@ -1,8 +1,8 @@
 // The parallel gate (gates.h ParallelGate): the cell's topology as a device mesh
 // (common/mesh.h), checked against a single-rank control one dimension at a time. Each
 // dimension's check lives in files of its own (tp_parity.cc, dp_parity.cc, pp_parity.cc;
-// parallel_internal.h lists them), and dp, dp_shard and either with tp are the data-parallel
-// check (with tensor-parallel replicas); a dimension without a check, or pp with another,
+// parallel_internal.h lists them), and dp, dp_shard and either with tp or ep are the
+// data-parallel check (with tensor-parallel replicas, experts split over dp_shard ranks); a dimension without a check, or pp with another,
 // BLOCKs the gate, naming them.
 #include <set>
 
@@ -18,7 +18,7 @@ namespace {
 
 /// The dimensions a check exists for: a mesh that enables any other is BLOCKED.
 const std::set<std::string>& CheckedDimensions() {
-  static const std::set<std::string> checked = {"tp", "dp_replicate", "dp_shard", "pp"};
+  static const std::set<std::string> checked = {"tp", "dp_replicate", "dp_shard", "pp", "ep"};
   return checked;
 }
 
@@ -46,7 +46,12 @@ GateOutcome ParallelGate(GateContext& ctx) {
     std::string names;
     for (const std::string& d : unchecked) names += (names.empty() ? "" : ", ") + d;
     return out.Blocked(topo_text + ": no check for " + names + " yet (tensor, data (dp, " +
-                       "dp_shard) and pipeline parallelism have one)");
+                       "dp_shard), expert and pipeline parallelism have one)");
+  }
+  if (topo.ep > 1 && topo.dp_shard == 1) {
+    return out.Blocked(topo_text + ": expert parallelism is checked over ranks of dp_shard " +
+                       "(etp=tp); ep=" + std::to_string(topo.ep) + " borrowing tp ranks (etp=1) " +
+                       "has no check yet");
   }
   if (topo.pp > 1 && mesh->EnabledNames().size() > 1) {
     std::string names;

@@ -75,6 +75,9 @@ std::pair<double, bool> RelDiff(const torch::Tensor& a, const torch::Tensor& b);
 /// gradients are a figure, and those steps are judged by their loss and global grad norm.
 struct StepTrace {
   std::vector<double> loss, control_loss, grad_norm, control_grad_norm;  // per step
+  /// Per step, when the check computes it: the global grad norm from what each rank holds
+  /// (each shard counted once, replicated tensors once), as a sharded trainer clips with.
+  std::vector<double> sharded_grad_norm;
   int64_t grads_bit_equal = 0, grads_compared = 0;  // step 1
   double grad_max_rel = 0;                          // step 1
   // Step 1's gradient nearest its bar: its name, its difference and bar.
@@ -89,7 +92,7 @@ struct StepTrace {
   void AddGradient(const std::string& name, int step, const torch::Tensor& ours,
                    const torch::Tensor& control, double bar);
   /// Records loss_step_k, loss_step_k_control, loss_step_k_rel_diff, grad_norm_step_k (same
-  /// three), step 1's grad_max_rel_diff, grads_bit_equal, grads_compared and
+  /// three), grad_norm_sharded_step_k (and its _rel_diff, when computed), step 1's grad_max_rel_diff, grads_bit_equal, grads_compared and
   /// grad_nearest_bar_tensor / _rel_diff / _bar, and grad_later_max_rel_diff (+ _tensor);
   /// appends to `fails` each step's loss or grad norm whose relative difference is not below
   /// `loss_bar`, and step 1's nearest gradient when it reached its bar.
@@ -142,6 +145,11 @@ struct DpReduction {
     kNone,       // no all-reduce: each rank steps on its own gradients
     kWholeWorld, // as kSum, but over every rank (the TP ranks too), not the dp group
     kShardGroupOnly,  // as kSum over dp_shard, the all-reduce across replicas left out (HSDP)
+    kExpertsOverDp,   // expert gradients reduced over the data-parallel group like dense ones
+                      // (summing different experts of the EP ranks)
+    kEpNormAveraged,  // the sharded grad norm's expert part averaged over ep, not summed
+    kReplicatedCountedTp,  // the sharded grad norm counting tp-replicated tensors tp times
+    kExpertCountsNotReduced,  // router counts per expert taken from rank 0 alone
   };
   Mode mode = Mode::kSum;
   /// In words, for the evidence.
@@ -151,7 +159,8 @@ struct DpReduction {
 /// The data-parallel check: the mesh's data-parallel dimensions (dp_replicate, dp_shard: each
 /// rank stepping the optimizer state of its slice of every parameter, or both: HSDP), alone or
 /// with tensor parallelism inside each replica (the model sharded over its tp group through the
-/// family's plan), trained two AdamW steps on the reference prompts split over the
+/// family's plan) and expert parallelism over ranks of dp_shard (ep, etp = tp: each MoE layer's
+/// experts split over the EP group, tokens dispatched to them all-to-all), trained two AdamW steps on the reference prompts split over the
 /// data-parallel ranks, against the single-rank control on the whole batch on rank 0
 /// (dp_parity.cc). BLOCKED when the prompts cannot make one sequence per data-parallel rank,
 /// or for dp x tp when the family shards by code (the Python lane's parallelize takes the

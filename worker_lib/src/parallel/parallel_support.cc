@@ -205,6 +205,17 @@ void StepTrace::Record(double loss_bar, GateOutcome& out, std::vector<std::strin
                       " vs the control's " + Num(control_grad_norm[s]) + " (rel diff " +
                       Num(norm_rel) + ", bar " + Num(loss_bar) + ")");
     }
+    if (s < sharded_grad_norm.size()) {
+      const double sharded_rel = rel(sharded_grad_norm[s], control_grad_norm[s]);
+      out.Real("grad_norm_sharded_step_" + k, sharded_grad_norm[s], "gradient");
+      out.Real("grad_norm_sharded_step_" + k + "_rel_diff", sharded_rel, "ratio");
+      if (!(sharded_rel < loss_bar)) {
+        fails.push_back("step " + k + " grad norm from the ranks' shards " +
+                        Num(sharded_grad_norm[s]) + " vs the control's " +
+                        Num(control_grad_norm[s]) + " (rel diff " + Num(sharded_rel) + ", bar " +
+                        Num(loss_bar) + ")");
+      }
+    }
   }
   out.Real("grad_max_rel_diff", grad_max_rel, "ratio");
   out.Count("grads_bit_equal", grads_bit_equal);

@@ -126,6 +126,9 @@ std::vector<ParamGroup> UniqueParameters(const torch::nn::Module& module);
 struct LoadReport {
   int64_t keys_total = 0;    // tensors in the checkpoint
   int64_t keys_used = 0;     // copied into a parameter
+  /// Expert parallelism (ShardedLoad::ep_size > 1): keys of experts another EP rank holds,
+  /// not loaded here (not unexpected either).
+  int64_t keys_other_ranks = 0;
   int64_t params_total = 0;  // distinct parameter tensors of the model
   /// Parameters written in full: a stacked one only when every slice along dim 0 was.
   int64_t params_loaded = 0;
@@ -180,15 +183,22 @@ struct LoadReport {
 /// by the plan rule of its parameter (TpPlan::Shard; the expert dimension of a stacked
 /// parameter is taken off first), and shapes are compared with the local shape the plan gives;
 /// a parameter no plan rule covers, or a dimension the TP size does not divide, is a shape
-/// mismatch naming the rule.
+/// mismatch naming the rule. With expert parallelism (ShardedLoad::ep_size > 1) the slice e of
+/// a stacked parameter of local size n is the checkpoint's expert ep_rank * n + e: an expert
+/// outside this rank's range is skipped (keys_other_ranks), the others load as above.
 ///
 /// With `scan` (the identity gate's count of the same files' bytes, safetensors_scan.h) a
 /// parameter that adopts its tensor's mapped bytes takes that tensor's NaN/Inf count from the
 /// scan instead of reading the bytes again; any other (converted, sliced, sharded, or not in
 /// the scan) is counted after conversion as before.
 struct ShardedLoad {
-  const TpPlan* plan = nullptr;
-  int64_t rank = 0;
+  const TpPlan* plan = nullptr;  // null: no tensor-parallel sharding
+  int64_t rank = 0;              // the TP rank
+  /// Expert parallelism: a stacked parameter [E / ep_size, ...] holds slices
+  /// [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) of the checkpoint's experts; the
+  /// other experts' keys are counted as used by another rank (LoadReport::keys_other_ranks).
+  int64_t ep_rank = 0;
+  int64_t ep_size = 1;
 };
 Result<LoadReport> LoadStateDict(const Checkpoint& checkpoint, const StateDictAdapter& adapter,
                                  CausalLM& model, const ShardedLoad* shard = nullptr,

@@ -32,8 +32,10 @@ namespace gatehouse::worker {
 /// ForwardPacked (packed batches). 6: ModelFamily::MapsWeightsByCode / FromHf / ToHf (families
 /// whose weights are mapped by code: the Python lane), CausalLM::CachesKeysAndValues. 7:
 /// ModelFamily::ShardsLoadedModel / ShardLoaded and CausalLM::FullTensors (tensor parallelism
-/// by the adapter's own code: the Python lane's parallelize).
-inline constexpr int kPluginAbiVersion = 7;
+/// by the adapter's own code: the Python lane's parallelize). 8: ModelFamily::
+/// ConstructExpertParallel, ExpertParallel and TpCommunicator::AllToAll (tensor_parallel.h),
+/// CausalLM::ExpertTokenCounts.
+inline constexpr int kPluginAbiVersion = 8;
 
 /// Named tensors in a given order (checkpoint keys or parameter names).
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -131,6 +133,13 @@ class CausalLM : public torch::nn::Module {
     TORCH_CHECK(false, "this model does not run in stages (SupportsStages is false); asked for "
                 "layers [", first_layer, ", ", end_layer, ")");
   }
+  /// Tokens this rank routed to each expert of each MoE layer since construction or the last
+  /// ResetExpertTokenCounts (each token counted once per expert it chose; under expert
+  /// parallelism counted where it was routed, not where its expert ran): [moe_layers,
+  /// num_experts] int64 on the CPU. An undefined tensor for a model without experts (the
+  /// default).
+  virtual torch::Tensor ExpertTokenCounts() const { return {}; }
+  virtual void ResetExpertTokenCounts() {}
   /// Every parameter in full (gradients false) or its gradient in full (gradients true; zeros
   /// where a parameter has none), detached, in named_parameters order with a tied weight once,
   /// under its first name. For a model that ModelFamily::ShardLoaded sharded this gathers the
@@ -241,6 +250,26 @@ class ModelFamily {
     (void)tp;
     return Status::FailedPrecondition("model family '" + std::string(name()) +
                                       "' has no tensor-parallel support");
+  }
+
+  /// Builds this rank's part of a MoE model for `tp` and `ep`: as ConstructParallel for `tp`,
+  /// and every stacked expert parameter [E, ...] holds this EP rank's E / ep.size experts
+  /// ([E / ep.size, ...]: experts [ep.rank * E / ep.size, ...)), tokens dispatched to the
+  /// rank that holds their expert and combined back through ep.comm (AllToAllRows). Forward
+  /// returns this rank's logits for its own tokens; every rank of the EP group must call
+  /// Forward (and backward) together, with the same number of calls. Errors as
+  /// ConstructParallel; INVALID_ARGUMENT naming num_experts when ep.size does not divide it;
+  /// FAILED_PRECONDITION when the family has no expert-parallel support (the default).
+  virtual Result<std::shared_ptr<CausalLM>> ConstructExpertParallel(
+      const ModelArgs& args, torch::Dtype dtype, torch::Device device, const TensorParallel& tp,
+      const ExpertParallel& ep) const {
+    (void)args;
+    (void)dtype;
+    (void)device;
+    (void)tp;
+    (void)ep;
+    return Status::FailedPrecondition("model family '" + std::string(name()) +
+                                      "' has no expert-parallel support");
   }
 
   /// True when the family's tensor parallelism is its own code run on a model built by

@@ -47,6 +47,12 @@ class TpCommunicator {
   /// Receives into `t` (the sender's shape and dtype) what rank `src` sent under `tag`,
   /// waiting for it. The default throws c10::Error.
   virtual void Recv(torch::Tensor& t, int64_t src, int64_t tag);
+  /// All-to-all (expert-parallel dispatch and combine): `send[r]` goes to rank r; returns what
+  /// each rank sent to this one, in rank order. Tensors agree on dtype and on every dimension
+  /// but dim 0, which may differ per pair (0 included); every rank must pass world_size()
+  /// tensors. The default goes through AllGather (every rank's sends padded to the largest);
+  /// the c10d communicator calls the group's alltoall.
+  virtual std::vector<torch::Tensor> AllToAll(const std::vector<torch::Tensor>& send);
 };
 
 /// Forms process groups over subsets of the world's ranks (a mesh dimension's groups:
@@ -72,6 +78,27 @@ struct TensorParallel {
   std::shared_ptr<TpCommunicator> comm;
   bool enabled() const { return size > 1; }
 };
+
+/// The expert-parallel group a MoE model is built for (common/mesh.h Mesh::ExpertGroupOf):
+/// size ranks share each MoE layer's experts, rank r holding experts
+/// [r * E / size, (r + 1) * E / size). size 1 (the default) holds every expert.
+struct ExpertParallel {
+  int64_t rank = 0;
+  int64_t size = 1;
+  /// Required when size > 1.
+  std::shared_ptr<TpCommunicator> comm;
+  bool enabled() const { return size > 1; }
+};
+
+/// The rows of `x` [N, ...] sent over the expert-parallel group: the first send_rows[0] rows
+/// to rank 0, the next send_rows[1] to rank 1, ...; returns the rows received, recv_rows[r]
+/// from rank r in rank order ([sum(recv_rows), ...]). Backward sends the gradient rows back
+/// the same way reversed. send_rows and recv_rows have ep.size entries; send_rows sums to N,
+/// and each rank's recv_rows[r] must equal rank r's send_rows[this rank]. A collective: every
+/// rank of the group calls it together. (torchtitan's expert-parallel all_to_all_single
+/// dispatch and combine.) Returns x when ep is not enabled.
+torch::Tensor AllToAllRows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows, const ExpertParallel& ep);
 
 /// Identity forward; the gradient is summed over the ranks backward. Put at the input of a
 /// column-parallel region: every rank's partial gradient of a replicated activation adds up to
