@@ -475,6 +475,14 @@ torch::Tensor DecoderModel::ExpertTokenCounts() const {
   return rows.empty() ? torch::Tensor() : torch::stack(rows);
 }
 
+int64_t DecoderModel::ExpertNearTies() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    if (MoE moe = layers_->at<TransformerBlockImpl>(i).moe()) n += moe->near_ties();
+  }
+  return n;
+}
+
 void DecoderModel::ResetExpertTokenCounts() {
   for (size_t i = 0; i < layers_->size(); ++i) {
     if (MoE moe = layers_->at<TransformerBlockImpl>(i).moe()) moe->ResetCounts();

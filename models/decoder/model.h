@@ -271,7 +271,12 @@ class MoEImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   /// Tokens routed to each expert since construction or ResetCounts: [E] int64, CPU.
   const torch::Tensor& counts() const { return counts_; }
-  void ResetCounts() { counts_.zero_(); }
+  /// Of those tokens, the ones decided by a near tie (worker::CausalLM::ExpertNearTies).
+  int64_t near_ties() const { return near_ties_; }
+  void ResetCounts() {
+    counts_.zero_();
+    near_ties_ = 0;
+  }
 
  private:
   /// Local expert `e` (an index into w1_ / w2_ / w3_) on `state` [n, H] -> [n, H].
@@ -283,6 +288,7 @@ class MoEImpl : public torch::nn::Module {
   TensorParallel tp_;
   ExpertParallel ep_;
   torch::Tensor counts_;  // [E] int64
+  int64_t near_ties_ = 0;
   int64_t num_experts_;
   int64_t top_k_;
   bool norm_topk_prob_;
@@ -357,6 +363,7 @@ class DecoderModel : public worker::CausalLM {
 
   /// [MoE layers, num_experts] counts of each MoE layer (see worker::CausalLM).
   torch::Tensor ExpertTokenCounts() const override;
+  int64_t ExpertNearTies() const override;
   void ResetExpertTokenCounts() override;
 
   const DecoderSpec& spec() const { return spec_; }

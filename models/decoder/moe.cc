@@ -49,6 +49,16 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   if (norm_topk_prob_) top_p = top_p / top_p.sum(-1, /*keepdim=*/true);
   top_p = top_p.to(logits.scalar_type());
   counts_ += torch::bincount(top_i.reshape(-1), {}, num_experts_).cpu();
+  if (top_k_ < num_experts_) {
+    // Tokens whose k-th and (k+1)-th logits lie within 2 ulps of the logits' dtype (ties
+    // included): where rounding upstream of the router decides the choice.
+    const torch::Tensor top = std::get<0>(torch::topk(logits.detach().to(torch::kFloat32), top_k_ + 1, -1));
+    const torch::Tensor kth = top.select(-1, top_k_ - 1), next = top.select(-1, top_k_);
+    const double ulp = logits.scalar_type() == torch::kBFloat16 ? 0.0078125
+                       : logits.scalar_type() == torch::kHalf   ? 0.0009765625
+                                                                 : 1.1920928955078125e-07;
+    near_ties_ += (kth - next).le(torch::maximum(kth.abs(), next.abs()) * (2 * ulp)).sum().item<int64_t>();
+  }
   // Under TP each rank computes every expert on its share of the intermediate features: the
   // experts' input and the routing weights are replicated (their gradients summed over the
   // ranks) and the weighted expert outputs are summed over the ranks at the end.
@@ -116,8 +126,13 @@ torch::Tensor MoEImpl::ExpertParallelForward(const torch::Tensor& expert_in,
     where.push_back(idx);
     outputs.push_back(Expert(e, received.index_select(0, idx)));
   }
-  torch::Tensor computed = torch::zeros_like(received);
-  if (!where.empty()) computed = computed.index_copy(0, torch::cat(where), torch::cat(outputs));
+  // No rows here: the empty `received` itself goes back, so this rank still takes part in the
+  // dispatch's backward all-to-all (a zeros tensor would cut it off and leave the others
+  // waiting).
+  torch::Tensor computed = received;
+  if (!where.empty()) {
+    computed = torch::zeros_like(received).index_copy(0, torch::cat(where), torch::cat(outputs));
+  }
   torch::Tensor back = worker::AllToAllRows(computed, recv_rows, send_rows, ep_);  // [k * N, H]
   back = back * top_p.index({token, slot}).unsqueeze(-1);
   return torch::zeros_like(expert_in).index_add(0, token, back.to(expert_in.scalar_type()));

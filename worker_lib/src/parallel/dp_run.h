@@ -45,6 +45,9 @@ struct DpRun {
   // the same experts (null when this rank alone does), over which expert gradients are reduced.
   int64_t ep = 1;
   std::shared_ptr<TpCommunicator> ep_comm, expert_dp_comm;
+  // Of those, the dp_shard ranks (not across replicas): the experts' optimizer state is
+  // sharded over them. Null when this rank alone.
+  std::shared_ptr<TpCommunicator> expert_shard_comm;
   std::vector<bool> expert;  // per params: a stacked (expert) parameter, split over ep
   std::optional<TpPlan> plan;               // the family's, when tp > 1
   std::vector<torch::Tensor> batch;         // the global batch: token ids [T] int64, CPU
@@ -62,6 +65,8 @@ struct DpRun {
   // MoE: tokens routed to each expert at step 1 ([MoE layers, E]), summed over the
   // data-parallel ranks, and the control's; undefined for a dense model.
   torch::Tensor expert_tokens, control_expert_tokens;
+  // The control's routings at step 1 decided by a near tie (CausalLM::ExpertNearTies).
+  int64_t control_near_ties = 0;
   // Before the steps: the gathered save's tensors, those bit-equal to the control's, and the
   // problems (rank 0).
   int64_t save_tensors = 0, save_tensors_equal = 0;

@@ -226,8 +226,8 @@ std::string Train(DpRun& run) {
     std::optional<ShardedAdamW> sharded, expert_sharded;
     if (run.shard_comm) sharded.emplace(dense, *run.shard_comm, options);
     else optimizer.emplace(dense, options);
-    if (!experts.empty() && run.expert_dp_comm) {
-      expert_sharded.emplace(experts, *run.expert_dp_comm, options);
+    if (!experts.empty() && run.expert_shard_comm) {
+      expert_sharded.emplace(experts, *run.expert_shard_comm, options);
     } else if (!experts.empty()) {
       expert_optimizer.emplace(experts, options);
     }
@@ -249,7 +249,10 @@ std::string Train(DpRun& run) {
         run.control->ResetExpertTokenCounts();
         run.trace.control_loss.push_back(
             Backward(*run.control, run.batch, run.global_tokens, ctx.device));
-        if (step == 1) run.control_expert_tokens = run.control->ExpertTokenCounts();
+        if (step == 1) {
+          run.control_expert_tokens = run.control->ExpertTokenCounts();
+          run.control_near_ties = run.control->ExpertNearTies();
+        }
         const std::vector<torch::Tensor> control = GradsOf(run.control_params);
         run.trace.control_grad_norm.push_back(GlobalNorm(control));
         if (step == 1) MeasureOrderFloor(run, control, ours);

@@ -86,6 +86,9 @@ struct StepTrace {
   // Later steps: the largest difference and its gradient (a figure).
   double later_max_rel = 0;
   std::string later_worst;
+  /// Empty when step 1's gradients are judged tensor by tensor; else why they are a figure
+  /// only (MoE routings that rounding flipped: another expert saw those tokens).
+  std::string grads_not_judged;
 
   /// Folds gradient `name` of step `step` (ours against the control's) with bar `bar` (a
   /// relative difference, RelDiff's), judged at step 1 only.
@@ -95,7 +98,8 @@ struct StepTrace {
   /// three), grad_norm_sharded_step_k (and its _rel_diff, when computed), step 1's grad_max_rel_diff, grads_bit_equal, grads_compared and
   /// grad_nearest_bar_tensor / _rel_diff / _bar, and grad_later_max_rel_diff (+ _tensor);
   /// appends to `fails` each step's loss or grad norm whose relative difference is not below
-  /// `loss_bar`, and step 1's nearest gradient when it reached its bar.
+  /// `loss_bar`, and step 1's nearest gradient when it reached its bar (unless
+  /// grads_not_judged says why not: then `grads_judged` records it).
   void Record(double loss_bar, GateOutcome& out, std::vector<std::string>& fails) const;
 };
 

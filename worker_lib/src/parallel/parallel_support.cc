@@ -227,7 +227,9 @@ void StepTrace::Record(double loss_bar, GateOutcome& out, std::vector<std::strin
     out.Real("grad_later_max_rel_diff", later_max_rel, "ratio");
     out.Text("grad_later_max_rel_diff_tensor", later_worst);
   }
-  if (worst_grad_ratio >= 1) {
+  if (!grads_not_judged.empty()) {
+    out.Text("grads_judged", "no: " + grads_not_judged);
+  } else if (worst_grad_ratio >= 1) {
     fails.push_back("step 1 gradient " + worst_grad + " differs from the control's by " +
                     Num(worst_grad_rel) + " of its max (bar " + Num(worst_grad_bar) + ")");
   }

@@ -34,7 +34,7 @@ namespace gatehouse::worker {
 /// ModelFamily::ShardsLoadedModel / ShardLoaded and CausalLM::FullTensors (tensor parallelism
 /// by the adapter's own code: the Python lane's parallelize). 8: ModelFamily::
 /// ConstructExpertParallel, ExpertParallel and TpCommunicator::AllToAll (tensor_parallel.h),
-/// CausalLM::ExpertTokenCounts.
+/// CausalLM::ExpertTokenCounts / ExpertNearTies.
 inline constexpr int kPluginAbiVersion = 8;
 
 /// Named tensors in a given order (checkpoint keys or parameter names).
@@ -139,6 +139,12 @@ class CausalLM : public torch::nn::Module {
   /// num_experts] int64 on the CPU. An undefined tensor for a model without experts (the
   /// default).
   virtual torch::Tensor ExpertTokenCounts() const { return {}; }
+  /// Of the tokens ExpertTokenCounts counts, those whose router logits for their k-th and
+  /// (k+1)-th choices lie within 2 units in the last place of the logits' dtype (ties
+  /// included), summed over the MoE layers: a rounding difference upstream of the router (a
+  /// sharded layout in bf16) may swap those two choices. 0 without experts (the default).
+  virtual int64_t ExpertNearTies() const { return 0; }
+  /// Zeroes ExpertTokenCounts and ExpertNearTies.
   virtual void ResetExpertTokenCounts() {}
   /// Every parameter in full (gradients false) or its gradient in full (gradients true; zeros
   /// where a parameter has none), detached, in named_parameters order with a tied weight once,
