@@ -269,14 +269,11 @@ class MoEImpl : public torch::nn::Module {
   MoEImpl(const DecoderSpec& spec, const TensorParallel& tp, const ParamOptions& po = {},
           const ExpertParallel& ep = {});
   torch::Tensor forward(const torch::Tensor& x);
-  /// Tokens routed to each expert since construction or ResetCounts: [E] int64, CPU.
-  const torch::Tensor& counts() const { return counts_; }
+  /// Tokens routed to each expert since construction or ResetCounts: [E] int64, CPU (a copy).
+  torch::Tensor counts() const;
   /// Of those tokens, the ones decided by a near tie (worker::CausalLM::ExpertNearTies).
-  int64_t near_ties() const { return near_ties_; }
-  void ResetCounts() {
-    counts_.zero_();
-    near_ties_ = 0;
-  }
+  int64_t near_ties() const;
+  void ResetCounts();
 
  private:
   /// Local expert `e` (an index into w1_ / w2_ / w3_) on `state` [n, H] -> [n, H].
@@ -287,8 +284,11 @@ class MoEImpl : public torch::nn::Module {
 
   TensorParallel tp_;
   ExpertParallel ep_;
-  torch::Tensor counts_;  // [E] int64
-  int64_t near_ties_ = 0;
+  /// Accumulates counts_ and near_ties_ for one forward's routing (`logits` [N, E], `top_i`
+  /// [N, k]), on the routing's device.
+  void CountRoutings(const torch::Tensor& logits, const torch::Tensor& top_i);
+  torch::Tensor counts_;     // [E] int64 on the routing's device; undefined until a forward
+  torch::Tensor near_ties_;  // 0-d int64, the same
   int64_t num_experts_;
   int64_t top_k_;
   bool norm_topk_prob_;

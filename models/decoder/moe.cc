@@ -1,6 +1,7 @@
 // The sparse MoE block (model.h MoEImpl): Qwen3MoeSparseMoeBlock's routing and experts, with
 // tensor parallelism inside every expert and expert parallelism across ranks (tokens sent to
 // the rank that holds their expert and back, AllToAllRows).
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -28,7 +29,6 @@ MoEImpl::MoEImpl(const DecoderSpec& spec, const TensorParallel& tp, const ParamO
   w1_ = experts->register_parameter("w1", NewParameter({e, i, h}, po, InitNormal));
   w2_ = experts->register_parameter("w2", NewParameter({e, h, i}, po, InitNormal));
   w3_ = experts->register_parameter("w3", NewParameter({e, i, h}, po, InitNormal));
-  counts_ = torch::zeros({spec.num_experts}, torch::kLong);
 }
 
 torch::Tensor MoEImpl::Expert(int64_t e, const torch::Tensor& state) const {
@@ -40,6 +40,38 @@ torch::Tensor MoEImpl::Expert(int64_t e, const torch::Tensor& state) const {
   return torch::linear(hidden, w2_[e]);
 }
 
+void MoEImpl::CountRoutings(const torch::Tensor& logits, const torch::Tensor& top_i) {
+  torch::NoGradGuard no_grad;
+  // Accumulated where the routing lives: no host sync on the forward's path.
+  if (!counts_.defined() || counts_.device() != top_i.device()) {
+    counts_ = torch::zeros({num_experts_}, top_i.options());
+    near_ties_ = torch::zeros({}, top_i.options());
+  }
+  counts_ += torch::bincount(top_i.reshape(-1), {}, num_experts_);
+  if (top_k_ == num_experts_) return;  // every expert chosen: no (k+1)-th to tie with
+  // Tokens whose k-th and (k+1)-th logits lie within 2 ulps of the logits' dtype (ties
+  // included): where rounding upstream of the router decides the choice.
+  const torch::Tensor top = std::get<0>(torch::topk(logits.to(torch::kFloat32), top_k_ + 1, -1));
+  const torch::Tensor kth = top.select(-1, top_k_ - 1), next = top.select(-1, top_k_);
+  const auto dtype = logits.scalar_type();
+  const double ulp =
+      dtype == torch::kBFloat16 ? static_cast<double>(std::numeric_limits<c10::BFloat16>::epsilon())
+      : dtype == torch::kHalf   ? static_cast<double>(std::numeric_limits<c10::Half>::epsilon())
+                                : static_cast<double>(std::numeric_limits<float>::epsilon());
+  near_ties_ += (kth - next).le(torch::maximum(kth.abs(), next.abs()) * (2 * ulp)).sum();
+}
+
+torch::Tensor MoEImpl::counts() const {
+  return counts_.defined() ? counts_.cpu() : torch::zeros({num_experts_}, torch::kLong);
+}
+
+int64_t MoEImpl::near_ties() const { return near_ties_.defined() ? near_ties_.item<int64_t>() : 0; }
+
+void MoEImpl::ResetCounts() {
+  counts_ = torch::Tensor();
+  near_ties_ = torch::Tensor();
+}
+
 torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   const auto shape = x.sizes().vec();
   auto flat = x.reshape({-1, shape.back()});                       // [N, H]
@@ -48,17 +80,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& x) {
   auto [top_p, top_i] = torch::topk(probs, top_k_, -1);            // [N, k]
   if (norm_topk_prob_) top_p = top_p / top_p.sum(-1, /*keepdim=*/true);
   top_p = top_p.to(logits.scalar_type());
-  counts_ += torch::bincount(top_i.reshape(-1), {}, num_experts_).cpu();
-  if (top_k_ < num_experts_) {
-    // Tokens whose k-th and (k+1)-th logits lie within 2 ulps of the logits' dtype (ties
-    // included): where rounding upstream of the router decides the choice.
-    const torch::Tensor top = std::get<0>(torch::topk(logits.detach().to(torch::kFloat32), top_k_ + 1, -1));
-    const torch::Tensor kth = top.select(-1, top_k_ - 1), next = top.select(-1, top_k_);
-    const double ulp = logits.scalar_type() == torch::kBFloat16 ? 0.0078125
-                       : logits.scalar_type() == torch::kHalf   ? 0.0009765625
-                                                                 : 1.1920928955078125e-07;
-    near_ties_ += (kth - next).le(torch::maximum(kth.abs(), next.abs()) * (2 * ulp)).sum().item<int64_t>();
-  }
+  CountRoutings(logits, top_i);
   // Under TP each rank computes every expert on its share of the intermediate features: the
   // experts' input and the routing weights are replicated (their gradients summed over the
   // ranks) and the weighted expert outputs are summed over the ranks at the end.

@@ -3,8 +3,6 @@
 // whole model, named as the checkpoint names them, against the single-rank control's save,
 // bit for bit. A save from a sharded layout that loses, duplicates or misplaces a slice (an
 // expert at the wrong offset, a tp shard in the wrong order) differs here.
-#include <map>
-
 #include "../gates_internal.h"
 #include "dp_run.h"
 
@@ -29,21 +27,8 @@ std::string CompareSave(DpRun& run) {
     run.save_problems.push_back(ours.ok() ? control.Problems() : ours.Problems());
     return "";
   }
-  std::map<std::string, torch::Tensor> by_name(control.tensors.begin(), control.tensors.end());
-  for (const auto& [hf, tensor] : ours.tensors) {
-    ++run.save_tensors;
-    auto it = by_name.find(hf);
-    if (it == by_name.end()) {
-      run.save_problems.push_back(hf + " (not in the single-rank save)");
-    } else if (tensor.scalar_type() != it->second.scalar_type() ||
-               tensor.sizes() != it->second.sizes() || !torch::equal(tensor, it->second)) {
-      run.save_problems.push_back(hf + " (differs)");
-    } else {
-      ++run.save_tensors_equal;
-    }
-    if (it != by_name.end()) by_name.erase(it);
-  }
-  for (const auto& [hf, tensor] : by_name) run.save_problems.push_back(hf + " (missing from the gathered save)");
+  run.save_tensors = static_cast<int64_t>(ours.tensors.size());
+  run.save_tensors_equal = CompareHfSaves(ours, control, "single-rank", run.save_problems);
   return "";
 }
 

@@ -42,6 +42,13 @@ Result<Artifact> WriteCheckpoint(const std::filesystem::path& attempt_dir,
                                  const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                                  const std::string& name);
 
+/// Compares a save gathered from the ranks (`ours`, HF-named) with the single-rank control's
+/// (`control`) tensor by tensor, bit for bit (dtype, shape, values): appends to `problems`
+/// "key (differs)", "key (not in the <control_label> save)" and "key (missing from the
+/// gathered save)". Returns the count of keys that are equal.
+int64_t CompareHfSaves(const HfTensors& ours, const HfTensors& control,
+                       const std::string& control_label, std::vector<std::string>& problems);
+
 /// Cross entropy of next-token prediction on `ids` [T] int64 (T >= 2), in fp32: the loss the
 /// parallel checks train one step on.
 torch::Tensor NextTokenLoss(CausalLM& model, const torch::Tensor& ids, torch::Device device);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include "../gates_internal.h"
 #include "gatehouse/worker/safetensors_torch.h"
@@ -34,6 +35,28 @@ void RankSpread(const std::vector<torch::Tensor>& copies, double& max_diff, doub
     max_diff = std::max(max_diff, d);
     max_rel = std::max(max_rel, scale > 0 ? d / scale : d);
   }
+}
+
+int64_t CompareHfSaves(const HfTensors& ours, const HfTensors& control,
+                       const std::string& control_label, std::vector<std::string>& problems) {
+  std::map<std::string, torch::Tensor> by_name(control.tensors.begin(), control.tensors.end());
+  int64_t equal = 0;
+  for (const auto& [hf, tensor] : ours.tensors) {
+    auto it = by_name.find(hf);
+    if (it == by_name.end()) {
+      problems.push_back(hf + " (not in the " + control_label + " save)");
+      continue;
+    }
+    if (tensor.scalar_type() != it->second.scalar_type() || tensor.sizes() != it->second.sizes() ||
+        !torch::equal(tensor, it->second)) {
+      problems.push_back(hf + " (differs)");
+    } else {
+      ++equal;
+    }
+    by_name.erase(it);
+  }
+  for (const auto& [hf, tensor] : by_name) problems.push_back(hf + " (missing from the gathered save)");
+  return equal;
 }
 
 std::string LoadProblems(const LoadReport& rep) {

@@ -29,22 +29,7 @@ bool CompareSaves(TpRun& run, GateOutcome& out) {
     run.save_problems.push_back(hf_n.ok() ? hf_1.Problems() : hf_n.Problems());
     return true;
   }
-  std::map<std::string, torch::Tensor> by_name(hf_1.tensors.begin(), hf_1.tensors.end());
-  for (const auto& [hf, tensor] : hf_n.tensors) {
-    auto it = by_name.find(hf);
-    if (it == by_name.end()) {
-      run.save_problems.push_back(hf + " (not in the TP=1 save)");
-    } else if (tensor.scalar_type() != it->second.scalar_type() ||
-               tensor.sizes() != it->second.sizes() || !torch::equal(tensor, it->second)) {
-      run.save_problems.push_back(hf + " (differs)");
-    } else {
-      ++run.save_equal;
-    }
-  }
-  if (hf_n.tensors.size() != hf_1.tensors.size()) {
-    run.save_problems.push_back(std::to_string(hf_n.tensors.size()) + " tensors vs " +
-                                std::to_string(hf_1.tensors.size()) + " at TP=1");
-  }
+  run.save_equal += CompareHfSaves(hf_n, hf_1, "TP=1", run.save_problems);
   Result<Artifact> a = WriteCheckpoint(attempt_dir, tp_dir, hf_n.tensors, "tp_saved_checkpoint");
   Result<Artifact> b = WriteCheckpoint(attempt_dir, "parallel/tp1", hf_1.tensors, "tp1_saved_checkpoint");
   if (!a.ok() || !b.ok()) {
