@@ -122,6 +122,24 @@ torch::Tensor RepeatKv(const torch::Tensor& x, int64_t n_rep) {
   return x.unsqueeze(2).expand({b, h, n_rep, s, d}).reshape({b, h * n_rep, s, d});
 }
 
+/// Ulysses' first exchange for one attention: q [B, T / cp, H, D], k and v [B, T / cp, Hkv,
+/// D] (this rank's columns) -> each [B, T, heads / cp, D] (the whole sequence of this rank's
+/// share of the heads), and T. When cp does not divide Hkv, k and v are repeated to H first
+/// (repeat_kv's order), so each rank's query heads keep their own KV heads.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, int64_t> UlyssesExchange(
+    const torch::Tensor& q, torch::Tensor k, torch::Tensor v, const ContextParallel& cp) {
+  const int64_t heads = q.size(2), kv_heads = k.size(2);
+  TORCH_CHECK(heads % cp.size == 0, "context parallel: cp=", cp.size, " does not divide the ",
+              heads, " query heads of this rank (num_attention_heads / tp)");
+  if (kv_heads % cp.size != 0) {
+    k = k.repeat_interleave(heads / kv_heads, 2);
+    v = v.repeat_interleave(heads / kv_heads, 2);
+  }
+  torch::Tensor whole_q = worker::SequenceToHeads(q, cp);
+  const int64_t t = whole_q.size(1);
+  return {whole_q, worker::SequenceToHeads(k, cp), worker::SequenceToHeads(v, cp), t};
+}
+
 /// Mask over a cached prefix: [T, past + T] bool, true where query slot past + t may attend key
 /// slot s: s <= past + t, and with a sliding window also past + t - s < window.
 torch::Tensor AttentionMask(int64_t past, int64_t t, int64_t window, torch::Device device) {
@@ -326,8 +344,10 @@ AttentionImpl::AttentionImpl(const DecoderSpec& spec, const TensorParallel& tp,
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
                                      const torch::Tensor& mask, worker::KVCache* cache,
-                                     int64_t layer, const torch::Tensor& slots) {
-  const int64_t b = x.size(0), t = x.size(1);
+                                     int64_t layer, const torch::Tensor& slots,
+                                     const ContextParallel* cp) {
+  const int64_t b = x.size(0);
+  int64_t t = x.size(1);
   const torch::Tensor in = worker::CopyToTensorParallelRegion(x, tp_);
   torch::Tensor q, k, v;
   if (wqkv_) {
@@ -347,9 +367,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
     q = q_norm_(q);  // per head, over head_dim (Qwen3Attention / Gemma3Attention)
     k = k_norm_(k);
   }
+  v = v.view({b, t, num_kv_heads_, head_dim_});
+  const bool ulysses = cp != nullptr && cp->enabled();
+  TORCH_CHECK(!ulysses || cache == nullptr, "context parallel: no cache");
+  if (ulysses) std::tie(q, k, v, t) = UlyssesExchange(q, k, v, *cp);
+  const int64_t heads = q.size(2), kv_heads = k.size(2);
   q = q.transpose(1, 2);                                                   // [B, H, T, D]
   k = k.transpose(1, 2);                                                   // [B, Hkv, T, D]
-  v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);            // [B, Hkv, T, D]
+  v = v.transpose(1, 2);                                                   // [B, Hkv, T, D]
 
   // RoPE (apply_rotary_pos_emb): rotate queries and keys by their absolute positions.
   q = ApplyRotary(q, rope);
@@ -361,7 +386,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   } else if (cache != nullptr) {
     std::tie(keys, values) = cache->Append(layer, k, v);  // [B, Hkv, past + T, D]
   }
-  const int64_t n_rep = num_heads_ / num_kv_heads_;
+  const int64_t n_rep = heads / kv_heads;
   keys = RepeatKv(keys, n_rep);
   values = RepeatKv(values, n_rep);
 
@@ -372,7 +397,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
   auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
   auto out = torch::matmul(probs, values);  // [B, H, T, D]
-  out = out.transpose(1, 2).contiguous().reshape({b, t, num_heads_ * head_dim_});
+  out = out.transpose(1, 2).contiguous();     // [B, T, H, D]
+  if (ulysses) out = worker::HeadsToSequence(out, *cp);
+  out = out.reshape({b, x.size(1), num_heads_ * head_dim_});
   return RowParallel(wo_, out, tp_);
 }
 
@@ -429,8 +456,9 @@ TransformerBlockImpl::TransformerBlockImpl(const DecoderSpec& spec, const LayerS
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
                                             const torch::Tensor& mask, worker::KVCache* cache,
-                                            int64_t layer, const torch::Tensor& slots) {
-  auto a = attention_->forward(attention_norm_(x), rope, mask, cache, layer, slots);
+                                            int64_t layer, const torch::Tensor& slots,
+                                            const ContextParallel* cp) {
+  auto a = attention_->forward(attention_norm_(x), rope, mask, cache, layer, slots, cp);
   if (attention_post_norm_) a = attention_post_norm_(a);
   auto h = x + a;
   auto n = ffn_norm_(h);
@@ -619,79 +647,13 @@ torch::Tensor DecoderModel::ForwardStage(const torch::Tensor& input, const torch
 
 torch::Tensor DecoderModel::Run(torch::Tensor h, const std::vector<RotaryTables>& ropes,
                                 const std::map<int64_t, torch::Tensor>& masks,
-                                worker::KVCache* cache) {
+                                worker::KVCache* cache, const ContextParallel* cp) {
   for (size_t i = 0; i < layers_->size(); ++i) {
     const LayerSpec& l = spec_.layers[i];
     h = layers_->at<TransformerBlockImpl>(i).forward(h, ropes[l.rope], masks.at(l.sliding_window),
-                                                      cache, static_cast<int64_t>(i));
+                                                      cache, static_cast<int64_t>(i), {}, cp);
   }
   return Head(h);
-}
-
-torch::Tensor DecoderModel::ForwardPacked(const torch::Tensor& tokens,
-                                          const torch::Tensor& positions,
-                                          const torch::Tensor& cu_seqlens) {
-  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == 1 && tokens.scalar_type() == torch::kLong,
-              "packed: tokens must be int64 [1, T], got ", tokens.scalar_type(), " ",
-              tokens.sizes());
-  TORCH_CHECK(positions.sizes() == tokens.sizes() && positions.scalar_type() == torch::kLong,
-              "packed: positions must be int64 with the shape of tokens ", tokens.sizes(),
-              ", got ", positions.scalar_type(), " ", positions.sizes());
-  const int64_t t = tokens.size(1);
-  const torch::Tensor bounds = cu_seqlens.to(torch::kCPU, torch::kLong).contiguous();
-  TORCH_CHECK(bounds.dim() == 1 && bounds.size(0) >= 2,
-              "packed: cu_seqlens must be [S + 1] with S >= 1, got ", cu_seqlens.sizes());
-  const int64_t* b = bounds.data_ptr<int64_t>();
-  const int64_t sequences = bounds.size(0) - 1;
-  TORCH_CHECK(b[0] == 0 && b[sequences] == t, "packed: cu_seqlens must run from 0 to T = ", t,
-              ", got ", b[0], " .. ", b[sequences]);
-  for (int64_t s = 0; s < sequences; ++s) {
-    TORCH_CHECK(b[s] <= b[s + 1], "packed: cu_seqlens must not decrease, got ", b[s], " then ",
-                b[s + 1]);
-  }
-  const auto device = tokens.device();
-  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
-  // The sequence of each column, and the block-diagonal causal mask [T, T]: column j is
-  // visible to row i when both lie in one sequence, j <= i, and (with a window) i - j < window.
-  const torch::Tensor lengths = (bounds.slice(0, 1) - bounds.slice(0, 0, sequences)).to(device);
-  const torch::Tensor sequence =
-      torch::repeat_interleave(torch::arange(sequences, long_opts), lengths);
-  const torch::Tensor query = torch::arange(t, long_opts).unsqueeze(1);
-  const torch::Tensor key = query.view({1, -1});
-  const torch::Tensor same = sequence.unsqueeze(1) == sequence.unsqueeze(0);
-  std::map<int64_t, torch::Tensor> masks;
-  for (const auto& l : spec_.layers) {
-    if (masks.count(l.sliding_window)) continue;
-    torch::Tensor mask = same.logical_and(key <= query);
-    if (l.sliding_window > 0) mask = mask.logical_and(key > query - l.sliding_window);
-    masks.emplace(l.sliding_window, mask);
-  }
-
-  torch::Tensor h = Embed(tokens);
-  std::vector<RotaryTables> ropes;
-  ropes.reserve(spec_.ropes.size());
-  for (const auto& r : spec_.ropes) {
-    if (r.rope_type != "dynamic") {
-      auto inv_freq = RopeInverseFrequencies(r, spec_.head_dim, spec_.max_position_embeddings,
-                                             /*seq_len=*/0, device);
-      ropes.push_back(RopeTables(positions, inv_freq, h.scalar_type()));
-      continue;
-    }
-    // Dynamic NTK scaling depends on the sequence's own length: each sequence gets the tables
-    // its own forward would (the largest of its positions + 1, as Forward).
-    std::vector<torch::Tensor> cos, sin;
-    for (int64_t s = 0; s < sequences; ++s) {
-      if (b[s] == b[s + 1]) continue;
-      const torch::Tensor p = positions.slice(1, b[s], b[s + 1]);
-      auto inv_freq = RopeInverseFrequencies(r, spec_.head_dim, spec_.max_position_embeddings,
-                                             p.max().item<int64_t>() + 1, device);
-      RotaryTables part = RopeTables(p, inv_freq, h.scalar_type());
-      cos.push_back(part.cos);
-      sin.push_back(part.sin);
-    }
-    ropes.push_back({torch::cat(cos, 1), torch::cat(sin, 1)});
-  }
-  return Run(std::move(h), ropes, masks, /*cache=*/nullptr);
 }
 
 bool DecoderModel::SupportsStaticDecode() const {

@@ -50,6 +50,7 @@
 
 namespace gatehouse::models {
 
+using worker::ContextParallel;
 using worker::ExpertParallel;
 using worker::TensorParallel;
 
@@ -223,9 +224,14 @@ class AttentionImpl : public torch::nn::Module {
   /// [B, 1, 1, S] for a static step; cache: when non-null, this layer's new K/V are appended
   /// at `layer`, or, when `slots` ([B] int64) is defined, written at row b's slot slots[b]
   /// (KVCache::WriteAt; T must be 1) and S is the cache's max_len. Returns [B, T, hidden].
+  /// `cp` (enabled: no cache): x holds this rank's T / cp.size columns of the sequence; q, k
+  /// and v go through SequenceToHeads (KV heads repeated first when cp.size does not divide
+  /// them), attention runs over the whole sequence (`rope` and `mask` are the whole
+  /// sequence's) on this rank's share of the heads, and HeadsToSequence brings the output back.
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
                         const torch::Tensor& mask, worker::KVCache* cache, int64_t layer,
-                        const torch::Tensor& slots = {});
+                        const torch::Tensor& slots = {},
+                        const worker::ContextParallel* cp = nullptr);
 
  private:
   int64_t num_heads_;
@@ -309,7 +315,8 @@ class TransformerBlockImpl : public torch::nn::Module {
   /// As AttentionImpl::forward.
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
                         const torch::Tensor& mask, worker::KVCache* cache, int64_t layer,
-                        const torch::Tensor& slots = {});
+                        const torch::Tensor& slots = {},
+                        const worker::ContextParallel* cp = nullptr);
 
  private:
   RMSNorm attention_norm_{nullptr}, attention_post_norm_{nullptr};
@@ -353,6 +360,16 @@ class DecoderModel : public worker::CausalLM {
   torch::Tensor ForwardPacked(const torch::Tensor& tokens, const torch::Tensor& positions,
                               const torch::Tensor& cu_seqlens) override;
 
+  /// True: every decoder runs a packed forward over a context-parallel group (Ulysses).
+  bool SupportsContextParallel() const override { return true; }
+  /// See worker::CausalLM::ForwardPackedContextParallel. The query heads this rank holds
+  /// (num_attention_heads / tp) must divide by cp.size. Throws c10::Error on bad shapes,
+  /// cu_seqlens or a head count cp.size does not divide.
+  torch::Tensor ForwardPackedContextParallel(const torch::Tensor& tokens,
+                                             const torch::Tensor& positions,
+                                             const torch::Tensor& cu_seqlens,
+                                             const worker::ContextParallel& cp) override;
+
   /// True: any range of the layers runs alone (pipeline stages).
   bool SupportsStages() const override { return true; }
   /// See worker::CausalLM::ForwardStage. A tied embedding goes through the plain lookup and
@@ -381,8 +398,16 @@ class DecoderModel : public worker::CausalLM {
   torch::Tensor Head(const torch::Tensor& h);
   /// The layers over embeddings `h` [B, T, hidden] under `masks` (one per sliding window) and
   /// `ropes` (one per RoPE setting), then the head: what Forward and ForwardPacked share.
+  /// `cp`: h holds this rank's columns; masks and ropes are the whole sequence's.
   torch::Tensor Run(torch::Tensor h, const std::vector<RotaryTables>& ropes,
-                    const std::map<int64_t, torch::Tensor>& masks, worker::KVCache* cache);
+                    const std::map<int64_t, torch::Tensor>& masks, worker::KVCache* cache,
+                    const worker::ContextParallel* cp = nullptr);
+  /// A packing's masks (block-diagonal causal, per sliding window, [T, T]) and RoPE tables
+  /// (dynamic RoPE per sequence) for `positions` [1, T] and `cu_seqlens` [S + 1] (0 first, T
+  /// last, checked here), in `dtype` on `positions`' device.
+  void PackedTables(const torch::Tensor& positions, const torch::Tensor& cu_seqlens,
+                    torch::ScalarType dtype, std::vector<RotaryTables>& ropes,
+                    std::map<int64_t, torch::Tensor>& masks) const;
 
   DecoderSpec spec_;
   TensorParallel tp_;

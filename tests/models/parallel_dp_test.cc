@@ -57,11 +57,7 @@ void ExpectDpParity(const std::string& variant, const std::string& family,
   const int dp = static_cast<int>(topology.dp * topology.dp_shard);
   SCOPED_TRACE(variant + " " + Label(topology) + " " + precision);
   const test_util::RankOutcomes run = test_util::RunParallelRanks(variant, family, topology, precision);
-  for (int r = 0; r < topology.world_size(); ++r) {
-    ASSERT_EQ(run.errors[r], "") << "rank " << r;
-    ASSERT_EQ(run.early[r], "") << "rank " << r;
-    EXPECT_EQ(run.outcomes[r].status, GateStatus::kPass) << "rank " << r << ": " << run.outcomes[r].reason;
-  }
+  ASSERT_TRUE(test_util::EveryRankPassed(run));
   const GateOutcome& out = run.outcomes[0];
   test_util::PrintFigures(variant + " " + Label(topology) + " " + precision, out,
                           {"loss_step_1", "loss_step_1_rel_diff", "loss_step_2_rel_diff",

@@ -65,11 +65,7 @@ const std::vector<std::string> kShown = {
 void ExpectEpParity(const CellSpec::Topology& topology, const std::string& precision = "fp32") {
   SCOPED_TRACE(Label(topology) + " " + precision);
   const test_util::RankOutcomes run = test_util::RunParallelRanks(kMoe, "qwen3_moe", topology, precision);
-  for (int r = 0; r < topology.world_size(); ++r) {
-    ASSERT_EQ(run.errors[r], "") << "rank " << r;
-    ASSERT_EQ(run.early[r], "") << "rank " << r;
-    EXPECT_EQ(run.outcomes[r].status, GateStatus::kPass) << "rank " << r << ": " << run.outcomes[r].reason;
-  }
+  ASSERT_TRUE(test_util::EveryRankPassed(run));
   const GateOutcome& out = run.outcomes[0];
   test_util::PrintFigures(std::string(kMoe) + " " + Label(topology) + " " + precision, out, kShown);
   // Every routing of the batch counted once over the ranks, as on the control.

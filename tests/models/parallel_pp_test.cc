@@ -27,9 +27,10 @@ namespace {
 using ::testing::HasSubstr;
 using worker::GateOutcome;
 
-CellSpec::Topology Pp(int pp) {
+CellSpec::Topology Pp(int pp, int tp = 1) {
   CellSpec::Topology t;
   t.pp = pp;
+  t.tp = tp;
   return t;
 }
 
@@ -45,16 +46,13 @@ const std::vector<std::string> kFigures = {
 
 /// Expects every rank to PASS and rank 0's figures within the bars.
 void ExpectPpParity(const std::string& variant, const std::string& family, int pp,
-                    const std::string& precision = "fp32") {
-  SCOPED_TRACE(variant + " pp=" + std::to_string(pp) + " " + precision);
-  const test_util::RankOutcomes run = test_util::RunParallelRanks(variant, family, Pp(pp), precision);
-  for (int r = 0; r < pp; ++r) {
-    ASSERT_EQ(run.errors[r], "") << "rank " << r;
-    ASSERT_EQ(run.early[r], "") << "rank " << r;
-    EXPECT_EQ(run.outcomes[r].status, GateStatus::kPass) << "rank " << r << ": " << run.outcomes[r].reason;
-  }
+                    const std::string& precision = "fp32", int tp = 1) {
+  const std::string label = "pp=" + std::to_string(pp) + (tp > 1 ? " x tp=" + std::to_string(tp) : "");
+  SCOPED_TRACE(variant + " " + label + " " + precision);
+  const test_util::RankOutcomes run = test_util::RunParallelRanks(variant, family, Pp(pp, tp), precision);
+  ASSERT_TRUE(test_util::EveryRankPassed(run));
   const GateOutcome& out = run.outcomes[0];
-  test_util::PrintFigures(variant + " pp=" + std::to_string(pp) + " " + precision, out, kFigures);
+  test_util::PrintFigures(variant + " " + label + " " + precision, out, kFigures);
   EXPECT_EQ(Count(out, "microbatches"), 4);
   EXPECT_EQ(test_util::FigureText(out, "schedule"), "1F1B");
   EXPECT_EQ(Real(out, "stage_copies_max_abs_diff"), 0.0);
@@ -64,7 +62,10 @@ void ExpectPpParity(const std::string& variant, const std::string& family, int p
     EXPECT_LT(Real(out, std::string("grad_norm_step_") + step + "_rel_diff"), loss_bar) << step;
   }
   EXPECT_LT(Real(out, "grad_nearest_bar_rel_diff"), Real(out, "grad_nearest_bar_bar"));
-  if (Count(out, "params_owned_by_two_stages") == 0) {
+  if (tp > 1) {
+    // tp fastest: stage 0 is ranks 0 and 1, activations go between ranks of equal TP rank.
+    EXPECT_EQ(test_util::FigureText(out, "pp_groups"), "pp [0,2] [1,3]");
+  } else if (Count(out, "params_owned_by_two_stages") == 0) {
     // Each stage runs the control's per-sequence arithmetic in the control's order: with no
     // parameter shared between stages every gradient is the control's, bit for bit.
     EXPECT_EQ(Count(out, "grads_bit_equal"), Count(out, "grads_compared"));
@@ -124,6 +125,15 @@ test_util::RankOutcomes RunFault(worker::parallel::PpFault::Mode mode, const std
                            "grad_max_rel_diff", "stage_copies_max_abs_diff"});
   std::cout << "[parallel figures] reason: " << run.outcomes[0].reason << std::endl;
   return run;
+}
+
+// Verifies pp=2 x tp=2: each stage's layers sharded over its tp pair through the family's
+// plan (dense, tied embedding over both stages, MoE), the gradients and parameters gathered
+// over the tp group against the single-rank control.
+TEST(PipelineParallelTest, WithTensorParallelismMatchesTheSingleRankControl) {
+  ExpectPpParity("llama-tiny-untied", "llama", 2, "fp32", 2);
+  ExpectPpParity("llama-tiny-tied", "llama", 2, "fp32", 2);
+  ExpectPpParity("qwen3_moe-tiny-untied", "qwen3_moe", 2, "fp32", 2);
 }
 
 // Verifies each microbatch's own token mean, averaged over the microbatches, FAILs when the

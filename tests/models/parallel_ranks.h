@@ -48,6 +48,20 @@ struct RankOutcomes {
   std::vector<std::string> early;             // per rank: an earlier gate that did not PASS
 };
 
+/// Success when every rank joined its group, passed the gates before the check and PASSed
+/// the check; else the first rank that did not, and why. Use as
+/// ASSERT_TRUE(EveryRankPassed(run)).
+inline ::testing::AssertionResult EveryRankPassed(const RankOutcomes& run) {
+  for (size_t r = 0; r < run.outcomes.size(); ++r) {
+    if (!run.errors[r].empty()) return ::testing::AssertionFailure() << "rank " << r << ": " << run.errors[r];
+    if (!run.early[r].empty()) return ::testing::AssertionFailure() << "rank " << r << ": " << run.early[r];
+    if (run.outcomes[r].status != GateStatus::kPass) {
+      return ::testing::AssertionFailure() << "rank " << r << ": " << run.outcomes[r].reason;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 /// Runs config, construct, load and then `check` (the parallel gate by default) on
 /// topology.world_size() in-process ranks for a fixture, the cell's topology set to `topology`.
 /// `family_override` replaces the registry's family after the config gate (to inject faults).

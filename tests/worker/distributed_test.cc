@@ -241,6 +241,39 @@ TEST(GlooGroupTest, AllToAllSendsRowsByCount) {
   }
 }
 
+// Verifies Ulysses' exchanges over a real group of 2: SequenceToHeads gives each rank every
+// column of its half of the heads (the columns in rank order), HeadsToSequence undoes it, and
+// the backward of SequenceToHeads routes each gradient element back to the rank and place it
+// came from.
+TEST(GlooGroupTest, SequenceToHeadsAndBack) {
+  constexpr int kWorld = 2;
+  // The whole tensor [B=1, T=6, H=4, D=3]: element value = 1000 t + 10 h + d.
+  const torch::Tensor whole = [] {
+    auto t = torch::arange(6).view({1, 6, 1, 1}), h = torch::arange(4).view({1, 1, 4, 1});
+    return (1000 * t + 10 * h + torch::arange(3).view({1, 1, 1, 3})).to(torch::kFloat);
+  }();
+  std::vector<torch::Tensor> heads(kWorld), back(kWorld), grads(kWorld);
+  const std::vector<std::string> errors = test_util::RunGlooGroups(
+      kWorld, [&](int r, std::shared_ptr<TpCommunicator> comm, std::shared_ptr<SubgroupFactory>) {
+        const ContextParallel cp{r, kWorld, comm};
+        torch::Tensor x = whole.slice(1, 3 * r, 3 * r + 3).clone().requires_grad_(true);
+        torch::Tensor y = SequenceToHeads(x, cp);
+        heads[r] = y.detach();
+        back[r] = HeadsToSequence(y.detach(), cp);
+        (y * (r + 1)).sum().backward();  // rank r's heads weigh r + 1
+        grads[r] = x.grad();
+      });
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_TRUE(torch::equal(heads[r], whole.slice(2, 2 * r, 2 * r + 2))) << "rank " << r;
+    EXPECT_TRUE(torch::equal(back[r], whole.slice(1, 3 * r, 3 * r + 3))) << "rank " << r;
+    // Heads 0-1 went to rank 0 (weight 1), heads 2-3 to rank 1 (weight 2).
+    torch::Tensor want = torch::ones({1, 3, 4, 3});
+    want.slice(2, 2, 4).fill_(2);
+    EXPECT_TRUE(torch::equal(grads[r], want)) << "rank " << r;
+  }
+}
+
 // Verifies a sub-group that does not hold the joining rank is INVALID_ARGUMENT naming the
 // group and its ranks, before any rendezvous.
 TEST(GlooGroupTest, SubgroupWithoutThisRankIsRefused) {

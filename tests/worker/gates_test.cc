@@ -1512,14 +1512,23 @@ TEST(ParallelGateTest, WorldSize) {
   GateOutcome dp = ParallelGate(ctx);
   EXPECT_STATUS(dp, GateStatus::kBlocked);
   EXPECT_THAT(dp.reason, HasSubstr("needs 2 worker ranks, but this worker runs as rank 0 of 1"));
-  // The mesh's dimensions are named, each that has no check (common/mesh.h).
+  // Context parallelism has its check too (tests/models/parallel_cp_test.cc): dp_shard x cp
+  // x tp asks for 8 ranks.
   ctx.spec.topology.dp = 1;
   ctx.spec.topology.tp = 2;
   ctx.spec.topology.dp_shard = 2;
   ctx.spec.topology.cp = 2;
   GateOutcome fsdp = ParallelGate(ctx);
   EXPECT_STATUS(fsdp, GateStatus::kBlocked);
-  EXPECT_THAT(fsdp.reason, HasSubstr("no check for cp yet"));
+  EXPECT_THAT(fsdp.reason, HasSubstr("needs 8 worker ranks"));
+  // cp with ep borrowing its ranks has none yet.
+  ctx.spec.topology.ep = 2;
+  ctx.spec.topology.etp = 2;
+  GateOutcome cp_ep = ParallelGate(ctx);
+  EXPECT_STATUS(cp_ep, GateStatus::kBlocked);
+  EXPECT_THAT(cp_ep.reason, HasSubstr("context parallelism with expert parallelism"));
+  ctx.spec.topology.ep = 1;
+  ctx.spec.topology.etp = 1;
   ctx.spec.topology.cp = 1;
   ctx.spec.topology.pp = 2;
   GateOutcome pp_tp = ParallelGate(ctx);

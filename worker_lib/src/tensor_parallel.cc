@@ -175,6 +175,34 @@ torch::Tensor AllToAllRows(const torch::Tensor& x, const std::vector<int64_t>& s
   return AllToAllRowsFn::apply(x, send_rows, recv_rows, ep.comm.get());
 }
 
+torch::Tensor SequenceToHeads(const torch::Tensor& x, const ContextParallel& cp) {
+  if (!cp.enabled()) return x;
+  TORCH_CHECK(x.dim() == 4 && x.size(2) % cp.size == 0, "context parallel: expected [B, T / ",
+              cp.size, ", H, D] with H divisible by ", cp.size, ", got ", x.sizes());
+  const int64_t b = x.size(0), t = x.size(1), heads = x.size(2) / cp.size, d = x.size(3);
+  // Rows grouped by destination: rank j gets heads [j H / size, (j + 1) H / size).
+  const torch::Tensor rows =
+      x.view({b, t, cp.size, heads, d}).permute({2, 0, 1, 3, 4}).contiguous().view({-1, d});
+  const std::vector<int64_t> counts(static_cast<size_t>(cp.size), b * t * heads);
+  const torch::Tensor got = AllToAllRowsFn::apply(rows, counts, counts, cp.comm.get());
+  // From rank r: its columns, in rank order (the ranks hold the sequence in order).
+  return got.view({cp.size, b, t, heads, d}).permute({1, 0, 2, 3, 4}).reshape({b, cp.size * t, heads, d});
+}
+
+torch::Tensor HeadsToSequence(const torch::Tensor& x, const ContextParallel& cp) {
+  if (!cp.enabled()) return x;
+  TORCH_CHECK(x.dim() == 4 && x.size(1) % cp.size == 0, "context parallel: expected [B, T, H / ",
+              cp.size, ", D] with T divisible by ", cp.size, ", got ", x.sizes());
+  const int64_t b = x.size(0), t = x.size(1) / cp.size, heads = x.size(2), d = x.size(3);
+  // Rows grouped by destination: rank j gets its own columns.
+  const torch::Tensor rows =
+      x.view({b, cp.size, t, heads, d}).permute({1, 0, 2, 3, 4}).contiguous().view({-1, d});
+  const std::vector<int64_t> counts(static_cast<size_t>(cp.size), b * t * heads);
+  const torch::Tensor got = AllToAllRowsFn::apply(rows, counts, counts, cp.comm.get());
+  // From rank r: heads [r H / size, (r + 1) H / size) of this rank's columns.
+  return got.view({cp.size, b, t, heads, d}).permute({1, 2, 0, 3, 4}).reshape({b, t, cp.size * heads, d});
+}
+
 torch::Tensor ReduceFromTensorParallelRegion(const torch::Tensor& x, const TensorParallel& tp) {
   if (!tp.enabled()) return x;
   return ReduceFromRegion::apply(x, tp.comm.get());

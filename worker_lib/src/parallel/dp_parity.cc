@@ -31,6 +31,7 @@
 // the TP bar holds the tp group's partial sums.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "../gates_internal.h"
@@ -132,17 +133,32 @@ std::string CompareParameters(DpRun& run) {
 std::string DataText(const DpRun& run) {
   std::string text;
   for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp", run.replicate},
-                                   {"dp_shard", run.shard}, {"tp", run.tp}, {"ep", run.ep}}) {
+                                   {"dp_shard", run.shard}, {"cp", run.cp}, {"tp", run.tp},
+                                   {"ep", run.ep}}) {
     if (size > 1) text += (text.empty() ? "" : " x ") + std::string(name) + "=" + std::to_string(size);
   }
   return text;
 }
 
-/// The enabled data-parallel dimensions (dp_replicate, dp_shard or both; at least one).
+/// The enabled dimensions among `dims`; {dims[0]} when none is.
+std::vector<Mesh::Dim> Enabled(const DpRun& run, const std::vector<Mesh::Dim>& dims) {
+  std::vector<Mesh::Dim> on;
+  for (Mesh::Dim d : dims) {
+    if (run.mesh.Enabled(d)) on.push_back(d);
+  }
+  return on.empty() ? std::vector<Mesh::Dim>{dims.front()} : on;
+}
+
+/// The enabled dimensions the parameters are replicated over and their gradients summed
+/// over: dp_replicate, dp_shard and cp (torchtitan's dp_cp; at least one).
 std::vector<Mesh::Dim> DataDims(const DpRun& run) {
-  if (run.shard == 1) return {Mesh::Dim::kDpReplicate};
-  if (run.replicate == 1) return {Mesh::Dim::kDpShard};
-  return {Mesh::Dim::kDpReplicate, Mesh::Dim::kDpShard};
+  return Enabled(run, {Mesh::Dim::kDpReplicate, Mesh::Dim::kDpShard, Mesh::Dim::kCp});
+}
+
+/// Those the optimizer state is sharded over: dp_shard and cp (torchtitan's dp_shard_cp, the
+/// mesh FSDP shards over).
+std::vector<Mesh::Dim> ShardDims(const DpRun& run) {
+  return Enabled(run, {Mesh::Dim::kDpShard, Mesh::Dim::kCp});
 }
 
 /// "ep [0,2] [1,3]": the EP groups.
@@ -197,12 +213,34 @@ void RecordExpertTokens(DpRun& run, GateOutcome& out, std::vector<std::string>& 
       std::to_string(ours) + " here, " + std::to_string(control) + " on the control");
 }
 
+/// Context parallelism: share 0's logits under cp (its cp group's columns gathered) against
+/// the control's packed forward of the same packing, judged by the TP bars (KL mean; top-1
+/// in fp32), and the batch tokens trimmed to make each packing divide by cp.
+void RecordContextParallel(DpRun& run, GateOutcome& out, std::vector<std::string>& fails) {
+  const LogitComparison& c = run.cp_vs_packed;
+  out.Count("cp_tokens_trimmed", run.cp_tokens_trimmed);
+  out.Count("cp_logits_tokens", c.tokens());
+  out.Real("cp_logits_kl_mean", c.kl_mean(), "nats");
+  out.Real("cp_logits_max_abs_diff", c.max_abs_diff(), "logit");
+  out.Real("cp_logits_top1_percent", c.top1_agreement_percent(), "percent");
+  const bool fp32 = run.ctx.spec.precision != "bf16";
+  if (!(c.kl_mean() < run.thr.kl_mean_below) ||
+      (fp32 && c.top1_agreement_percent() < run.thr.top1_at_least)) {
+    fails.push_back("share 0's logits under cp=" + std::to_string(run.cp) +
+                    " (its columns gathered over the cp group) differ from the single-rank "
+                    "packed forward of the same packing: KL mean " + Num(c.kl_mean()) +
+                    " nats (bar " + Num(run.thr.kl_mean_below) + "), top-1 " +
+                    Num(c.top1_agreement_percent()) + " %, max abs " + Num(c.max_abs_diff()));
+  }
+}
+
 void RecordAndJudge(DpRun& run, GateOutcome& out) {
   out.Count("data_parallel_ranks", run.dp);  // dp x dp_shard
   out.Text("dp_groups", GroupsText(run.mesh, DataDims(run)));
-  if (run.replicate > 1 && run.shard > 1) {
-    out.Text("dp_shard_groups", GroupsText(run.mesh, {Mesh::Dim::kDpShard}));
+  if (run.replicate > 1 && run.shard * run.cp > 1) {
+    out.Text("dp_shard_groups", GroupsText(run.mesh, ShardDims(run)));
   }
+  if (run.cp > 1) out.Text("cp_groups", GroupsText(run.mesh, {Mesh::Dim::kCp}));
   if (run.tp > 1) out.Text("tp_groups", GroupsText(run.mesh, {Mesh::Dim::kTp}));
   if (run.ep > 1) out.Text("ep_groups", ExpertGroupsText(run.mesh));
   out.Count("global_batch_sequences", static_cast<int64_t>(run.batch.size()));
@@ -220,6 +258,10 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
                (run.ep > 1 ? "experts split over the EP group, tokens dispatched all-to-all, "
                              "expert gradients reduced over the ranks holding the same experts; "
                            : "") +
+               (run.cp > 1 ? "each share packed into one row and its columns split over the "
+                             "cp group (Ulysses all-to-all in attention, positions of the whole "
+                             "packing), the optimizer state sharded over dp_shard x cp; "
+                           : "") +
                "gradients reduced " +
                (run.reduction.mode == DpReduction::Mode::kSum
                     ? std::string(run.shard > 1 && run.replicate > 1
@@ -227,6 +269,7 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
                                       : "(SUM in fp32) over the data-parallel group")
                     : "(mutated: " + run.reduction.Name() + ")"));
   std::vector<std::string> fails;
+  if (run.cp > 1) RecordContextParallel(run, out, fails);
   RecordExpertTokens(run, out, fails);  // first: flipped routings leave gradients unjudged
   run.trace.Record(run.thr.loss_rel_below, out, fails);
   out.Count("save_tensors", run.save_tensors);
@@ -258,6 +301,7 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
   }
   // The judged figures first: a report shows the first few.
   out.Lead({"loss_step_1_rel_diff", "grad_norm_step_1_rel_diff", "grad_nearest_bar_rel_diff",
+            "cp_logits_kl_mean",
             "replica_max_abs_diff", "expert_tokens_max_abs_diff", "grad_norm_sharded_step_1_rel_diff",
             "loss_step_2_rel_diff", "grad_norm_step_2_rel_diff"});
 }
@@ -340,19 +384,51 @@ std::string FormExpertGroups(DpRun& run, bool& blocked) {
 std::string FormGroups(DpRun& run, bool& blocked) {
   GateContext& ctx = run.ctx;
   using Dim = Mesh::Dim;
+  // One group per set of dims: a group joined twice would rendezvous twice on one store
+  // prefix (the cp group is also the shard group when dp_shard is 1).
+  std::map<std::vector<Dim>, std::shared_ptr<TpCommunicator>> joined;
+  auto MeshGroup = [&](const GateContext& c, const Mesh& m, const std::vector<Dim>& dims)
+      -> Result<std::shared_ptr<TpCommunicator>> {
+    if (auto it = joined.find(dims); it != joined.end()) return it->second;
+    Result<std::shared_ptr<TpCommunicator>> g = parallel::MeshGroup(c, m, dims);
+    if (g.ok()) joined.emplace(dims, *g);
+    return g;
+  };
   Result<std::shared_ptr<TpCommunicator>> dp = MeshGroup(ctx, run.mesh, DataDims(run));
   if (!dp.ok()) return "data-parallel group: " + dp.status().message();
   run.dp_comm = *dp;
-  run.dp_index = run.dp_comm->rank();
-  if (run.replicate > 1 && run.shard > 1) {
+  // The share of the batch: the index over dp_replicate x dp_shard (the cp ranks of a share
+  // split its packing).
+  const Mesh::Coordinates at = run.mesh.CoordinatesOf(ctx.rank);
+  run.dp_index = at[static_cast<int>(Dim::kDpReplicate)] * run.shard + at[static_cast<int>(Dim::kDpShard)];
+  const int64_t sharded = run.shard * run.cp;  // dp_shard x cp
+  if (run.replicate > 1 && sharded > 1) {
     Result<std::shared_ptr<TpCommunicator>> r = MeshGroup(ctx, run.mesh, {Dim::kDpReplicate});
     if (!r.ok()) return "dp_replicate group: " + r.status().message();
-    Result<std::shared_ptr<TpCommunicator>> s = MeshGroup(ctx, run.mesh, {Dim::kDpShard});
+    Result<std::shared_ptr<TpCommunicator>> s = MeshGroup(ctx, run.mesh, ShardDims(run));
     if (!s.ok()) return "dp_shard group: " + s.status().message();
     run.replicate_comm = *r;
     run.shard_comm = *s;
   } else {
-    (run.shard > 1 ? run.shard_comm : run.replicate_comm) = run.dp_comm;
+    (sharded > 1 ? run.shard_comm : run.replicate_comm) = run.dp_comm;
+  }
+  if (run.cp > 1) {
+    if (ctx.family->MapsWeightsByCode() || ctx.family->ShardsLoadedModel()) {
+      blocked = true;
+      return "cp=" + std::to_string(run.cp) + ": the family shards by code (the Python lane's " +
+             "parallelize), which is handed no context-parallel group yet";
+    }
+    const nlohmann::json config = ctx.args->ToJson();
+    const int64_t heads = config.value("num_attention_heads", int64_t{0});
+    if (heads > 0 && (heads % run.tp != 0 || (heads / run.tp) % run.cp != 0)) {
+      blocked = true;
+      return "cp=" + std::to_string(run.cp) + " does not divide the " + std::to_string(heads) +
+             " query heads" + (run.tp > 1 ? " over tp=" + std::to_string(run.tp) : "") +
+             " (Ulysses gives each cp rank a share of every tp rank's heads)";
+    }
+    Result<std::shared_ptr<TpCommunicator>> c = MeshGroup(ctx, run.mesh, {Dim::kCp});
+    if (!c.ok()) return "cp group: " + c.status().message();
+    run.cp_comm = *c;
   }
   if (run.ep > 1) {
     if (std::string problem = FormExpertGroups(run, blocked); !problem.empty()) return problem;
@@ -389,6 +465,7 @@ std::string DpReduction::Name() const {
     case Mode::kEpNormAveraged: return "the grad norm's expert part averaged over ep";
     case Mode::kReplicatedCountedTp: return "the grad norm counting tp-replicated tensors tp times";
     case Mode::kExpertCountsNotReduced: return "tokens per expert not summed over the ranks";
+    case Mode::kCpLocalPositions: return "each cp rank's positions restarted at its first column";
   }
   return "?";
 }
@@ -407,6 +484,7 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
             .thr = TpThresholdsFor(ctx.spec.precision),
             .reduction = reduction};
   run.ep = mesh.shape().ep;
+  run.cp = mesh.Size(Mesh::Dim::kCp);
   bool blocked = false;  // an input the cell cannot change by running again
   std::string not_ready = NotReady(ctx, blocked);
   if (not_ready.empty()) {
@@ -418,6 +496,14 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
                   std::to_string(run.dp) + " data-parallel ranks need one each at least" +
                   (run.ep > 1 ? " and, under expert parallelism, as many each" : "");
       blocked = true;
+    } else if (run.cp > 1) {
+      run.cp_tokens_trimmed = TrimForContextParallel(run.batch, run.dp, run.cp);
+      if (run.cp_tokens_trimmed < 0) {
+        not_ready = "the reference bundle's prompts cannot make each data-parallel share's "
+                    "packing a multiple of cp=" + std::to_string(run.cp) + " columns of " +
+                    "at least cp tokens (its sequences are too short)";
+        blocked = true;
+      }
     }
   }
   if (const std::string all = RankProblems(run.comm, not_ready); !all.empty()) {
@@ -438,6 +524,15 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
   }
   if (const std::string all = RankProblems(run.comm, CompareSave(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);
+  }
+  if (run.cp > 1) {
+    if (!run.model->SupportsContextParallel()) {
+      return out.Blocked("cp=" + std::to_string(run.cp) + ": the family's model has no " +
+                         "context-parallel forward (CausalLM::SupportsContextParallel)");
+    }
+    if (const std::string all = RankProblems(run.comm, CompareContextParallelLogits(run)); !all.empty()) {
+      return out.Fail(FailureClass::kNativeRuntime, all);
+    }
   }
   if (const std::string all = RankProblems(run.comm, Train(run)); !all.empty()) {
     return out.Fail(FailureClass::kNativeRuntime, all);

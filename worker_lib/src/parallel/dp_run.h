@@ -49,6 +49,15 @@ struct DpRun {
   // sharded over them. Null when this rank alone.
   std::shared_ptr<TpCommunicator> expert_shard_comm;
   std::vector<bool> expert;  // per params: a stacked (expert) parameter, split over ep
+  // Context parallelism: each data-parallel share packed into one row and split over the cp
+  // group (null when cp is 1). Parameters are the same on its ranks; their gradients are
+  // summed over dp x cp (dp_comm), the optimizer state sharded over dp_shard x cp (shard_comm).
+  int64_t cp = 1;
+  std::shared_ptr<TpCommunicator> cp_comm;
+  int64_t cp_tokens_trimmed = 0;  // cut from the batch so each share's packing divides by cp
+  // Rank 0, before training: share 0's logits under cp, gathered over its cp group, against
+  // the control's packed forward of the same packing.
+  LogitComparison cp_vs_packed;
   std::optional<TpPlan> plan;               // the family's, when tp > 1
   std::vector<torch::Tensor> batch;         // the global batch: token ids [T] int64, CPU
   int64_t batch_splits = 0;                 // prompts cut in two to make it (GlobalBatch)
@@ -85,6 +94,32 @@ struct DpRun {
 /// no cut is possible.
 std::vector<torch::Tensor> GlobalBatch(const std::vector<ReferencePrompt>& prompts, int64_t dp,
                                        int64_t& splits, bool equal_shares = false);
+
+/// One data-parallel share packed as a trainer packs it (sequence after sequence in one row;
+/// each sequence's inputs are its tokens but the last, its labels the tokens after them):
+/// tokens, positions (restarting at 0 per sequence) [1, T] int64, labels [T] int64 and
+/// cu_seqlens [S + 1] int64, on `device` (cp_batch.cc).
+struct Packing {
+  torch::Tensor tokens, positions, labels, cu_seqlens;
+};
+Packing PackShare(const std::vector<torch::Tensor>& share, torch::Device device);
+
+/// Shortens, for each data-parallel share of `batch` (sequences d, d + dp, ...), its longest
+/// sequence until the share's packing (its predicted tokens) divides by `cp`, so every cp rank
+/// holds as many columns and no padding enters the comparison; the control trains the same
+/// batch. Returns the tokens cut, or -1 when a share cannot be cut (its sequences too short).
+int64_t TrimForContextParallel(std::vector<torch::Tensor>& batch, int64_t dp, int64_t cp);
+
+/// Context parallelism: this rank's columns of its share's packing forward
+/// (CausalLM::ForwardPackedContextParallel over run.cp_comm) and backward, the cross entropy
+/// summed over its columns divided by `normalizer`. Returns that loss (cp_batch.cc).
+double ContextParallelBackward(DpRun& run, const std::vector<torch::Tensor>& share,
+                               double normalizer);
+
+/// Before training, every rank: its share's logits under context parallelism; on rank 0 those
+/// of its cp group gathered against the control's ForwardPacked of the same packing, into
+/// run.cp_vs_packed (cp_batch.cc). Returns this rank's problem.
+std::string CompareContextParallelLogits(DpRun& run);
 
 /// Builds and loads this rank's replica (the full model, or its tp shard through the plan) on
 /// every rank and the control on rank 0 (dp_parity.cc). Returns this rank's problem.

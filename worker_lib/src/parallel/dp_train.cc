@@ -50,7 +50,9 @@ double DataParallelStep(DpRun& run) {
   const std::vector<torch::Tensor> share = ShareOf(run, run.dp_index);
   const bool local_mean = run.reduction.mode == DpReduction::Mode::kLocalMean;
   ZeroGrads(run.params);
-  double local = Backward(*run.model, share, local_mean ? Tokens(share) : run.global_tokens, ctx.device);
+  const double normalizer = local_mean ? Tokens(share) : run.global_tokens;
+  double local = run.cp > 1 ? ContextParallelBackward(run, share, normalizer)
+                            : Backward(*run.model, share, normalizer, ctx.device);
   torch::Tensor loss = torch::tensor({local}, torch::kDouble);
   run.dp_comm->AllReduceSum(loss);
   torch::NoGradGuard no_grad;

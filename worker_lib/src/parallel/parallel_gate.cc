@@ -1,9 +1,11 @@
 // The parallel gate (gates.h ParallelGate): the cell's topology as a device mesh
 // (common/mesh.h), checked against a single-rank control one dimension at a time. Each
 // dimension's check lives in files of its own (tp_parity.cc, dp_parity.cc, pp_parity.cc;
-// parallel_internal.h lists them), and dp, dp_shard and either with tp or ep are the
-// data-parallel check (with tensor-parallel replicas, experts split over dp_shard ranks); a dimension without a check, or pp with another,
-// BLOCKs the gate, naming them.
+// parallel_internal.h lists them), and dp, dp_shard, cp and any of them with tp or ep are the
+// data-parallel check (with tensor-parallel replicas, experts split over dp_shard ranks, each
+// share's packing split over the cp ranks: cp_batch.cc), and pp alone or with tp is the
+// pipeline check; a dimension without a check, or pp with another, BLOCKs the gate, naming
+// them.
 #include <set>
 
 #include "common/cell_spec.h"
@@ -18,7 +20,8 @@ namespace {
 
 /// The dimensions a check exists for: a mesh that enables any other is BLOCKED.
 const std::set<std::string>& CheckedDimensions() {
-  static const std::set<std::string> checked = {"tp", "dp_replicate", "dp_shard", "pp", "ep"};
+  static const std::set<std::string> checked = {"tp", "dp_replicate", "dp_shard", "pp", "ep",
+                                                 "cp"};
   return checked;
 }
 
@@ -46,18 +49,23 @@ GateOutcome ParallelGate(GateContext& ctx) {
     std::string names;
     for (const std::string& d : unchecked) names += (names.empty() ? "" : ", ") + d;
     return out.Blocked(topo_text + ": no check for " + names + " yet (tensor, data (dp, " +
-                       "dp_shard), expert and pipeline parallelism have one)");
+                       "dp_shard), context, expert and pipeline parallelism have one)");
   }
   if (topo.ep > 1 && topo.dp_shard == 1) {
     return out.Blocked(topo_text + ": expert parallelism is checked over ranks of dp_shard " +
                        "(etp=tp); ep=" + std::to_string(topo.ep) + " borrowing tp ranks (etp=1) " +
                        "has no check yet");
   }
-  if (topo.pp > 1 && mesh->EnabledNames().size() > 1) {
+  if (topo.cp > 1 && topo.ep > 1) {
+    return out.Blocked(topo_text + ": context parallelism with expert parallelism (ep borrowing " +
+                       "cp ranks) has no check yet; cp has one with dp, dp_shard and tp");
+  }
+  if (topo.pp > 1 && !(mesh->EnabledNames().size() == 1 ||
+                       (mesh->EnabledNames().size() == 2 && topo.tp > 1))) {
     std::string names;
     for (const std::string& d : mesh->EnabledNames()) names += (names.empty() ? "" : " x ") + d;
-    return out.Blocked(topo_text + ": pipeline parallelism is checked alone so far, not in the " +
-                       "combined layout " + names);
+    return out.Blocked(topo_text + ": pipeline parallelism is checked alone and with tp so " +
+                       "far, not in the combined layout " + names);
   }
   if (ctx.world_size != topo.world_size()) {
     return out.Blocked(topo_text + " needs " + std::to_string(topo.world_size()) +
@@ -82,8 +90,9 @@ GateOutcome ParallelGate(GateContext& ctx) {
   out.Text("process_group", ctx.comm_backend);
   // Data parallelism forms its groups from the mesh; tensor parallelism alone is the world.
   if (topo.pp > 1) return parallel::PipelineParallelParity(ctx, *mesh, std::move(out));
-  // Data parallelism (dp, dp_shard or both), with or without tp, is one check.
-  if (topo.dp > 1 || topo.dp_shard > 1) {
+  // Data parallelism (dp, dp_shard or both) and context parallelism, with or without tp, are
+  // one check.
+  if (topo.dp > 1 || topo.dp_shard > 1 || topo.cp > 1) {
     return parallel::DataParallelParity(ctx, *mesh, std::move(out));
   }
   return parallel::TensorParallelParity(ctx, topo.tp, std::move(out));

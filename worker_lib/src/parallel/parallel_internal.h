@@ -146,8 +146,8 @@ std::string GroupsText(const Mesh& mesh, const std::vector<Mesh::Dim>& dims);
 /// `out` holds the figures ParallelGate recorded; every rank calls it together.
 GateOutcome TensorParallelParity(GateContext& ctx, int64_t tp_size, GateOutcome out);
 
-/// How the data-parallel check reduces gradients over the dp group. The gate runs kSum; the
-/// others are the bugs the check must catch, run by its tests (tests/models/parallel_dp_test.cc).
+/// How the data-parallel check reduces gradients over the dp group (and numbers a cp rank's
+/// positions). The gate runs kSum; the others are the bugs the check must catch, run by its tests (tests/models/parallel_dp_test.cc).
 struct DpReduction {
   enum class Mode {
     kSum,        // each rank's loss divided by the global token count, gradients summed in fp32
@@ -161,6 +161,8 @@ struct DpReduction {
     kEpNormAveraged,  // the sharded grad norm's expert part averaged over ep, not summed
     kReplicatedCountedTp,  // the sharded grad norm counting tp-replicated tensors tp times
     kExpertCountsNotReduced,  // router counts per expert taken from rank 0 alone
+    kCpLocalPositions,  // each cp rank numbers its columns' positions from its own first
+                        // column (a sequence begun on an earlier rank restarts at 0)
   };
   Mode mode = Mode::kSum;
   /// In words, for the evidence.
@@ -171,9 +173,11 @@ struct DpReduction {
 /// rank stepping the optimizer state of its slice of every parameter, or both: HSDP), alone or
 /// with tensor parallelism inside each replica (the model sharded over its tp group through the
 /// family's plan) and expert parallelism over ranks of dp_shard (ep, etp = tp: each MoE layer's
-/// experts split over the EP group, tokens dispatched to them all-to-all), trained two AdamW steps on the reference prompts split over the
-/// data-parallel ranks, against the single-rank control on the whole batch on rank 0
-/// (dp_parity.cc). BLOCKED when the prompts cannot make one sequence per data-parallel rank,
+/// experts split over the EP group, tokens dispatched to them all-to-all) and context
+/// parallelism (cp: each data-parallel share packed into one row, its columns split over the
+/// cp group, Ulysses in attention; cp_batch.cc), trained two AdamW steps on the reference
+/// prompts split over the data-parallel ranks, against the single-rank control on the whole
+/// batch on rank 0 (dp_parity.cc). BLOCKED when the prompts cannot make one sequence per data-parallel rank,
 /// or for dp x tp when the family shards by code (the Python lane's parallelize takes the
 /// whole world as its TP group). `out` holds the figures ParallelGate recorded; every rank
 /// calls it together.
@@ -195,7 +199,8 @@ struct PpFault {
   std::string Name() const;
 };
 
-/// The pipeline-parallel check: the mesh's pp dimension (alone), the decoder layers cut into
+/// The pipeline-parallel check: the mesh's pp dimension (alone, or with tp: each stage's model
+/// its tp shard through the family's plan), the decoder layers cut into
 /// pp stages (CausalLM::ForwardStage), two AdamW steps of the reference prompts as
 /// microbatches through a 1F1B schedule, against the single-rank control on rank 0
 /// (pp_parity.cc). BLOCKED when the model has fewer layers than stages, the bundle no prompt,

@@ -15,6 +15,10 @@
 // (a stage's zeros where it does not own the parameter, both halves of a tied embedding's
 // gradient where it does) and each stage steps the parameters it owns. Two AdamW steps.
 //
+// With tp (pp x tp) each stage's model is its tp shard (the family's plan, as the tensor-
+// parallel check builds it); activations go between the ranks of equal TP rank (the pp group),
+// and the gradients and parameters are gathered over the tp group before they are compared.
+//
 // Compared per step against the control (the whole model, the same sequences in the same
 // order): the global loss, the global gradient norm, every gradient (bars: TpThresholds; the
 // per-sequence arithmetic is the control's, so fp32 gradients are bit-equal except where two
@@ -53,6 +57,11 @@ struct PpRun {
   TpThresholds thr;
   PpFault fault;
   std::shared_ptr<TpCommunicator> pp_comm;
+  // pp x tp: each stage's model sharded over its tp group through the family's plan (null
+  // and empty when tp is 1). Activations go between ranks of equal TP rank.
+  int64_t tp = 1;
+  std::shared_ptr<TpCommunicator> tp_comm;
+  std::optional<TpPlan> plan;
   std::vector<torch::Tensor> batch;  // microbatches: token ids [T] int64, CPU
   int64_t batch_splits = 0;
   double global_tokens = 0;
@@ -150,15 +159,23 @@ double Schedule(PpRun& run) {
   return total;
 }
 
-/// Builds and loads the whole model on every rank (it runs only its stage) and the control on
-/// rank 0. Returns this rank's problem.
+/// Builds and loads the whole model on every rank (it runs only its stage; under tp its tp
+/// shard through the family's plan) and the control on rank 0. Returns this rank's problem.
 std::string BuildStages(PpRun& run) {
   GateContext& ctx = run.ctx;
   for (int copy = 0; copy < (run.rank0 ? 2 : 1); ++copy) {
+    const bool sharded = copy == 0 && run.plan.has_value();
+    const TensorParallel tp{run.tp_comm ? run.tp_comm->rank() : 0, run.tp, run.tp_comm};
+    const ShardedLoad shard{sharded ? &*run.plan : nullptr, tp.rank};
     Result<std::shared_ptr<CausalLM>> built = TrainableModel(
-        ctx, copy == 0 ? "the stage's model" : "the single-rank control",
-        [&] { return ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device); },
-        [&](CausalLM& m) { return LoadFull(ctx, m); });
+        ctx, copy == 0 ? (sharded ? "the stage's tp shard" : "the stage's model") : "the single-rank control",
+        [&] {
+          return sharded ? ctx.family->ConstructParallel(*ctx.args, ctx.dtype, ctx.device, tp)
+                         : ctx.family->Construct(*ctx.args, ctx.dtype, ctx.device);
+        },
+        [&](CausalLM& m) {
+          return sharded ? LoadStateDict(*ctx.checkpoint, *ctx.adapter, m, &shard) : LoadFull(ctx, m);
+        });
     if (!built.ok()) return built.status().message();
     (copy == 0 ? run.model : run.control) = *built;
   }
@@ -197,9 +214,22 @@ void SyncSharedGradients(PpRun& run) {
   }
 }
 
-/// Every parameter's gradient as its owning stages hold it, on every rank (for the
+/// The full tensor of this rank's tp shard `local` of parameter `i`: gathered over the tp
+/// group and put together through the plan; `local` itself when tp is 1. A collective over
+/// the tp group. Throws std::runtime_error naming the parameter when a shard does not fit.
+torch::Tensor FullOf(const PpRun& run, size_t i, const torch::Tensor& local) {
+  if (!run.plan) return local;
+  const std::string& name = run.params[i].names[0];
+  const ShardRule* rule = run.plan->Find(name);  // the sharded load proved every one has one
+  Result<torch::Tensor> whole = run.plan->Unshard(*rule, run.tp_comm->AllGather(local.contiguous()));
+  if (!whole.ok()) throw std::runtime_error(name + ": " + whole.status().message());
+  return *whole;
+}
+
+/// Every parameter's full gradient as its owning stages hold it, on every rank (for the
 /// comparison only): the owners' gradients summed over the pp group and divided by the
-/// number of owners (the same gradient on each, when they are in sync). A collective.
+/// number of owners (the same gradient on each, when they are in sync), then gathered over
+/// the tp group. A collective.
 std::vector<torch::Tensor> OwnersGradients(const PpRun& run) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> out;
@@ -210,7 +240,7 @@ std::vector<torch::Tensor> OwnersGradients(const PpRun& run) {
                              : torch::zeros(g.tensor.sizes(), torch::kDouble);
     run.pp_comm->AllReduceSum(wide);
     if (run.owners[i] > 1) wide.div_(static_cast<double>(run.owners[i]));
-    out.push_back(wide.to(g.tensor.scalar_type()));
+    out.push_back(FullOf(run, i, wide.to(g.tensor.scalar_type())));
   }
   return out;
 }
@@ -270,11 +300,13 @@ std::string Train(PpRun& run) {
 }
 
 /// After the steps: every stage's copy of each parameter it owns gathered to rank 0, against
-/// the control's and, for a parameter two stages own, against the other stage's copy.
-void CompareParameters(PpRun& run) {
+/// the control's and, for a parameter two stages own, against the other stage's copy (full
+/// tensors: tp shards gathered first). Returns this rank's problem.
+std::string CompareParameters(PpRun& run) try {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < run.params.size(); ++i) {
-    const std::vector<torch::Tensor> copies = run.pp_comm->AllGather(run.params[i].tensor.detach());
+    const std::vector<torch::Tensor> copies =
+        run.pp_comm->AllGather(FullOf(run, i, run.params[i].tensor.detach()));
     const std::vector<torch::Tensor> owned =
         run.pp_comm->AllGather(torch::tensor({run.owned[i] ? 1 : 0}, torch::kLong));
     if (!run.rank0) continue;
@@ -293,6 +325,30 @@ void CompareParameters(PpRun& run) {
       }
     }
   }
+  return "";
+} catch (const std::exception& e) {
+  return std::string("gathering the parameters: ") + e.what();
+}
+
+/// pp x tp: joins this rank's tp group and takes the family's plan. Returns this rank's
+/// problem; `blocked` when the family shards by code (the Python lane).
+std::string JoinTensorParallel(PpRun& run, const Mesh& mesh, bool& blocked) {
+  GateContext& ctx = run.ctx;
+  if (ctx.family->MapsWeightsByCode() || ctx.family->ShardsLoadedModel()) {
+    blocked = true;
+    return "pp x tp: the family shards by code (the Python lane's parallelize), which has no "
+           "stage contract yet";
+  }
+  Result<std::shared_ptr<TpCommunicator>> tp = MeshGroup(ctx, mesh, {Mesh::Dim::kTp});
+  if (!tp.ok()) return "tp group: " + tp.status().message();
+  run.tp_comm = *tp;
+  Result<TpPlan> plan = ctx.family->Parallelize(*ctx.args, run.tp);
+  if (!plan.ok()) {
+    return "tensor-parallel plan (Parallelize, tp=" + std::to_string(run.tp) + "): " +
+           plan.status().message();
+  }
+  run.plan = std::move(plan).value();
+  return "";
 }
 
 void RecordAndJudge(const PpRun& run, GateOutcome& out) {
@@ -320,9 +376,10 @@ void RecordAndJudge(const PpRun& run, GateOutcome& out) {
                     " steps (they must be bit-equal)");
   }
   if (!fails.empty()) {
-    out.Fail(FailureClass::kAdapterContract, "pipeline parallel (pp=" + std::to_string(run.pp) +
-                                                 ", 1F1B) against the single-rank control: " +
-                                                 internal::JoinFew(fails));
+    out.Fail(FailureClass::kAdapterContract,
+             "pipeline parallel (pp=" + std::to_string(run.pp) +
+                 (run.tp > 1 ? " x tp=" + std::to_string(run.tp) : std::string()) +
+                 ", 1F1B) against the single-rank control: " + internal::JoinFew(fails));
   }
   out.Lead({"loss_step_1_rel_diff", "grad_norm_step_1_rel_diff", "grad_nearest_bar_rel_diff",
             "stage_copies_max_abs_diff", "loss_step_2_rel_diff", "grad_norm_step_2_rel_diff"});
@@ -376,6 +433,17 @@ GateOutcome PipelineParallelParity(GateContext& ctx, const Mesh& mesh, GateOutco
   }
   run.pp_comm = *group;
   run.stage = run.pp_comm->rank();
+  run.tp = mesh.Size(Mesh::Dim::kTp);
+  if (run.tp > 1) {
+    bool tp_blocked = false;
+    const std::string tp_problem = JoinTensorParallel(run, mesh, tp_blocked);
+    if (const std::string all = RankProblems(run.comm, tp_problem); !all.empty()) {
+      if (tp_blocked) return out.Blocked(tp_problem);
+      return out.Fail(FailureClass::kAdapterContract, all);
+    }
+    out.Text("tp_groups", GroupsText(mesh, {Mesh::Dim::kTp}));
+    out.Text("pp_groups", GroupsText(mesh, {Mesh::Dim::kPp}));
+  }
   const int64_t layers = ctx.args->num_hidden_layers();
   run.first_layer = run.stage * layers / run.pp;
   run.end_layer = (run.stage + 1) * layers / run.pp;
@@ -391,7 +459,9 @@ GateOutcome PipelineParallelParity(GateContext& ctx, const Mesh& mesh, GateOutco
   if (const std::string all = RankProblems(run.comm, Train(run)); !all.empty()) {
     return out.Fail(FailureClass::kNativeRuntime, all);
   }
-  CompareParameters(run);
+  if (const std::string all = RankProblems(run.comm, CompareParameters(run)); !all.empty()) {
+    return out.Fail(FailureClass::kAdapterContract, all);
+  }
   const std::vector<torch::Tensor> elements =
       run.pp_comm->AllGather(torch::tensor({run.stage_param_elements}, torch::kLong));
   if (!run.rank0) {

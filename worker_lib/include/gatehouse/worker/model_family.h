@@ -34,8 +34,9 @@ namespace gatehouse::worker {
 /// ModelFamily::ShardsLoadedModel / ShardLoaded and CausalLM::FullTensors (tensor parallelism
 /// by the adapter's own code: the Python lane's parallelize). 8: ModelFamily::
 /// ConstructExpertParallel, ExpertParallel and TpCommunicator::AllToAll (tensor_parallel.h),
-/// CausalLM::ExpertTokenCounts / ExpertNearTies.
-inline constexpr int kPluginAbiVersion = 8;
+/// CausalLM::ExpertTokenCounts / ExpertNearTies. 9: CausalLM::SupportsContextParallel /
+/// ForwardPackedContextParallel and ContextParallel (tensor_parallel.h).
+inline constexpr int kPluginAbiVersion = 9;
 
 /// Named tensors in a given order (checkpoint keys or parameter names).
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -117,6 +118,27 @@ class CausalLM : public torch::nn::Module {
     (void)positions;
     (void)cu_seqlens;
     TORCH_CHECK(false, "this model has no packed forward (SupportsPacked is false)");
+  }
+  /// True when ForwardPackedContextParallel is implemented for this model. Default false.
+  virtual bool SupportsContextParallel() const { return false; }
+  /// ForwardPacked with the packed sequence split over a context-parallel group (Ulysses):
+  /// `tokens` and `positions` [1, T / cp.size] int64 are this rank's columns of the packing
+  /// (rank r holds [r T / size, (r + 1) T / size)), the positions those of the whole packing
+  /// (a sequence that began on an earlier rank goes on counting); `cu_seqlens` [S + 1] int64
+  /// bounds the whole packing (0 first, T last). Attention sees the whole sequence; every
+  /// other layer sees this rank's columns. Returns logits [1, T / cp.size, vocab_size] of this
+  /// rank's columns: those columns of ForwardPacked's on the whole packing. A collective over
+  /// cp.comm; gradients of the parameters are this rank's columns' share (a trainer sums them
+  /// over the cp group). Default: throws c10::Error (not supported).
+  virtual torch::Tensor ForwardPackedContextParallel(const torch::Tensor& tokens,
+                                                     const torch::Tensor& positions,
+                                                     const torch::Tensor& cu_seqlens,
+                                                     const ContextParallel& cp) {
+    (void)tokens;
+    (void)positions;
+    (void)cu_seqlens;
+    TORCH_CHECK(false, "this model has no context-parallel forward (SupportsContextParallel is "
+                "false); asked for cp=", cp.size);
   }
   /// True when ForwardStage is implemented for this model (pipeline parallelism). Default false.
   virtual bool SupportsStages() const { return false; }

@@ -100,6 +100,30 @@ struct ExpertParallel {
 torch::Tensor AllToAllRows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
                            const std::vector<int64_t>& recv_rows, const ExpertParallel& ep);
 
+/// The context-parallel group a forward runs over (common/mesh.h's cp dimension): size ranks
+/// each hold a contiguous part of one packed sequence, rank r the columns [r T / size,
+/// (r + 1) T / size) of T. size 1 (the default) holds the whole sequence. The parameters are
+/// the same on every rank; only the sequence is split.
+struct ContextParallel {
+  int64_t rank = 0;
+  int64_t size = 1;
+  /// Required when size > 1.
+  std::shared_ptr<TpCommunicator> comm;
+  bool enabled() const { return size > 1; }
+};
+
+/// Ulysses sequence parallelism's first exchange (DeepSpeed-Ulysses; Archon's Ulysses context
+/// parallelism): `x` [B, T / size, H, D] (this rank's columns of every head) becomes [B, T,
+/// H / size, D] (every column of heads [rank H / size, (rank + 1) H / size)), so attention
+/// sees the whole sequence for a share of the heads. Backward is the inverse exchange. H must
+/// divide by cp.size. A collective over cp.comm; returns x when cp is not enabled. Throws
+/// c10::Error on a shape that does not split.
+torch::Tensor SequenceToHeads(const torch::Tensor& x, const ContextParallel& cp);
+
+/// The inverse of SequenceToHeads: [B, T, H / size, D] -> [B, T / size, H, D] (every head of
+/// this rank's columns). A collective over cp.comm; returns x when cp is not enabled.
+torch::Tensor HeadsToSequence(const torch::Tensor& x, const ContextParallel& cp);
+
 /// Identity forward; the gradient is summed over the ranks backward. Put at the input of a
 /// column-parallel region: every rank's partial gradient of a replicated activation adds up to
 /// the full one. (Megatron: copy_to_tensor_model_parallel_region.) Returns x itself when TP is

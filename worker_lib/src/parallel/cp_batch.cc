@@ -1,0 +1,122 @@
+// Context parallelism in the data-parallel check (dp_run.h): each data-parallel share packed
+// into one row, as RL and SFT trainers pack variable-length sequences, and cut into cp
+// contiguous parts, one per rank of the cp group (torchtitan's and Archon's sequence sharding
+// without load balancing). The model runs its packed forward over the cp group
+// (CausalLM::ForwardPackedContextParallel: Ulysses' all-to-all inside attention), each rank
+// computing the cross entropy of its own columns against labels shifted over the whole
+// packing (the last column of a rank predicts the first token of the next rank's columns).
+// The positions each rank passes are those of the whole packing: a sequence that began on an
+// earlier rank goes on counting (DpReduction::kCpLocalPositions is the bug where it does not).
+#include <algorithm>
+
+#include "../gates_internal.h"
+#include "dp_run.h"
+
+namespace gatehouse::worker::parallel {
+
+namespace {
+
+/// The sequences (d, d + dp, ...) of `batch` at data-parallel index d.
+std::vector<size_t> ShareIndices(size_t batch, int64_t dp, int64_t d) {
+  std::vector<size_t> indices;
+  for (size_t i = static_cast<size_t>(d); i < batch; i += static_cast<size_t>(dp)) indices.push_back(i);
+  return indices;
+}
+
+/// This rank's columns [c L, (c + 1) L) of `packing` (c its index in the cp group): tokens,
+/// positions [1, L] and labels [L]. Under kCpLocalPositions the positions restart at this
+/// rank's first column.
+Packing Columns(const DpRun& run, const Packing& packing) {
+  const int64_t c = run.cp_comm->rank();
+  const int64_t columns = packing.tokens.size(1) / run.cp;
+  Packing mine;
+  mine.tokens = packing.tokens.slice(1, c * columns, (c + 1) * columns);
+  mine.positions = packing.positions.slice(1, c * columns, (c + 1) * columns);
+  mine.labels = packing.labels.slice(0, c * columns, (c + 1) * columns);
+  mine.cu_seqlens = packing.cu_seqlens;
+  if (run.reduction.mode == DpReduction::Mode::kCpLocalPositions) {
+    // A sequence that starts in these columns keeps its numbering; one that began on an
+    // earlier rank restarts at this rank's first column.
+    const torch::Tensor local = torch::arange(columns, mine.positions.options()).unsqueeze(0);
+    mine.positions = torch::minimum(mine.positions, local);
+  }
+  return mine;
+}
+
+}  // namespace
+
+Packing PackShare(const std::vector<torch::Tensor>& share, torch::Device device) {
+  std::vector<torch::Tensor> tokens, positions, labels;
+  std::vector<int64_t> bounds{0};
+  for (const torch::Tensor& ids : share) {
+    const int64_t t = ids.size(0) - 1;  // predicted tokens
+    tokens.push_back(ids.slice(0, 0, t));
+    labels.push_back(ids.slice(0, 1, t + 1));
+    positions.push_back(torch::arange(t, torch::kLong));
+    bounds.push_back(bounds.back() + t);
+  }
+  Packing p;
+  p.tokens = torch::cat(tokens).unsqueeze(0).to(device);
+  p.positions = torch::cat(positions).unsqueeze(0).to(device);
+  p.labels = torch::cat(labels).to(device);
+  p.cu_seqlens = torch::tensor(bounds, torch::kLong).to(device);
+  return p;
+}
+
+int64_t TrimForContextParallel(std::vector<torch::Tensor>& batch, int64_t dp, int64_t cp) {
+  int64_t trimmed = 0;
+  for (int64_t d = 0; d < dp; ++d) {
+    const std::vector<size_t> share = ShareIndices(batch.size(), dp, d);
+    int64_t columns = 0;
+    for (size_t i : share) columns += batch[i].size(0) - 1;
+    const int64_t cut = columns % cp;
+    if (cut == 0) continue;
+    if (share.empty()) return -1;
+    const size_t longest = *std::max_element(share.begin(), share.end(), [&](size_t a, size_t b) {
+      return batch[a].size(0) < batch[b].size(0);
+    });
+    if (batch[longest].size(0) - cut < 2 || columns - cut < cp) return -1;
+    batch[longest] = batch[longest].slice(0, 0, batch[longest].size(0) - cut);
+    trimmed += cut;
+  }
+  return trimmed;
+}
+
+double ContextParallelBackward(DpRun& run, const std::vector<torch::Tensor>& share,
+                               double normalizer) {
+  const Packing mine = Columns(run, PackShare(share, run.ctx.device));
+  const ContextParallel cp{run.cp_comm->rank(), run.cp, run.cp_comm};
+  const torch::Tensor logits =
+      run.model->ForwardPackedContextParallel(mine.tokens, mine.positions, mine.cu_seqlens, cp)
+          .to(torch::kFloat);
+  const torch::Tensor loss =
+      torch::nn::functional::cross_entropy(
+          logits.view({-1, logits.size(-1)}), mine.labels,
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
+      normalizer;
+  loss.backward();
+  return loss.item<double>();
+}
+
+std::string CompareContextParallelLogits(DpRun& run) {
+  try {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> share;
+    for (size_t i : ShareIndices(run.batch.size(), run.dp, run.dp_index)) share.push_back(run.batch[i]);
+    const Packing whole = PackShare(share, run.ctx.device);
+    const Packing mine = Columns(run, whole);
+    const ContextParallel cp{run.cp_comm->rank(), run.cp, run.cp_comm};
+    const torch::Tensor ours = run.model->ForwardPackedContextParallel(
+        mine.tokens, mine.positions, mine.cu_seqlens, cp);
+    const std::vector<torch::Tensor> parts = run.cp_comm->AllGather(ours[0].to(torch::kFloat).contiguous());
+    if (!run.rank0) return "";
+    const torch::Tensor control =
+        run.control->ForwardPacked(whole.tokens, whole.positions, whole.cu_seqlens);
+    run.cp_vs_packed.Add(control[0].to(torch::kFloat).cpu(), torch::cat(parts, 0).cpu());
+  } catch (const std::exception& e) {
+    return std::string("context-parallel forward: ") + e.what();
+  }
+  return "";
+}
+
+}  // namespace gatehouse::worker::parallel
