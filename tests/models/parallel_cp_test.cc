@@ -38,7 +38,8 @@ CellSpec::Topology Cp(int cp, int dp = 1, int tp = 1, int dp_shard = 1) {
 std::string Label(const CellSpec::Topology& t) {
   std::string text;
   for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp", t.dp},
-                                   {"dp_shard", t.dp_shard}, {"cp", t.cp}, {"tp", t.tp}}) {
+                                   {"dp_shard", t.dp_shard}, {"cp", t.cp}, {"tp", t.tp},
+                                   {"ep", t.ep}}) {
     if (size > 1) text += (text.empty() ? "" : " x ") + std::string(name) + "=" + std::to_string(size);
   }
   return text;
@@ -54,12 +55,13 @@ const std::vector<std::string> kShown = {
     "grad_nearest_bar_tensor", "grad_later_max_rel_diff", "replica_max_abs_diff",
     "params_after_max_abs_diff", "expert_tokens_max_abs_diff", "optimizer_state_elements_rank0",
     "optimizer_state_elements_unsharded", "save_tensors_bit_equal", "global_batch_tokens",
-    "cp_groups"};
+    "cp_groups", "ep_groups"};
 
 /// Expects every rank to PASS with the packed logits, losses and norms equal to the
 /// control's within the bars.
 void ExpectCpParity(const std::string& variant, const std::string& family,
-                    const CellSpec::Topology& topology, const std::string& precision = "fp32") {
+                    const CellSpec::Topology& topology, const std::string& precision = "fp32",
+                    GateOutcome* rank0 = nullptr) {
   SCOPED_TRACE(variant + " " + Label(topology) + " " + precision);
   const test_util::RankOutcomes run = test_util::RunParallelRanks(variant, family, topology, precision);
   ASSERT_TRUE(test_util::EveryRankPassed(run));
@@ -79,6 +81,7 @@ void ExpectCpParity(const std::string& variant, const std::string& family,
   EXPECT_LT(Count(out, "optimizer_state_elements_rank0"),
             Count(out, "optimizer_state_elements_unsharded"));
   EXPECT_THAT(test_util::FigureText(out, "replicated_by"), HasSubstr("Ulysses"));
+  if (rank0 != nullptr) *rank0 = out;
 }
 
 // Verifies cp=2 and cp=4 (the packing's columns over 2 and 4 ranks; at cp=4 the two KV heads
@@ -122,21 +125,30 @@ TEST(ContextParallelTest, LocalPositionsAreCaught) {
   EXPECT_THAT(out.reason, HasSubstr("under cp=2"));
 }
 
-// Verifies the layouts the check cannot run BLOCK with the reason: cp not dividing the query
-// heads (3 ranks, 4 heads), cp with expert parallelism.
+// Verifies a layout the check cannot run BLOCKs with the reason: cp not dividing the query
+// heads (3 ranks, 4 heads).
 TEST(ContextParallelTest, BlockedWhereItCannotRun) {
   {
     const test_util::RankOutcomes run = test_util::RunParallelRanks("llama-tiny-untied", "llama", Cp(3), "fp32");
     EXPECT_EQ(run.outcomes[0].status, GateStatus::kBlocked);
     EXPECT_THAT(run.outcomes[0].reason, HasSubstr("does not divide the 4 query heads"));
   }
-  {
-    CellSpec::Topology t = Cp(2, 1, 1, 2);
-    t.ep = 2;
-    t.etp = 1;
-    const test_util::RankOutcomes run = test_util::RunParallelRanks("qwen3_moe-tiny-untied", "qwen3_moe", t, "fp32");
-    EXPECT_EQ(run.outcomes[0].status, GateStatus::kBlocked);
-    EXPECT_THAT(run.outcomes[0].reason, HasSubstr("context parallelism with expert parallelism"));
+}
+
+// Verifies cp with expert parallelism borrowing the cp ranks (torchtitan's ep over dp_shard x
+// cp): each MoE layer's experts split over the EP group, every cp rank dispatching its own
+// columns' tokens; ep=2 over cp=2, and ep=4 over dp_shard=2 x cp=2.
+TEST(ContextParallelTest, WithExpertParallelismMatchesTheSingleRankControl) {
+  for (const CellSpec::Topology& base : {Cp(2), Cp(2, 1, 1, 2)}) {
+    CellSpec::Topology t = base;
+    t.ep = static_cast<int>(t.cp * t.dp_shard);
+    t.etp = 1;  // = tp
+    GateOutcome out;
+    ExpectCpParity("qwen3_moe-tiny-untied", "qwen3_moe", t, "fp32", &out);
+    // Every routing counted once, the save gathered over the EP group the control's.
+    EXPECT_EQ(Count(out, "expert_tokens_max_abs_diff"), 0);
+    EXPECT_EQ(Count(out, "save_tensors_bit_equal"), Count(out, "save_tensors"));
+    EXPECT_THAT(test_util::FigureText(out, "replicated_by"), HasSubstr("experts split over the EP group"));
   }
 }
 

@@ -360,10 +360,11 @@ std::string FormExpertGroups(DpRun& run, bool& blocked) {
     if (!dp.ok()) return "group of the ranks holding the same experts: " + dp.status().message();
     run.expert_dp_comm = *dp;
   }
-  // Of those, the ones in this rank's dp_shard group shard the experts' optimizer state (FSDP
-  // over dp_shard / ep); across replicas the state is replicated, as for dense parameters.
+  // Of those, the ones in this rank's dp_shard (x cp) group shard the experts' optimizer state
+  // (FSDP over dp_shard x cp / ep); across replicas the state is replicated, as for dense
+  // parameters.
   std::vector<int64_t> shard_peers;
-  const std::vector<int64_t> shard_group = run.mesh.GroupOf(ctx.rank, {Mesh::Dim::kDpShard});
+  const std::vector<int64_t> shard_group = run.mesh.GroupOf(ctx.rank, ShardDims(run));
   for (int64_t r : same_experts) {
     if (std::find(shard_group.begin(), shard_group.end(), r) != shard_group.end()) shard_peers.push_back(r);
   }
@@ -488,13 +489,16 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
   bool blocked = false;  // an input the cell cannot change by running again
   std::string not_ready = NotReady(ctx, blocked);
   if (not_ready.empty()) {
-    run.batch = GlobalBatch(ctx.reference->prompts, run.dp, run.batch_splits, run.ep > 1);
+    // Under ep every rank of an EP group must run as many forwards (each one all-to-all):
+    // equal shares, unless cp packs each share into one forward.
+    const bool equal_shares = run.ep > 1 && run.cp == 1;
+    run.batch = GlobalBatch(ctx.reference->prompts, run.dp, run.batch_splits, equal_shares);
     const auto n = static_cast<int64_t>(run.batch.size());
-    if (n < run.dp || (run.ep > 1 && n % run.dp != 0)) {
+    if (n < run.dp || (equal_shares && n % run.dp != 0)) {
       not_ready = "the reference bundle's prompts make " + std::to_string(n) +
                   " sequence(s) of 2 tokens or more, cut as far as they go; " +
                   std::to_string(run.dp) + " data-parallel ranks need one each at least" +
-                  (run.ep > 1 ? " and, under expert parallelism, as many each" : "");
+                  (equal_shares ? " and, under expert parallelism, as many each" : "");
       blocked = true;
     } else if (run.cp > 1) {
       run.cp_tokens_trimmed = TrimForContextParallel(run.batch, run.dp, run.cp);

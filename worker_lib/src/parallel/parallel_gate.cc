@@ -51,14 +51,10 @@ GateOutcome ParallelGate(GateContext& ctx) {
     return out.Blocked(topo_text + ": no check for " + names + " yet (tensor, data (dp, " +
                        "dp_shard), context, expert and pipeline parallelism have one)");
   }
-  if (topo.ep > 1 && topo.dp_shard == 1) {
-    return out.Blocked(topo_text + ": expert parallelism is checked over ranks of dp_shard " +
+  if (topo.ep > 1 && topo.dp_shard * topo.cp == 1) {
+    return out.Blocked(topo_text + ": expert parallelism is checked over ranks of dp_shard x cp " +
                        "(etp=tp); ep=" + std::to_string(topo.ep) + " borrowing tp ranks (etp=1) " +
                        "has no check yet");
-  }
-  if (topo.cp > 1 && topo.ep > 1) {
-    return out.Blocked(topo_text + ": context parallelism with expert parallelism (ep borrowing " +
-                       "cp ranks) has no check yet; cp has one with dp, dp_shard and tp");
   }
   if (topo.pp > 1 && !(mesh->EnabledNames().size() == 1 ||
                        (mesh->EnabledNames().size() == 2 && topo.tp > 1))) {
