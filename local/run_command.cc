@@ -1,7 +1,9 @@
 #include "local/run_command.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -91,9 +93,14 @@ int ExecuteRun(const RunCommand& run, json& submit_body) {
   LocalRunOptions o;
   if (!run.body_file.empty()) {
     std::ifstream in(run.body_file);
+    if (!in.is_open()) {
+      std::cerr << "gatehouse: --body " << run.body_file << ": cannot open the file ("
+                << std::strerror(errno) << ")\n";
+      return cli::kExitUsage;
+    }
     o.body = json::parse(in, nullptr, false);
-    if (!in.is_open() || !o.body.is_object()) {
-      std::cerr << "gatehouse: --body " << run.body_file << ": not a readable JSON object\n";
+    if (!o.body.is_object()) {
+      std::cerr << "gatehouse: --body " << run.body_file << ": not a JSON object\n";
       return cli::kExitUsage;
     }
   }

@@ -12,6 +12,8 @@
 #include "local/directory_artifacts.h"
 #include "local/evidence_recorder.h"
 #include "local/local_run.h"
+#include "local/run_command.h"
+#include "cli/verdict.h"
 #include "local/tree_resolver.h"
 
 namespace gatehouse::local {
@@ -228,6 +230,25 @@ TEST_F(LocalTest, TheTreeGivesRepositoryAndCommitAndABadBodyStopsBeforeAnythingR
             std::string::npos)
       << undeclared.status().message();
   EXPECT_FALSE(fs::exists(root_ / "work" / "attempts" / "1"));
+}
+
+// Verifies `gatehouse run --body` names why the body was not read: a file that does not open
+// (with the system's reason), and one that is not a JSON object; both exit 2 before anything
+// runs.
+TEST_F(LocalTest, ABodyFileThatDoesNotReadSaysWhy) {
+  RunCommand run;
+  nlohmann::json submit_body;
+  run.body_file = (root_ / "missing.json").string();
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(ExecuteRun(run, submit_body), cli::kExitUsage);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("missing.json: cannot open the file (No such file or directory)"), std::string::npos) << err;
+  Write(root_ / "list.json", "[1, 2]");
+  run.body_file = (root_ / "list.json").string();
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(ExecuteRun(run, submit_body), cli::kExitUsage);
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("list.json: not a JSON object"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "common/mesh.h"
 #include "tests/models/family_test_util.h"
 #include "tests/models/parallel_ranks.h"
+#include "worker_lib/src/parallel/dp_run.h"
 #include "worker_lib/src/parallel/parallel_internal.h"
 
 namespace gatehouse {
@@ -123,6 +124,25 @@ TEST(ContextParallelTest, LocalPositionsAreCaught) {
   EXPECT_GT(Real(out, "cp_logits_kl_mean"), 1e-6);
   EXPECT_GT(Real(out, "loss_step_1_rel_diff"), 1e-5);
   EXPECT_THAT(out.reason, HasSubstr("under cp=2"));
+}
+
+// Verifies the batch is cut until each share's packing divides by cp: the longest sequence
+// shortened by the excess; with one share, a sequence too short to give it up left out whole
+// (three 2-token prompts at cp=2 keep two); a share that cannot be cut is named.
+TEST(ContextParallelTest, TheBatchIsCutToAMultipleOfCp) {
+  const auto ids = [](int64_t n) { return torch::arange(n, torch::kLong); };
+  std::string why;
+  std::vector<torch::Tensor> batch = {ids(5), ids(9)};  // 4 + 8 columns
+  EXPECT_EQ(worker::parallel::TrimForContextParallel(batch, 1, 5, why), 2);
+  EXPECT_EQ(batch[1].size(0), 7);  // the longest gave up 2: 10 columns
+  batch = {ids(2), ids(2), ids(2)};  // 3 columns
+  EXPECT_EQ(worker::parallel::TrimForContextParallel(batch, 1, 2, why), 2);
+  EXPECT_EQ(batch.size(), 2u);
+  batch = {ids(2), ids(5), ids(2), ids(6)};  // share 0: 1 + 1 columns, share 1: 4 + 5
+  EXPECT_EQ(worker::parallel::TrimForContextParallel(batch, 2, 2, why), 1);
+  batch = {ids(3), ids(2), ids(3), ids(2), ids(3), ids(2)};  // share 1: 3 columns of 1 each
+  EXPECT_EQ(worker::parallel::TrimForContextParallel(batch, 2, 2, why), -1);
+  EXPECT_THAT(why, HasSubstr("data-parallel share 1 packs 3 columns in 3 sequence(s)"));
 }
 
 // Verifies a layout the check cannot run BLOCKs with the reason: cp not dividing the query

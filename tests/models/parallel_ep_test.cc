@@ -126,6 +126,7 @@ TEST(ExpertParallelTest, Bf16RoutingFlipsAtNearTiesAreRounding) {
       // On this fixture tp moves 9 of the control's 17 near ties to the other expert.
       EXPECT_GT(Count(out, "expert_routings_flipped"), 0);
       EXPECT_THAT(test_util::FigureText(out, "grads_judged"), HasSubstr("flipped"));
+      EXPECT_THAT(test_util::FigureText(out, "grads_agree"), HasSubstr("not judged"));
     }
   }
 }
@@ -160,6 +161,7 @@ TEST(ExpertParallelTest, ExpertGradientsReducedOverDpAreCaught) {
   EXPECT_EQ(out.status, GateStatus::kFail);
   EXPECT_THAT(test_util::FigureText(out, "grad_nearest_bar_tensor"), HasSubstr("experts"));
   EXPECT_GT(Real(out, "grad_nearest_bar_rel_diff"), Real(out, "grad_nearest_bar_bar"));
+  EXPECT_THAT(test_util::FigureText(out, "grads_agree"), HasSubstr("above its bar"));
 }
 
 // Verifies a sharded grad norm whose expert part is averaged over the EP ranks, not summed,

@@ -63,22 +63,51 @@ Packing PackShare(const std::vector<torch::Tensor>& share, torch::Device device)
   return p;
 }
 
-int64_t TrimForContextParallel(std::vector<torch::Tensor>& batch, int64_t dp, int64_t cp) {
+int64_t TrimForContextParallel(std::vector<torch::Tensor>& batch, int64_t dp, int64_t cp,
+                               std::string& why) {
   int64_t trimmed = 0;
+  std::vector<bool> dropped(batch.size(), false);
   for (int64_t d = 0; d < dp; ++d) {
-    const std::vector<size_t> share = ShareIndices(batch.size(), dp, d);
+    std::vector<size_t> share = ShareIndices(batch.size(), dp, d);
     int64_t columns = 0;
     for (size_t i : share) columns += batch[i].size(0) - 1;
-    const int64_t cut = columns % cp;
-    if (cut == 0) continue;
-    if (share.empty()) return -1;
-    const size_t longest = *std::max_element(share.begin(), share.end(), [&](size_t a, size_t b) {
-      return batch[a].size(0) < batch[b].size(0);
-    });
-    if (batch[longest].size(0) - cut < 2 || columns - cut < cp) return -1;
-    batch[longest] = batch[longest].slice(0, 0, batch[longest].size(0) - cut);
-    trimmed += cut;
+    while (columns % cp != 0) {
+      const int64_t cut = columns % cp;
+      const auto by_length = [&](size_t a, size_t b) { return batch[a].size(0) < batch[b].size(0); };
+      const size_t longest = *std::max_element(share.begin(), share.end(), by_length);
+      if (batch[longest].size(0) - cut >= 2) {
+        // Shorten the longest sequence by the excess.
+        batch[longest] = batch[longest].slice(0, 0, batch[longest].size(0) - cut);
+        columns -= cut;
+        trimmed += cut;
+        continue;
+      }
+      // Every sequence is too short to give up `cut` tokens: leave out the shortest whole
+      // (the share keeps at least one). Only with one share: dropping a sequence would move
+      // the later ones to other shares.
+      if (share.size() < 2 || dp > 1) {
+        why = "data-parallel share " + std::to_string(d) + " packs " + std::to_string(columns) +
+              " columns in " + std::to_string(share.size()) + " sequence(s), none long enough " +
+              "to give up " + std::to_string(cut) + " token(s) and keep 2";
+        return -1;
+      }
+      const auto shortest = std::min_element(share.begin(), share.end(), by_length);
+      columns -= batch[*shortest].size(0) - 1;
+      trimmed += batch[*shortest].size(0);
+      dropped[*shortest] = true;
+      share.erase(shortest);
+    }
+    if (columns < cp) {
+      why = "data-parallel share " + std::to_string(d) + " packs " + std::to_string(columns) +
+            " column(s), fewer than cp";
+      return -1;
+    }
   }
+  std::vector<torch::Tensor> kept;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!dropped[i]) kept.push_back(batch[i]);
+  }
+  batch = std::move(kept);
   return trimmed;
 }
 

@@ -281,7 +281,9 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
   out.Real("grad_order_floor_max_rel", run.floor_max, "ratio");
   out.Count("grads_step1_bit_equal_to_grouping", run.grads_bit_equal_to_grouping);
   const StepTrace& t = run.trace;
-  out.Text("grads_agree", t.grads_bit_equal == t.grads_compared
+  out.Text("grads_agree", !t.grads_not_judged.empty() ? "not judged (see grads_judged)"
+                          : t.worst_grad_ratio >= 1 ? "no: above its bar (see grad_nearest_bar_tensor)"
+                          : t.grads_bit_equal == t.grads_compared
                               ? "bit-equal to the control"
                               : t.grad_max_rel <= kFloorMargin * run.floor_max
                                     ? "within the measured reduction-order spread"
@@ -501,11 +503,12 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
                   (equal_shares ? " and, under expert parallelism, as many each" : "");
       blocked = true;
     } else if (run.cp > 1) {
-      run.cp_tokens_trimmed = TrimForContextParallel(run.batch, run.dp, run.cp);
+      std::string why;
+      run.cp_tokens_trimmed = TrimForContextParallel(run.batch, run.dp, run.cp, why);
       if (run.cp_tokens_trimmed < 0) {
         not_ready = "the reference bundle's prompts cannot make each data-parallel share's "
-                    "packing a multiple of cp=" + std::to_string(run.cp) + " columns of " +
-                    "at least cp tokens (its sequences are too short)";
+                    "packing a multiple of cp=" + std::to_string(run.cp) + " columns, at " +
+                    "least cp: " + why;
         blocked = true;
       }
     }

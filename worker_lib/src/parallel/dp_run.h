@@ -106,9 +106,11 @@ Packing PackShare(const std::vector<torch::Tensor>& share, torch::Device device)
 
 /// Shortens, for each data-parallel share of `batch` (sequences d, d + dp, ...), its longest
 /// sequence until the share's packing (its predicted tokens) divides by `cp`, so every cp rank
-/// holds as many columns and no padding enters the comparison; the control trains the same
-/// batch. Returns the tokens cut, or -1 when a share cannot be cut (its sequences too short).
-int64_t TrimForContextParallel(std::vector<torch::Tensor>& batch, int64_t dp, int64_t cp);
+/// holds as many columns and no padding enters the comparison; with one share (dp 1) a
+/// sequence too short to give up the excess is left out whole. The control trains the same
+/// batch. Returns the tokens cut, or -1 with `why` naming the share when one cannot be cut.
+int64_t TrimForContextParallel(std::vector<torch::Tensor>& batch, int64_t dp, int64_t cp,
+                               std::string& why);
 
 /// Context parallelism: this rank's columns of its share's packing forward
 /// (CausalLM::ForwardPackedContextParallel over run.cp_comm) and backward, the cross entropy
