@@ -47,7 +47,7 @@ Result<nlohmann::json> ParseMeshFlag(std::string_view value) {
     if (!known || digits.empty() || ec != std::errc() || ptr != digits.data() + digits.size() ||
         n < 1) {
       return Status::InvalidArgument(
-          "--mesh: '" + std::string(item) + "' is not KEY=N with KEY one of tp, dp, pp, ep, "
+          "'" + std::string(item) + "' is not KEY=N with KEY one of tp, dp, pp, ep, "
           "dp_shard, cp, etp and N a positive integer");
     }
     out[std::string(key)] = n;

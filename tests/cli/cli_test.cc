@@ -156,6 +156,8 @@ TEST(BodyFlags, MeshFillsTheTopology) {
     if (!refused.ok()) EXPECT_THAT(refused.status().message(), HasSubstr("is not KEY=N"));
   }
   EXPECT_THAT(ParseMeshFlag("tp=2,zz=3").status().message(), HasSubstr("'zz=3'"));
+  // CLI11 puts the option's name in front: the message does not repeat it.
+  EXPECT_EQ(ParseMeshFlag("ep=0").status().message().rfind("'ep=0' is not KEY=N", 0), 0u);
   // Through the command line: --tp, when also given, wins for tp.
   CLI::App app;
   BodyFlags flags;

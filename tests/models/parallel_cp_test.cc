@@ -82,6 +82,7 @@ void ExpectCpParity(const std::string& variant, const std::string& family,
   EXPECT_LT(Count(out, "optimizer_state_elements_rank0"),
             Count(out, "optimizer_state_elements_unsharded"));
   EXPECT_THAT(test_util::FigureText(out, "replicated_by"), HasSubstr("Ulysses"));
+  EXPECT_THAT(test_util::FigureText(out, "grad_nearest_bar_checkpoint_key"), HasSubstr("model.layers."));
   if (rank0 != nullptr) *rank0 = out;
 }
 

@@ -162,6 +162,12 @@ TEST(ExpertParallelTest, ExpertGradientsReducedOverDpAreCaught) {
   EXPECT_THAT(test_util::FigureText(out, "grad_nearest_bar_tensor"), HasSubstr("experts"));
   EXPECT_GT(Real(out, "grad_nearest_bar_rel_diff"), Real(out, "grad_nearest_bar_bar"));
   EXPECT_THAT(test_util::FigureText(out, "grads_agree"), HasSubstr("above its bar"));
+  // Named as the checkpoint names it too: the stacked experts' first and last keys.
+  EXPECT_THAT(test_util::FigureText(out, "grad_nearest_bar_checkpoint_key"),
+              HasSubstr("mlp.experts.0."));
+  EXPECT_THAT(test_util::FigureText(out, "grad_nearest_bar_checkpoint_key"),
+              HasSubstr("(8 experts stacked)"));
+  EXPECT_THAT(out.reason, HasSubstr("(checkpoint model.layers."));
 }
 
 // Verifies a sharded grad norm whose expert part is averaged over the EP ranks, not summed,

@@ -271,7 +271,8 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
   std::vector<std::string> fails;
   if (run.cp > 1) RecordContextParallel(run, out, fails);
   RecordExpertTokens(run, out, fails);  // first: flipped routings leave gradients unjudged
-  run.trace.Record(run.thr.loss_rel_below, out, fails);
+  run.trace.Record(run.thr.loss_rel_below, out, fails,
+                   [&](const std::string& name) { return CheckpointKeyOf(run.ctx, name); });
   out.Count("save_tensors", run.save_tensors);
   out.Count("save_tensors_bit_equal", run.save_tensors_equal);
   if (!run.save_problems.empty()) {

@@ -103,12 +103,20 @@ struct StepTrace {
                    const torch::Tensor& control, double bar);
   /// Records loss_step_k, loss_step_k_control, loss_step_k_rel_diff, grad_norm_step_k (same
   /// three), grad_norm_sharded_step_k (and its _rel_diff, when computed), step 1's grad_max_rel_diff, grads_bit_equal, grads_compared and
-  /// grad_nearest_bar_tensor / _rel_diff / _bar, and grad_later_max_rel_diff (+ _tensor);
+  /// grad_nearest_bar_tensor / _rel_diff / _bar (and _checkpoint_key: `checkpoint_key`, when
+  /// given, names an internal parameter as the checkpoint does, CheckpointKeyOf), and
+  /// grad_later_max_rel_diff (+ _tensor);
   /// appends to `fails` each step's loss or grad norm whose relative difference is not below
   /// `loss_bar`, and step 1's nearest gradient when it reached its bar (unless
   /// grads_not_judged says why not: then `grads_judged` records it).
-  void Record(double loss_bar, GateOutcome& out, std::vector<std::string>& fails) const;
+  void Record(double loss_bar, GateOutcome& out, std::vector<std::string>& fails,
+              const std::function<std::string(const std::string&)>& checkpoint_key = {}) const;
 };
+
+/// The checkpoint key of internal parameter `internal` through the cell's name table
+/// ("model.layers.0.self_attn.k_proj.weight"; for a stacked expert parameter its first and
+/// last expert's keys); "" when the family maps weights by code or no row maps it.
+std::string CheckpointKeyOf(const GateContext& ctx, const std::string& internal);
 
 /// The whole checkpoint into `model` (every parameter, unsharded): through the adapter's code
 /// when the family maps weights by code (the Python lane), else through its name table.

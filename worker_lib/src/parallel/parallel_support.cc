@@ -205,8 +205,11 @@ void StepTrace::AddGradient(const std::string& name, int step, const torch::Tens
   }
 }
 
-void StepTrace::Record(double loss_bar, GateOutcome& out, std::vector<std::string>& fails) const {
+void StepTrace::Record(double loss_bar, GateOutcome& out, std::vector<std::string>& fails,
+                       const std::function<std::string(const std::string&)>& checkpoint_key) const {
   using internal::Num;
+  // The gradient that names a tensor leads this trace's failures: a verdict shows the first few.
+  const auto first_fail = static_cast<std::ptrdiff_t>(fails.size());
   auto rel = [](double a, double b) { return b != 0 ? std::abs(a - b) / std::abs(b) : std::abs(a - b); };
   for (size_t s = 0; s < loss.size() && s < control_loss.size(); ++s) {
     const std::string k = std::to_string(s + 1);
@@ -244,6 +247,8 @@ void StepTrace::Record(double loss_bar, GateOutcome& out, std::vector<std::strin
   out.Count("grads_bit_equal", grads_bit_equal);
   out.Count("grads_compared", grads_compared);
   out.Text("grad_nearest_bar_tensor", worst_grad);
+  const std::string key = checkpoint_key && !worst_grad.empty() ? checkpoint_key(worst_grad) : "";
+  if (!key.empty()) out.Text("grad_nearest_bar_checkpoint_key", key);
   out.Real("grad_nearest_bar_rel_diff", worst_grad_rel, "ratio");
   out.Real("grad_nearest_bar_bar", worst_grad_bar, "ratio");
   if (!later_worst.empty()) {
@@ -253,9 +258,21 @@ void StepTrace::Record(double loss_bar, GateOutcome& out, std::vector<std::strin
   if (!grads_not_judged.empty()) {
     out.Text("grads_judged", "no: " + grads_not_judged);
   } else if (worst_grad_ratio >= 1) {
-    fails.push_back("step 1 gradient " + worst_grad + " differs from the control's by " +
-                    Num(worst_grad_rel) + " of its max (bar " + Num(worst_grad_bar) + ")");
+    fails.insert(fails.begin() + first_fail,
+                 "step 1 gradient " + worst_grad +
+                     (key.empty() ? std::string() : " (checkpoint " + key + ")") +
+                     " differs from the control's by " + Num(worst_grad_rel) +
+                     " of its max (bar " + Num(worst_grad_bar) + ")");
   }
+}
+
+std::string CheckpointKeyOf(const GateContext& ctx, const std::string& internal) {
+  if (!ctx.adapter) return "";
+  Result<std::vector<HfSlice>> slices = ctx.adapter->HfSlices(internal);
+  if (!slices.ok() || slices->empty()) return "";
+  if (slices->size() == 1) return slices->front().hf;
+  return slices->front().hf + " .. " + slices->back().hf + " (" + std::to_string(slices->size()) +
+         " experts stacked)";
 }
 
 namespace {
