@@ -158,7 +158,12 @@ Result<std::vector<std::pair<std::string, std::string>>> TorchrunEnvironmentFrom
   GH_ASSIGN_OR_RETURN(int local_world_size, TasksOnNode(tasks_per_node, static_cast<int>(node_id)));
   GH_ASSIGN_OR_RETURN(std::string nodelist,
                       read(first_set("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")));
-  GH_ASSIGN_OR_RETURN(std::string master, FirstHost(nodelist));
+  std::string master;
+  if (const char* fixed = getenv("GATEHOUSE_MASTER_ADDR"); fixed != nullptr && *fixed != '\0') {
+    master = fixed;  // node names that do not resolve on the nodes: the operator's address
+  } else {
+    GH_ASSIGN_OR_RETURN(master, FirstHost(nodelist));
+  }
   int64_t port = 0;
   if (const char* fixed = getenv("GATEHOUSE_MASTER_PORT"); fixed != nullptr && *fixed != '\0') {
     GH_ASSIGN_OR_RETURN(port, read_count("GATEHOUSE_MASTER_PORT"));

@@ -75,7 +75,8 @@ Result<int> TasksOnNode(std::string_view tasks_per_node, int node_id);
 /// torchrun's variables for one task of a Slurm step, from Slurm's own (`getenv` reads them):
 /// RANK = SLURM_PROCID, WORLD_SIZE = SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), LOCAL_RANK =
 /// SLURM_LOCALID, LOCAL_WORLD_SIZE = this node's count in SLURM_STEP_TASKS_PER_NODE (at
-/// SLURM_NODEID), MASTER_ADDR = the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
+/// SLURM_NODEID), MASTER_ADDR = GATEHOUSE_MASTER_ADDR when set, else the first host of
+/// SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
 /// MASTER_PORT = GATEHOUSE_MASTER_PORT when set, else 10000 + SLURM_JOB_ID % 50000 (the same on
 /// every node without talking to them). Errors: FAILED_PRECONDITION naming a missing variable
 /// (not started by srun), INVALID_ARGUMENT naming one that does not parse.

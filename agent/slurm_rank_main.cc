@@ -44,8 +44,13 @@ int main(int argc, char** argv) {
   ::gethostname(host, sizeof(host) - 1);
   const char* job = std::getenv("SLURM_JOB_ID");
   const char* step = std::getenv("SLURM_STEP_ID");
+  // Slurm's node name first: the node a rank ran on, even where several share one host.
+  const char* node = std::getenv("SLURMD_NODENAME");
+  const std::string on = node == nullptr || *node == '\0' || std::string(node) == host
+                             ? std::string(host)
+                             : std::string(node) + " (host " + host + ")";
   std::cerr << "gatehouse-slurm-rank: slurm job " << (job ? job : "?") << " step "
-            << (step ? step : "?") << " on " << host << ":" << where << std::endl;
+            << (step ? step : "?") << " on " << on << ":" << where << std::endl;
   std::vector<std::string> command(argv + first, argv + argc);
   if (sandboxed) {
     // This node's devices and the job's /dev/shm here (the tasks of the job on this node meet

@@ -131,6 +131,11 @@ TEST(SlurmTest, TorchrunVariablesFromSlurms) {
   EXPECT_EQ(*vars, expected);
   env["GATEHOUSE_MASTER_PORT"] = "29500";
   EXPECT_EQ(TorchrunEnvironmentFromSlurm(getenv)->back().second, "29500");
+  // Node names that do not resolve on the nodes: the operator gives the first node's address.
+  env["GATEHOUSE_MASTER_ADDR"] = "10.0.0.7";
+  EXPECT_EQ(TorchrunEnvironmentFromSlurm(getenv)->at(4),
+            (std::pair<std::string, std::string>{"MASTER_ADDR", "10.0.0.7"}));
+  env.erase("GATEHOUSE_MASTER_ADDR");
   env.erase("SLURM_STEP_NUM_TASKS");  // an older srun: SLURM_NTASKS
   env["SLURM_PROCID"] = "120";
   auto inconsistent = TorchrunEnvironmentFromSlurm(getenv);

@@ -1,9 +1,10 @@
 // The Slurm engine end to end (docs/deploy.md "Slurm", protocols.md §3.5): a real single-host
 // Slurm (Debian's munged, slurmctld and slurmd, started here on 127.0.0.1 with a configuration
 // of their own), a controller, and an agent with --slurm that runs every attempt as a Slurm job
-// step. One scenario, so the adapter's plugin is built once:
-//  1. a TP=2 CPU cell passes, its two ranks started by srun with torchrun's variables from
-//     Slurm's, and its logs name the job;
+// step, on two Slurm nodes ("node1" and "node2", a slurmd each on this host). One
+// scenario, so the adapter's plugin is built once:
+//  1. a TP=2 CPU cell passes over both nodes, one rank on each, started by srun with
+//     torchrun's variables from Slurm's, and its logs name the job and each rank's node;
 //  2. a cancel through the API scancels the job: the attempt ends cancelled, the job CANCELLED;
 //  3. a node failure (the node set DOWN under a running job: NODE_FAIL) ends the attempt lost,
 //     and the cell's retry runs and passes once the node is back;
@@ -25,6 +26,7 @@
 #include <random>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 #include "e2e_util.h"
 #include "http_client.h"
@@ -97,30 +99,36 @@ class SlurmEngineTest : public ::testing::Test {
         root_ / "logs" / "munged");
     ASSERT_TRUE(WaitFor(seconds(10), [&] { return fs::exists(socket); })) << munged_->Stderr();
 
-    // One node, "localhost" (its name is MASTER_ADDR, so it must resolve), two CPUs.
+    // Two nodes on this host, "node1" and "node2", one CPU each, each slurmd on a port of its
+    // own (Port=; its spool, pid and log files named after it, %n): a cell of two ranks runs
+    // one rank per node, as on a two-node cluster. Their names do not resolve: the agent gives
+    // the ranks the first node's address (GATEHOUSE_MASTER_ADDR, below).
+    for (const char* node : {"node1", "node2"}) fs::create_directories(root_ / "spool" / node);
     const fs::path conf = root_ / "slurm.conf";
+    auto node_line = [](const char* name) {
+      return std::string("NodeName=") + name + " NodeHostname=localhost NodeAddr=127.0.0.1 Port=" +
+             std::to_string(FreePort()) + " CPUs=1 RealMemory=1024 State=UNKNOWN\n";
+    };
     WriteTextFile(conf, "ClusterName=gatehouse\n"
                         "SlurmctldHost=localhost(127.0.0.1)\n"
                         "SlurmctldPort=" + std::to_string(FreePort()) + "\n"
-                        "SlurmdPort=" + std::to_string(FreePort()) + "\n"
                         "AuthType=auth/munge\nCredType=cred/munge\n"
                         "AuthInfo=socket=" + socket.string() + "\n"
                         "SlurmUser=root\nSlurmdUser=root\n"
                         "StateSaveLocation=" + (root_ / "state").string() + "\n"
-                        "SlurmdSpoolDir=" + (root_ / "spool").string() + "\n"
+                        "SlurmdSpoolDir=" + (root_ / "spool" / "%n").string() + "\n"
                         "SlurmctldPidFile=" + (root_ / "run" / "slurmctld.pid").string() + "\n"
-                        "SlurmdPidFile=" + (root_ / "run" / "slurmd.pid").string() + "\n"
+                        "SlurmdPidFile=" + (root_ / "run" / "slurmd-%n.pid").string() + "\n"
                         "SlurmctldLogFile=" + (root_ / "logs" / "slurmctld.log").string() + "\n"
-                        "SlurmdLogFile=" + (root_ / "logs" / "slurmd.log").string() + "\n"
+                        "SlurmdLogFile=" + (root_ / "logs" / "slurmd-%n.log").string() + "\n"
                         "ProctrackType=proctrack/pgid\nTaskPlugin=task/none\n"
                         "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
                         "SchedulerType=sched/builtin\nJobAcctGatherType=jobacct_gather/none\n"
                         "AccountingStorageType=accounting_storage/none\nMpiDefault=none\n"
                         "ReturnToService=2\nFirstJobId=" + std::to_string(100 + ::getpid() % 1000) + "\n"
-                        "NodeName=localhost NodeAddr=127.0.0.1 CPUs=2 RealMemory=2048 "
-                        "State=UNKNOWN\n"
-                        "PartitionName=gatehouse Nodes=localhost Default=YES MaxTime=INFINITE "
-                        "State=UP\n");
+                        + node_line("node1") + node_line("node2") +
+                        "PartitionName=gatehouse Nodes=node1,node2 Default=YES "
+                        "MaxTime=INFINITE State=UP\n");
     // The Slurm clients (the agent's srun, squeue and scancel; this test's) find it here.
     ::setenv("SLURM_CONF", conf.string().c_str(), 1);
     // Standard input from /dev/null, not closed: with fd 0 free, slurmd's pipe to a starting
@@ -128,13 +136,18 @@ class SlurmEngineTest : public ::testing::Test {
     slurmctld_ = std::make_unique<Daemon>(
         "/bin/sh", std::vector<std::string>{"-c", "exec " + Which("slurmctld") + " -D -i </dev/null"},
         root_ / "logs" / "slurmctld");
-    slurmd_ = std::make_unique<Daemon>(
-        "/bin/sh",
-        std::vector<std::string>{"-c", "exec " + Which("slurmd") + " -D -N localhost </dev/null"},
-        root_ / "logs" / "slurmd");
-    ASSERT_TRUE(WaitFor(seconds(60), [&] { return NodeState() == "idle"; }))
-        << "the Slurm node is not idle: " << NodeState() << "\n"
-        << slurmctld_->Stderr() << slurmd_->Stderr();
+    for (const char* node : {"node1", "node2"}) {
+      slurmd_.push_back(std::make_unique<Daemon>(
+          "/bin/sh",
+          std::vector<std::string>{"-c", "exec " + Which("slurmd") + " -D -N " + node + " </dev/null"},
+          root_ / "logs" / (std::string("slurmd-") + node)));
+    }
+    // Both idle, and both daemons alive (a slurmd that lost its port to the other would leave
+    // its node answering through the other's).
+    ASSERT_TRUE(WaitFor(seconds(60), [&] {
+      return NodeState() == "idle\nidle" && slurmd_[0]->running() && slurmd_[1]->running();
+    })) << "the Slurm nodes are not idle: " << NodeState() << "\n"
+        << slurmctld_->Stderr() << slurmd_[0]->Stderr() << slurmd_[1]->Stderr();
 
     repo_ = root_ / "adapter";
     ASSERT_NO_FATAL_FAILURE(MakeAdapterRepository(repo_));
@@ -159,16 +172,19 @@ class SlurmEngineTest : public ::testing::Test {
         "--work-dir", (root_ / "agent").string(), "--sdk-dir", GATEHOUSE_SDK_DIR,
         "--cmake-prefix-path", GATEHOUSE_TORCH_PREFIX, "--worker", bin + "/gatehouse-worker",
         "--torch-version", GATEHOUSE_TORCH_VERSION, "--token-file",
-        (root_ / "agent.token").string(), "--slurm", "--slurm-nodes", "1",
-        "--slurm-cpu-ranks-per-node", "2", "--slurm-partition", "gatehouse"};
+        (root_ / "agent.token").string(), "--slurm", "--slurm-nodes", "2",
+        "--slurm-cpu-ranks-per-node", "1", "--slurm-partition", "gatehouse"};
     // The build and every task run sandboxed where bubblewrap works (docs/protocols.md §3.6).
     sandboxed_ = RunCommand("bwrap", {"--unshare-user", "--unshare-net", "--ro-bind", "/", "/",
                                       "true"},
                             root_)
                      .exit_code == 0;
     if (sandboxed_) agent_args.insert(agent_args.end(), {"--sandbox", "bwrap"});
+    // The agent's environment reaches every task (srun --export=ALL).
+    ::setenv("GATEHOUSE_MASTER_ADDR", "127.0.0.1", 1);
     agent_ = std::make_unique<Daemon>(bin + "/gatehouse-agent", agent_args,
                                       root_ / "logs" / "agent");
+    ::unsetenv("GATEHOUSE_MASTER_ADDR");
     ASSERT_TRUE(agent_->WaitForLine(std::regex("registered as"), seconds(120))) << agent_->Stderr();
   }
 
@@ -176,7 +192,7 @@ class SlurmEngineTest : public ::testing::Test {
     agent_.reset();
     controller_.reset();
     if (slurmctld_) RunCommand("scancel", {"--partition=gatehouse"}, root_);
-    slurmd_.reset();
+    slurmd_.clear();
     slurmctld_.reset();
     munged_.reset();
     ::unsetenv("SLURM_CONF");
@@ -196,7 +212,7 @@ class SlurmEngineTest : public ::testing::Test {
   }
 
   std::string NodeState() {
-    CommandResult r = RunCommand("sinfo", {"--noheader", "--format=%t"}, root_);
+    CommandResult r = RunCommand("sinfo", {"--Node", "--noheader", "--format=%t"}, root_);
     std::string s = r.output;
     while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
     return s;
@@ -280,7 +296,8 @@ class SlurmEngineTest : public ::testing::Test {
   bool sandboxed_ = false;  // the agent runs with --sandbox bwrap
   std::string token_;
   int http_port_ = 0;
-  std::unique_ptr<Daemon> munged_, slurmctld_, slurmd_, controller_, agent_;
+  std::unique_ptr<Daemon> munged_, slurmctld_, controller_, agent_;
+  std::vector<std::unique_ptr<Daemon>> slurmd_;  // one per node
 };
 
 bool Final(const json& c) {
@@ -290,8 +307,9 @@ bool Final(const json& c) {
 }
 
 TEST_F(SlurmEngineTest, CellsRunAsSlurmJobsAndEndAsTheirJobsDo) {
-  // 1. A TP=2 cell on CPU: both ranks run as tasks of one srun step and the parallel gate
-  //    compares them with TP=1, as on a local agent.
+  // 1. A TP=2 cell on CPU over two nodes: each rank a task of one srun step on a node of its
+  //    own, rank 1 reaching rank 0's rendezvous at the first node's address, and the parallel
+  //    gate compares them with TP=1, as on a local agent.
   const std::string passing = Submit(Body("pass"));
   ASSERT_FALSE(passing.empty());
   json cell = WaitCell(passing, seconds(900), "final", Final);
@@ -306,15 +324,17 @@ TEST_F(SlurmEngineTest, CellsRunAsSlurmJobsAndEndAsTheirJobsDo) {
   const int64_t first_attempt = cell.at("attempts").at(0).at("id").get<int64_t>();
   EXPECT_EQ(JobState(first_attempt), "COMPLETED");
   const std::string slurm_log = Log(passing, "slurm");
-  EXPECT_NE(slurm_log.find("--ntasks=2"), std::string::npos) << slurm_log;
+  EXPECT_NE(slurm_log.find("--nodes=2 --ntasks=2 --ntasks-per-node=1"), std::string::npos)
+      << slurm_log;
   EXPECT_NE(slurm_log.find("ended COMPLETED"), std::string::npos) << slurm_log;
   // Each rank says where it ran, with the variables gatehouse-slurm-rank derived from Slurm's.
-  for (const auto& [stream, rank] : {std::pair{"worker", 0}, std::pair{"worker.rank1", 1}}) {
+  for (const auto& [stream, rank, node] : {std::tuple{"worker", 0, "node1"},
+                                            std::tuple{"worker.rank1", 1, "node2"}}) {
     const std::string log = Log(passing, stream);
     EXPECT_TRUE(std::regex_search(
-        log, std::regex("gatehouse-slurm-rank: slurm job [0-9]+ step 0 on .*: RANK=" +
-                        std::to_string(rank) + " WORLD_SIZE=2 LOCAL_RANK=" +
-                        std::to_string(rank) + " LOCAL_WORLD_SIZE=2 MASTER_ADDR=localhost")))
+        log, std::regex("gatehouse-slurm-rank: slurm job [0-9]+ step 0 on " + std::string(node) +
+                        " \\(host .*\\): RANK=" + std::to_string(rank) +
+                        " WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1")))
         << stream << ":\n" << log.substr(0, 2000);
   }
 
@@ -360,7 +380,7 @@ TEST_F(SlurmEngineTest, CellsRunAsSlurmJobsAndEndAsTheirJobsDo) {
   attempt = WaitRunningJob(node_failure, 1);
   ASSERT_NE(attempt, 0);
   CommandResult down = RunCommand(
-      "scontrol", {"update", "NodeName=localhost", "State=DOWN", "Reason=gatehouse-e2e"}, root_);
+      "scontrol", {"update", "NodeName=node1", "State=DOWN", "Reason=gatehouse-e2e"}, root_);
   ASSERT_EQ(down.exit_code, 0) << down.output;
   cell = WaitCell(node_failure, seconds(120), "with its first attempt lost", [](const json& c) {
     return c.at("attempts").at(0).value("state", "") == "lost";
@@ -368,7 +388,7 @@ TEST_F(SlurmEngineTest, CellsRunAsSlurmJobsAndEndAsTheirJobsDo) {
   const std::string lost_reason = cell.at("attempts").at(0).value("reason", "");
   EXPECT_NE(lost_reason.find("NODE_FAIL"), std::string::npos) << lost_reason;
   EXPECT_EQ(JobState(attempt), "NODE_FAIL");
-  RunCommand("scontrol", {"update", "NodeName=localhost", "State=RESUME"}, root_);
+  RunCommand("scontrol", {"update", "NodeName=node1", "State=RESUME"}, root_);
   cell = WaitCell(node_failure, seconds(900), "final", Final);
   EXPECT_EQ(cell.value("status", ""), "passed") << cell.dump(2);
   ASSERT_EQ(cell.at("attempts").size(), 2u) << cell.dump(2);
