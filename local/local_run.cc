@@ -115,7 +115,7 @@ Result<std::vector<agent::InputFile>> ReferenceInputs(const controller::FrozenCe
   EvidenceRecorder recorder(ref.id, dir, progress, o.echo);
   agent::AttemptRunner runner(RunnerConfigFor(o));
   runner.SetArtifactChannel(&store);
-  runner.Run({id, ref.id, ref.spec_json, {}, {}, {}}, recorder);
+  runner.Run({id, ref.id, ref.spec_json, {}, {}, {}}, recorder, agent::CancelToken{o.cancel});
   const agent::AttemptEndReport& end = recorder.end();
   std::vector<agent::InputFile> inputs;
   for (const agent::InputFile& f : store.stored()) {
@@ -218,11 +218,17 @@ Result<LocalRunResult> RunLocally(const LocalRunOptions& o) {
   runner.SetArtifactChannel(&store);
   agent::AttemptAssignment assignment{attempt_id, cell.id, cell.spec_json, inputs,
                                       tree.checkout.path, local_run};
-  runner.Run(assignment, recorder);
+  runner.Run(assignment, recorder, agent::CancelToken{o.cancel});
   const agent::AttemptEndReport& end = recorder.end();
   std::vector<controller::PhaseRecord> phases = recorder.Phases();
   result.ending = controller::EndingOf(end.outcome, end.reason, end.exit_code,
                                        recorder.run_status(), phases);
+  if (o.cancel != nullptr && o.cancel->load() &&
+      result.ending.state == controller::AttemptState::kError) {
+    // The stop was asked for here: no verdict, and not an error of the run.
+    result.ending.state = controller::AttemptState::kCancelled;
+    result.ending.reason = "stopped by SIGINT or SIGTERM: " + result.ending.reason;
+  }
 
   controller::CellDetail detail;
   detail.cell.id = cell.id;

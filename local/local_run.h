@@ -7,6 +7,7 @@
 // figure is "local, unfrozen; ..." and names the tree's changes (docs/cli.md "gatehouse run").
 #pragma once
 
+#include <atomic>
 #include <filesystem>
 #include <ostream>
 #include <string>
@@ -51,6 +52,10 @@ struct LocalRunOptions {
   std::ostream* progress = nullptr;
   /// When set, the build's and worker's output too, as it comes.
   std::ostream* echo = nullptr;
+  /// When set and it turns true (any thread, a signal handler), the running build, reference
+  /// runner or worker ranks are stopped (SIGTERM to each process group, SIGKILL after the
+  /// grace) and the run ends cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 /// The run's end, for the exit code and --submit.

@@ -1,5 +1,9 @@
 #include "local/run_command.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -89,6 +93,28 @@ void AddRunCommand(CLI::App& app, RunCommand& run) {
              "verdict (the tree must have no changes and its commit be pushed)");
 }
 
+namespace {
+
+/// Set by the first SIGINT or SIGTERM: the run stops its processes (each in a process group of
+/// its own, so a terminal's Ctrl-C reaches only this one) and ends cancelled. A second signal
+/// ends this process at once.
+std::atomic<bool> stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+extern "C" void OnStopSignal(int sig) {
+  if (stop_requested.exchange(true)) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  static constexpr char kMessage[] =
+      "gatehouse: stopping the run: its processes get SIGTERM, SIGKILL after 10 s (again to quit "
+      "now)\n";
+  (void)!::write(2, kMessage, sizeof(kMessage) - 1);
+}
+
+}  // namespace
+
 int ExecuteRun(const RunCommand& run, json& submit_body) {
   LocalRunOptions o;
   if (!run.body_file.empty()) {
@@ -133,9 +159,18 @@ int ExecuteRun(const RunCommand& run, json& submit_body) {
   o.progress = &std::cout;
   o.echo = run.verbose ? &std::cerr : nullptr;
 
+  struct sigaction on_stop {};
+  on_stop.sa_handler = OnStopSignal;
+  sigemptyset(&on_stop.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) ::sigaction(sig, &on_stop, nullptr);
+  o.cancel = &stop_requested;
+
   Result<LocalRunResult> result = RunLocally(o);
   if (!result.ok()) {
-    std::cerr << "gatehouse: run: " << result.status().message() << "\n";
+    std::cerr << "gatehouse: run: "
+              << (stop_requested.load() ? "stopped by SIGINT or SIGTERM: " : "")
+              << result.status().message() << "\n";
+    if (stop_requested.load()) return cli::kExitBlocked;
     const StatusCode code = result.status().code();
     return code == StatusCode::kInvalidArgument || code == StatusCode::kNotFound
                ? cli::kExitUsage

@@ -69,6 +69,10 @@ void Daemon::Stop() {
   impl_->child.wait(ec);
 }
 
+void Daemon::Interrupt() {
+  if (running()) ::kill(impl_->child.id(), SIGINT);
+}
+
 void Daemon::Kill() {
   if (!running()) return;
   ::kill(impl_->child.id(), SIGKILL);

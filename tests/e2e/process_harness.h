@@ -28,6 +28,8 @@ class Daemon {
   bool running();
   /// SIGTERM, wait up to 10 s, then SIGKILL.
   void Stop();
+  /// SIGINT now (a terminal's Ctrl-C), without waiting.
+  void Interrupt();
   /// SIGKILL now (a crash: no cleanup), then reaps it. Its own children are not signalled.
   void Kill();
   /// The process's stderr so far (for failure messages).

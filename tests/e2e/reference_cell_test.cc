@@ -446,6 +446,38 @@ TEST_F(ReferenceCellEndToEndTest, YourOwnCheckpointFromSubmitToVerdict) {
   report << std::ifstream(out / "report.md").rdbuf();
   EXPECT_NE(report.str().find("**Local run**"), std::string::npos) << report.str();
   EXPECT_NE(report.str().find("| status | **passed** |"), std::string::npos) << report.str();
+  // 7b. Ctrl-C (SIGINT; SIGTERM alike) stops `gatehouse run` with what it started: the
+  //     reference runner (here: a new reference, 1000 training steps, minutes of work) runs in
+  //     a process group of its own, so the terminal's signal reaches only the run, which stops
+  //     that group and ends, saying so, leaving no process behind.
+  {
+    const fs::path work = root_ / "local-stop";
+    Daemon stopped(std::string(GATEHOUSE_BIN_DIR) + "/gatehouse",
+                   {"run", "--tree", clone.string(), "--work-dir", work.string(), "--family",
+                    "ministral", "--checkpoint", checkpoint.string(), "--phases",
+                    "identity,config,construct,load,training", "--training-steps", "1000"},
+                   root_ / "logs" / "local-stop");
+    const auto running_under = [&](const std::string& what) {
+      return RunCommand("pgrep", {"-f", what + ".*" + work.string()}, root_).exit_code == 0;
+    };
+    ASSERT_TRUE(stopped.WaitForLine(std::regex("running upstream"), seconds(120))) << stopped.Stderr();
+    const auto deadline_up = std::chrono::steady_clock::now() + seconds(60);
+    while (!running_under("reference_cell.py") && std::chrono::steady_clock::now() < deadline_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    ASSERT_TRUE(running_under("reference_cell.py")) << "the reference runner did not start";
+    stopped.Interrupt();
+    const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+    while (stopped.running() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    EXPECT_FALSE(stopped.running()) << stopped.Stderr();
+    EXPECT_FALSE(running_under("")) << "the local run left a process behind";
+    EXPECT_NE(stopped.Stderr().find("gatehouse: stopping the run"), std::string::npos)
+        << stopped.Stderr();
+    EXPECT_NE(stopped.Stderr().find("stopped by SIGINT or SIGTERM"), std::string::npos)
+        << stopped.Stderr();
+  }
   // 8. The operator's commands: the no-window branch is not designated (main, the default
   //    branch, is); its FAIL can also be hidden, and shown again, with a reason.
   CliRun branches = Cli("branches --repository " + (root_ / "adapter").string());
