@@ -36,15 +36,7 @@ CellSpec::Topology Cp(int cp, int dp = 1, int tp = 1, int dp_shard = 1) {
   return t;
 }
 
-std::string Label(const CellSpec::Topology& t) {
-  std::string text;
-  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp", t.dp},
-                                   {"dp_shard", t.dp_shard}, {"cp", t.cp}, {"tp", t.tp},
-                                   {"ep", t.ep}}) {
-    if (size > 1) text += (text.empty() ? "" : " x ") + std::string(name) + "=" + std::to_string(size);
-  }
-  return text;
-}
+std::string Label(const CellSpec::Topology& t) { return test_util::MeshLabel(t); }
 
 double Real(const GateOutcome& out, const std::string& name) { return test_util::RealFigure(out, name); }
 int64_t Count(const GateOutcome& out, const std::string& name) { return test_util::CountFigure(out, name); }

@@ -38,15 +38,7 @@ CellSpec::Topology Dp(int dp, int tp = 1, int dp_shard = 1) {
 
 CellSpec::Topology Fsdp(int dp_shard, int dp = 1, int tp = 1) { return Dp(dp, tp, dp_shard); }
 
-/// "dp=2 x dp_shard=2 x tp=2": the enabled dimensions.
-std::string Label(const CellSpec::Topology& t) {
-  std::string text;
-  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp", t.dp},
-                                   {"dp_shard", t.dp_shard}, {"tp", t.tp}}) {
-    if (size > 1) text += (text.empty() ? "" : " x ") + std::string(name) + "=" + std::to_string(size);
-  }
-  return text;
-}
+std::string Label(const CellSpec::Topology& t) { return test_util::MeshLabel(t); }
 
 double Real(const GateOutcome& out, const std::string& name) { return test_util::RealFigure(out, name); }
 int64_t Count(const GateOutcome& out, const std::string& name) { return test_util::CountFigure(out, name); }

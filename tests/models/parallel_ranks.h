@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -47,6 +48,18 @@ struct RankOutcomes {
   std::vector<worker::GateOutcome> outcomes;  // per rank: the check under test
   std::vector<std::string> early;             // per rank: an earlier gate that did not PASS
 };
+
+/// "dp=2 x dp_shard=2 x cp=2 x tp=2 x ep=2": the enabled dimensions of a topology, for traces
+/// and figure lines.
+inline std::string MeshLabel(const CellSpec::Topology& t) {
+  std::string text;
+  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"dp", t.dp},
+                                   {"dp_shard", t.dp_shard}, {"cp", t.cp}, {"tp", t.tp},
+                                   {"ep", t.ep}}) {
+    if (size > 1) text += (text.empty() ? "" : " x ") + std::string(name) + "=" + std::to_string(size);
+  }
+  return text;
+}
 
 /// Success when every rank joined its group, passed the gates before the check and PASSed
 /// the check; else the first rank that did not, and why. Use as

@@ -46,21 +46,14 @@ Packing Columns(const DpRun& run, const Packing& packing) {
 }  // namespace
 
 Packing PackShare(const std::vector<torch::Tensor>& share, torch::Device device) {
-  std::vector<torch::Tensor> tokens, positions, labels;
-  std::vector<int64_t> bounds{0};
+  std::vector<torch::Tensor> inputs, labels;
   for (const torch::Tensor& ids : share) {
     const int64_t t = ids.size(0) - 1;  // predicted tokens
-    tokens.push_back(ids.slice(0, 0, t));
+    inputs.push_back(ids.slice(0, 0, t));
     labels.push_back(ids.slice(0, 1, t + 1));
-    positions.push_back(torch::arange(t, torch::kLong));
-    bounds.push_back(bounds.back() + t);
   }
-  Packing p;
-  p.tokens = torch::cat(tokens).unsqueeze(0).to(device);
-  p.positions = torch::cat(positions).unsqueeze(0).to(device);
-  p.labels = torch::cat(labels).to(device);
-  p.cu_seqlens = torch::tensor(bounds, torch::kLong).to(device);
-  return p;
+  internal::Packed packed = internal::Pack(inputs, device);  // the packing gate's
+  return {packed.tokens, packed.positions, torch::cat(labels).to(device), packed.cu_seqlens};
 }
 
 int64_t TrimForContextParallel(std::vector<torch::Tensor>& batch, int64_t dp, int64_t cp,

@@ -170,12 +170,7 @@ std::vector<torch::Tensor> Full(const DpRun& run, const std::vector<torch::Tenso
   for (size_t i = 0; i < local.size(); ++i) {
     const std::string& name = run.params[i].names[0];
     torch::Tensor whole = local[i];
-    if (run.plan) {
-      const ShardRule* rule = run.plan->Find(name);  // the sharded load proved every one has one
-      Result<torch::Tensor> unsharded = run.plan->Unshard(*rule, run.tp_comm->AllGather(whole));
-      if (!unsharded.ok()) throw std::runtime_error(name + ": " + unsharded.status().message());
-      whole = *unsharded;
-    }
+    if (run.plan) whole = UnshardOverTp(*run.plan, *run.tp_comm, name, whole);
     if (run.ep_comm && run.expert[i]) whole = torch::cat(run.ep_comm->AllGather(whole), 0);
     full.push_back(whole);
   }

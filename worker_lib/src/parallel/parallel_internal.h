@@ -113,6 +113,12 @@ struct StepTrace {
               const std::function<std::string(const std::string&)>& checkpoint_key = {}) const;
 };
 
+/// The full tensor of parameter `name` from this rank's tp shard `local`: every rank's shard
+/// gathered over `tp` and put together by the plan's rule for it. A collective over `tp`.
+/// Throws std::runtime_error naming the parameter when it has no rule or a shard does not fit.
+torch::Tensor UnshardOverTp(const TpPlan& plan, TpCommunicator& tp, const std::string& name,
+                            const torch::Tensor& local);
+
 /// The checkpoint key of internal parameter `internal` through the cell's name table
 /// ("model.layers.0.self_attn.k_proj.weight"; for a stacked expert parameter its first and
 /// last expert's keys); "" when the family maps weights by code or no row maps it.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <map>
 
 #include "../gates_internal.h"
@@ -264,6 +265,15 @@ void StepTrace::Record(double loss_bar, GateOutcome& out, std::vector<std::strin
                      " differs from the control's by " + Num(worst_grad_rel) +
                      " of its max (bar " + Num(worst_grad_bar) + ")");
   }
+}
+
+torch::Tensor UnshardOverTp(const TpPlan& plan, TpCommunicator& tp, const std::string& name,
+                            const torch::Tensor& local) {
+  const ShardRule* rule = plan.Find(name);
+  if (rule == nullptr) throw std::runtime_error(name + ": no rule in the tensor-parallel plan");
+  Result<torch::Tensor> whole = plan.Unshard(*rule, tp.AllGather(local.contiguous()));
+  if (!whole.ok()) throw std::runtime_error(name + ": " + whole.status().message());
+  return *whole;
 }
 
 std::string CheckpointKeyOf(const GateContext& ctx, const std::string& internal) {

@@ -214,18 +214,6 @@ void SyncSharedGradients(PpRun& run) {
   }
 }
 
-/// The full tensor of this rank's tp shard `local` of parameter `i`: gathered over the tp
-/// group and put together through the plan; `local` itself when tp is 1. A collective over
-/// the tp group. Throws std::runtime_error naming the parameter when a shard does not fit.
-torch::Tensor FullOf(const PpRun& run, size_t i, const torch::Tensor& local) {
-  if (!run.plan) return local;
-  const std::string& name = run.params[i].names[0];
-  const ShardRule* rule = run.plan->Find(name);  // the sharded load proved every one has one
-  Result<torch::Tensor> whole = run.plan->Unshard(*rule, run.tp_comm->AllGather(local.contiguous()));
-  if (!whole.ok()) throw std::runtime_error(name + ": " + whole.status().message());
-  return *whole;
-}
-
 /// Every parameter's full gradient as its owning stages hold it, on every rank (for the
 /// comparison only): the owners' gradients summed over the pp group and divided by the
 /// number of owners (the same gradient on each, when they are in sync), then gathered over
@@ -240,7 +228,8 @@ std::vector<torch::Tensor> OwnersGradients(const PpRun& run) {
                              : torch::zeros(g.tensor.sizes(), torch::kDouble);
     run.pp_comm->AllReduceSum(wide);
     if (run.owners[i] > 1) wide.div_(static_cast<double>(run.owners[i]));
-    out.push_back(FullOf(run, i, wide.to(g.tensor.scalar_type())));
+    const torch::Tensor local = wide.to(g.tensor.scalar_type());
+    out.push_back(run.plan ? UnshardOverTp(*run.plan, *run.tp_comm, g.names[0], local) : local);
   }
   return out;
 }
@@ -305,8 +294,9 @@ std::string Train(PpRun& run) {
 std::string CompareParameters(PpRun& run) try {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < run.params.size(); ++i) {
-    const std::vector<torch::Tensor> copies =
-        run.pp_comm->AllGather(FullOf(run, i, run.params[i].tensor.detach()));
+    const torch::Tensor local = run.params[i].tensor.detach();
+    const std::vector<torch::Tensor> copies = run.pp_comm->AllGather(
+        run.plan ? UnshardOverTp(*run.plan, *run.tp_comm, run.params[i].names[0], local) : local);
     const std::vector<torch::Tensor> owned =
         run.pp_comm->AllGather(torch::tensor({run.owned[i] ? 1 : 0}, torch::kLong));
     if (!run.rank0) continue;
