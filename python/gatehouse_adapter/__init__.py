@@ -107,7 +107,24 @@ Tensor parallelism
 ``torch.distributed.tensor.parallel.parallelize_module``); every rank then calls ``forward``
 with the same inputs and gets the full logits as a plain tensor. The worker calls it on every
 rank with that rank's fully loaded model, over torch.distributed's default group (gloo on the
-CPU, NCCL on GPUs), and reads parameters and gradients back with ``full_tensor()``.
+CPU, NCCL on GPUs), and reads parameters and gradients back with ``full_tensor()``. Under data
+parallelism with tp inside each replica (dp x tp) ``tp_mesh`` is the "tp" dimension of a
+("dp", "tp") mesh over the world: each replica's tp group. The worker reduces the gradients
+over "dp" itself (each DTensor parameter's local shard gradient) and steps the local shards,
+so ``parallelize`` applies tensor parallelism only.
+
+Data parallelism
+----------------
+``data_parallel(model, dp_mesh)`` (optional) applies the adapter's own data parallelism, as its
+framework does after tensor parallelism (FSDP2 ``fully_shard`` per decoder layer and on the
+root, torchtitan's apply_fsdp). ``dp_mesh`` is the "dp" dimension of the ("dp", "tp") mesh: the
+ranks holding the same tp shard. The worker then leaves the reduction to the model: each rank's
+loss is its sequences' token sum divided by the global token count, so the reduction must sum
+(``set_gradient_divide_factor(1.0)``; FSDP2's default divides by the data-parallel size), in
+fp32 (``MixedPrecisionPolicy(reduce_dtype=torch.float32)``). The worker reads each parameter's
+local gradient shard, steps its local shard in place, and gathers both with
+``DTensor.full_tensor()`` to compare them with the single-rank control. Without
+``data_parallel`` the worker replicates the model and reduces the gradients itself.
 """
 
 from __future__ import annotations
@@ -182,6 +199,10 @@ class ModelSpec:
     build_model(args, dtype, device) -> nn.Module with the forward in the module docstring.
     state_dict_adapter(args) -> StateDictAdapter.
     parallelize(model, tp_mesh) -> model, or None when the adapter has no TP plan.
+    data_parallel(model, dp_mesh) -> model, optional: the adapter's own data parallelism
+        (FSDP2 fully_shard over the 1-D ``dp_mesh``), applied after parallelize when the cell
+        has several data-parallel ranks; its gradient reduction must SUM (see "Data
+        parallelism" in the module docstring).
     gate_facts(args) -> dict, optional: the sizes the gates read, under Hugging Face names
         (vocab_size, num_hidden_layers, num_key_value_heads, head_dim,
         max_position_embeddings, tie_word_embeddings, min_sliding_window: 0 for none). When
@@ -201,6 +222,7 @@ class ModelSpec:
     build_model: Callable[[Any, torch.dtype, torch.device], torch.nn.Module]
     state_dict_adapter: Callable[[Any], StateDictAdapter]
     parallelize: Callable[[torch.nn.Module, Any], torch.nn.Module] | None = None
+    data_parallel: Callable[[torch.nn.Module, Any], torch.nn.Module] | None = None
     gate_facts: Callable[[Any], dict] | None = None
     init_cache: Callable[[torch.nn.Module, int, int, torch.dtype, torch.device], Any] | None = None
     decode_forward: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, Any],

@@ -27,7 +27,8 @@ __all__ = [
     "load_spec", "parse_config", "gate_facts", "args_json", "build_model", "state_dict_adapter",
     "forward", "caches_keys_and_values", "init_cache", "decode_forward", "from_hf", "to_hf",
     "zero_grad", "join_group",
-    "parallelize", "local_parameters", "full_tensors",
+    "parallelize", "reduces_data_parallel", "local_gradients", "local_parameters",
+    "full_tensors", "full_of_local",
 ]
 
 # The facts the gates read from any family's args (gatehouse::worker::ModelArgs), each with the
@@ -266,23 +267,41 @@ def join_group(rank: int, world_size: int, device: str, timeout_s: int) -> None:
                             timeout=timeout)
 
 
-def parallelize(spec: ModelSpec, model: torch.nn.Module) -> torch.nn.Module:
-    """Builds a 1-D DeviceMesh over every rank of the group join_group made and returns
-    ``spec.parallelize(model, mesh)``. A collective: every rank calls it with its own loaded
-    full model. Raises TypeError when the spec has no parallelize or it returns something other
-    than a Module; the adapter's own exception (e.g. a TP size that does not divide the
-    heads) propagates."""
+def parallelize(spec: ModelSpec, model: torch.nn.Module, tp_size: int | None = None) -> torch.nn.Module:
+    """Shards ``model`` as the adapter does, over the group join_group made: with ``tp_size``
+    None or the world's size, ``spec.parallelize(model, tp_mesh)`` over every rank; else over a
+    ("dp", "tp") mesh (tp fastest, as the worker lays ranks out: the tp groups are runs of
+    ``tp_size`` consecutive ranks, the data-parallel dimensions flattened into "dp"):
+    ``spec.parallelize(model, mesh["tp"])`` when tp > 1, then, when the spec gives
+    ``data_parallel``, ``spec.data_parallel(model, mesh["dp"])`` (the adapter's own FSDP2).
+    Every mesh dimension is named. A collective: every rank calls it with its own loaded full
+    model. Raises TypeError when tp > 1 and the spec has no parallelize, or a hook returns
+    something other than a Module; ValueError when ``tp_size`` does not divide the world; the
+    adapter's own exception (e.g. a TP size that does not divide the heads) propagates."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    if spec.parallelize is None:
-        raise TypeError(f"{spec.name}: the ModelSpec gives no parallelize")
     device = next(model.parameters()).device
+    world = dist.get_world_size()
+    tp = world if tp_size is None else int(tp_size)
+    data_parallel = getattr(spec, "data_parallel", None)
     try:
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        sharded = spec.parallelize(model, mesh)
-        if not isinstance(sharded, torch.nn.Module):
-            raise TypeError(f"parallelize returned {type(sharded).__name__}, not a torch.nn.Module")
+        if tp < 1 or world % tp:
+            raise ValueError(f"tp size {tp} does not divide the world size {world}")
+        if tp > 1 and spec.parallelize is None:
+            raise TypeError(f"{spec.name}: the ModelSpec gives no parallelize")
+        if tp == world:
+            mesh = None
+            tp_mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
+        else:
+            mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+            tp_mesh = mesh["tp"]
+        sharded = model
+        if tp > 1:
+            sharded = _checked_module(spec.parallelize(model, tp_mesh), "parallelize")
+        if mesh is not None and data_parallel is not None:
+            sharded = _checked_module(data_parallel(sharded, mesh["dp"]), "data_parallel")
+            sharded._gatehouse_reduces_data_parallel = True
     except BaseException:
         # The other ranks may be waiting in one of parallelize's collectives: closing this
         # rank's group ends their wait now ("connection closed by peer") instead of at the
@@ -290,6 +309,42 @@ def parallelize(spec: ModelSpec, model: torch.nn.Module) -> torch.nn.Module:
         dist.destroy_process_group()
         raise
     return sharded.eval()
+
+
+def _checked_module(result: Any, what: str) -> torch.nn.Module:
+    if not isinstance(result, torch.nn.Module):
+        raise TypeError(f"{what} returned {type(result).__name__}, not a torch.nn.Module")
+    return result
+
+
+def reduces_data_parallel(model: torch.nn.Module) -> bool:
+    """True when parallelize applied the adapter's own data parallelism (``data_parallel``): its
+    gradients after a backward are already reduced over the data-parallel ranks."""
+    return bool(getattr(model, "_gatehouse_reduces_data_parallel", False))
+
+
+@torch.no_grad()
+def local_gradients(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Each parameter's gradient (duplicates removed, named_parameters order) as this rank holds
+    it, zeros where it has none: a DTensor gradient's local tensor, after making it the
+    parameter's own layout (a replicated weight met by sharded activations, Qwen3's q_norm /
+    k_norm under SequenceParallel, gets a Partial gradient: all-reduced over its mesh, as an
+    optimizer stepping the DTensor would see it; a collective in the same order on every rank).
+    The result shares storage with the gradient, which the worker reduces in place."""
+    out = []
+    for name, p in model.named_parameters():
+        grad = p.grad
+        if grad is None:
+            local = p.to_local() if _is_dtensor(p) else p
+            out.append((name, torch.zeros_like(local)))
+            continue
+        if _is_dtensor(grad):
+            if tuple(grad.placements) != tuple(p.placements):
+                grad = grad.redistribute(p.device_mesh, p.placements)
+                p.grad = grad
+            grad = grad.to_local()
+        out.append((name, grad))
+    return out
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -320,5 +375,32 @@ def full_tensors(model: torch.nn.Module, gradients: bool) -> list[tuple[str, tor
             t = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
         elif _is_dtensor(t):
             t = t.full_tensor()
+        out.append((name, t.detach()))
+    return out
+
+
+@torch.no_grad()
+def full_of_local(model: torch.nn.Module,
+                  items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Each (parameter name, local tensor shaped as this rank's shard of that parameter) put
+    together as the model shards the parameter: for a DTensor parameter DTensor.from_local
+    with its mesh and placements, then full_tensor() (a collective: every rank of the mesh
+    calls this with the same names in the same order); a plain parameter's tensor as it is.
+    Raises ValueError naming a parameter the model lacks or a tensor not shaped as its shard."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(model.named_parameters(remove_duplicate=False))
+    out = []
+    for name, t in items:
+        p = params.get(name)
+        if p is None:
+            raise ValueError(f"full_of_local: the model has no parameter {name!r}")
+        local = p.to_local() if _is_dtensor(p) else p
+        if tuple(t.shape) != tuple(local.shape):
+            raise ValueError(f"full_of_local: {name} is {list(t.shape)} here, its shard "
+                             f"{list(local.shape)}")
+        if _is_dtensor(p):
+            t = DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
+                                   shape=p.shape, stride=p.stride()).full_tensor()
         out.append((name, t.detach()))
     return out

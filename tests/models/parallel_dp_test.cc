@@ -184,6 +184,19 @@ TEST(DataParallelTest, MissingAllReduceIsCaught) {
   EXPECT_THAT(out.reason, HasSubstr("replicas differ"));
 }
 
+// Verifies gradients all-reduced in bf16 where fp32 was asked (FSDP2's reduce_dtype not
+// applied) FAIL in an fp32 cell: the reduced gradients carry bf16's rounding, far above the
+// reduction-order floor; the loss of step 1 is still the control's.
+TEST(DataParallelTest, Bf16ReductionIsCaught) {
+  const test_util::RankOutcomes run = RunMutated(worker::parallel::DpReduction::Mode::kBf16Reduction);
+  ASSERT_EQ(run.errors[0], "");
+  const GateOutcome& out = run.outcomes[0];
+  EXPECT_EQ(out.status, GateStatus::kFail);
+  EXPECT_EQ(Real(out, "loss_step_1_rel_diff"), 0.0);
+  EXPECT_GT(Real(out, "grad_nearest_bar_rel_diff"), Real(out, "grad_nearest_bar_bar"));
+  EXPECT_THAT(out.reason, HasSubstr("step 1 gradient"));
+}
+
 // Verifies gradients summed over the whole world under dp x tp (the default group where the
 // dp group was meant: each tp shard's gradient added to the other shard's) FAIL on the
 // global grad norm.
@@ -248,15 +261,34 @@ TEST(GlobalBatchTest, CutsTheLongestUntilEveryRankHasOne) {
   EXPECT_EQ(splits, 0);
 }
 
-// Verifies dp x tp for a family that shards by code (the Python lane) is BLOCKED saying why.
+/// A family that delegates to a real one but says it maps weights by code and gives no
+/// parallelize (a Python-lane SPEC without one).
+class MapsByCodeWithoutParallelize : public test_util::DelegatingFamily {
+ public:
+  using DelegatingFamily::DelegatingFamily;
+  bool MapsWeightsByCode() const override { return true; }
+};
+
+// Verifies dp x tp for a family that maps weights by code and gives no parallelize is BLOCKED
+// saying why, and that a family whose ShardLoaded fails (here: the delegate shards no loaded
+// model) FAILs on every rank with every rank's reason.
 TEST(DataParallelTest, BlockedWhereItCannotRun) {
+  const MapsByCodeWithoutParallelize no_parallelize(test_util::FamilyByName("llama"));
+  const test_util::RankOutcomes blocked =
+      test_util::RunParallelRanks("llama-tiny-untied", "llama", Dp(2, 2), "fp32", &no_parallelize);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(blocked.errors[r], "") << r;
+    EXPECT_EQ(blocked.outcomes[r].status, GateStatus::kBlocked) << r;
+    EXPECT_THAT(blocked.outcomes[r].reason, HasSubstr("gives no parallelize")) << r;
+  }
   const ShardsByCode by_code(test_util::FamilyByName("llama"));
-  const test_util::RankOutcomes combined =
+  const test_util::RankOutcomes failed =
       test_util::RunParallelRanks("llama-tiny-untied", "llama", Dp(2, 2), "fp32", &by_code);
   for (int r = 0; r < 4; ++r) {
-    ASSERT_EQ(combined.errors[r], "") << r;
-    EXPECT_EQ(combined.outcomes[r].status, GateStatus::kBlocked) << r;
-    EXPECT_THAT(combined.outcomes[r].reason, HasSubstr("dp x tp there needs a device mesh")) << r;
+    ASSERT_EQ(failed.errors[r], "") << r;
+    EXPECT_EQ(failed.outcomes[r].status, GateStatus::kFail) << r;
+    EXPECT_THAT(failed.outcomes[r].reason, HasSubstr("parallelize (tp=2) failed: rank 0: "));
+    EXPECT_THAT(failed.outcomes[r].reason, HasSubstr("rank 3: model family 'llama' does not shard"));
   }
 }
 

@@ -140,7 +140,8 @@ test_util::RankOutcomes RunMutated(Mode mode, const CellSpec::Topology& topology
                           {"grad_norm_step_1_rel_diff", "grad_norm_sharded_step_1",
                            "grad_norm_sharded_step_1_rel_diff", "grad_max_rel_diff",
                            "grad_nearest_bar_tensor", "grad_nearest_bar_rel_diff",
-                           "expert_tokens_max_abs_diff"});
+                           "expert_tokens_max_abs_diff", "loss_step_1_rel_diff",
+                           "save_tensors_bit_equal", "save_tensors"});
   std::cout << "[parallel figures] reason: " << run.outcomes[0].reason << std::endl;
   return run;
 }
@@ -198,6 +199,34 @@ TEST(ExpertParallelTest, ExpertCountsNotReducedAreCaught) {
   EXPECT_EQ(out.status, GateStatus::kFail);
   EXPECT_GT(Count(out, "expert_tokens_max_abs_diff"), 0);
   EXPECT_THAT(out.reason, HasSubstr("tokens routed per expert"));
+}
+
+// Verifies each EP rank clipping with the norm of its own experts (the expert part of the
+// sharded grad norm not summed over the EP group: per-group clipping) FAILs on
+// grad_norm_sharded; the gathered norm stays right.
+TEST(ExpertParallelTest, PerGroupClippingNormIsCaught) {
+  const test_util::RankOutcomes run = RunMutated(Mode::kEpNormLocal, Ep(2, 2));
+  ASSERT_EQ(run.errors[0], "");
+  const GateOutcome& out = run.outcomes[0];
+  EXPECT_EQ(out.status, GateStatus::kFail);
+  EXPECT_LT(Real(out, "grad_norm_step_1_rel_diff"), 1e-5);
+  EXPECT_GT(Real(out, "grad_norm_sharded_step_1_rel_diff"), 1e-3);
+  EXPECT_THAT(out.reason, HasSubstr("grad norm from the ranks' shards"));
+}
+
+// Verifies experts at the wrong offset (each EP rank holding the next rank's experts, so the
+// tokens dispatched to expert e run through another expert's weights) FAIL before any step:
+// the save gathered from the ranks names the experts' keys that differ, and the loss follows.
+TEST(ExpertParallelTest, ExpertsAtTheWrongOffsetAreCaught) {
+  const test_util::RankOutcomes run = RunMutated(Mode::kExpertOffsetShifted, Ep(2, 2));
+  ASSERT_EQ(run.errors[0], "");
+  const GateOutcome& out = run.outcomes[0];
+  EXPECT_EQ(out.status, GateStatus::kFail);
+  EXPECT_LT(Count(out, "save_tensors_bit_equal"), Count(out, "save_tensors"));
+  EXPECT_GT(Real(out, "loss_step_1_rel_diff"), 1e-4);
+  // The first words name the save and an expert's checkpoint key.
+  EXPECT_THAT(out.reason.substr(0, 300), HasSubstr("the save gathered from the ranks"));
+  EXPECT_THAT(out.reason.substr(0, 300), HasSubstr("mlp.experts."));
 }
 
 // Verifies the layouts the check has no plan for, or that do not fit the checkpoint, BLOCK

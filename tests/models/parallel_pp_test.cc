@@ -171,6 +171,20 @@ TEST(PipelineParallelTest, TiedEmbeddingNotSyncedIsCaught) {
   EXPECT_THAT(out.reason, HasSubstr("copies of a shared parameter"));
 }
 
+// Verifies a first stage re-initialised before its last microbatch's backward (the gradients
+// accumulated over the earlier microbatches lost) FAILs: the step-1 loss is the control's,
+// only the gradients show it, the global grad norm first.
+TEST(PipelineParallelTest, StageReinitIsCaught) {
+  const test_util::RankOutcomes run =
+      RunFault(worker::parallel::PpFault::Mode::kStageReinit, "llama-tiny-untied");
+  ASSERT_EQ(run.errors[0], "");
+  const GateOutcome& out = run.outcomes[0];
+  EXPECT_EQ(out.status, GateStatus::kFail);
+  EXPECT_EQ(Real(out, "loss_step_1_rel_diff"), 0.0);
+  EXPECT_GT(Real(out, "grad_norm_step_1_rel_diff"), 1e-3);
+  EXPECT_THAT(out.reason, HasSubstr("step 1 global grad norm"));
+}
+
 // Verifies more stages than decoder layers (pp=3 on 2 layers) is BLOCKED naming the count.
 TEST(PipelineParallelTest, BlockedWhereItCannotRun) {
   const test_util::RankOutcomes run = test_util::RunParallelRanks("llama-tiny-untied", "llama", Pp(3), "fp32");

@@ -15,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <variant>
@@ -423,7 +424,7 @@ struct WorkerRun {
 /// `--python-path`, events on stdout) over `variant` (of model family `family`) in `precision`
 /// through `phases`, as
 /// `world` ranks with torchrun's variables (one process each, rendezvous on 127.0.0.1; a
-/// topology of `dimension` = world, tp, dp or dp_shard) when world > 1. `sys_path` goes in front of the
+/// topology of `dimension` = world, tp, dp or dp_shard, or several: "dp=2,tp=2") when world > 1. `sys_path` goes in front of the
 /// reference adapters.
 /// Returns each rank's events, rank 0 first; every process is bounded to 10 minutes.
 std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& family,
@@ -434,7 +435,16 @@ std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& fa
   test_util::TempDir attempt;
   json j = test_util::FixtureRunSpecJson(test_util::FixtureDir(variant), family, precision,
                                          attempt.path());
-  j["topology"][dimension] = world;
+  if (dimension.find('=') == std::string::npos) {
+    j["topology"][dimension] = world;
+  } else {
+    // "dp=2,tp=2": several dimensions.
+    std::stringstream parts(dimension);
+    for (std::string part; std::getline(parts, part, ',');) {
+      const size_t eq = part.find('=');
+      j["topology"][part.substr(0, eq)] = std::stoi(part.substr(eq + 1));
+    }
+  }
   j["phases"] = phases;
   std::ofstream(attempt.path() / "run.json") << j.dump();
   const std::string python_path =
@@ -577,46 +587,160 @@ TEST(PythonLane, ParallelGateRunsTheAdaptersParallelize) {
   }
 }
 
-/// Data parallelism on the lane: two worker processes, each holding the adapter's whole model
-/// (build_model, from_hf), train two AdamW steps on their share of the reference prompts, the
-/// gate all-reducing the gradients (dp=2) or also keeping each rank's optimizer state to its
-/// dim-0 slices (dp_shard=2); the losses, the global grad norms and every gradient agree with
-/// the single-rank control on rank 0, and the replicas stay bit-equal.
+/// A package `name` under `dir` whose spec.py imports the reference adapter's SPEC for `family`
+/// as `_GOOD` (and dataclasses), then runs `body`, which defines SPEC.
+void WriteSpecPackage(const fs::path& dir, const std::string& name, const std::string& family,
+                      const std::string& body) {
+  fs::create_directories(dir / name);
+  std::ofstream(dir / name / "__init__.py") << "";
+  std::ofstream(dir / name / "spec.py")
+      << "import dataclasses\nfrom gh_archon." << family << ".spec import SPEC as _GOOD\n" << body;
+}
+
+/// Data parallelism on the lane: two worker processes, each holding the adapter's model
+/// (build_model, from_hf), train two AdamW steps on their share of the reference prompts: with
+/// the adapter's own data_parallel (FSDP2 fully_shard: the model reduce-scatters its gradients,
+/// each rank holds and steps its dim-0 shards) or, for a SPEC without one, with the gate
+/// replicating the model and all-reducing the gradients (dp=2) or also keeping each rank's
+/// optimizer state to its dim-0 slices (dp_shard=2). The losses, the global grad norms and
+/// every gradient agree with the single-rank control on rank 0, and the replicas stay
+/// bit-equal.
 TEST(PythonLane, DataParallelTrainsLikeOneRank) {
   const auto fixtures = Fixtures({"llama"});
   if (!fixtures.count("llama-tiny-untied")) GTEST_SKIP() << "no fixture";
-  for (const std::string dimension : {"dp", "dp_shard"}) {
-    SCOPED_TRACE(dimension);
-    const auto ranks = RunWorker("gh_archon.llama.spec:SPEC", "llama", "llama-tiny-untied", "fp32",
-                                 kParallelPhases, /*world=*/2, "", dimension);
-    ASSERT_TRUE(ranks[0].ends.count("parallel"));
-    const json& end = ranks[0].ends.at("parallel");
-    EXPECT_EQ(end.value("status", ""), "PASS") << end.dump();
-    EXPECT_EQ(ranks[1].ends.count("parallel") ? ranks[1].ends.at("parallel").value("status", "") : "", "PASS");
-    std::cout << "[parallel figures] python lane llama-tiny-untied " << dimension << "=2 fp32";
-    for (const char* name : {"loss_step_1", "loss_step_1_rel_diff", "loss_step_2_rel_diff",
-                             "grad_norm_step_1", "grad_norm_step_1_rel_diff", "grad_norm_step_2_rel_diff",
-                             "grad_max_rel_diff", "grad_order_floor_max_rel", "grads_bit_equal",
-                             "grads_compared", "grads_step1_bit_equal_to_grouping",
+  test_util::TempDir dir;
+  WriteSpecPackage(dir.path(), "gate_reduces", "llama",
+                   "SPEC = dataclasses.replace(_GOOD, data_parallel=None)\n");
+  for (const bool adapters_fsdp : {true, false}) {
+    for (const std::string dimension : {"dp", "dp_shard"}) {
+      const std::string label = std::string(adapters_fsdp ? "the adapter's FSDP2" : "the gate") + " " + dimension;
+      SCOPED_TRACE(label);
+      const auto ranks = RunWorker(adapters_fsdp ? "gh_archon.llama.spec:SPEC" : "gate_reduces.spec:SPEC",
+                                   "llama", "llama-tiny-untied", "fp32", kParallelPhases,
+                                   /*world=*/2, dir.path().string(), dimension);
+      ASSERT_TRUE(ranks[0].ends.count("parallel"));
+      const json& end = ranks[0].ends.at("parallel");
+      EXPECT_EQ(end.value("status", ""), "PASS") << end.dump();
+      EXPECT_EQ(ranks[1].ends.count("parallel") ? ranks[1].ends.at("parallel").value("status", "") : "", "PASS");
+      std::cout << "[parallel figures] python lane llama-tiny-untied " << dimension << "=2 fp32, "
+                << (adapters_fsdp ? "reduced by the adapter's FSDP2" : "reduced by the gate");
+      for (const char* name : {"loss_step_1", "loss_step_1_rel_diff", "loss_step_2_rel_diff",
+                               "grad_norm_step_1", "grad_norm_step_1_rel_diff", "grad_norm_step_2_rel_diff",
+                               "grad_max_rel_diff", "grad_order_floor_max_rel", "grads_bit_equal",
+                               "grads_compared", "grads_step1_bit_equal_to_grouping",
+                               "replica_max_abs_diff", "params_after_max_abs_diff",
+                               "save_tensors_bit_equal", "save_tensors", "global_batch_sequences",
+                               "optimizer_state_elements_rank0", "optimizer_state_elements_unsharded"}) {
+        std::cout << " " << name << "=" << ranks[0].Figure("parallel", name).dump();
+      }
+      std::cout << std::endl;
+      EXPECT_EQ(ranks[0].Figure("parallel", "replica_max_abs_diff"), 0.0);
+      EXPECT_LT(ranks[0].Figure("parallel", "loss_step_2_rel_diff").get<double>(), 1e-5);
+      EXPECT_LT(ranks[0].Figure("parallel", "grad_norm_step_1_rel_diff").get<double>(), 1e-5);
+      EXPECT_EQ(ranks[0].Figure("parallel", "save_tensors_bit_equal"), ranks[0].Figure("parallel", "save_tensors"));
+      EXPECT_NE(ranks[0].Figure("parallel", "replicated_by").get<std::string>().find(
+                    adapters_fsdp ? "the adapter's data_parallel" : "every rank holds the whole model"),
+                std::string::npos)
+          << ranks[0].Figure("parallel", "replicated_by");
+      const int64_t state = ranks[0].Figure("parallel", "optimizer_state_elements_rank0").get<int64_t>();
+      const int64_t unsharded = ranks[0].Figure("parallel", "optimizer_state_elements_unsharded").get<int64_t>();
+      if (adapters_fsdp || dimension == "dp_shard") {
+        EXPECT_LT(state, unsharded);
+      } else {
+        EXPECT_EQ(state, unsharded);
+      }
+      EXPECT_EQ(ranks[0].exit_code, 0);
+      EXPECT_EQ(ranks[1].exit_code, 0);
+    }
+  }
+}
+
+/// Data parallelism with the adapter's own tensor parallelism inside each replica (four worker
+/// processes): the lane hands the adapter's parallelize the "tp" dimension of a ("dp", "tp")
+/// device mesh. llama-tiny-tied dp=2 x tp=2 with a SPEC without data_parallel: the gate
+/// reduces each rank's local gradient shards over the data-parallel group; qwen3_moe
+/// dp_shard=2 x tp=2 with the reference adapter's FSDP2 over "dp" (2-D DTensors: Shard(0) over
+/// dp, the tp plan's placement over tp), the model reducing by itself. Shards are gathered
+/// through the model's own placements; the two steps agree with the single-rank control, each
+/// rank holds less than half the optimizer state, and the replicas stay bit-equal.
+TEST(PythonLane, DataParallelWithTheAdaptersTensorParallelism) {
+  const auto fixtures = Fixtures({"llama", "qwen3_moe"});
+  test_util::TempDir dir;
+  WriteSpecPackage(dir.path(), "gate_reduces", "llama",
+                   "SPEC = dataclasses.replace(_GOOD, data_parallel=None)\n");
+  for (const auto& [variant, family, layout, entry] :
+       std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
+           {"llama-tiny-tied", "llama", "dp=2,tp=2", "gate_reduces.spec:SPEC"},
+           {"qwen3_moe-tiny-untied", "qwen3_moe", "dp_shard=2,tp=2", "gh_archon.qwen3_moe.spec:SPEC"}}) {
+    SCOPED_TRACE(variant + " " + layout);
+    if (!fixtures.count(variant)) {
+      ADD_FAILURE() << "no fixture " << variant << ": run through ctest";
+      continue;
+    }
+    const auto ranks = RunWorker(entry, family, variant, "fp32", kParallelPhases, /*world=*/4,
+                                 dir.path().string(), layout);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(ranks[r].ends.count("parallel")) << "rank " << r;
+      EXPECT_EQ(ranks[r].ends.at("parallel").value("status", ""), "PASS")
+          << "rank " << r << ": " << ranks[r].ends.at("parallel").dump();
+      EXPECT_EQ(ranks[r].exit_code, 0) << "rank " << r;
+    }
+    std::cout << "[parallel figures] python lane " << variant << " " << layout << " fp32";
+    for (const char* name : {"loss_step_1_rel_diff", "loss_step_2_rel_diff",
+                             "grad_norm_step_1_rel_diff", "grad_norm_step_2_rel_diff",
+                             "grad_norm_sharded_step_1_rel_diff", "grad_nearest_bar_rel_diff",
+                             "grad_max_rel_diff", "grad_order_floor_max_rel",
+                             "grads_step1_bit_equal_to_grouping", "grads_compared",
                              "replica_max_abs_diff", "params_after_max_abs_diff",
+                             "save_tensors_bit_equal", "save_tensors",
                              "optimizer_state_elements_rank0", "optimizer_state_elements_unsharded"}) {
       std::cout << " " << name << "=" << ranks[0].Figure("parallel", name).dump();
     }
     std::cout << std::endl;
-    EXPECT_EQ(ranks[0].Figure("parallel", "replica_max_abs_diff"), 0.0);
-    EXPECT_LT(ranks[0].Figure("parallel", "loss_step_2_rel_diff").get<double>(), 1e-5);
+    const json& end = ranks[0].ends.at("parallel");
+    EXPECT_EQ(ranks[0].Figure("parallel", "replica_max_abs_diff"), 0.0) << end.dump();
+    EXPECT_LT(ranks[0].Figure("parallel", "loss_step_1_rel_diff").get<double>(), 1e-6);
     EXPECT_LT(ranks[0].Figure("parallel", "grad_norm_step_1_rel_diff").get<double>(), 1e-5);
+    EXPECT_GT(ranks[0].Figure("parallel", "save_tensors").get<int64_t>(), 0);
+    EXPECT_EQ(ranks[0].Figure("parallel", "save_tensors_bit_equal"), ranks[0].Figure("parallel", "save_tensors"));
+    // Each rank steps its tp shards ("unsharded": the whole of its shards) or, under the
+    // adapter's FSDP2, its dim-0 shard of them ("unsharded": the whole model's state).
     const int64_t state = ranks[0].Figure("parallel", "optimizer_state_elements_rank0").get<int64_t>();
     const int64_t unsharded = ranks[0].Figure("parallel", "optimizer_state_elements_unsharded").get<int64_t>();
-    if (dimension == "dp_shard") {
-      EXPECT_LT(state, unsharded);
+    if (entry.rfind("gh_archon", 0) == 0) {
+      EXPECT_LT(2 * state, unsharded);
     } else {
       EXPECT_EQ(state, unsharded);
     }
-    EXPECT_EQ(ranks[0].exit_code, 0);
-    EXPECT_EQ(ranks[1].exit_code, 0);
   }
 }
+
+/// A llama plan whose attention output projection leaves its output Partial (the row-parallel
+/// all-reduce forgotten).
+constexpr const char* kRowParallelLeftPartial =
+    "from torch.distributed.tensor import Partial\n"
+    "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module\n"
+    "def par(model, mesh):\n"
+    "    for layer in model.layers.values():\n"
+    "        parallelize_module(layer, mesh, {\n"
+    "            'attention.wq': ColwiseParallel(), 'attention.wk': ColwiseParallel(),\n"
+    "            'attention.wv': ColwiseParallel(),\n"
+    "            'attention.wo': RowwiseParallel(output_layouts=Partial()),\n"
+    "            'feed_forward.w1': ColwiseParallel(), 'feed_forward.w3': ColwiseParallel(),\n"
+    "            'feed_forward.w2': RowwiseParallel()})\n"
+    "    return model\n"
+    "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n";
+
+/// A Qwen3 attention plan without SequenceParallel on q_norm / k_norm (left plain).
+constexpr const char* kPerHeadNormsPlain =
+    "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module\n"
+    "def par(model, mesh):\n"
+    "    for layer in model.layers.values():\n"
+    "        parallelize_module(layer, mesh, {\n"
+    "            'attention.wq': ColwiseParallel(), 'attention.wk': ColwiseParallel(),\n"
+    "            'attention.wv': ColwiseParallel(), 'attention.wo': RowwiseParallel()})\n"
+    "    return model\n"
+    "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n";
 
 /// Adapters whose tensor parallelism is broken the ways it breaks, each caught by the parallel
 /// gate with a reason naming it: the row-parallel outputs left partial (the all-reduce
@@ -624,7 +748,9 @@ TEST(PythonLane, DataParallelTrainsLikeOneRank) {
 /// of their replicated weight), a parallelize that raises on one rank only (the others' wait
 /// ends at once, and every rank reports the cause), logits left sharded over the vocabulary,
 /// one rank's logits differing from rank 0's, a parallelize that shards nothing, and a
-/// ModelSpec without parallelize. Every worker still exits 0.
+/// ModelSpec without parallelize; under dp x tp (four ranks), the per-head norms left plain
+/// and the row-parallel outputs left partial; the adapter's own FSDP2 averaging its gradients
+/// (FSDP2's default division) or reducing them in bf16. Every worker still exits 0.
 TEST(PythonLane, BrokenParallelizeFails) {
   const auto fixtures = Fixtures({"llama", "qwen3_moe"});
   if (!fixtures.count("llama-tiny-untied") || !fixtures.count("qwen3_moe-tiny-untied")) {
@@ -635,31 +761,15 @@ TEST(PythonLane, BrokenParallelizeFails) {
     const char* family;  // the reference adapter the package starts from, and its fixture
     const char* spec;    // spec.py of the package, after `_GOOD = <family's SPEC>`
     const char* reason;  // a part of the parallel gate's reason
+    const char* layout = "tp";  // the topology (RunWorker's dimension)
+    int world = 2;
   };
   const Case cases[] = {
       {"tp_no_all_reduce", "llama",
-       "from torch.distributed.tensor import Partial\n"
-       "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module\n"
-       "def par(model, mesh):\n"
-       "    for layer in model.layers.values():\n"
-       "        parallelize_module(layer, mesh, {\n"
-       "            'attention.wq': ColwiseParallel(), 'attention.wk': ColwiseParallel(),\n"
-       "            'attention.wv': ColwiseParallel(),\n"
-       "            'attention.wo': RowwiseParallel(output_layouts=Partial()),\n"
-       "            'feed_forward.w1': ColwiseParallel(), 'feed_forward.w3': ColwiseParallel(),\n"
-       "            'feed_forward.w2': RowwiseParallel()})\n"
-       "    return model\n"
-       "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n",
+       kRowParallelLeftPartial,
        "kl_mean_vs_tp1"},
       {"tp_qk_norm_plain", "qwen3_moe",
-       "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module\n"
-       "def par(model, mesh):\n"
-       "    for layer in model.layers.values():\n"
-       "        parallelize_module(layer, mesh, {\n"
-       "            'attention.wq': ColwiseParallel(), 'attention.wk': ColwiseParallel(),\n"
-       "            'attention.wv': ColwiseParallel(), 'attention.wo': RowwiseParallel()})\n"
-       "    return model\n"
-       "SPEC = dataclasses.replace(_GOOD, parallelize=par)\n",
+       kPerHeadNormsPlain,
        "a replicated parameter's gradient differs between ranks"},
       {"tp_raises_on_rank_1", "llama",
        "import torch.distributed as dist\n"
@@ -695,19 +805,48 @@ TEST(PythonLane, BrokenParallelizeFails) {
        "parallelize sharded no parameter"},
       {"tp_none", "llama", "SPEC = dataclasses.replace(_GOOD, parallelize=None)\n",
        "gives no parallelize"},
+      // Under dp x tp: the per-head norms left plain (each tp rank keeps its partial gradient;
+      // the data-parallel sum cannot mend it), and row-parallel outputs left partial.
+      {"dp_tp_qk_norm_plain", "qwen3_moe",
+       kPerHeadNormsPlain,
+       "_norm.weight differs from the control's", "dp_shard=2,tp=2", 4},
+      {"dp_tp_no_all_reduce", "llama",
+       kRowParallelLeftPartial,
+       "step 1 loss", "dp=2,tp=2", 4},
+      // The adapter's own FSDP2: left with its default gradient division (the gradients
+      // averaged over the ranks while the loss is already divided by the global token count),
+      // and reducing in bf16 where fp32 was asked.
+      {"fsdp_gradients_averaged", "llama",
+       "from torch.distributed.fsdp import fully_shard\n"
+       "def dp(model, mesh):\n"
+       "    for layer in model.layers.values():\n"
+       "        fully_shard(layer, mesh=mesh)\n"
+       "    return fully_shard(model, mesh=mesh)\n"
+       "SPEC = dataclasses.replace(_GOOD, data_parallel=dp)\n",
+       "step 1 global grad norm", "dp"},
+      {"fsdp_reduce_bf16", "llama",
+       "import torch\n"
+       "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+       "def dp(model, mesh):\n"
+       "    policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)\n"
+       "    for m in [*model.layers.values(), model]:\n"
+       "        fully_shard(m, mesh=mesh, mp_policy=policy)\n"
+       "        m.set_gradient_divide_factor(1.0)\n"
+       "        m.set_force_sum_reduction_for_comms(True)\n"
+       "    return model\n"
+       "SPEC = dataclasses.replace(_GOOD, data_parallel=dp)\n",
+       "step 1 gradient", "dp_shard"},
   };
   for (const Case& c : cases) {
     test_util::TempDir dir;
-    fs::create_directories(dir.path() / c.name);
-    std::ofstream(dir.path() / c.name / "__init__.py") << "";
-    std::ofstream(dir.path() / c.name / "spec.py")
-        << "import dataclasses\nfrom gh_archon." << c.family << ".spec import SPEC as _GOOD\n"
-        << c.spec;
+    WriteSpecPackage(dir.path(), c.name, c.family, c.spec);
     const auto ranks = RunWorker(std::string(c.name) + ".spec:SPEC", c.family,
                                  std::string(c.family) + "-tiny-untied", "fp32", kParallelPhases,
-                                 /*world=*/2, dir.path().string());
+                                 c.world, dir.path().string(), c.layout);
     ASSERT_TRUE(ranks[0].ends.count("parallel")) << c.name;
     const json& end = ranks[0].ends.at("parallel");
+    std::cout << "[parallel mutation] python lane " << c.name << " (" << c.layout
+              << "): " << end.value("reason", "") << std::endl;
     EXPECT_EQ(end.value("status", ""), "FAIL") << c.name << ": " << end.dump();
     EXPECT_EQ(end.value("classification", ""), "adapter_contract") << c.name << ": " << end.dump();
     EXPECT_NE(end.value("reason", "").find(c.reason), std::string::npos) << c.name << ": " << end.dump();

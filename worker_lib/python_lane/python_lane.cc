@@ -146,17 +146,20 @@ class PyArgs final : public ModelArgs {
 /// sequence, returning the new positions' logits: the decode gates then compare
 /// teacher-forced logits (which they also bar against upstream).
 ///
-/// A module sharded by the adapter's parallelize holds DTensor parameters: this module then
-/// registers each one's local shard (what this rank holds, for the parallel gate's per-rank
-/// counts), gradients land on the DTensors, and FullTensors gathers both. A sharded module
-/// decodes by recomputation (no gate decodes after parallelize). Construct with the GIL held.
+/// A module sharded by the adapter's parallelize (and data_parallel) holds DTensor parameters:
+/// this module then registers each one's local shard (what this rank holds, for the parallel
+/// gate's per-rank counts; the tensor the gates step in place), gradients land on the DTensors
+/// (LocalGradients reads this rank's part), and FullTensors / FullOfLocal gather. A sharded
+/// module decodes by recomputation (no gate decodes after parallelize). Construct with the GIL
+/// held.
 class PyCausalLM final : public CausalLM {
  public:
   PyCausalLM(py::object module, py::object spec, bool sharded)
       : module_(std::move(module)),
         spec_(std::move(spec)),
         sharded_(sharded),
-        caches_kv_(!sharded && Lane().attr("caches_keys_and_values")(spec_.get()).cast<bool>()) {
+        caches_kv_(!sharded && Lane().attr("caches_keys_and_values")(spec_.get()).cast<bool>()),
+        reduces_dp_(sharded && Lane().attr("reduces_data_parallel")(module_.get()).cast<bool>()) {
     const py::list named = Lane().attr("local_parameters")(module_.get());
     for (const py::handle item : named) {
       auto pair = item.cast<py::tuple>();
@@ -223,6 +226,31 @@ class PyCausalLM final : public CausalLM {
       return FromPy(Lane().attr("full_tensors")(module_.get(), gradients));
     });
     if (!out.ok()) return Status::Internal(out.status().message());
+    return std::move(out).value();
+  }
+
+  Result<NamedTensors> LocalGradients() override {
+    if (!sharded_) return Status::FailedPrecondition("this model was not sharded by parallelize");
+    Result<NamedTensors> out = WithGil("reading the local gradients", [&] {
+      return FromPy(Lane().attr("local_gradients")(module_.get()));
+    });
+    if (!out.ok()) return Status::Internal(out.status().message());
+    return std::move(out).value();
+  }
+
+  bool ReducesDataParallelGradients() const override { return reduces_dp_; }
+
+  Result<NamedTensors> FullOfLocal(const NamedTensors& local) override {
+    if (!sharded_) return Status::FailedPrecondition("this model was not sharded by parallelize");
+    Result<NamedTensors> out = WithGil("gathering full tensors from local shards", [&] {
+      return FromPy(Lane().attr("full_of_local")(module_.get(), ToPy(local)));
+    });
+    if (!out.ok()) {
+      // lane.py raises ValueError for a name or shape that does not fit the model.
+      return out.status().message().find("ValueError") != std::string::npos
+                 ? Status::InvalidArgument(out.status().message())
+                 : Status::Internal(out.status().message());
+    }
     return std::move(out).value();
   }
 
@@ -323,6 +351,7 @@ class PyCausalLM final : public CausalLM {
   PyRef spec_;
   bool sharded_;
   bool caches_kv_;
+  bool reduces_dp_;  // the adapter's data_parallel was applied (lane.py reduces_data_parallel)
   // Per KVCache handle made by NewKVCache (const, as the gates call it); freed handles are
   // dropped at the next NewKVCache.
   mutable std::unordered_map<const KVCache*, CacheState> caches_;
@@ -407,11 +436,12 @@ class PyFamily final : public ModelFamily {
     return Map(args, params, "to_hf");
   }
 
-  /// The SPEC's parallelize, when it gives one, over torch.distributed's own group (lane.py
-  /// join_group: the worker's rendezvous store, a key prefix of its own).
+  /// The SPEC's parallelize and data_parallel, when it gives either, over torch.distributed's
+  /// own group (lane.py join_group: the worker's rendezvous store, a key prefix of its own).
   bool ShardsLoadedModel() const override { return has_parallelize_; }
   Result<std::shared_ptr<CausalLM>> ShardLoaded(std::shared_ptr<CausalLM> model,
-                                                const TensorParallel& tp) const override {
+                                                const TensorParallel& tp, int64_t world_rank,
+                                                int64_t world_size) const override {
     auto* py_model = dynamic_cast<PyCausalLM*>(model.get());
     if (py_model == nullptr) return Status::InvalidArgument("model not built by " + entry_);
     const torch::Device device = [&] {
@@ -425,12 +455,12 @@ class PyFamily final : public ModelFamily {
                                  "it joins a rank group)");
     }
     Status joined = WithGilVoid("joining torch.distributed's group", [&] {
-      Lane().attr("join_group")(tp.rank, tp.size, device.str(), std::atoi(timeout));
+      Lane().attr("join_group")(world_rank, world_size, device.str(), std::atoi(timeout));
     });
     if (!joined.ok()) return Status::Unavailable(joined.message());
     Result<std::shared_ptr<CausalLM>> sharded =
         WithGil(entry_ + ": parallelize", [&]() -> std::shared_ptr<CausalLM> {
-          py::object module = Lane().attr("parallelize")(spec_.get(), py_model->module());
+          py::object module = Lane().attr("parallelize")(spec_.get(), py_model->module(), tp.size);
           return std::make_shared<PyCausalLM>(std::move(module), spec_.get(), /*sharded=*/true);
         });
     if (!sharded.ok()) return sharded.status();
@@ -505,7 +535,10 @@ Status Register(FamilyRegistry& registry, const json& config) {
           py::object spec = Lane().attr("load_spec")(entry);
           auto name = spec.attr("name").cast<std::string>();
           auto types = spec.attr("model_types").cast<std::vector<std::string>>();
-          const bool has_parallelize = !py::getattr(spec, "parallelize", py::none()).is_none();
+          // parallelize (tensor parallelism) or data_parallel (the adapter's FSDP2): either
+          // shards a loaded model by the adapter's code.
+          const bool has_parallelize = !py::getattr(spec, "parallelize", py::none()).is_none() ||
+                                       !py::getattr(spec, "data_parallel", py::none()).is_none();
           return std::make_unique<PyFamily>(std::move(spec), std::move(name), std::move(types),
                                             entry, has_parallelize);
         });

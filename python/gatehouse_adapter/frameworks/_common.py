@@ -315,8 +315,10 @@ def meta_aliases(build: Callable[[], nn.Module], tie: tuple[tuple[str, str], ...
 
 class TensorParallelDims:
     """A framework's ParallelDims (torchtitan's, AReaL Archon's ArchonParallelDims) for the one
-    dimension Gatehouse's parallel gate asks for: tensor parallelism over every rank of the
-    group, on the 1-D mesh the worker made. Every other dimension is 1 and disabled;
+    dimension Gatehouse's parallel gate hands an adapter: tensor parallelism over the rank's tp
+    group, on the 1-D mesh the worker made (the whole group, or under dp x tp the "tp"
+    dimension of a ("dp", "tp") mesh: the worker reduces over "dp" itself, so to the
+    framework the world is the tp group). Every other dimension is 1 and disabled;
     ``get_mesh`` / ``get_group`` answer "tp" (and None for any other name, as Archon's do);
     ``world_mesh`` is the same ranks under the dimension name "tp"."""
 

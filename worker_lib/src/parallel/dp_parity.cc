@@ -1,7 +1,8 @@
 // The parallel gate's data-parallel check (parallel_internal.h DataParallelParity): the mesh's
 // data-parallel dimensions (dp_replicate, dp_shard, both: HSDP), alone or with tensor
 // parallelism inside each replica and experts split over ranks of dp_shard, trained against
-// the single-rank control on rank 0. Its steps: form the groups, build the replicas (here),
+// the single-rank control on rank 0. Its steps: form the groups (dp_groups.cc), build the
+// replicas (here; on the Python lane under dp x tp the adapter's parallelize shards each),
 // compare the gathered save (dp_save.cc), train (dp_train.cc, dp_shard.cc), compare the
 // parameters and judge (here); dp_run.h holds what they share.
 //
@@ -49,7 +50,11 @@ std::string BuildReplicas(DpRun& run) {
     const bool experts = copy == 0 && run.ep > 1;
     const TensorParallel tp{run.tp_comm ? run.tp_comm->rank() : 0, run.tp, run.tp_comm};
     const ExpertParallel ep{run.ep_comm ? run.ep_comm->rank() : 0, run.ep, run.ep_comm};
-    const ShardedLoad shard{sharded ? &*run.plan : nullptr, tp.rank, ep.rank, ep.size};
+    // kExpertOffsetShifted: the experts of the next EP rank loaded here (a dispatch offset
+    // that is not the load's).
+    const int64_t load_ep_rank =
+        run.reduction.mode == DpReduction::Mode::kExpertOffsetShifted ? (ep.rank + 1) % ep.size : ep.rank;
+    const ShardedLoad shard{sharded ? &*run.plan : nullptr, tp.rank, load_ep_rank, ep.size};
     Result<std::shared_ptr<CausalLM>> built = TrainableModel(
         ctx,
         copy == 0 ? (sharded || experts ? "the replica's shard" : "the replica")
@@ -68,6 +73,27 @@ std::string BuildReplicas(DpRun& run) {
     if (!built.ok()) return built.status().message();
     (copy == 0 ? run.model : run.control) = *built;
   }
+  return "";
+}
+
+std::string ShardByCode(DpRun& run) {
+  GateContext& ctx = run.ctx;
+  const TensorParallel tp{run.tp_comm ? run.tp_comm->rank() : 0, run.tp, run.tp_comm};
+  Result<std::shared_ptr<CausalLM>> sharded = Status::Internal("not run");
+  try {
+    sharded = ctx.family->ShardLoaded(run.model, tp, ctx.rank, ctx.world_size);
+  } catch (const std::exception& e) {
+    sharded = Status::Internal(e.what());
+  }
+  if (!sharded.ok()) return sharded.status().message();
+  if (!*sharded) return "returned no model";
+  run.model = *sharded;
+  run.model_reduces = run.model->ReducesDataParallelGradients();
+  return "";
+}
+
+std::string IndexParameters(DpRun& run) {
+  GateContext& ctx = run.ctx;
   run.params = UniqueParameters(*run.model);
   for (const ParamGroup& g : run.params) {
     bool stacked = false;
@@ -76,6 +102,19 @@ std::string BuildReplicas(DpRun& run) {
       stacked = slices.ok() && !slices->empty() && slices->front().slice >= 0;
     }
     run.expert.push_back(stacked);
+  }
+  if (run.by_code) {
+    // Which parameters the adapter's parallelize split over tp: their shards are smaller.
+    Result<NamedTensors> full = run.model->FullTensors(/*gradients=*/false);
+    if (!full.ok()) return "the sharded model's full parameters: " + full.status().message();
+    if (full->size() != run.params.size()) {
+      return "the sharded model registers " + std::to_string(run.params.size()) +
+             " parameters but gathers " + std::to_string(full->size());
+    }
+    for (size_t i = 0; i < full->size(); ++i) {
+      run.full_elements += (*full)[i].second.numel();
+      run.tp_sharded.push_back((*full)[i].second.numel() != run.params[i].tensor.numel());
+    }
   }
   if (!run.control) return "";
   run.control_params = UniqueParameters(*run.control);
@@ -100,23 +139,26 @@ namespace {
 std::string CompareParameters(DpRun& run) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> local;
-  for (size_t i = 0; i < run.params.size(); ++i) {
-    local.push_back(run.params[i].tensor.detach());
+  for (const ParamGroup& g : run.params) local.push_back(g.tensor.detach());
+  std::vector<torch::Tensor> full;
+  try {
+    full = Full(run, local);
+  } catch (const std::exception& e) {
+    return std::string("gathering the parameters: ") + e.what();
+  }
+  // A model that shards its parameters over the data-parallel ranks (model_reduces) holds a
+  // different slice on each: its replicas are compared whole.
+  const std::vector<torch::Tensor>& held = run.model_reduces ? full : local;
+  for (size_t i = 0; i < held.size(); ++i) {
     // An expert is the same on the data-parallel ranks that hold it, not on the others.
     TpCommunicator* replicas = run.expert[i] ? run.expert_dp_comm.get() : run.dp_comm.get();
-    if (replicas) RankSpread(replicas->AllGather(local.back()), run.replica_max_abs, run.replica_max_rel);
+    if (replicas) RankSpread(replicas->AllGather(held[i]), run.replica_max_abs, run.replica_max_rel);
   }
   const std::vector<torch::Tensor> spreads =
       run.comm.AllGather(torch::tensor({run.replica_max_abs, run.replica_max_rel}, torch::kDouble));
   for (const torch::Tensor& s : spreads) {
     run.replica_max_abs = std::max(run.replica_max_abs, s[0].item<double>());
     run.replica_max_rel = std::max(run.replica_max_rel, s[1].item<double>());
-  }
-  std::vector<torch::Tensor> full;
-  try {
-    full = Full(run, local);
-  } catch (const std::exception& e) {
-    return std::string("gathering the parameters: ") + e.what();
   }
   if (!run.rank0) return "";
   for (size_t i = 0; i < full.size(); ++i) {
@@ -138,27 +180,6 @@ std::string DataText(const DpRun& run) {
     if (size > 1) text += (text.empty() ? "" : " x ") + std::string(name) + "=" + std::to_string(size);
   }
   return text;
-}
-
-/// The enabled dimensions among `dims`; {dims[0]} when none is.
-std::vector<Mesh::Dim> Enabled(const DpRun& run, const std::vector<Mesh::Dim>& dims) {
-  std::vector<Mesh::Dim> on;
-  for (Mesh::Dim d : dims) {
-    if (run.mesh.Enabled(d)) on.push_back(d);
-  }
-  return on.empty() ? std::vector<Mesh::Dim>{dims.front()} : on;
-}
-
-/// The enabled dimensions the parameters are replicated over and their gradients summed
-/// over: dp_replicate, dp_shard and cp (torchtitan's dp_cp; at least one).
-std::vector<Mesh::Dim> DataDims(const DpRun& run) {
-  return Enabled(run, {Mesh::Dim::kDpReplicate, Mesh::Dim::kDpShard, Mesh::Dim::kCp});
-}
-
-/// Those the optimizer state is sharded over: dp_shard and cp (torchtitan's dp_shard_cp, the
-/// mesh FSDP shards over).
-std::vector<Mesh::Dim> ShardDims(const DpRun& run) {
-  return Enabled(run, {Mesh::Dim::kDpShard, Mesh::Dim::kCp});
 }
 
 /// "ep [0,2] [1,3]": the EP groups.
@@ -249,12 +270,17 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
   out.Count("optimizer_state_elements_rank0", run.optimizer_state_elements);
   out.Count("optimizer_state_elements_unsharded", run.optimizer_state_elements_unsharded);
   out.Text("replicated_by",
-           std::string(run.tp > 1 ? "gatehouse: each replica sharded over its tp group by the "
-                                    "family's plan; "
-                                  : "gatehouse: every rank holds the whole model; ") +
-               (run.shard > 1 ? "optimizer state sharded on dim 0 over the dp_shard group, the "
-                                "parameters gathered after each step; "
-                              : "") +
+           std::string(run.tp == 1  ? "gatehouse: every rank holds the whole model; "
+                       : run.by_code ? "gatehouse: each replica sharded over its tp group by the "
+                                       "family's own code (the adapter's parallelize); "
+                                     : "gatehouse: each replica sharded over its tp group by the "
+                                       "family's plan; ") +
+               (run.model_reduces
+                    ? "the adapter's data_parallel (FSDP2) shards every parameter over the "
+                      "data-parallel ranks and reduces the gradients itself; "
+                : run.shard > 1 ? "optimizer state sharded on dim 0 over the dp_shard group, the "
+                                  "parameters gathered after each step; "
+                                : "") +
                (run.ep > 1 ? "experts split over the EP group, tokens dispatched all-to-all, "
                              "expert gradients reduced over the ranks holding the same experts; "
                            : "") +
@@ -263,22 +289,25 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
                              "packing), the optimizer state sharded over dp_shard x cp; "
                            : "") +
                "gradients reduced " +
-               (run.reduction.mode == DpReduction::Mode::kSum
+               (run.model_reduces ? std::string("by the model")
+                : run.reduction.mode == DpReduction::Mode::kSum
                     ? std::string(run.shard > 1 && run.replicate > 1
                                       ? "(SUM in fp32) over dp_shard, then over dp_replicate"
                                       : "(SUM in fp32) over the data-parallel group")
                     : "(mutated: " + run.reduction.Name() + ")"));
   std::vector<std::string> fails;
-  if (run.cp > 1) RecordContextParallel(run, out, fails);
-  RecordExpertTokens(run, out, fails);  // first: flipped routings leave gradients unjudged
-  run.trace.Record(run.thr.loss_rel_below, out, fails,
-                   [&](const std::string& name) { return CheckpointKeyOf(run.ctx, name); });
+  // The save first: compared before any step, a slice held at the wrong place explains
+  // everything after it, and it names the checkpoint keys.
   out.Count("save_tensors", run.save_tensors);
   out.Count("save_tensors_bit_equal", run.save_tensors_equal);
   if (!run.save_problems.empty()) {
     fails.push_back("the save gathered from the ranks (before training) is not the single-rank "
                     "save: " + internal::JoinFew(run.save_problems));
   }
+  if (run.cp > 1) RecordContextParallel(run, out, fails);
+  RecordExpertTokens(run, out, fails);  // before the trace: flipped routings leave gradients unjudged
+  run.trace.Record(run.thr.loss_rel_below, out, fails,
+                   [&](const std::string& name) { return CheckpointKeyOf(run.ctx, name); });
   out.Real("grad_order_floor_max_rel", run.floor_max, "ratio");
   out.Count("grads_step1_bit_equal_to_grouping", run.grads_bit_equal_to_grouping);
   const StepTrace& t = run.trace;
@@ -309,152 +338,6 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
             "loss_step_2_rel_diff", "grad_norm_step_2_rel_diff"});
 }
 
-/// Joins this rank's EP group (Mesh::ExpertGroupOf) and, when other data-parallel ranks hold
-/// the same experts, their group. Returns this rank's problem; `blocked` for a layout the check
-/// has no plan for.
-std::string FormExpertGroups(DpRun& run, bool& blocked) {
-  GateContext& ctx = run.ctx;
-  const MeshShape& shape = run.mesh.shape();
-  if (ctx.family->MapsWeightsByCode() || ctx.family->ShardsLoadedModel()) {
-    blocked = true;
-    return "ep=" + std::to_string(run.ep) + ": the family shards by code (the Python lane's " +
-           "parallelize), which is handed no expert-parallel group yet";
-  }
-  if (shape.tp > 1 && shape.etp == 1) {
-    blocked = true;
-    return "ep=" + std::to_string(run.ep) + " with etp=1 and tp=" + std::to_string(shape.tp) +
-           " (whole experts over ranks of the tp groups) has no check yet; etp=tp has one";
-  }
-  // The experts the name table stacks (every stacked parameter is split over ep).
-  int64_t experts = 0;
-  for (const std::string& hf : ctx.adapter->ExpectedHfNames()) {
-    Result<TensorSlot> slot = ctx.adapter->Resolve(hf);
-    if (!slot.ok() || slot->slice < 0) continue;
-    Result<std::vector<HfSlice>> slices = ctx.adapter->HfSlices(slot->internal);
-    if (slices.ok()) experts = static_cast<int64_t>(slices->size());
-    break;
-  }
-  if (experts == 0 || experts % run.ep != 0) {
-    blocked = true;
-    return "ep=" + std::to_string(run.ep) +
-           (experts == 0
-                ? std::string(": this model has no experts (no stacked parameter in its name table)")
-                : " does not divide the model's " + std::to_string(experts) + " experts");
-  }
-  if (!ctx.subgroups) return "the EP group needs sub-groups, which this rank's process group lacks";
-  auto ranks_text = [](const std::vector<int64_t>& ranks) {
-    std::string t;
-    for (int64_t r : ranks) t += (t.empty() ? "" : ",") + std::to_string(r);
-    return t;
-  };
-  const std::vector<int64_t> ep_ranks = run.mesh.ExpertGroupOf(ctx.rank);
-  Result<std::shared_ptr<TpCommunicator>> ep = ctx.subgroups->Join("ep", ep_ranks);
-  if (!ep.ok()) return "EP group [" + ranks_text(ep_ranks) + "]: " + ep.status().message();
-  run.ep_comm = *ep;
-  // The data-parallel ranks at this rank's place in their own EP group hold its experts.
-  const int64_t ep_rank = run.ep_comm->rank();
-  std::vector<int64_t> same_experts;
-  for (int64_t r : run.mesh.GroupOf(ctx.rank, DataDims(run))) {
-    const std::vector<int64_t> g = run.mesh.ExpertGroupOf(r);
-    if (std::find(g.begin(), g.end(), r) - g.begin() == ep_rank) same_experts.push_back(r);
-  }
-  if (same_experts.size() > 1) {
-    Result<std::shared_ptr<TpCommunicator>> dp = ctx.subgroups->Join("dp_mod_ep", same_experts);
-    if (!dp.ok()) return "group of the ranks holding the same experts: " + dp.status().message();
-    run.expert_dp_comm = *dp;
-  }
-  // Of those, the ones in this rank's dp_shard (x cp) group shard the experts' optimizer state
-  // (FSDP over dp_shard x cp / ep); across replicas the state is replicated, as for dense
-  // parameters.
-  std::vector<int64_t> shard_peers;
-  const std::vector<int64_t> shard_group = run.mesh.GroupOf(ctx.rank, ShardDims(run));
-  for (int64_t r : same_experts) {
-    if (std::find(shard_group.begin(), shard_group.end(), r) != shard_group.end()) shard_peers.push_back(r);
-  }
-  if (shard_peers.size() == same_experts.size()) {
-    run.expert_shard_comm = run.expert_dp_comm;
-  } else if (shard_peers.size() > 1) {
-    Result<std::shared_ptr<TpCommunicator>> s = ctx.subgroups->Join("dp_shard_mod_ep", shard_peers);
-    if (!s.ok()) return "dp_shard group of the ranks holding the same experts: " + s.status().message();
-    run.expert_shard_comm = *s;
-  }
-  return "";
-}
-
-/// Joins the data-parallel groups (flattened, then dp_replicate and dp_shard apart when both
-/// are enabled) and the tp group and, for dp x tp, takes the family's plan. Every rank joins
-/// in this order, so no group waits on a rank that is joining another. Returns this rank's
-/// problem; `blocked` when the cell cannot run this layout whatever happens.
-std::string FormGroups(DpRun& run, bool& blocked) {
-  GateContext& ctx = run.ctx;
-  using Dim = Mesh::Dim;
-  // One group per set of dims: a group joined twice would rendezvous twice on one store
-  // prefix (the cp group is also the shard group when dp_shard is 1).
-  std::map<std::vector<Dim>, std::shared_ptr<TpCommunicator>> joined;
-  auto MeshGroup = [&](const GateContext& c, const Mesh& m, const std::vector<Dim>& dims)
-      -> Result<std::shared_ptr<TpCommunicator>> {
-    if (auto it = joined.find(dims); it != joined.end()) return it->second;
-    Result<std::shared_ptr<TpCommunicator>> g = parallel::MeshGroup(c, m, dims);
-    if (g.ok()) joined.emplace(dims, *g);
-    return g;
-  };
-  Result<std::shared_ptr<TpCommunicator>> dp = MeshGroup(ctx, run.mesh, DataDims(run));
-  if (!dp.ok()) return "data-parallel group: " + dp.status().message();
-  run.dp_comm = *dp;
-  // The share of the batch: the index over dp_replicate x dp_shard (the cp ranks of a share
-  // split its packing).
-  const Mesh::Coordinates at = run.mesh.CoordinatesOf(ctx.rank);
-  run.dp_index = at[static_cast<int>(Dim::kDpReplicate)] * run.shard + at[static_cast<int>(Dim::kDpShard)];
-  const int64_t sharded = run.shard * run.cp;  // dp_shard x cp
-  if (run.replicate > 1 && sharded > 1) {
-    Result<std::shared_ptr<TpCommunicator>> r = MeshGroup(ctx, run.mesh, {Dim::kDpReplicate});
-    if (!r.ok()) return "dp_replicate group: " + r.status().message();
-    Result<std::shared_ptr<TpCommunicator>> s = MeshGroup(ctx, run.mesh, ShardDims(run));
-    if (!s.ok()) return "dp_shard group: " + s.status().message();
-    run.replicate_comm = *r;
-    run.shard_comm = *s;
-  } else {
-    (sharded > 1 ? run.shard_comm : run.replicate_comm) = run.dp_comm;
-  }
-  if (run.cp > 1) {
-    if (ctx.family->MapsWeightsByCode() || ctx.family->ShardsLoadedModel()) {
-      blocked = true;
-      return "cp=" + std::to_string(run.cp) + ": the family shards by code (the Python lane's " +
-             "parallelize), which is handed no context-parallel group yet";
-    }
-    const nlohmann::json config = ctx.args->ToJson();
-    const int64_t heads = config.value("num_attention_heads", int64_t{0});
-    if (heads > 0 && (heads % run.tp != 0 || (heads / run.tp) % run.cp != 0)) {
-      blocked = true;
-      return "cp=" + std::to_string(run.cp) + " does not divide the " + std::to_string(heads) +
-             " query heads" + (run.tp > 1 ? " over tp=" + std::to_string(run.tp) : "") +
-             " (Ulysses gives each cp rank a share of every tp rank's heads)";
-    }
-    Result<std::shared_ptr<TpCommunicator>> c = MeshGroup(ctx, run.mesh, {Dim::kCp});
-    if (!c.ok()) return "cp group: " + c.status().message();
-    run.cp_comm = *c;
-  }
-  if (run.ep > 1) {
-    if (std::string problem = FormExpertGroups(run, blocked); !problem.empty()) return problem;
-  }
-  if (run.tp == 1) return "";
-  Result<std::shared_ptr<TpCommunicator>> tp = MeshGroup(ctx, run.mesh, {Mesh::Dim::kTp});
-  if (!tp.ok()) return "tp group: " + tp.status().message();
-  run.tp_comm = *tp;
-  if (ctx.family->MapsWeightsByCode() || ctx.family->ShardsLoadedModel()) {
-    blocked = true;
-    return "the family shards by code (the Python lane's parallelize), which takes the whole "
-           "world as its TP group; dp x tp there needs a device mesh, not passed yet";
-  }
-  Result<TpPlan> plan = ctx.family->Parallelize(*ctx.args, run.tp);
-  if (!plan.ok()) {
-    return "tensor-parallel plan (Parallelize, tp=" + std::to_string(run.tp) +
-           "): " + plan.status().message();
-  }
-  run.plan = std::move(plan).value();
-  return "";
-}
-
 }  // namespace
 
 std::string DpReduction::Name() const {
@@ -470,6 +353,9 @@ std::string DpReduction::Name() const {
     case Mode::kReplicatedCountedTp: return "the grad norm counting tp-replicated tensors tp times";
     case Mode::kExpertCountsNotReduced: return "tokens per expert not summed over the ranks";
     case Mode::kCpLocalPositions: return "each cp rank's positions restarted at its first column";
+    case Mode::kBf16Reduction: return "gradients reduced in bf16, not fp32";
+    case Mode::kEpNormLocal: return "each EP rank clipping with its own experts' norm";
+    case Mode::kExpertOffsetShifted: return "each EP rank's experts loaded at the next rank's offset";
   }
   return "?";
 }
@@ -528,6 +414,30 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
   }
   for (const torch::Tensor& ids : run.batch) run.global_tokens += static_cast<double>(ids.size(0) - 1);
   if (const std::string all = RankProblems(run.comm, BuildReplicas(run)); !all.empty()) {
+    return out.Fail(FailureClass::kAdapterContract, all);
+  }
+  if (run.by_code) {
+    // Every rank holds its loaded replica: the adapter's parallelize shards it over the
+    // replica's tp group, its data_parallel over the data-parallel ranks (a collective over
+    // the world).
+    if (const std::string all = RankProblems(run.comm, ShardByCode(run)); !all.empty()) {
+      return out.Fail(FailureClass::kAdapterContract,
+                      "parallelize (tp=" + std::to_string(run.tp) + ") failed: " + all);
+    }
+    if (run.model_reduces && static_cast<int64_t>(run.batch.size()) % run.dp != 0) {
+      // The model's own data parallelism runs collectives in every forward and backward:
+      // every data-parallel rank must run as many sequences.
+      run.batch = GlobalBatch(ctx.reference->prompts, run.dp, run.batch_splits, /*equal_shares=*/true);
+      if (static_cast<int64_t>(run.batch.size()) % run.dp != 0) {
+        return out.Blocked("the reference bundle's prompts cannot be cut into as many sequences "
+                           "for each of the " + std::to_string(run.dp) + " data-parallel ranks, "
+                           "which the adapter's own data parallelism needs");
+      }
+      run.global_tokens = 0;
+      for (const torch::Tensor& ids : run.batch) run.global_tokens += static_cast<double>(ids.size(0) - 1);
+    }
+  }
+  if (const std::string all = RankProblems(run.comm, IndexParameters(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);
   }
   if (const std::string all = RankProblems(run.comm, CompareSave(run)); !all.empty()) {

@@ -59,6 +59,16 @@ struct DpRun {
   // the control's packed forward of the same packing.
   LogitComparison cp_vs_packed;
   std::optional<TpPlan> plan;               // the family's, when tp > 1
+  // The replica sharded by the family's own code (ModelFamily::ShardLoaded: the Python lane's
+  // parallelize for tp > 1, its data_parallel) instead of a plan; per params, whether the
+  // tensor is split over tp (its shard smaller; tp > 1 only).
+  bool by_code = false;
+  std::vector<bool> tp_sharded;
+  // The model reduces its own gradients over the data-parallel ranks and holds its parameters
+  // sharded over them (CausalLM::ReducesDataParallelGradients: the adapter's FSDP2): the check
+  // neither reduces nor slices, and compares replicas through their full tensors.
+  bool model_reduces = false;
+  int64_t full_elements = 0;  // by_code: the whole model's parameter elements
   std::vector<torch::Tensor> batch;         // the global batch: token ids [T] int64, CPU
   int64_t batch_splits = 0;                 // prompts cut in two to make it (GlobalBatch)
   double global_tokens = 0;                 // predicted tokens of the whole batch
@@ -123,9 +133,33 @@ double ContextParallelBackward(DpRun& run, const std::vector<torch::Tensor>& sha
 /// run.cp_vs_packed (cp_batch.cc). Returns this rank's problem.
 std::string CompareContextParallelLogits(DpRun& run);
 
+/// The enabled dimensions the parameters are replicated over and their gradients summed
+/// over: dp_replicate, dp_shard and cp (torchtitan's dp_cp; at least one) (dp_groups.cc).
+std::vector<Mesh::Dim> DataDims(const DpRun& run);
+/// Those the optimizer state is sharded over: dp_shard and cp (torchtitan's dp_shard_cp, the
+/// mesh FSDP shards over) (dp_groups.cc).
+std::vector<Mesh::Dim> ShardDims(const DpRun& run);
+
+/// Joins the data-parallel groups (flattened, then dp_replicate and dp_shard apart when both
+/// are enabled), the cp, EP and tp groups and, for dp x tp, takes the family's plan (or marks
+/// run.by_code for a family that shards by its own code). Every rank joins in the same order,
+/// so no group waits on a rank that is joining another (dp_groups.cc). Returns this rank's
+/// problem; `blocked` when the cell cannot run this layout whatever happens.
+std::string FormGroups(DpRun& run, bool& blocked);
+
 /// Builds and loads this rank's replica (the full model, or its tp shard through the plan) on
 /// every rank and the control on rank 0 (dp_parity.cc). Returns this rank's problem.
 std::string BuildReplicas(DpRun& run);
+
+/// A family that shards by its own code: the loaded replica sharded over its tp group, and by
+/// the family's own data parallelism when it has one, by ModelFamily::ShardLoaded, a
+/// collective over the world (dp_parity.cc). Returns this rank's problem.
+std::string ShardByCode(DpRun& run);
+
+/// After the replicas are built (and sharded): run.params, which of them are experts (ep) or
+/// split over tp by code, and, on rank 0, the control's parameters, paired by position
+/// (dp_parity.cc). Returns this rank's problem.
+std::string IndexParameters(DpRun& run);
 
 /// Before the steps: every rank's parameters gathered (Full) and, on rank 0, named as the
 /// checkpoint names them and compared with the control's save bit for bit, into

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <stdexcept>
 
@@ -42,6 +43,19 @@ void ZeroGrads(const std::vector<ParamGroup>& groups) {
   for (const ParamGroup& g : groups) g.tensor.mutable_grad() = torch::Tensor();
 }
 
+/// A model sharded by code keeps its gradients on its own (DTensor) parameters: each
+/// registered shard takes this rank's part of its parameter's gradient (the same storage).
+void TakeLocalGradients(DpRun& run) {
+  Result<NamedTensors> grads = run.model->LocalGradients();
+  if (!grads.ok()) throw std::runtime_error("the local gradients: " + grads.status().message());
+  std::map<std::string, torch::Tensor> by_name(grads->begin(), grads->end());
+  for (const ParamGroup& g : run.params) {
+    auto it = by_name.find(g.names[0]);
+    if (it == by_name.end()) throw std::runtime_error("no local gradient of " + g.names[0]);
+    g.tensor.mutable_grad() = it->second;
+  }
+}
+
 /// This rank's share, forward and backward, then the gradients reduced over the
 /// data-parallel groups as `run.reduction` says (kSum is the correct one). Returns the global
 /// loss.
@@ -50,13 +64,17 @@ double DataParallelStep(DpRun& run) {
   const std::vector<torch::Tensor> share = ShareOf(run, run.dp_index);
   const bool local_mean = run.reduction.mode == DpReduction::Mode::kLocalMean;
   ZeroGrads(run.params);
+  // A model sharded by code keeps its gradients on its own (DTensor) parameters too.
+  if (run.by_code) run.model->zero_grad(/*set_to_none=*/true);
   const double normalizer = local_mean ? Tokens(share) : run.global_tokens;
   double local = run.cp > 1 ? ContextParallelBackward(run, share, normalizer)
                             : Backward(*run.model, share, normalizer, ctx.device);
   torch::Tensor loss = torch::tensor({local}, torch::kDouble);
   run.dp_comm->AllReduceSum(loss);
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < run.params.size(); ++i) {
+  if (run.by_code) TakeLocalGradients(run);
+  // The adapter's own data parallelism has reduced them already (each rank its shard).
+  for (size_t i = 0; i < run.params.size() && !run.model_reduces; ++i) {
     const ParamGroup& g = run.params[i];
     const bool expert = run.expert[i];
     torch::Tensor grad = g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(g.tensor);
@@ -64,7 +82,9 @@ double DataParallelStep(DpRun& run) {
       g.tensor.mutable_grad() = grad;
       continue;
     }
-    torch::Tensor wide = grad.to(torch::kFloat).contiguous();
+    torch::Tensor wide =
+        grad.to(run.reduction.mode == DpReduction::Mode::kBf16Reduction ? torch::kBFloat16 : torch::kFloat)
+            .contiguous();
     if (expert && run.reduction.mode != DpReduction::Mode::kExpertsOverDp) {
       // An expert's gradient already holds every EP rank's tokens (the all-to-all's
       // backward); what is left is the sum over the ranks that hold the same experts.
@@ -164,6 +184,16 @@ std::vector<torch::Tensor> GlobalBatch(const std::vector<ReferencePrompt>& promp
 }
 
 std::vector<torch::Tensor> Full(const DpRun& run, const std::vector<torch::Tensor>& local) {
+  if (run.by_code) {
+    // The family's own sharding puts its shards together (a collective over the mesh).
+    NamedTensors named;
+    for (size_t i = 0; i < local.size(); ++i) named.emplace_back(run.params[i].names[0], local[i]);
+    Result<NamedTensors> full = run.model->FullOfLocal(named);
+    if (!full.ok()) throw std::runtime_error(full.status().message());
+    std::vector<torch::Tensor> out;
+    for (auto& [name, t] : *full) out.push_back(std::move(t));
+    return out;
+  }
   if (!run.plan && !run.ep_comm) return local;
   std::vector<torch::Tensor> full;
   full.reserve(local.size());
@@ -183,12 +213,14 @@ double ShardedNorm(const DpRun& run, const std::vector<torch::Tensor>& local) {
   for (size_t i = 0; i < local.size(); ++i) {
     const double sq = local[i].to(torch::kDouble).pow(2).sum().item<double>();
     const ShardRule* rule = run.plan ? run.plan->Find(run.params[i].names[0]) : nullptr;
+    const bool split = run.by_code ? run.tp_sharded[i]
+                                   : rule != nullptr && rule->style != ShardStyle::kReplicated;
     if (run.expert[i]) experts += sq;
-    else if (rule != nullptr && rule->style != ShardStyle::kReplicated) sharded += sq;
+    else if (split) sharded += sq;
     else replicated += sq;
   }
   torch::Tensor e = torch::tensor({experts}, torch::kDouble);
-  if (run.ep_comm) {
+  if (run.ep_comm && run.reduction.mode != Mode::kEpNormLocal) {
     run.ep_comm->AllReduceSum(e);
     if (run.reduction.mode == Mode::kEpNormAveraged) e.div_(static_cast<double>(run.ep));
   }
@@ -221,7 +253,8 @@ std::string Train(DpRun& run) {
     }
     std::optional<UpstreamAdamW> optimizer, expert_optimizer;
     std::optional<ShardedAdamW> sharded, expert_sharded;
-    if (run.shard_comm) sharded.emplace(dense, *run.shard_comm, options);
+    // The adapter's own data parallelism holds each parameter's slice already.
+    if (run.shard_comm && !run.model_reduces) sharded.emplace(dense, *run.shard_comm, options);
     else optimizer.emplace(dense, options);
     if (!experts.empty() && run.expert_shard_comm) {
       expert_sharded.emplace(experts, *run.expert_shard_comm, options);
@@ -238,7 +271,11 @@ std::string Train(DpRun& run) {
       run.trace.loss.push_back(DataParallelStep(run));
       if (step == 1) ExpertTokens(run);
       const std::vector<torch::Tensor> local = GradsOf(run.params);
-      if (run.tp > 1 || run.ep > 1) run.trace.sharded_grad_norm.push_back(ShardedNorm(run, local));
+      // (Under the adapter's own data parallelism every tensor is sharded over the data-parallel
+      // ranks as well, which ShardedNorm does not model: the gathered norm is compared.)
+      if ((run.tp > 1 || run.ep > 1) && !run.model_reduces) {
+        run.trace.sharded_grad_norm.push_back(ShardedNorm(run, local));
+      }
       const std::vector<torch::Tensor> ours = Full(run, local);
       run.trace.grad_norm.push_back(GlobalNorm(ours));
       if (run.control) {
@@ -266,7 +303,8 @@ std::string Train(DpRun& run) {
       (run.expert[i] ? expert_elements : dense_elements) += 2 * run.params[i].tensor.numel();
     }
     // Unsharded: every expert of the model, as the single-rank control holds them.
-    run.optimizer_state_elements_unsharded = dense_elements + expert_elements * run.ep;
+    run.optimizer_state_elements_unsharded =
+        run.model_reduces ? 2 * run.full_elements : dense_elements + expert_elements * run.ep;
     run.optimizer_state_elements = (sharded ? sharded->StateElements() : dense_elements) +
                                    (expert_sharded ? expert_sharded->StateElements() : expert_elements);
     run.model->eval();

@@ -177,6 +177,12 @@ struct DpReduction {
     kExpertCountsNotReduced,  // router counts per expert taken from rank 0 alone
     kCpLocalPositions,  // each cp rank numbers its columns' positions from its own first
                         // column (a sequence begun on an earlier rank restarts at 0)
+    kBf16Reduction,     // gradients reduced in bf16 where fp32 was asked (FSDP2's
+                        // reduce_dtype not applied)
+    kEpNormLocal,       // each EP rank clips with its own experts' norm (the expert part of
+                        // the sharded grad norm not summed over ep: per-group clipping)
+    kExpertOffsetShifted,  // each EP rank loads the experts at the next EP rank's offset, so
+                           // tokens dispatched to expert e run through another expert's weights
   };
   Mode mode = Mode::kSum;
   /// In words, for the evidence.
@@ -191,10 +197,11 @@ struct DpReduction {
 /// parallelism (cp: each data-parallel share packed into one row, its columns split over the
 /// cp group, Ulysses in attention; cp_batch.cc), trained two AdamW steps on the reference
 /// prompts split over the data-parallel ranks, against the single-rank control on the whole
-/// batch on rank 0 (dp_parity.cc). BLOCKED when the prompts cannot make one sequence per data-parallel rank,
-/// or for dp x tp when the family shards by code (the Python lane's parallelize takes the
-/// whole world as its TP group). `out` holds the figures ParallelGate recorded; every rank
-/// calls it together.
+/// batch on rank 0 (dp_parity.cc). A family that shards by code (the Python lane) gets each
+/// replica's tp group from ModelFamily::ShardLoaded and its shards put together by
+/// CausalLM::FullOfLocal. BLOCKED when the prompts cannot make one sequence per
+/// data-parallel rank, or for ep and cp when the family shards by code. `out` holds the
+/// figures ParallelGate recorded; every rank calls it together.
 GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome out,
                                const DpReduction& reduction = {});
 
@@ -207,6 +214,8 @@ struct PpFault {
     kMicrobatchMean,  // each microbatch's own token mean, averaged over the microbatches
     kRawTokenSum,     // the token sum, never divided
     kTiedNotSynced,   // a parameter two stages own (a tied embedding): each steps its own part
+    kStageReinit,     // the first stage re-initialised before its last microbatch's backward:
+                      // the gradients it accumulated over the earlier microbatches are lost
   };
   Mode mode = Mode::kNone;
   /// In words, for the evidence.

@@ -90,6 +90,7 @@ torch::Tensor LossOf(const PpRun& run, const torch::Tensor& logits, const torch:
   switch (run.fault.mode) {
     case PpFault::Mode::kNone:
     case PpFault::Mode::kTiedNotSynced:
+    case PpFault::Mode::kStageReinit:
       return sum / run.global_tokens;
     case PpFault::Mode::kRawTokenSum:
       return sum;
@@ -137,6 +138,9 @@ double Schedule(PpRun& run) {
   };
   auto backward = [&](int64_t m) {
     InFlight& f = flight[static_cast<size_t>(m)];
+    if (run.fault.mode == PpFault::Mode::kStageReinit && first && m_count > 1 && m == m_count - 1) {
+      run.model->zero_grad(/*set_to_none=*/true);
+    }
     if (last) {
       f.loss.backward();
     } else {
@@ -384,6 +388,7 @@ std::string PpFault::Name() const {
     case Mode::kMicrobatchMean: return "each microbatch's own token mean, averaged over the microbatches";
     case Mode::kRawTokenSum: return "the raw token sum, not divided by the global token count";
     case Mode::kTiedNotSynced: return "a shared parameter's gradient not summed over the stages";
+    case Mode::kStageReinit: return "the first stage re-initialised before its last microbatch";
   }
   return "?";
 }

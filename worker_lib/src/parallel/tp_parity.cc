@@ -182,7 +182,7 @@ bool BuildShards(TpRun& run, GateOutcome& out) {
     // Every rank holds the loaded full model: the adapter shards it (a collective).
     Result<std::shared_ptr<CausalLM>> sharded = Status::Internal("not run");
     try {
-      sharded = ctx.family->ShardLoaded(run.model, tp);
+      sharded = ctx.family->ShardLoaded(run.model, tp, ctx.rank, ctx.world_size);
     } catch (const std::exception& e) {
       sharded = Status::Internal(e.what());
     }

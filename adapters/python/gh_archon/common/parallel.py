@@ -50,3 +50,22 @@ def parallelize_decoder(model: nn.Module, tp_mesh) -> nn.Module:
             })
         parallelize_module(layer, tp_mesh, plan)
     return model
+
+
+def fully_shard_decoder(model: nn.Module, dp_mesh) -> nn.Module:
+    """Data parallelism as torchtitan's apply_fsdp lays it out: FSDP2 ``fully_shard`` on each
+    decoder layer, then on the root (embedding, final norm, output; a tied embedding stays one
+    parameter), each parameter Shard(0) over ``dp_mesh``. Gradients are reduce-scattered in
+    fp32 (``reduce_dtype``) and summed, not averaged (divide factor 1): the trainer's loss is
+    each rank's token sum over the global token count, as torchtitan's
+    ``disable_fsdp_gradient_division`` has it."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    for module in [*model.layers.values(), model]:
+        fully_shard(module, mesh=dp_mesh, mp_policy=policy)
+        # A plain SUM (no division, no NCCL PreMulSum, which gloo lacks).
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+    return model

@@ -2,6 +2,7 @@
 
 from gatehouse_adapter import ModelSpec
 from gh_archon.common.kv_cache import decode_forward, init_cache
+from gh_archon.common.parallel import fully_shard_decoder
 from gh_archon.llama.infra.parallelize import parallelize_llama
 from gh_archon.llama.model.args import MODEL_TYPES, LlamaModelArgs
 from gh_archon.llama.model.model import build_model
@@ -16,6 +17,7 @@ SPEC = ModelSpec(
     state_dict_adapter=LlamaStateDictAdapter,
     init_cache=init_cache,
     decode_forward=decode_forward,
+    data_parallel=fully_shard_decoder,
     parallelize=parallelize_llama,
 )
 

@@ -2,6 +2,7 @@
 
 from gatehouse_adapter import ModelSpec
 from gh_archon.common.kv_cache import decode_forward, init_cache
+from gh_archon.common.parallel import fully_shard_decoder
 from gh_archon.qwen3_moe.infra.parallelize import parallelize_qwen3_moe
 from gh_archon.qwen3_moe.model.args import MODEL_TYPES, Qwen3MoeModelArgs
 from gh_archon.qwen3_moe.model.model import build_model
@@ -16,6 +17,7 @@ SPEC = ModelSpec(
     state_dict_adapter=Qwen3MoeStateDictAdapter,
     init_cache=init_cache,
     decode_forward=decode_forward,
+    data_parallel=fully_shard_decoder,
     parallelize=parallelize_qwen3_moe,
 )
 

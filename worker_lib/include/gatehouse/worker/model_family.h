@@ -35,8 +35,10 @@ namespace gatehouse::worker {
 /// by the adapter's own code: the Python lane's parallelize). 8: ModelFamily::
 /// ConstructExpertParallel, ExpertParallel and TpCommunicator::AllToAll (tensor_parallel.h),
 /// CausalLM::ExpertTokenCounts / ExpertNearTies. 9: CausalLM::SupportsContextParallel /
-/// ForwardPackedContextParallel and ContextParallel (tensor_parallel.h).
-inline constexpr int kPluginAbiVersion = 9;
+/// ForwardPackedContextParallel and ContextParallel (tensor_parallel.h). 10: ShardLoaded takes
+/// the rank's place in the world (tp inside data parallelism, the family's own data
+/// parallelism), CausalLM::FullOfLocal / LocalGradients / ReducesDataParallelGradients.
+inline constexpr int kPluginAbiVersion = 10;
 
 /// Named tensors in a given order (checkpoint keys or parameter names).
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -178,6 +180,31 @@ class CausalLM : public torch::nn::Module {
     (void)gradients;
     return Status::FailedPrecondition("this model gives no full tensors (it was not sharded by code)");
   }
+  /// For a model that ModelFamily::ShardLoaded sharded: the full tensors of `local`, each
+  /// (parameter name, tensor shaped as this rank's shard of that parameter: a reduced gradient,
+  /// a parameter after a step) put together as the model shards that parameter (DTensor
+  /// from_local with the parameter's mesh and placements, then full_tensor), in `local`'s
+  /// order. A collective over the model's tp group: its ranks call it with the same names in
+  /// the same order. Errors: INVALID_ARGUMENT naming an unknown parameter or a shard of the
+  /// wrong shape, INTERNAL when gathering fails. Default: FAILED_PRECONDITION.
+  virtual Result<NamedTensors> FullOfLocal(const NamedTensors& local) {
+    (void)local;
+    return Status::FailedPrecondition("this model gives no full tensors (it was not sharded by code)");
+  }
+  /// For a model that ModelFamily::ShardLoaded sharded: this rank's gradient of each parameter
+  /// after a backward (named_parameters order, a tied weight once; zeros where it has none),
+  /// shaped as this rank's shard and sharing storage with the model's own gradient. A gradient
+  /// held in another layout than its parameter (a DTensor Partial gradient of a replicated
+  /// weight) is first made the parameter's layout: a collective, every rank in the same order.
+  /// Errors: INTERNAL with the cause. Default: FAILED_PRECONDITION.
+  virtual Result<NamedTensors> LocalGradients() {
+    return Status::FailedPrecondition("this model gives no local gradients (it was not sharded by code)");
+  }
+  /// True when the model reduces its gradients over the data-parallel ranks by itself (the
+  /// adapter's own data parallelism, e.g. FSDP2 fully_shard, applied by ShardLoaded): after a
+  /// backward, LocalGradients are already this rank's shard of the data-parallel sum, and the
+  /// parameters it registers are this rank's shards. Default false.
+  virtual bool ReducesDataParallelGradients() const { return false; }
 };
 
 /// While one lives on a thread, ModelFamily::Construct and ConstructParallel called on that
@@ -307,17 +334,28 @@ class ModelFamily {
   /// CausalLM::FullTensors. Default false.
   virtual bool ShardsLoadedModel() const { return false; }
   /// Shards `model` (built by this family's Construct, every parameter loaded) over the
-  /// tp.size ranks of the worker's group, tp.rank being this one, and returns the sharded
-  /// model: its Forward returns the full logits [B, T, vocab_size] on every rank, and its
-  /// FullTensors gathers parameters and gradients. A collective: every rank calls it together.
-  /// The family joins its own group over the worker's rendezvous (MASTER_ADDR, MASTER_PORT).
-  /// Errors: INVALID_ARGUMENT with the adapter's own message (e.g. a TP size that does not
-  /// divide num_key_value_heads); UNAVAILABLE when the family's group cannot be formed;
-  /// FAILED_PRECONDITION by default.
+  /// tp.size ranks of this rank's tp group, tp.rank being this rank's place in it, and returns
+  /// the sharded model: its Forward returns the full logits [B, T, vocab_size] on every rank of
+  /// the group, its registered parameters are this rank's shards (the tensors the gates step in
+  /// place), their gradients after a backward this rank's shards of the gradients, and
+  /// FullTensors / FullOfLocal gather. `world_rank` of `world_size` is this rank's place in the
+  /// world, laid out as common/mesh.h lays it (tp fastest: the tp groups are the runs of
+  /// tp.size consecutive ranks; world_size / tp.size replicas of the model, data-parallel).
+  /// tp.size may be 1. A family with data parallelism of its own (a Python adapter's
+  /// data_parallel: FSDP2) applies it over the data-parallel ranks when there are several, and
+  /// the model says so (CausalLM::ReducesDataParallelGradients).
+  /// A collective over the world: every rank calls it together. The family joins its own group
+  /// over the worker's rendezvous (MASTER_ADDR, MASTER_PORT). Errors: INVALID_ARGUMENT with the
+  /// adapter's own message (e.g. a TP size that does not divide num_key_value_heads);
+  /// UNAVAILABLE when the family's group cannot be formed; FAILED_PRECONDITION by default.
   virtual Result<std::shared_ptr<CausalLM>> ShardLoaded(std::shared_ptr<CausalLM> model,
-                                                        const TensorParallel& tp) const {
+                                                        const TensorParallel& tp,
+                                                        int64_t world_rank,
+                                                        int64_t world_size) const {
     (void)model;
     (void)tp;
+    (void)world_rank;
+    (void)world_size;
     return Status::FailedPrecondition("model family '" + std::string(name()) +
                                       "' does not shard a loaded model");
   }
