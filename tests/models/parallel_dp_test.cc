@@ -161,6 +161,8 @@ TEST(DataParallelTest, AveragedGradientsAreCaught) {
   EXPECT_EQ(out.status, GateStatus::kFail);
   EXPECT_NEAR(Real(out, "grad_norm_step_1") / Real(out, "grad_norm_step_1_control"), 0.5, 1e-6);
   EXPECT_THAT(out.reason, HasSubstr("step 1 global grad norm"));
+  // The verdict says what a norm of 1/dp means.
+  EXPECT_THAT(test_util::FigureText(out, "grad_norm_hint"), HasSubstr("averaged over the 2 data-parallel ranks"));
 }
 
 // Verifies each rank's own token mean, averaged over the ranks (DDP's default), FAILs when the

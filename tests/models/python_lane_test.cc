@@ -823,7 +823,7 @@ TEST(PythonLane, BrokenParallelizeFails) {
        "        fully_shard(layer, mesh=mesh)\n"
        "    return fully_shard(model, mesh=mesh)\n"
        "SPEC = dataclasses.replace(_GOOD, data_parallel=dp)\n",
-       "step 1 global grad norm", "dp"},
+       "gradients were averaged over the 2 data-parallel ranks", "dp"},
       {"fsdp_reduce_bf16", "llama",
        "import torch\n"
        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"

@@ -234,6 +234,22 @@ void RecordExpertTokens(DpRun& run, GateOutcome& out, std::vector<std::string>& 
       std::to_string(ours) + " here, " + std::to_string(control) + " on the control");
 }
 
+/// When step 1's global grad norm is 1/dp of the control's (within 1e-4), what that says: the
+/// gradients were averaged over the data-parallel ranks where the loss is already divided by
+/// the global token count (DDP's and FSDP2's default division). "" otherwise.
+std::string AveragedHint(const DpRun& run) {
+  const StepTrace& t = run.trace;
+  if (run.dp < 2 || t.grad_norm.empty() || t.control_grad_norm.empty() || t.control_grad_norm[0] <= 0) {
+    return "";
+  }
+  const double ratio = t.grad_norm[0] / t.control_grad_norm[0];
+  if (std::abs(ratio * static_cast<double>(run.dp) - 1.0) > 1e-4) return "";
+  return "the step-1 grad norm is 1/" + std::to_string(run.dp) + " of the control's: the "
+         "gradients were averaged over the " + std::to_string(run.dp) + " data-parallel ranks, "
+         "but each rank's loss is already divided by the global token count, so they must be "
+         "summed (FSDP2: set_gradient_divide_factor(1.0))";
+}
+
 /// Context parallelism: share 0's logits under cp (its cp group's columns gathered) against
 /// the control's packed forward of the same packing, judged by the TP bars (KL mean; top-1
 /// in fp32), and the batch tokens trimmed to make each packing divide by cp.
@@ -306,8 +322,13 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
   }
   if (run.cp > 1) RecordContextParallel(run, out, fails);
   RecordExpertTokens(run, out, fails);  // before the trace: flipped routings leave gradients unjudged
+  const size_t before_trace = fails.size();
   run.trace.Record(run.thr.loss_rel_below, out, fails,
                    [&](const std::string& name) { return CheckpointKeyOf(run.ctx, name); });
+  if (const std::string hint = AveragedHint(run); !hint.empty() && fails.size() > before_trace) {
+    out.Text("grad_norm_hint", hint);
+    fails.insert(fails.begin() + static_cast<std::ptrdiff_t>(before_trace), hint);
+  }
   out.Real("grad_order_floor_max_rel", run.floor_max, "ratio");
   out.Count("grads_step1_bit_equal_to_grouping", run.grads_bit_equal_to_grouping);
   const StepTrace& t = run.trace;
