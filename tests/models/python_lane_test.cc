@@ -809,7 +809,8 @@ TEST(PythonLane, BrokenParallelizeFails) {
       // the data-parallel sum cannot mend it), and row-parallel outputs left partial.
       {"dp_tp_qk_norm_plain", "qwen3_moe",
        kPerHeadNormsPlain,
-       "_norm.weight differs from the control's", "dp_shard=2,tp=2", 4},
+       "k_norm.weight (checkpoint model.layers.1.self_attn.k_norm.weight) differs from the control's",
+       "dp_shard=2,tp=2", 4},
       {"dp_tp_no_all_reduce", "llama",
        kRowParallelLeftPartial,
        "step 1 loss", "dp=2,tp=2", 4},

@@ -324,7 +324,7 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
   RecordExpertTokens(run, out, fails);  // before the trace: flipped routings leave gradients unjudged
   const size_t before_trace = fails.size();
   run.trace.Record(run.thr.loss_rel_below, out, fails,
-                   [&](const std::string& name) { return CheckpointKeyOf(run.ctx, name); });
+                   CheckpointKeys(run.ctx, run.control_params));
   if (const std::string hint = AveragedHint(run); !hint.empty() && fails.size() > before_trace) {
     out.Text("grad_norm_hint", hint);
     fails.insert(fails.begin() + static_cast<std::ptrdiff_t>(before_trace), hint);

@@ -121,8 +121,17 @@ torch::Tensor UnshardOverTp(const TpPlan& plan, TpCommunicator& tp, const std::s
 
 /// The checkpoint key of internal parameter `internal` through the cell's name table
 /// ("model.layers.0.self_attn.k_proj.weight"; for a stacked expert parameter its first and
-/// last expert's keys); "" when the family maps weights by code or no row maps it.
-std::string CheckpointKeyOf(const GateContext& ctx, const std::string& internal);
+/// last expert's keys) or, for a family that maps weights by code (the Python lane), through
+/// its ToHf of `value`, the parameter's full tensor (a mapping that splits it gives "first ..
+/// last (N tensors)"). "" when nothing maps it, or the family maps by code and `value` is
+/// undefined.
+std::string CheckpointKeyOf(const GateContext& ctx, const std::string& internal,
+                            const torch::Tensor& value = {});
+
+/// CheckpointKeyOf as StepTrace::Record's `checkpoint_key`, the value of a parameter being the
+/// control's tensor of that name in `control` (which must outlive the function).
+std::function<std::string(const std::string&)> CheckpointKeys(const GateContext& ctx,
+                                                              const std::vector<ParamGroup>& control);
 
 /// The whole checkpoint into `model` (every parameter, unsharded): through the adapter's code
 /// when the family maps weights by code (the Python lane), else through its name table.

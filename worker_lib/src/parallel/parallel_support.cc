@@ -276,13 +276,33 @@ torch::Tensor UnshardOverTp(const TpPlan& plan, TpCommunicator& tp, const std::s
   return *whole;
 }
 
-std::string CheckpointKeyOf(const GateContext& ctx, const std::string& internal) {
+std::string CheckpointKeyOf(const GateContext& ctx, const std::string& internal,
+                            const torch::Tensor& value) {
+  if (ctx.family != nullptr && ctx.family->MapsWeightsByCode()) {
+    if (!value.defined() || ctx.args == nullptr) return "";
+    Result<NamedTensors> hf = ctx.family->ToHf(*ctx.args, {{internal, value}});
+    if (!hf.ok() || hf->empty()) return "";
+    if (hf->size() == 1) return hf->front().first;
+    return hf->front().first + " .. " + hf->back().first + " (" + std::to_string(hf->size()) +
+           " tensors)";
+  }
   if (!ctx.adapter) return "";
   Result<std::vector<HfSlice>> slices = ctx.adapter->HfSlices(internal);
   if (!slices.ok() || slices->empty()) return "";
   if (slices->size() == 1) return slices->front().hf;
   return slices->front().hf + " .. " + slices->back().hf + " (" + std::to_string(slices->size()) +
          " experts stacked)";
+}
+
+std::function<std::string(const std::string&)> CheckpointKeys(const GateContext& ctx,
+                                                              const std::vector<ParamGroup>& control) {
+  return [&ctx, &control](const std::string& name) {
+    torch::Tensor value;
+    for (const ParamGroup& g : control) {
+      if (g.names[0] == name) value = g.tensor.detach();
+    }
+    return CheckpointKeyOf(ctx, name, value);
+  };
 }
 
 namespace {

@@ -361,7 +361,7 @@ void RecordAndJudge(const PpRun& run, GateOutcome& out) {
     fails.push_back(std::to_string(unowned) + " parameter(s) no stage's backward reached");
   }
   run.trace.Record(run.thr.loss_rel_below, out, fails,
-                   [&](const std::string& name) { return CheckpointKeyOf(run.ctx, name); });
+                   CheckpointKeys(run.ctx, run.control_params));
   out.Real("stage_copies_max_abs_diff", run.stage_copies_max_abs, "parameter");
   out.Real("params_after_max_abs_diff", run.params_after_max_abs, "parameter");
   out.Real("params_after_max_rel_diff", run.params_after_max_rel, "ratio");
