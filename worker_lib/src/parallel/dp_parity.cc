@@ -103,21 +103,23 @@ std::string IndexParameters(DpRun& run) {
     }
     run.expert.push_back(stacked);
   }
+  if (run.control) run.control_params = UniqueParameters(*run.control);
   if (run.by_code) {
-    // Which parameters the adapter's parallelize split over tp: their shards are smaller.
-    Result<NamedTensors> full = run.model->FullTensors(/*gradients=*/false);
-    if (!full.ok()) return "the sharded model's full parameters: " + full.status().message();
-    if (full->size() != run.params.size()) {
-      return "the sharded model registers " + std::to_string(run.params.size()) +
-             " parameters but gathers " + std::to_string(full->size());
+    // Which parameters the adapter's parallelize split over tp: rank 0 compares its shards
+    // with the control's whole tensors and tells every rank (the split is the same on all),
+    // without gathering the model.
+    torch::Tensor split = torch::zeros({static_cast<int64_t>(run.params.size())}, torch::kLong);
+    if (run.control && run.control_params.size() == run.params.size()) {
+      for (size_t i = 0; i < run.params.size(); ++i) {
+        const int64_t whole = run.control_params[i].tensor.numel();
+        run.full_elements += whole;
+        split[static_cast<int64_t>(i)] = whole != run.params[i].tensor.numel() ? 1 : 0;
+      }
     }
-    for (size_t i = 0; i < full->size(); ++i) {
-      run.full_elements += (*full)[i].second.numel();
-      run.tp_sharded.push_back((*full)[i].second.numel() != run.params[i].tensor.numel());
-    }
+    run.comm.AllReduceSum(split);
+    for (int64_t i = 0; i < split.size(0); ++i) run.tp_sharded.push_back(split[i].item<int64_t>() > 0);
   }
   if (!run.control) return "";
-  run.control_params = UniqueParameters(*run.control);
   // The checks pair a replica's parameters with the control's by position.
   for (size_t i = 0; i < std::max(run.params.size(), run.control_params.size()); ++i) {
     const std::string ours = i < run.params.size() ? run.params[i].names[0] : "(none)";

@@ -68,7 +68,7 @@ struct DpRun {
   // sharded over them (CausalLM::ReducesDataParallelGradients: the adapter's FSDP2): the check
   // neither reduces nor slices, and compares replicas through their full tensors.
   bool model_reduces = false;
-  int64_t full_elements = 0;  // by_code: the whole model's parameter elements
+  int64_t full_elements = 0;  // by_code, rank 0: the control's (whole model's) parameter elements
   std::vector<torch::Tensor> batch;         // the global batch: token ids [T] int64, CPU
   int64_t batch_splits = 0;                 // prompts cut in two to make it (GlobalBatch)
   double global_tokens = 0;                 // predicted tokens of the whole batch
