@@ -1754,6 +1754,17 @@ TEST(RunnerTest, GateExceptionsBecomeFail) {
   EXPECT_THAT(ends[0]["reason"].get<std::string>(), HasSubstr("plain boom"));
 }
 
+// The integer figures of the events in `sink`: phase -> name -> value.
+std::map<std::string, std::map<std::string, int64_t>> IntegerFigures(const MemoryEventSink& sink) {
+  std::map<std::string, std::map<std::string, int64_t>> figures;
+  for (const auto& e : sink.events()) {
+    if (e["event"] == "figure" && e["value"].is_number_integer()) {
+      figures[e["phase"].get<std::string>()][e["name"].get<std::string>()] = e["value"].get<int64_t>();
+    }
+  }
+  return figures;
+}
+
 // Verifies each phase reports its own peak resident memory (the peak is reset when a phase
 // starts): a phase that touches 256 MiB peaks at least that far above the phase after it,
 // which allocates nothing.
@@ -1774,18 +1785,41 @@ TEST(RunnerTest, PeakRssIsPerPhase) {
   MemoryEventSink sink;
   EventWriter events(sink);
   EXPECT_EQ(RunGates(ctx, events, gates), GateStatus::kPass);
-  std::map<std::string, std::map<std::string, int64_t>> figures;  // phase -> name -> value
-  for (const auto& e : sink.events()) {
-    if (e["event"] == "figure" && e["value"].is_number_integer()) {
-      figures[e["phase"].get<std::string>()][e["name"].get<std::string>()] = e["value"].get<int64_t>();
-    }
-  }
+  std::map<std::string, std::map<std::string, int64_t>> figures = IntegerFigures(sink);
   ASSERT_TRUE(figures["identity"].count("peak_rss_bytes")) << "no peak_rss_bytes figure";
   ASSERT_TRUE(figures["config"].count("peak_rss_bytes"));
   ASSERT_TRUE(figures["config"].count("rss_end_bytes"));
   EXPECT_GE(figures["identity"]["peak_rss_bytes"],
             figures["config"]["peak_rss_bytes"] + kBytes * 9 / 10);
   EXPECT_LT(figures["config"]["rss_end_bytes"], figures["identity"]["peak_rss_bytes"]);
+}
+
+// rss_start_bytes is what the earlier phases left resident: a phase that keeps 256 MiB alive
+// raises the next phase's start by that much, while the next phase's own peak above its start
+// (peak_rss_bytes - rss_start_bytes) stays small.
+TEST(RunnerTest, RssStartCountsWhatEarlierPhasesLeft) {
+  Fixture fx;
+  GateContext ctx = fx.Context();
+  ctx.spec.phases = {"identity", "config"};
+  constexpr int64_t kBytes = int64_t{256} << 20;
+  torch::Tensor kept;
+  const std::vector<GateDef> gates = {
+      {"identity",
+       [&kept](GateContext&) -> GateOutcome {
+         kept = torch::ones({kBytes}, torch::kUInt8);  // every page touched, alive after
+         return {};
+       }},
+      {"config", [](GateContext&) -> GateOutcome { return {}; }}};
+  MemoryEventSink sink;
+  EventWriter events(sink);
+  EXPECT_EQ(RunGates(ctx, events, gates), GateStatus::kPass);
+  std::map<std::string, std::map<std::string, int64_t>> figures = IntegerFigures(sink);
+  ASSERT_TRUE(figures["identity"].count("rss_start_bytes")) << "no rss_start_bytes figure";
+  ASSERT_TRUE(figures["config"].count("rss_start_bytes"));
+  EXPECT_GE(figures["config"]["rss_start_bytes"],
+            figures["identity"]["rss_start_bytes"] + kBytes * 9 / 10);
+  EXPECT_LT(figures["config"]["peak_rss_bytes"] - figures["config"]["rss_start_bytes"], kBytes / 4);
+  EXPECT_EQ(kept.sum().item<int64_t>(), kBytes);
 }
 
 #if defined(__GLIBC__)

@@ -59,39 +59,6 @@ std::vector<GateDef> DefaultGates() {
 
 namespace {
 
-// Resident memory of this process from /proc/self/status (proc(5)): VmHWM, the peak resident
-// set since the process started or since the last ResetPeakRss, and VmRSS, the current one.
-struct ResidentMemory {
-  std::optional<int64_t> peak_bytes;
-  std::optional<int64_t> current_bytes;
-};
-
-ResidentMemory ReadResidentMemory() {
-  ResidentMemory m;
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::optional<int64_t>* field = line.rfind("VmHWM:", 0) == 0   ? &m.peak_bytes
-                                    : line.rfind("VmRSS:", 0) == 0 ? &m.current_bytes
-                                                                   : nullptr;
-    if (field == nullptr) continue;
-    try {
-      *field = std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
-    } catch (const std::exception&) {
-    }
-  }
-  return m;
-}
-
-// Resets VmHWM to the current resident set: "5" written to /proc/self/clear_refs (Linux 4.0,
-// proc(5)). False where that is not possible (then the phase's peak is not reported).
-bool ResetPeakRss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
-}
-
 GateOutcome RunOneGate(const GateDef& def, GateContext& ctx) {
   GateOutcome out;
   try {
@@ -133,13 +100,16 @@ GateStatus RunGates(GateContext& ctx, EventWriter& events, const std::vector<Gat
     events.PhaseStart(def.phase);
     log::Info("phase " + std::string(def.phase) + ": start");
     const int64_t t0 = events.NowMs();
-    const bool peak_reset = ResetPeakRss();
+    const bool peak_reset = internal::ResetPeakRss();
+    // What the earlier phases left resident: the phase's own peak is peak_rss_bytes less this.
+    const std::optional<int64_t> rss_start = internal::ReadResidentMemory().current_bytes;
     GateOutcome out = RunOneGate(def, ctx);
     // After every phase (so also before the next one): rss_end_bytes counts what the phase
     // left alive, and its freed heap does not count in the next phase's peak.
     internal::ReturnFreedMemory();
-    const ResidentMemory memory = ReadResidentMemory();
+    const internal::ResidentMemory memory = internal::ReadResidentMemory();
     if (peak_reset && memory.peak_bytes) out.Bytes("peak_rss_bytes", *memory.peak_bytes);
+    if (rss_start) out.Bytes("rss_start_bytes", *rss_start);
     if (memory.current_bytes) out.Bytes("rss_end_bytes", *memory.current_bytes);
     for (const Figure& f : out.figures) events.EmitFigure(def.phase, f);
     for (const Artifact& a : out.artifacts) events.EmitArtifact(def.phase, a);

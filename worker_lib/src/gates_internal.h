@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,6 +102,39 @@ inline void ReturnFreedMemory() {
 #if defined(__GLIBC__)
   ::malloc_trim(0);
 #endif
+}
+
+/// Resident memory of this process from /proc/self/status (proc(5)): VmHWM, the peak resident
+/// set since the process started or since the last ResetPeakRss, and VmRSS, the current one.
+struct ResidentMemory {
+  std::optional<int64_t> peak_bytes;
+  std::optional<int64_t> current_bytes;
+};
+
+inline ResidentMemory ReadResidentMemory() {
+  ResidentMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::optional<int64_t>* field = line.rfind("VmHWM:", 0) == 0   ? &m.peak_bytes
+                                    : line.rfind("VmRSS:", 0) == 0 ? &m.current_bytes
+                                                                   : nullptr;
+    if (field == nullptr) continue;
+    try {
+      *field = std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+    } catch (const std::exception&) {
+    }
+  }
+  return m;
+}
+
+/// Resets VmHWM to the current resident set: "5" written to /proc/self/clear_refs (Linux 4.0,
+/// proc(5)). False where that is not possible (then the phase's peak is not reported).
+inline bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
 }
 
 /// The size from which glibc serves an allocation with pages of its own (mmap), returned to

@@ -66,6 +66,11 @@ int main(int argc, char** argv) {
                  "directory put in front of the Python lane's sys.path (repeatable)");
   app.add_option("--python-lane", python_lane, "the Python lane's library")
       ->capture_default_str();
+  bool parallel_measure_only = false;
+  app.add_flag("--parallel-measure-only", parallel_measure_only,
+               "benchmarks only: the parallel gate trains the layout without its control, "
+               "compares nothing and ends SKIPPED with each rank's step times (a group is "
+               "joined at world size 1 too)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -116,6 +121,7 @@ int main(int argc, char** argv) {
     GateContext ctx;
     ctx.spec = *spec;
     ctx.registry = &registry;
+    ctx.parallel_measure_only = parallel_measure_only;
     for (const std::string& path : plugins) {
       Status loaded = LoadPlugin(path, registry);
       if (!loaded.ok()) {
@@ -149,7 +155,7 @@ int main(int argc, char** argv) {
     }
     ctx.rank = rank_env->rank;
     ctx.world_size = rank_env->world_size;
-    if (rank_env->world_size > 1) {
+    if (rank_env->world_size > 1 || parallel_measure_only) {
       std::chrono::seconds timeout(kDefaultGroupTimeoutSeconds);
       if (const char* t = std::getenv("GATEHOUSE_GROUP_TIMEOUT_S")) {
         if (std::atoi(t) > 0) timeout = std::chrono::seconds(std::atoi(t));

@@ -79,14 +79,9 @@ std::string BuildReplicas(DpRun& run) {
 std::string ShardByCode(DpRun& run) {
   GateContext& ctx = run.ctx;
   const TensorParallel tp{run.tp_comm ? run.tp_comm->rank() : 0, run.tp, run.tp_comm};
-  Result<std::shared_ptr<CausalLM>> sharded = Status::Internal("not run");
-  try {
-    sharded = ctx.family->ShardLoaded(run.model, tp, ctx.rank, ctx.world_size);
-  } catch (const std::exception& e) {
-    sharded = Status::Internal(e.what());
-  }
+  Result<std::shared_ptr<CausalLM>> sharded =
+      ShardLoadedModel(*ctx.family, run.model, tp, ctx.rank, ctx.world_size);
   if (!sharded.ok()) return sharded.status().message();
-  if (!*sharded) return "returned no model";
   run.model = *sharded;
   run.model_reduces = run.model->ReducesDataParallelGradients();
   return "";
@@ -361,6 +356,24 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
             "loss_step_2_rel_diff", "grad_norm_step_2_rel_diff"});
 }
 
+/// GateContext::parallel_measure_only: the layout's steps without the control, nothing
+/// compared; SKIPPED with this rank's step times (MeasuredOnly).
+GateOutcome TrainMeasuredOnly(DpRun& run, GateOutcome out) {
+  if (run.cp > 1 && !run.model->SupportsContextParallel()) {
+    return out.Blocked("cp=" + std::to_string(run.cp) + ": the family's model has no " +
+                       "context-parallel forward (CausalLM::SupportsContextParallel)");
+  }
+  if (const std::string all = RankProblems(run.comm, Train(run)); !all.empty()) {
+    return out.Fail(FailureClass::kNativeRuntime, all);
+  }
+  out.Count("global_batch_sequences", static_cast<int64_t>(run.batch.size()));
+  out.Count("global_batch_tokens", static_cast<int64_t>(run.global_tokens));
+  out.Count("optimizer_state_elements", run.optimizer_state_elements);
+  out.Count("optimizer_state_elements_unsharded", run.optimizer_state_elements_unsharded);
+  const std::string layout = run.ctx.world_size == 1 ? "the whole model on one rank" : DataText(run);
+  return MeasuredOnly(std::move(out), layout, run.step_ms, run.trace.loss, run.params);
+}
+
 }  // namespace
 
 std::string DpReduction::Name() const {
@@ -393,9 +406,10 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
             .dp = mesh.Size(Mesh::Dim::kDpReplicate) * mesh.Size(Mesh::Dim::kDpShard),
             .dp_index = 0,
             .tp = mesh.Size(Mesh::Dim::kTp),
-            .rank0 = ctx.rank == 0,
+            .rank0 = ctx.rank == 0 && !ctx.parallel_measure_only,
             .thr = TpThresholdsFor(ctx.spec.precision),
             .reduction = reduction};
+  run.measure_only = ctx.parallel_measure_only;
   run.ep = mesh.shape().ep;
   run.cp = mesh.Size(Mesh::Dim::kCp);
   bool blocked = false;  // an input the cell cannot change by running again
@@ -463,6 +477,7 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
   if (const std::string all = RankProblems(run.comm, IndexParameters(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);
   }
+  if (run.measure_only) return TrainMeasuredOnly(run, std::move(out));
   if (const std::string all = RankProblems(run.comm, CompareSave(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);
   }

@@ -34,7 +34,7 @@ struct DpRun {
   int64_t dp;         // replicate x shard: the data-parallel ranks the batch is split over
   int64_t dp_index;   // this rank's index among them: which share of the batch
   int64_t tp;
-  bool rank0;
+  bool rank0;  // holds the single-rank control and judges (rank 0, unless measure_only)
   TpThresholds thr;
   DpReduction reduction;
   // The flattened data-parallel group (dp_replicate x dp_shard), and its two parts (null when
@@ -92,6 +92,11 @@ struct DpRun {
   std::vector<std::string> save_problems;
   // Optimizer state elements (exp_avg and exp_avg_sq) this rank holds, and unsharded.
   int64_t optimizer_state_elements = 0, optimizer_state_elements_unsharded = 0;
+  // GateContext::parallel_measure_only: no control, no comparison (no save, no gathered
+  // gradients or parameters); each step's wall time on this rank (its forward, backward,
+  // reduction and optimizer step), in ms.
+  bool measure_only = false;
+  std::vector<double> step_ms;
 };
 
 /// The global batch the data-parallel ranks split: every reference prompt of 2 tokens or more,
@@ -206,7 +211,7 @@ class ShardedAdamW {
     int64_t start = 0;     // first row of this rank's slice
     int64_t rows = 0;      // rows of this rank's slice (0 .. chunk)
     int64_t chunk = 0;     // rows per rank (ceil(rows / S)); 0 for a 0-dimensional parameter
-    torch::Tensor master;  // this rank's slice, the tensor the optimizer steps
+    torch::Tensor master;  // this rank's slice (a view of param's rows), the tensor the optimizer steps
   };
   std::vector<Slice> slices_;
   TpCommunicator& comm_;

@@ -3,6 +3,7 @@
 // (on this rank's slices under dp_shard), and on rank 0 the control on the whole batch, its
 // gradients the bar's reference.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -267,8 +268,27 @@ std::string Train(DpRun& run) {
       control_optimizer.emplace(tensors(run.control_params), options);
     }
     for (int step = 1; step <= kDpSteps; ++step) {
+      const auto started = std::chrono::steady_clock::now();
       run.model->ResetExpertTokenCounts();
       run.trace.loss.push_back(DataParallelStep(run));
+      if (run.measure_only) {
+        // What a trainer does, timed: the clipping norm and the step, without copying or
+        // gathering anything to compare.
+        if ((run.tp > 1 || run.ep > 1) && !run.model_reduces) {
+          std::vector<torch::Tensor> held;
+          for (const ParamGroup& g : run.params) {
+            held.push_back(g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(g.tensor));
+          }
+          run.trace.sharded_grad_norm.push_back(ShardedNorm(run, held));
+        }
+        if (sharded) sharded->Step();
+        else optimizer->Step();
+        if (expert_sharded) expert_sharded->Step();
+        else if (expert_optimizer) expert_optimizer->Step();
+        run.step_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
+        continue;
+      }
       if (step == 1) ExpertTokens(run);
       const std::vector<torch::Tensor> local = GradsOf(run.params);
       // (Under the adapter's own data parallelism every tensor is sharded over the data-parallel

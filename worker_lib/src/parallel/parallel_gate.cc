@@ -5,9 +5,11 @@
 // data-parallel check (with tensor-parallel replicas, experts split over dp_shard ranks, each
 // share's packing split over the cp ranks: cp_batch.cc), and pp alone or with tp is the
 // pipeline check; a dimension without a check, or pp with another, BLOCKs the gate, naming
-// them.
+// them. Measured only (GateContext::parallel_measure_only), the pipeline and data-parallel
+// checks train the layout without the control and end SKIPPED with their step times.
 #include <set>
 
+#include "../gates_internal.h"
 #include "common/cell_spec.h"
 #include "common/mesh.h"
 #include "gatehouse/worker/distributed.h"
@@ -37,7 +39,7 @@ GateOutcome ParallelGate(GateContext& ctx) {
   // mesh the ranks cannot form is named here.
   Result<Mesh> mesh = Mesh::Make(topo.mesh_shape(), CellSpecLimits::kMaxWorldSize);
   if (!mesh.ok()) return out.Blocked(topo_text + ": " + mesh.status().message());
-  if (topo.world_size() == 1) {
+  if (topo.world_size() == 1 && !ctx.parallel_measure_only) {
     return out.Skipped(topo_text + ": world size 1, nothing to compare against TP=1");
   }
   out.Text("mesh", mesh->ToString());
@@ -84,11 +86,26 @@ GateOutcome ParallelGate(GateContext& ctx) {
                             : ""));
   }
   out.Text("process_group", ctx.comm_backend);
+  if (ctx.parallel_measure_only) {
+    // The layout's memory is its own: the reference is read first, the model the earlier
+    // phases loaded (every rank's, whole; no check uses it) is released, and the peak runs
+    // from here (the benchmark requests no phase after this one). The checkpoint's pages the
+    // load adopted stay mapped (the checks load from them): they are in the start figure.
+    GateOutcome scratch;
+    internal::RequireReference(ctx, scratch);  // its problem, if any, is the check's to report
+    ctx.model.reset();
+    ctx.model_loaded = false;
+    internal::ReturnFreedMemory();
+    internal::ResetPeakRss();
+    if (std::optional<int64_t> rss = internal::ReadResidentMemory().current_bytes) {
+      out.Bytes("rss_layout_start_bytes", *rss);
+    }
+  }
   // Data parallelism forms its groups from the mesh; tensor parallelism alone is the world.
   if (topo.pp > 1) return parallel::PipelineParallelParity(ctx, *mesh, std::move(out));
   // Data parallelism (dp, dp_shard or both) and context parallelism, with or without tp, are
-  // one check.
-  if (topo.dp > 1 || topo.dp_shard > 1 || topo.cp > 1) {
+  // one check; measured only, it trains tp alone and the whole model alone (world size 1) too.
+  if (topo.dp > 1 || topo.dp_shard > 1 || topo.cp > 1 || ctx.parallel_measure_only) {
     return parallel::DataParallelParity(ctx, *mesh, std::move(out));
   }
   return parallel::TensorParallelParity(ctx, topo.tp, std::move(out));

@@ -119,6 +119,15 @@ struct StepTrace {
 torch::Tensor UnshardOverTp(const TpPlan& plan, TpCommunicator& tp, const std::string& name,
                             const torch::Tensor& local);
 
+/// The end of a check run measured only (GateContext::parallel_measure_only): `layout` trained
+/// without its control. Records measured_step_<k>_ms (this rank's wall time of step k: forward,
+/// backward, reduction, optimizer step), loss_step_<k> (the global loss, nats) and
+/// parameter_elements_held (this rank's `params`), and returns `out` SKIPPED, saying that
+/// nothing was compared.
+GateOutcome MeasuredOnly(GateOutcome out, const std::string& layout,
+                         const std::vector<double>& step_ms, const std::vector<double>& losses,
+                         const std::vector<ParamGroup>& params);
+
 /// The checkpoint key of internal parameter `internal` through the cell's name table
 /// ("model.layers.0.self_attn.k_proj.weight"; for a stacked expert parameter its first and
 /// last expert's keys) or, for a family that maps weights by code (the Python lane), through
@@ -136,6 +145,16 @@ std::function<std::string(const std::string&)> CheckpointKeys(const GateContext&
 /// The whole checkpoint into `model` (every parameter, unsharded): through the adapter's code
 /// when the family maps weights by code (the Python lane), else through its name table.
 Result<LoadReport> LoadFull(const GateContext& ctx, CausalLM& model);
+
+/// `model`, loaded whole on this rank, sharded by the family's own code
+/// (ModelFamily::ShardLoaded over `tp`, this rank being `rank` of `world_size`: the Python
+/// lane's parallelize and data_parallel; a collective). An exception becomes INTERNAL with its
+/// text, a null model INTERNAL "returned no model"; the family's own errors as they are
+/// (INVALID_ARGUMENT: the adapter's contract).
+Result<std::shared_ptr<CausalLM>> ShardLoadedModel(const ModelFamily& family,
+                                                   std::shared_ptr<CausalLM> model,
+                                                   const TensorParallel& tp, int64_t rank,
+                                                   int64_t world_size);
 
 /// A model a check trains: made by `construct` (Construct or ConstructParallel, under
 /// SkipWeightInit: `load` overwrites every parameter), loaded by `load`, then each parameter

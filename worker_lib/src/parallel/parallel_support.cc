@@ -339,4 +339,35 @@ std::string GroupsText(const Mesh& mesh, const std::vector<Mesh::Dim>& dims) {
   return text;
 }
 
+Result<std::shared_ptr<CausalLM>> ShardLoadedModel(const ModelFamily& family,
+                                                   std::shared_ptr<CausalLM> model,
+                                                   const TensorParallel& tp, int64_t rank,
+                                                   int64_t world_size) {
+  Result<std::shared_ptr<CausalLM>> sharded = Status::Internal("not run");
+  try {
+    sharded = family.ShardLoaded(std::move(model), tp, rank, world_size);
+  } catch (const std::exception& e) {
+    return Status::Internal(e.what());
+  }
+  if (sharded.ok() && !*sharded) return Status::Internal("returned no model");
+  return sharded;
+}
+
+GateOutcome MeasuredOnly(GateOutcome out, const std::string& layout,
+                         const std::vector<double>& step_ms, const std::vector<double>& losses,
+                         const std::vector<ParamGroup>& params) {
+  for (size_t k = 0; k < step_ms.size(); ++k) {
+    out.Real("measured_step_" + std::to_string(k + 1) + "_ms", step_ms[k], "ms");
+  }
+  for (size_t k = 0; k < losses.size(); ++k) {
+    out.Real("loss_step_" + std::to_string(k + 1), losses[k], "nats");
+  }
+  int64_t held = 0;
+  for (const ParamGroup& g : params) held += g.tensor.numel();
+  out.Count("parameter_elements_held", held);
+  return out.Skipped("measured only (--parallel-measure-only): " + layout + " trained " +
+                     std::to_string(step_ms.size()) + " step(s) without the single-rank "
+                     "control; nothing was compared");
+}
+
 }  // namespace gatehouse::worker::parallel

@@ -26,6 +26,7 @@
 // stage against the control's, and the copies of a parameter two stages own (a tied
 // embedding) against each other, which must be bit-equal.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 
@@ -73,6 +74,10 @@ struct PpRun {
   double stage_copies_max_abs = 0;  // a parameter two stages own, copy against copy
   double params_after_max_abs = 0, params_after_max_rel = 0;
   int64_t stage_param_elements = 0;  // what this stage owns
+  // GateContext::parallel_measure_only: no control, nothing gathered or compared; each step's
+  // wall time on this rank (schedule, shared gradients summed, optimizer step), in ms.
+  bool measure_only = false;
+  std::vector<double> step_ms;
 };
 
 /// One microbatch's forward on this stage: its input (token ids on stage 0, else the hidden
@@ -254,6 +259,7 @@ std::string Train(PpRun& run) {
       control_optimizer.emplace(all, options);
     }
     for (int step = 1; step <= kSteps; ++step) {
+      const auto started = std::chrono::steady_clock::now();
       for (const ParamGroup& g : run.params) g.tensor.mutable_grad() = torch::Tensor();
       torch::Tensor loss = torch::tensor({Schedule(run)}, torch::kDouble);
       if (step == 1) {
@@ -267,6 +273,13 @@ std::string Train(PpRun& run) {
       run.pp_comm->AllReduceSum(loss);  // the last stage's, to every stage
       const double global = loss.item<double>();
       SyncSharedGradients(run);
+      if (run.measure_only) {
+        run.trace.loss.push_back(global);
+        optimizer->Step();
+        run.step_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
+        continue;
+      }
       const std::vector<torch::Tensor> ours = OwnersGradients(run);
       run.trace.loss.push_back(global);
       run.trace.grad_norm.push_back(GlobalNorm(ours));
@@ -399,9 +412,10 @@ GateOutcome PipelineParallelParity(GateContext& ctx, const Mesh& mesh, GateOutco
             .comm = *ctx.comm,
             .pp = mesh.Size(Mesh::Dim::kPp),
             .stage = 0,
-            .rank0 = ctx.rank == 0,
+            .rank0 = ctx.rank == 0 && !ctx.parallel_measure_only,
             .thr = TpThresholdsFor(ctx.spec.precision),
             .fault = fault};
+  run.measure_only = ctx.parallel_measure_only;
   bool blocked = false;
   std::string not_ready = NotReady(ctx, blocked);
   if (not_ready.empty()) {
@@ -454,6 +468,16 @@ GateOutcome PipelineParallelParity(GateContext& ctx, const Mesh& mesh, GateOutco
   }
   if (const std::string all = RankProblems(run.comm, Train(run)); !all.empty()) {
     return out.Fail(FailureClass::kNativeRuntime, all);
+  }
+  if (run.measure_only) {
+    out.Count("stage_param_elements", run.stage_param_elements);
+    // The stage's AdamW steps what it owns: exp_avg and exp_avg_sq of each.
+    out.Count("optimizer_state_elements", 2 * run.stage_param_elements);
+    return MeasuredOnly(std::move(out),
+                        "pp=" + std::to_string(run.pp) +
+                            (run.tp > 1 ? " x tp=" + std::to_string(run.tp) : std::string()) +
+                            " (1F1B, " + std::to_string(run.batch.size()) + " microbatches)",
+                        run.step_ms, run.trace.loss, run.params);
   }
   if (const std::string all = RankProblems(run.comm, CompareParameters(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);

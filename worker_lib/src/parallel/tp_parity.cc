@@ -180,15 +180,11 @@ bool BuildShards(TpRun& run, GateOutcome& out) {
   }
   if (!run.plan) {
     // Every rank holds the loaded full model: the adapter shards it (a collective).
-    Result<std::shared_ptr<CausalLM>> sharded = Status::Internal("not run");
-    try {
-      sharded = ctx.family->ShardLoaded(run.model, tp, ctx.rank, ctx.world_size);
-    } catch (const std::exception& e) {
-      sharded = Status::Internal(e.what());
-    }
-    if (!sharded.ok() || !*sharded) {
-      problem = sharded.ok() ? std::string("returned no model") : sharded.status().message();
-      problem_class = !sharded.ok() && sharded.status().code() == StatusCode::kInvalidArgument
+    Result<std::shared_ptr<CausalLM>> sharded =
+        ShardLoadedModel(*ctx.family, run.model, tp, ctx.rank, ctx.world_size);
+    if (!sharded.ok()) {
+      problem = sharded.status().message();
+      problem_class = sharded.status().code() == StatusCode::kInvalidArgument
                           ? FailureClass::kAdapterContract
                           : FailureClass::kNativeRuntime;
     } else {

@@ -302,6 +302,13 @@ struct GateContext {
   std::string comm_backend;
   /// CUDA device index of this rank for a cuda cell: LOCAL_RANK in an NCCL group, else 0.
   int device_index = 0;
+  /// The parallel gate's measure-only mode (gatehouse-worker --parallel-measure-only, for
+  /// tools/bench/parallel_layouts.py; never set by the agent): the layout trains its steps
+  /// with no single-rank control and nothing compared (world size 1 trains the whole model
+  /// alone, the control's own cost), and the gate ends SKIPPED with each rank's step times.
+  /// The gate releases the loaded `model` first (rss_layout_start_bytes): no later phase may
+  /// run.
+  bool parallel_measure_only = false;
 
   // --- state carried between gates -------------------------------------------------------
   /// identity: NaN/Inf counts of the checkpoint's tensors, from the bytes its digest read.
