@@ -431,7 +431,8 @@ std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& fa
                                  const std::string& variant, const std::string& precision,
                                  const std::vector<std::string>& phases, int world = 1,
                                  const std::string& sys_path = "",
-                                 const std::string& dimension = "tp") {
+                                 const std::string& dimension = "tp",
+                                 const std::string& worker_flags = "") {
   test_util::TempDir attempt;
   json j = test_util::FixtureRunSpecJson(test_util::FixtureDir(variant), family, precision,
                                          attempt.path());
@@ -451,11 +452,13 @@ std::vector<WorkerRun> RunWorker(const std::string& entry, const std::string& fa
       (sys_path.empty() ? "" : " --python-path " + sys_path) + " --python-path " + GATEHOUSE_ADAPTERS_DIR;
   const std::string worker = "timeout 600 " + std::string(GATEHOUSE_WORKER) + " --run-spec " +
                              (attempt.path() / "run.json").string() + " --python-entry " + entry +
-                             python_path;
+                             python_path + (worker_flags.empty() ? "" : " " + worker_flags);
   std::string cmd;
   const std::string dir = attempt.path().string();
   if (world == 1) {
-    cmd = worker + " > " + dir + "/events0.jsonl 2> " + dir + "/log0.txt; echo $? > " + dir + "/rc0";
+    // (A rendezvous at world size 1 too: --parallel-measure-only joins a group of one.)
+    cmd = "export MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(test_util::FreePort()) + "; " +
+          worker + " > " + dir + "/events0.jsonl 2> " + dir + "/log0.txt; echo $? > " + dir + "/rc0";
   } else {
     cmd = "export WORLD_SIZE=" + std::to_string(world) +
           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(test_util::FreePort()) +
@@ -605,6 +608,40 @@ void WriteSpecPackage(const fs::path& dir, const std::string& name, const std::s
 /// optimizer state to its dim-0 slices (dp_shard=2). The losses, the global grad norms and
 /// every gradient agree with the single-rank control on rank 0, and the replicas stay
 /// bit-equal.
+// Verifies the parallel gate's measure-only mode on the lane (tools/bench/parallel_layouts.py
+// --python-entry): at world size 1 the adapter's model trains as it loaded (no group to hand
+// parallelize), at dp_shard=2 the adapter's FSDP2 shards it; every rank ends SKIPPED with the
+// same step-1 loss as the single rank, FSDP2 holding half the parameters per rank.
+TEST(PythonLane, MeasuredOnlyTrainsTheAdaptersLayout) {
+  if (!Fixtures({"llama"}).count("llama-tiny-untied")) GTEST_SKIP() << "no fixture";
+  const std::vector<std::string> phases = {"config", "construct", "load", "parallel"};
+  const std::string entry = "gh_archon.llama.spec:SPEC";
+  const auto alone = RunWorker(entry, "llama", "llama-tiny-untied", "fp32", phases, 1, "", "tp",
+                               "--parallel-measure-only");
+  const auto fsdp = RunWorker(entry, "llama", "llama-tiny-untied", "fp32", phases, 2, "", "dp_shard",
+                              "--parallel-measure-only");
+  for (const auto* run : {&alone, &fsdp}) {
+    for (const WorkerRun& rank : *run) {
+      ASSERT_TRUE(rank.ends.count("parallel"));
+      const json& end = rank.ends.at("parallel");
+      EXPECT_EQ(end.value("status", ""), "SKIPPED") << end.dump();
+      EXPECT_NE(end.value("reason", "").find("measured only"), std::string::npos) << end.dump();
+      EXPECT_EQ(rank.exit_code, 0);
+    }
+  }
+  // FSDP2 gives each rank as many sequences (the batch cut once more than at world size 1):
+  // the losses are the gate's own dp_shard=2 run's, the one the control is compared with.
+  const auto gate = RunWorker(entry, "llama", "llama-tiny-untied", "fp32", phases, 2, "", "dp_shard");
+  ASSERT_TRUE(gate[0].ends.count("parallel"));
+  EXPECT_EQ(gate[0].ends.at("parallel").value("status", ""), "PASS");
+  const int64_t params = alone[0].Figure("parallel", "parameter_elements_held").get<int64_t>();
+  EXPECT_GT(alone[0].Figure("parallel", "loss_step_1").get<double>(), 0.0);
+  for (const WorkerRun& rank : fsdp) {
+    EXPECT_EQ(rank.Figure("parallel", "loss_step_1"), gate[0].Figure("parallel", "loss_step_1"));
+    EXPECT_LT(rank.Figure("parallel", "parameter_elements_held").get<int64_t>(), params * 6 / 10);
+  }
+}
+
 TEST(PythonLane, DataParallelTrainsLikeOneRank) {
   const auto fixtures = Fixtures({"llama"});
   if (!fixtures.count("llama-tiny-untied")) GTEST_SKIP() << "no fixture";

@@ -143,6 +143,22 @@ TEST(WorkerCliTest, BadRunSpecExits2) {
   EXPECT_THAT(run.stderr_text, HasSubstr("training.lr"));
 }
 
+// Verifies --parallel-measure-only refuses a run spec that requests a phase after parallel
+// (the parallel gate releases the loaded model before it measures): exit 2, naming the phase,
+// before any event.
+TEST(WorkerCliTest, MeasureOnlyRefusesPhasesAfterParallel) {
+  Fixture fx;
+  fx.Write();
+  nlohmann::json spec = fx.SpecJson();
+  spec["phases"] = {"config", "construct", "load", "parallel", "performance"};
+  const std::string run_json = WriteRunJson(fx, spec);
+  WorkerRun run = RunWorker(fx.dir.path(), "--run-spec " + run_json + " --plugin " +
+                                               GATEHOUSE_FAKE_PLUGIN + " --parallel-measure-only");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_EQ(run.stdout_text, "");
+  EXPECT_THAT(run.stderr_text, HasSubstr("phase performance runs after parallel"));
+}
+
 // Verifies a missing --run-spec exits 2.
 TEST(WorkerCliTest, MissingArgumentExits2) {
   Fixture fx;

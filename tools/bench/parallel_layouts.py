@@ -55,12 +55,16 @@ DEFAULT_LAYOUTS = ["dp=2", "dp_shard=2", "tp=2", "pp=2", "cp=2",
 def parse_layout(text):
     """'dp=2,tp=2' -> {'dp': 2, 'tp': 2}; the world size is their product."""
     out = {}
-    for part in filter(None, text.split(",")):
+    for part in filter(None, text.replace(" ", "").split(",")):
         name, _, value = part.partition("=")
         if name not in ("dp", "dp_shard", "tp", "pp", "cp", "ep") or not value.isdigit() or int(value) < 1:
             raise SystemExit(f"--layouts: cannot read {part!r} (name=N with name one of dp, "
                              "dp_shard, tp, pp, cp, ep)")
+        if name in out:
+            raise SystemExit(f"--layouts: {name} given twice in {text!r}")
         out[name] = int(value)
+    if not out:
+        raise SystemExit("--layouts: an empty layout (give name=N[,name=N] per layout)")
     return out
 
 
@@ -127,7 +131,7 @@ def run_spec(checkpoint, bundle, family, precision, layout, attempt_dir):
     }
 
 
-def run_layout(worker, plugin, spec, world, threads, timeout_s):
+def run_layout(worker, lane_args, spec, world, threads, timeout_s):
     """Starts `world` worker ranks (torchrun's variables) and returns, per rank, the parallel
     phase's figures, status and reason."""
     attempt = Path(spec["attempt"]["dir"])
@@ -141,17 +145,23 @@ def run_layout(worker, plugin, spec, world, threads, timeout_s):
         out = open(attempt / f"events{r}.jsonl", "w")
         err = open(attempt / f"log{r}.txt", "w")
         procs.append(subprocess.Popen(
-            [str(worker), "--run-spec", str(attempt / "run.json"), "--plugin", str(plugin),
+            [str(worker), "--run-spec", str(attempt / "run.json"), *lane_args,
              "--parallel-measure-only"],
             env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=out, stderr=err))
     deadline = time.monotonic() + timeout_s
+    timed_out = False
     for p in procs:
         try:
             p.wait(timeout=max(1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            timed_out = True
             for q in procs:
                 q.kill()
-            raise SystemExit(f"ranks still running after {timeout_s} s (logs: {attempt})")
+                q.wait()
+            break
+    if timed_out:  # this layout's row says so; the others are still measured
+        return [{"figures": {}, "status": "TIMEOUT",
+                 "reason": f"ranks still running after {timeout_s} s (logs: {attempt})"}]
     ranks = []
     for r in range(world):
         rank = {"figures": {}, "status": None, "reason": ""}
@@ -201,6 +211,8 @@ def summarize(label, ranks):
         "step_ms": {k: max(r["figures"][f"measured_step_{k}_ms"] for r in ranks) for k in steps},
         "timed_step": last,
         "loss_step_1": f0.get("loss_step_1"),
+        "batch_tokens": f0.get("global_batch_tokens"),
+        "batch_sequences": f0.get("global_batch_sequences"),
         "loss_step_2": f0.get("loss_step_2"),
     }
 
@@ -210,32 +222,46 @@ def gb(n):
 
 
 def print_table(rows, control, meta):
-    print(f"# Parallel layouts against the single-rank control: {meta['checkpoint_name']}, "
+    print(f"# Parallel layouts against the single-rank control: {meta['checkpoint_name']}, {meta['lane']}, "
           f"{meta['precision']}, gloo on CPU, {meta['cores']} cores, {meta['threads']} thread(s) "
           f"per rank (the control: {meta['control_threads']})\n")
-    print(f"Global batch: {meta['prompts']} sequences of {meta['tokens']} tokens, 2 AdamW steps. "
+    print(f"Global batch: {meta['prompts']} sequences of {meta['tokens']} tokens "
+          f"({control['batch_tokens']} predicted), 2 AdamW steps; a layout whose check cuts or "
+          "trims it (each data-parallel rank a sequence, 4 microbatches, cp dividing each "
+          "packing) trains another batch, shown in 'batch tokens', and its loss is not compared. "
           "Own peak: the rank's peak resident set above what it held when the layout started "
           "(the loaded model released, the reference read). Step: the slowest rank's wall time "
           f"of step {control['timed_step']}.\n")
     print("| layout | ranks | own peak per rank GB (max / min) | max vs control | parameters held "
           "per rank (max) vs control | optimizer state per rank (max) vs control | step ms | "
-          "vs control | loss step 1 rel. diff |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "vs control | batch tokens | loss step 1 rel. diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     cp = control["params_held"][0]
     co = control["optimizer_state"][0]
     cs = control["step_ms"][control["timed_step"]]
     for row in [control] + rows:
         if "error" in row:
-            print(f"| {row['layout']} | | not measured: {row['error']} | | | | | | |")
+            print(f"| {row['layout']} | | not measured: {row['error']} | | | | | | | |")
             continue
         ph = max(row["params_held"])
         os_ = max((n for n in row["optimizer_state"] if n is not None), default=0)
         st = row["step_ms"][row["timed_step"]]
-        rel = abs(row["loss_step_1"] - control["loss_step_1"]) / abs(control["loss_step_1"])
+        rel = (f"{loss_rel_diff(row, control):.1e}" if same_batch(row, control)
+               else "another batch")
         print(f"| {row['layout']} | {row['ranks']} | {gb(row['own_peak_max'])} / "
               f"{gb(row['own_peak_min'])} | {row['own_peak_max'] / control['own_peak_max']:.2f} | "
               f"{ph:,} ({ph / cp:.2f}) | {os_:,} ({os_ / co:.2f}) | {st:.0f} | {st / cs:.2f} | "
-              f"{rel:.1e} |")
+              f"{row['batch_tokens']} | {rel} |")
+
+
+def same_batch(row, control):
+    """Whether the layout trained the control's batch (its check did not cut or trim it)."""
+    return (row["batch_tokens"], row["batch_sequences"]) == (control["batch_tokens"],
+                                                              control["batch_sequences"])
+
+
+def loss_rel_diff(row, control):
+    return abs(row["loss_step_1"] - control["loss_step_1"]) / abs(control["loss_step_1"])
 
 
 def main(argv=None):
@@ -248,6 +274,8 @@ def main(argv=None):
                     help="where the made checkpoint is cached (real_size.py's, by default)")
     ap.add_argument("--family", default="qwen2")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--python-entry", help="run the Python lane with this adapter "
+                    "(package.module:SPEC, e.g. gh_archon.llama.spec:SPEC) instead of the plugin")
     ap.add_argument("--layouts", default=";".join(DEFAULT_LAYOUTS),
                     help="';'-separated, each 'dim=N[,dim=N]' (default: %(default)s)")
     ap.add_argument("--prompts", type=int, default=4)
@@ -260,6 +288,15 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true", help="smoke run on a scaled-down config")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.prompts < 1 or args.prompt_tokens < 2:
+        ap.error("--prompts must be >= 1 and --prompt-tokens >= 2")
+    if args.threads_per_rank < 1 or args.control_threads < 0:
+        ap.error("--threads-per-rank must be >= 1 (and --control-threads >= 0)")
+    if args.checkpoint is not None and not (args.checkpoint / "config.json").is_file():
+        ap.error(f"--checkpoint {args.checkpoint}: no config.json there")
+    layouts = [parse_layout(t) for t in args.layouts.split(";") if t.strip()]
+    if not layouts:
+        ap.error("--layouts: no layout given")
     args.work_dir = args.work_dir.resolve()  # the run spec's attempt.dir must be absolute
     args.checkpoints_dir = args.checkpoints_dir.resolve()
 
@@ -269,6 +306,10 @@ def main(argv=None):
     for f in (worker, plugin):
         if not f.exists():
             raise SystemExit(f"{f} is missing: build gatehouse-worker and gatehouse_models first")
+    # The C++ lane (the in-tree plugin's plans) or the Python lane (a reference adapter's own
+    # parallelize and FSDP2, docs/protocols.md §9.1).
+    lane_args = (["--python-entry", args.python_entry, "--python-path", str(ROOT / "adapters" / "python")]
+                 if args.python_entry else ["--plugin", str(plugin)])
     args.work_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = args.checkpoint
     if checkpoint is None:
@@ -278,7 +319,6 @@ def main(argv=None):
     config = json.loads((checkpoint / "config.json").read_text())
     bundle = ensure_bundle(args.work_dir, checkpoint, python, args.prompts, args.prompt_tokens,
                            config["vocab_size"])
-    layouts = [parse_layout(t) for t in args.layouts.split(";") if t.strip()]
     cores = os.cpu_count() or 1
     control_threads = args.control_threads or min(
         cores, max(world_of(l) for l in layouts) * args.threads_per_rank)
@@ -289,7 +329,7 @@ def main(argv=None):
     started = time.monotonic()
     print("[parallel_layouts] control (world size 1)", file=sys.stderr)
     control = summarize("control (1 rank)", run_layout(
-        worker, plugin, run_spec(checkpoint, bundle, args.family, args.precision, {},
+        worker, lane_args, run_spec(checkpoint, bundle, args.family, args.precision, {},
                                  args.work_dir / "attempts" / "control"),
         1, control_threads, args.timeout))
     if "error" in control:
@@ -300,21 +340,23 @@ def main(argv=None):
         print(f"[parallel_layouts] {name} ({world_of(layout)} ranks)", file=sys.stderr)
         attempt = args.work_dir / "attempts" / name.replace(" ", "").replace("=", "")
         rows.append(summarize(name, run_layout(
-            worker, plugin, run_spec(checkpoint, bundle, args.family, args.precision, layout, attempt),
+            worker, lane_args, run_spec(checkpoint, bundle, args.family, args.precision, layout, attempt),
             world_of(layout), args.threads_per_rank, args.timeout)))
     meta = {"checkpoint_name": checkpoint.parent.name if checkpoint.name == "checkpoint" else checkpoint.name,
             "precision": args.precision, "cores": cores, "threads": args.threads_per_rank,
             "control_threads": control_threads, "prompts": args.prompts,
+            "lane": f"Python lane ({args.python_entry})" if args.python_entry else "C++ lane",
             "tokens": args.prompt_tokens, "wall_s": time.monotonic() - started}
     print_table(rows, control, meta)
     # The same global batch: step 1's loss agrees with the control's, or the layouts did not do
     # the same computation and their figures compare nothing.
     bar = 1e-5 if args.precision == "fp32" else 1e-2
-    bad = [r["layout"] for r in rows if "error" not in r and
-           abs(r["loss_step_1"] - control["loss_step_1"]) > bar * abs(control["loss_step_1"])]
+    bad = [r["layout"] for r in rows if "error" not in r and same_batch(r, control) and
+           loss_rel_diff(r, control) > bar]
     if bad:
         print(f"\nLOSS MISMATCH (step 1, relative bar {bar:g}): {', '.join(bad)}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": meta, "control": control, "layouts": rows}, indent=2))
     return 1 if bad or any("error" in r for r in rows) else 0
 

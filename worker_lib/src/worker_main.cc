@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/phases.h"
 #include "gatehouse/worker/cuda_graph.h"
 #include "gatehouse/worker/distributed.h"
 #include "gatehouse/worker/events.h"
@@ -108,6 +109,16 @@ int main(int argc, char** argv) {
   if (!spec.ok()) {
     log::Error(spec.status().ToString());
     return kExitBadInput;
+  }
+  if (parallel_measure_only) {
+    // The parallel gate releases the loaded model before it measures: nothing may run after.
+    for (const std::string& phase : spec->phases) {
+      if (PhaseIndex(phase).value_or(0) > PhaseIndex("parallel").value_or(0)) {
+        log::Error("--parallel-measure-only: phase " + phase + " runs after parallel, which " +
+                   "releases the loaded model; request the phases up to parallel only");
+        return kExitBadInput;
+      }
+    }
   }
 
   try {

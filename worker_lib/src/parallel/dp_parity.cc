@@ -449,6 +449,9 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
                                                                  : FailureClass::kNativeRuntime,
                     all);
   }
+  // Measured only at world size 1 there is nothing to shard and no group to hand the
+  // adapter: the family's model trains as it loaded, its gradients read as any model's.
+  if (ctx.world_size == 1) run.by_code = false;
   for (const torch::Tensor& ids : run.batch) run.global_tokens += static_cast<double>(ids.size(0) - 1);
   if (const std::string all = RankProblems(run.comm, BuildReplicas(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);

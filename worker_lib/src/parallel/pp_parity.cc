@@ -470,6 +470,8 @@ GateOutcome PipelineParallelParity(GateContext& ctx, const Mesh& mesh, GateOutco
     return out.Fail(FailureClass::kNativeRuntime, all);
   }
   if (run.measure_only) {
+    out.Count("global_batch_sequences", static_cast<int64_t>(run.batch.size()));
+    out.Count("global_batch_tokens", static_cast<int64_t>(run.global_tokens));
     out.Count("stage_param_elements", run.stage_param_elements);
     // The stage's AdamW steps what it owns: exp_avg and exp_avg_sq of each.
     out.Count("optimizer_state_elements", 2 * run.stage_param_elements);
