@@ -18,6 +18,14 @@ void UpstreamAdamW::ZeroGrad() {
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
 }
 
+int64_t UpstreamAdamW::StateElements() const {
+  int64_t n = 0;
+  for (const State& s : state_) {
+    if (s.exp_avg.defined()) n += s.exp_avg.numel() + s.exp_avg_sq.numel();
+  }
+  return n;
+}
+
 void UpstreamAdamW::Step() {
   torch::NoGradGuard no_grad;
   const Options& o = options_;

@@ -366,12 +366,12 @@ GateOutcome TrainMeasuredOnly(DpRun& run, GateOutcome out) {
   if (const std::string all = RankProblems(run.comm, Train(run)); !all.empty()) {
     return out.Fail(FailureClass::kNativeRuntime, all);
   }
-  out.Count("global_batch_sequences", static_cast<int64_t>(run.batch.size()));
-  out.Count("global_batch_tokens", static_cast<int64_t>(run.global_tokens));
-  out.Count("optimizer_state_elements", run.optimizer_state_elements);
   out.Count("optimizer_state_elements_unsharded", run.optimizer_state_elements_unsharded);
   const std::string layout = run.ctx.world_size == 1 ? "the whole model on one rank" : DataText(run);
-  return MeasuredOnly(std::move(out), layout, run.step_ms, run.trace.loss, run.params);
+  return MeasuredOnly(std::move(out), layout,
+                      {run.step_ms, run.trace.loss, run.batch, run.global_tokens,
+                       run.optimizer_state_elements},
+                      run.params);
 }
 
 }  // namespace
@@ -409,7 +409,6 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
             .rank0 = ctx.rank == 0 && !ctx.parallel_measure_only,
             .thr = TpThresholdsFor(ctx.spec.precision),
             .reduction = reduction};
-  run.measure_only = ctx.parallel_measure_only;
   run.ep = mesh.shape().ep;
   run.cp = mesh.Size(Mesh::Dim::kCp);
   bool blocked = false;  // an input the cell cannot change by running again
@@ -480,7 +479,7 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
   if (const std::string all = RankProblems(run.comm, IndexParameters(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);
   }
-  if (run.measure_only) return TrainMeasuredOnly(run, std::move(out));
+  if (ctx.parallel_measure_only) return TrainMeasuredOnly(run, std::move(out));
   if (const std::string all = RankProblems(run.comm, CompareSave(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);
   }

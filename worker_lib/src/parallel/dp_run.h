@@ -92,10 +92,9 @@ struct DpRun {
   std::vector<std::string> save_problems;
   // Optimizer state elements (exp_avg and exp_avg_sq) this rank holds, and unsharded.
   int64_t optimizer_state_elements = 0, optimizer_state_elements_unsharded = 0;
-  // GateContext::parallel_measure_only: no control, no comparison (no save, no gathered
-  // gradients or parameters); each step's wall time on this rank (its forward, backward,
-  // reduction and optimizer step), in ms.
-  bool measure_only = false;
+  // Each step's wall time on this rank (its forward, backward, reduction and optimizer step),
+  // in ms: under GateContext::parallel_measure_only (no control, no save, nothing gathered or
+  // compared).
   std::vector<double> step_ms;
 };
 

@@ -67,10 +67,6 @@ void ShardedAdamW::Step() {
   }
 }
 
-int64_t ShardedAdamW::StateElements() const {
-  int64_t n = 0;
-  for (const Slice& s : slices_) n += 2 * s.master.numel();
-  return n;
-}
+int64_t ShardedAdamW::StateElements() const { return optimizer_->StateElements(); }
 
 }  // namespace gatehouse::worker::parallel

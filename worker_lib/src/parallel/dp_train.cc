@@ -267,11 +267,17 @@ std::string Train(DpRun& run) {
       run.control->train();
       control_optimizer.emplace(tensors(run.control_params), options);
     }
+    auto step_optimizers = [&] {
+      if (sharded) sharded->Step();
+      else optimizer->Step();
+      if (expert_sharded) expert_sharded->Step();
+      else if (expert_optimizer) expert_optimizer->Step();
+    };
     for (int step = 1; step <= kDpSteps; ++step) {
       const auto started = std::chrono::steady_clock::now();
       run.model->ResetExpertTokenCounts();
       run.trace.loss.push_back(DataParallelStep(run));
-      if (run.measure_only) {
+      if (ctx.parallel_measure_only) {
         // What a trainer does, timed: the clipping norm and the step, without copying or
         // gathering anything to compare.
         if ((run.tp > 1 || run.ep > 1) && !run.model_reduces) {
@@ -281,10 +287,7 @@ std::string Train(DpRun& run) {
           }
           run.trace.sharded_grad_norm.push_back(ShardedNorm(run, held));
         }
-        if (sharded) sharded->Step();
-        else optimizer->Step();
-        if (expert_sharded) expert_sharded->Step();
-        else if (expert_optimizer) expert_optimizer->Step();
+        step_optimizers();
         run.step_ms.push_back(
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
         continue;
@@ -313,10 +316,7 @@ std::string Train(DpRun& run) {
         CompareStepGradients(run, step, ours, control);
         control_optimizer->Step();
       }
-      if (sharded) sharded->Step();
-      else optimizer->Step();
-      if (expert_sharded) expert_sharded->Step();
-      else if (expert_optimizer) expert_optimizer->Step();
+      step_optimizers();
     }
     int64_t dense_elements = 0, expert_elements = 0;
     for (size_t i = 0; i < run.params.size(); ++i) {
@@ -325,8 +325,10 @@ std::string Train(DpRun& run) {
     // Unsharded: every expert of the model, as the single-rank control holds them.
     run.optimizer_state_elements_unsharded =
         run.model_reduces ? 2 * run.full_elements : dense_elements + expert_elements * run.ep;
-    run.optimizer_state_elements = (sharded ? sharded->StateElements() : dense_elements) +
-                                   (expert_sharded ? expert_sharded->StateElements() : expert_elements);
+    run.optimizer_state_elements =
+        (sharded ? sharded->StateElements() : optimizer->StateElements()) +
+        (expert_sharded ? expert_sharded->StateElements()
+                        : expert_optimizer ? expert_optimizer->StateElements() : 0);
     run.model->eval();
     if (run.control) run.control->eval();
   } catch (const std::exception& e) {

@@ -119,13 +119,21 @@ struct StepTrace {
 torch::Tensor UnshardOverTp(const TpPlan& plan, TpCommunicator& tp, const std::string& name,
                             const torch::Tensor& local);
 
-/// The end of a check run measured only (GateContext::parallel_measure_only): `layout` trained
-/// without its control. Records measured_step_<k>_ms (this rank's wall time of step k: forward,
-/// backward, reduction, optimizer step), loss_step_<k> (the global loss, nats) and
-/// parameter_elements_held (this rank's `params`), and returns `out` SKIPPED, saying that
-/// nothing was compared.
-GateOutcome MeasuredOnly(GateOutcome out, const std::string& layout,
-                         const std::vector<double>& step_ms, const std::vector<double>& losses,
+/// What a check measured only (GateContext::parallel_measure_only) trained.
+struct Measured {
+  const std::vector<double>& step_ms;         // per step: this rank's wall time (forward,
+                                              // backward, reduction, optimizer step), ms
+  const std::vector<double>& losses;          // per step: the global loss, nats
+  const std::vector<torch::Tensor>& batch;    // the global batch the check trained
+  double global_tokens;                       // its predicted tokens
+  int64_t optimizer_state_elements;           // what this rank's optimizers hold
+};
+
+/// The end of a check run measured only: `layout` trained without its control. Records
+/// measured_step_<k>_ms, loss_step_<k>, global_batch_sequences, global_batch_tokens,
+/// optimizer_state_elements and parameter_elements_held (this rank's `params`), and returns
+/// `out` SKIPPED, saying that nothing was compared.
+GateOutcome MeasuredOnly(GateOutcome out, const std::string& layout, const Measured& measured,
                          const std::vector<ParamGroup>& params);
 
 /// The checkpoint key of internal parameter `internal` through the cell's name table

@@ -353,15 +353,18 @@ Result<std::shared_ptr<CausalLM>> ShardLoadedModel(const ModelFamily& family,
   return sharded;
 }
 
-GateOutcome MeasuredOnly(GateOutcome out, const std::string& layout,
-                         const std::vector<double>& step_ms, const std::vector<double>& losses,
+GateOutcome MeasuredOnly(GateOutcome out, const std::string& layout, const Measured& measured,
                          const std::vector<ParamGroup>& params) {
+  const std::vector<double>& step_ms = measured.step_ms;
   for (size_t k = 0; k < step_ms.size(); ++k) {
     out.Real("measured_step_" + std::to_string(k + 1) + "_ms", step_ms[k], "ms");
   }
-  for (size_t k = 0; k < losses.size(); ++k) {
-    out.Real("loss_step_" + std::to_string(k + 1), losses[k], "nats");
+  for (size_t k = 0; k < measured.losses.size(); ++k) {
+    out.Real("loss_step_" + std::to_string(k + 1), measured.losses[k], "nats");
   }
+  out.Count("global_batch_sequences", static_cast<int64_t>(measured.batch.size()));
+  out.Count("global_batch_tokens", static_cast<int64_t>(measured.global_tokens));
+  out.Count("optimizer_state_elements", measured.optimizer_state_elements);
   int64_t held = 0;
   for (const ParamGroup& g : params) held += g.tensor.numel();
   out.Count("parameter_elements_held", held);

@@ -74,10 +74,11 @@ struct PpRun {
   double stage_copies_max_abs = 0;  // a parameter two stages own, copy against copy
   double params_after_max_abs = 0, params_after_max_rel = 0;
   int64_t stage_param_elements = 0;  // what this stage owns
-  // GateContext::parallel_measure_only: no control, nothing gathered or compared; each step's
-  // wall time on this rank (schedule, shared gradients summed, optimizer step), in ms.
-  bool measure_only = false;
+  // Each step's wall time on this rank (schedule, shared gradients summed, optimizer step), in
+  // ms, and the optimizer state it holds: under GateContext::parallel_measure_only (no control,
+  // nothing gathered or compared).
   std::vector<double> step_ms;
+  int64_t optimizer_state_elements = 0;
 };
 
 /// One microbatch's forward on this stage: its input (token ids on stage 0, else the hidden
@@ -273,9 +274,10 @@ std::string Train(PpRun& run) {
       run.pp_comm->AllReduceSum(loss);  // the last stage's, to every stage
       const double global = loss.item<double>();
       SyncSharedGradients(run);
-      if (run.measure_only) {
+      if (ctx.parallel_measure_only) {
         run.trace.loss.push_back(global);
         optimizer->Step();
+        run.optimizer_state_elements = optimizer->StateElements();
         run.step_ms.push_back(
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
         continue;
@@ -415,7 +417,6 @@ GateOutcome PipelineParallelParity(GateContext& ctx, const Mesh& mesh, GateOutco
             .rank0 = ctx.rank == 0 && !ctx.parallel_measure_only,
             .thr = TpThresholdsFor(ctx.spec.precision),
             .fault = fault};
-  run.measure_only = ctx.parallel_measure_only;
   bool blocked = false;
   std::string not_ready = NotReady(ctx, blocked);
   if (not_ready.empty()) {
@@ -469,17 +470,15 @@ GateOutcome PipelineParallelParity(GateContext& ctx, const Mesh& mesh, GateOutco
   if (const std::string all = RankProblems(run.comm, Train(run)); !all.empty()) {
     return out.Fail(FailureClass::kNativeRuntime, all);
   }
-  if (run.measure_only) {
-    out.Count("global_batch_sequences", static_cast<int64_t>(run.batch.size()));
-    out.Count("global_batch_tokens", static_cast<int64_t>(run.global_tokens));
+  if (ctx.parallel_measure_only) {
     out.Count("stage_param_elements", run.stage_param_elements);
-    // The stage's AdamW steps what it owns: exp_avg and exp_avg_sq of each.
-    out.Count("optimizer_state_elements", 2 * run.stage_param_elements);
     return MeasuredOnly(std::move(out),
                         "pp=" + std::to_string(run.pp) +
                             (run.tp > 1 ? " x tp=" + std::to_string(run.tp) : std::string()) +
                             " (1F1B, " + std::to_string(run.batch.size()) + " microbatches)",
-                        run.step_ms, run.trace.loss, run.params);
+                        {run.step_ms, run.trace.loss, run.batch, run.global_tokens,
+                         run.optimizer_state_elements},
+                        run.params);
   }
   if (const std::string all = RankProblems(run.comm, CompareParameters(run)); !all.empty()) {
     return out.Fail(FailureClass::kAdapterContract, all);

@@ -43,6 +43,9 @@ class UpstreamAdamW {
   /// One step over every parameter that has a gradient (one without is skipped, as upstream
   /// skips p.grad is None).
   void Step();
+  /// exp_avg and exp_avg_sq elements allocated so far (0 before the first step; a parameter
+  /// that never had a gradient holds none): the optimizer state this instance holds.
+  int64_t StateElements() const;
 
  private:
   struct State {
