@@ -125,6 +125,28 @@ fp32 (``MixedPrecisionPolicy(reduce_dtype=torch.float32)``). The worker reads ea
 local gradient shard, steps its local shard in place, and gathers both with
 ``DTensor.full_tensor()`` to compare them with the single-rank control. Without
 ``data_parallel`` the worker replicates the model and reduces the gradients itself.
+
+Expert parallelism
+------------------
+``expert_parallel(model, ep_mesh, expert_dp_mesh)`` (optional) splits a MoE model's experts
+over the EP group, as its framework does after tensor parallelism and before data parallelism
+(torchtitan's ExpertParallel: the stacked expert weights Shard(0) over ``ep_mesh``, tokens
+dispatched to the rank holding their expert all-to-all and combined back). ``ep_mesh`` is a 1-D
+mesh named "ep" over this rank's EP group; ``expert_dp_mesh`` a 1-D mesh named "dp_mod_ep"
+over the data-parallel ranks that hold the same experts (one rank when every data-parallel
+rank holds experts of its own): their expert gradients must be summed over it, in fp32. The EP
+groups are the worker's (the ep innermost ranks of dp_shard x cp, docs/protocols.md), handed
+over as they are. The experts must become DTensors over ``ep_mesh`` (a hook that leaves no
+parameter over it fails the gate). The worker applies it only with ``data_parallel``, which
+must then leave the expert-parallel parameters to it (FSDP2's ``ignored_params``): the model
+reduces every gradient itself. Each MoE block keeps the tokens it routed to each expert in a
+buffer named ``tokens_per_expert`` [E] (torchtitan's MoE has it for load balancing),
+accumulated every forward: the worker reads the experts from it before calling the hook (no
+such buffer, or ep not dividing E: the gate is BLOCKED), zeroes it before a step and sums it
+over the data-parallel ranks after. A block may also keep ``router_near_ties`` [] int64, the
+tokens whose k-th and (k+1)-th router logits lie within 2 units in the last place of their
+dtype (ties included): a bf16 layout may flip those routings by rounding, and the gate
+accepts up to that many flips (none without the buffer).
 """
 
 from __future__ import annotations
@@ -203,6 +225,13 @@ class ModelSpec:
         (FSDP2 fully_shard over the 1-D ``dp_mesh``), applied after parallelize when the cell
         has several data-parallel ranks; its gradient reduction must SUM (see "Data
         parallelism" in the module docstring).
+    expert_parallel(model, ep_mesh, expert_dp_mesh) -> model, optional: the experts split
+        over the EP group (see "Expert parallelism" in the module docstring); applied after
+        parallelize and before data_parallel when the cell's mesh has ep > 1.
+    grad_norm(model) -> float, optional: the global gradient norm the adapter's framework
+        clips with, computed from this rank's shards after a backward (a collective; e.g.
+        torchtitan's clip_grad_norm_ with max_norm=inf). Without it the worker computes
+        torch.nn.utils.get_total_norm per device mesh and combines the meshes' norms.
     gate_facts(args) -> dict, optional: the sizes the gates read, under Hugging Face names
         (vocab_size, num_hidden_layers, num_key_value_heads, head_dim,
         max_position_embeddings, tie_word_embeddings, min_sliding_window: 0 for none). When
@@ -223,6 +252,8 @@ class ModelSpec:
     state_dict_adapter: Callable[[Any], StateDictAdapter]
     parallelize: Callable[[torch.nn.Module, Any], torch.nn.Module] | None = None
     data_parallel: Callable[[torch.nn.Module, Any], torch.nn.Module] | None = None
+    expert_parallel: Callable[[torch.nn.Module, Any, Any], torch.nn.Module] | None = None
+    grad_norm: Callable[[torch.nn.Module], Any] | None = None
     gate_facts: Callable[[Any], dict] | None = None
     init_cache: Callable[[torch.nn.Module, int, int, torch.dtype, torch.device], Any] | None = None
     decode_forward: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, Any],

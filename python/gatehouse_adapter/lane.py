@@ -27,7 +27,9 @@ __all__ = [
     "load_spec", "parse_config", "gate_facts", "args_json", "build_model", "state_dict_adapter",
     "forward", "caches_keys_and_values", "init_cache", "decode_forward", "from_hf", "to_hf",
     "zero_grad", "join_group",
-    "parallelize", "reduces_data_parallel", "local_gradients", "local_parameters",
+    "parallelize", "reduces_data_parallel", "expert_token_counts", "expert_near_ties",
+    "reset_expert_token_counts",
+    "local_gradients", "clipping_grad_norm", "local_parameters",
     "full_tensors", "full_of_local",
 ]
 
@@ -267,17 +269,24 @@ def join_group(rank: int, world_size: int, device: str, timeout_s: int) -> None:
                             timeout=timeout)
 
 
-def parallelize(spec: ModelSpec, model: torch.nn.Module, tp_size: int | None = None) -> torch.nn.Module:
+def parallelize(spec: ModelSpec, model: torch.nn.Module, tp_size: int | None = None,
+                expert_groups: list[list[int]] | None = None,
+                expert_replica_groups: list[list[int]] | None = None) -> torch.nn.Module:
     """Shards ``model`` as the adapter does, over the group join_group made: with ``tp_size``
     None or the world's size, ``spec.parallelize(model, tp_mesh)`` over every rank; else over a
     ("dp", "tp") mesh (tp fastest, as the worker lays ranks out: the tp groups are runs of
     ``tp_size`` consecutive ranks, the data-parallel dimensions flattened into "dp"):
-    ``spec.parallelize(model, mesh["tp"])`` when tp > 1, then, when the spec gives
-    ``data_parallel``, ``spec.data_parallel(model, mesh["dp"])`` (the adapter's own FSDP2).
-    Every mesh dimension is named. A collective: every rank calls it with its own loaded full
-    model. Raises TypeError when tp > 1 and the spec has no parallelize, or a hook returns
-    something other than a Module; ValueError when ``tp_size`` does not divide the world; the
-    adapter's own exception (e.g. a TP size that does not divide the heads) propagates."""
+    ``spec.parallelize(model, mesh["tp"])`` when tp > 1; then, with ``expert_groups`` (every
+    EP group of the world, the worker's, each a list of ranks: a partition) and
+    ``expert_replica_groups`` (every group of data-parallel ranks holding the same experts, a
+    partition), ``spec.expert_parallel(model, ep_mesh, expert_dp_mesh)`` over this rank's two
+    groups; then, when the spec gives ``data_parallel``, ``spec.data_parallel(model,
+    mesh["dp"])`` (the adapter's own FSDP2). Every mesh dimension is named. A collective: every
+    rank calls it with its own loaded full model. Raises TypeError when tp > 1 and the spec has
+    no parallelize, ep > 1 and no expert_parallel or no data_parallel, or a hook returns
+    something other than a Module; ValueError when ``tp_size`` does not divide the world or the
+    groups do not hold this rank; the adapter's own exception (e.g. a TP size that does not
+    divide the heads) propagates."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -298,9 +307,22 @@ def parallelize(spec: ModelSpec, model: torch.nn.Module, tp_size: int | None = N
             tp_mesh = mesh["tp"]
         sharded = model
         if tp > 1:
-            sharded = _checked_module(spec.parallelize(model, tp_mesh), "parallelize")
+            sharded = _hook("parallelize", spec.parallelize, model, tp_mesh)
+        if expert_groups and max(len(g) for g in expert_groups) > 1:
+            if getattr(spec, "expert_parallel", None) is None:
+                raise TypeError(f"{spec.name}: the ModelSpec gives no expert_parallel")
+            if data_parallel is None:
+                raise TypeError(f"{spec.name}: expert_parallel needs data_parallel (the model "
+                                "reduces its own gradients under expert parallelism)")
+            ep_mesh = _mesh_of_own_group(device.type, expert_groups, "ep")
+            expert_dp_mesh = _mesh_of_own_group(device.type, expert_replica_groups or [], "dp_mod_ep")
+            sharded = _hook("expert_parallel", spec.expert_parallel, sharded, ep_mesh,
+                            expert_dp_mesh)
+            if not _has_parameters_over(sharded, "ep"):
+                raise ValueError("expert_parallel split no parameter over the ep mesh (the "
+                                 "experts must become DTensors sharded over it)")
         if mesh is not None and data_parallel is not None:
-            sharded = _checked_module(data_parallel(sharded, mesh["dp"]), "data_parallel")
+            sharded = _hook("data_parallel", data_parallel, sharded, mesh["dp"])
             sharded._gatehouse_reduces_data_parallel = True
     except BaseException:
         # The other ranks may be waiting in one of parallelize's collectives: closing this
@@ -309,6 +331,79 @@ def parallelize(spec: ModelSpec, model: torch.nn.Module, tp_size: int | None = N
         dist.destroy_process_group()
         raise
     return sharded.eval()
+
+
+def _hook(name: str, fn, *args) -> torch.nn.Module:
+    """``fn(*args)``, a SPEC hook, checked to return a Module; an exception it raises comes
+    back as the same type with the hook's name in front of its message."""
+    try:
+        result = fn(*args)
+    except Exception as e:
+        # Raised without binding it here: a local holding it would tie this frame to its
+        # traceback in a cycle, keeping the hook's meshes and their process groups open until
+        # the garbage collector runs, so the other ranks would wait in their collectives.
+        raise _named(name, e) from e
+    return _checked_module(result, name)
+
+
+def _named(name: str, e: Exception) -> Exception:
+    """``e``'s type with ``name`` in front of its message (a RuntimeError when that type
+    cannot be made from a message)."""
+    try:
+        return type(e)(f"{name}: {e}")
+    except Exception:
+        return RuntimeError(f"{name}: {type(e).__name__}: {e}")
+
+
+def _has_parameters_over(model: torch.nn.Module, dim_name: str) -> bool:
+    """True when some parameter is a DTensor over a mesh with a dimension ``dim_name``."""
+    return any(_is_dtensor(p) and dim_name in (p.device_mesh.mesh_dim_names or ())
+               for p in model.parameters())
+
+
+def _mesh_of_own_group(device_type: str, groups: list[list[int]], name: str):
+    """A 1-D DeviceMesh named ``name`` over the group of ``groups`` (a partition of the world)
+    that holds this rank. Every rank creates every group's process group, in order (a
+    collective over the world)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    rank = dist.get_rank()
+    own = None
+    for ranks in groups:
+        group = dist.new_group([int(r) for r in ranks])
+        if rank in ranks:
+            own = group
+    if own is None:
+        raise ValueError(f"no {name} group holds rank {rank}: {groups}")
+    return DeviceMesh.from_group(own, device_type, mesh_dim_names=(name,))
+
+
+@torch.no_grad()
+def expert_token_counts(model: torch.nn.Module) -> torch.Tensor | None:
+    """The tokens this rank routed to each expert, one row per MoE block (modules with a
+    ``tokens_per_expert`` buffer, in module order): [moe_layers, E] int64 on the CPU, or None
+    for a model without one."""
+    rows = [b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] == "tokens_per_expert"]
+    if not rows:
+        return None
+    return torch.stack([r.detach().to("cpu", torch.float64) for r in rows]).round().to(torch.int64)
+
+
+@torch.no_grad()
+def expert_near_ties(model: torch.nn.Module) -> int:
+    """The tokens routed at a near tie (the MoE blocks' ``router_near_ties`` buffers, summed);
+    0 for a model whose blocks keep none."""
+    return int(sum(int(b.item()) for n, b in model.named_buffers()
+                   if n.rsplit(".", 1)[-1] == "router_near_ties"))
+
+
+@torch.no_grad()
+def reset_expert_token_counts(model: torch.nn.Module) -> None:
+    """Zeroes every ``tokens_per_expert`` and ``router_near_ties`` buffer."""
+    for n, b in model.named_buffers():
+        if n.rsplit(".", 1)[-1] in ("tokens_per_expert", "router_near_ties"):
+            b.zero_()
 
 
 def _checked_module(result: Any, what: str) -> torch.nn.Module:
@@ -345,6 +440,37 @@ def local_gradients(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
             grad = grad.to_local()
         out.append((name, grad))
     return out
+
+
+@torch.no_grad()
+def clipping_grad_norm(spec: ModelSpec, model: torch.nn.Module) -> float:
+    """The global L2 norm of the model's gradients as its trainer computes it to clip, from
+    this rank's shards: ``spec.grad_norm(model)`` when the spec gives one (the adapter's
+    framework's own clipping code), else torch.nn.utils.get_total_norm (what clip_grad_norm_
+    calls) per device mesh, since DTensors of different meshes (FSDP2's "dp" x "tp", the
+    experts' "ep") cannot be stacked, the meshes' norms then combined, as torchtitan's
+    clip_grad_norm_ does for its expert and other parameters. A collective: every rank calls
+    it together. Raises TypeError when grad_norm returns no number."""
+    custom = getattr(spec, "grad_norm", None)
+    if custom is not None:
+        norm = custom(model)
+        if _is_dtensor(norm):
+            norm = norm.full_tensor()
+        try:
+            return float(norm)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"grad_norm returned {type(norm).__name__}, not a number") from e
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            groups.setdefault(p.grad.device_mesh if _is_dtensor(p.grad) else None, []).append(p.grad)
+    total = 0.0
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        if _is_dtensor(norm):
+            norm = norm.full_tensor()
+        total += float(norm.double()) ** 2
+    return total ** 0.5
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

@@ -159,6 +159,19 @@ TEST(WorkerCliTest, MeasureOnlyRefusesPhasesAfterParallel) {
   EXPECT_THAT(run.stderr_text, HasSubstr("phase performance runs after parallel"));
 }
 
+// Verifies --python-path takes an existing directory only: a flag written after it by mistake
+// is refused (exit 2, naming the option), not put on sys.path while the flag goes unused.
+TEST(WorkerCliTest, PythonPathMustBeADirectory) {
+  Fixture fx;
+  fx.Write();
+  const std::string run_json = WriteRunJson(fx, fx.SpecJson());
+  WorkerRun run = RunWorker(fx.dir.path(), "--run-spec " + run_json +
+                                               " --python-path --parallel-measure-only");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_EQ(run.stdout_text, "");
+  EXPECT_THAT(run.stderr_text, HasSubstr("--python-path"));
+}
+
 // Verifies a missing --run-spec exits 2.
 TEST(WorkerCliTest, MissingArgumentExits2) {
   Fixture fx;

@@ -240,6 +240,42 @@ class PyCausalLM final : public CausalLM {
 
   bool ReducesDataParallelGradients() const override { return reduces_dp_; }
 
+  Result<double> ClippingGradNorm() override {
+    if (!sharded_) return Status::FailedPrecondition("this model was not sharded by parallelize");
+    Result<double> out = WithGil("the clipping grad norm", [&] {
+      return Lane().attr("clipping_grad_norm")(spec_.get(), module_.get()).cast<double>();
+    });
+    if (!out.ok()) return Status::Internal(out.status().message());
+    return *out;
+  }
+
+  /// The adapter's MoE blocks' `tokens_per_expert` buffers (lane.py expert_token_counts):
+  /// [moe_layers, E] int64, undefined for a model without one.
+  torch::Tensor ExpertTokenCounts() const override {
+    torch::Tensor counts;
+    Status s = WithGilVoid("reading tokens_per_expert", [&] {
+      py::object t = Lane().attr("expert_token_counts")(module_.get());
+      if (!t.is_none()) counts = t.cast<at::Tensor>();
+    });
+    TORCH_CHECK(s.ok(), s.ToString());
+    return counts;
+  }
+  /// The adapter's MoE blocks' `router_near_ties` buffers, summed (lane.py expert_near_ties).
+  int64_t ExpertNearTies() const override {
+    int64_t ties = 0;
+    Status s = WithGilVoid("reading router_near_ties", [&] {
+      ties = Lane().attr("expert_near_ties")(module_.get()).cast<int64_t>();
+    });
+    TORCH_CHECK(s.ok(), s.ToString());
+    return ties;
+  }
+  void ResetExpertTokenCounts() override {
+    Status s = WithGilVoid("zeroing tokens_per_expert", [&] {
+      Lane().attr("reset_expert_token_counts")(module_.get());
+    });
+    TORCH_CHECK(s.ok(), s.ToString());
+  }
+
   Result<NamedTensors> FullOfLocal(const NamedTensors& local) override {
     if (!sharded_) return Status::FailedPrecondition("this model was not sharded by parallelize");
     Result<NamedTensors> out = WithGil("gathering full tensors from local shards", [&] {
@@ -441,7 +477,8 @@ class PyFamily final : public ModelFamily {
   bool ShardsLoadedModel() const override { return has_parallelize_; }
   Result<std::shared_ptr<CausalLM>> ShardLoaded(std::shared_ptr<CausalLM> model,
                                                 const TensorParallel& tp, int64_t world_rank,
-                                                int64_t world_size) const override {
+                                                int64_t world_size,
+                                                const ExpertGroups& experts) const override {
     auto* py_model = dynamic_cast<PyCausalLM*>(model.get());
     if (py_model == nullptr) return Status::InvalidArgument("model not built by " + entry_);
     const torch::Device device = [&] {
@@ -460,7 +497,13 @@ class PyFamily final : public ModelFamily {
     if (!joined.ok()) return Status::Unavailable(joined.message());
     Result<std::shared_ptr<CausalLM>> sharded =
         WithGil(entry_ + ": parallelize", [&]() -> std::shared_ptr<CausalLM> {
-          py::object module = Lane().attr("parallelize")(spec_.get(), py_model->module(), tp.size);
+          py::object ep = py::none(), replicas = py::none();
+          if (experts.enabled()) {
+            ep = py::cast(experts.ep);
+            replicas = py::cast(experts.replicas);
+          }
+          py::object module = Lane().attr("parallelize")(spec_.get(), py_model->module(), tp.size,
+                                                          ep, replicas);
           return std::make_shared<PyCausalLM>(std::move(module), spec_.get(), /*sharded=*/true);
         });
     if (!sharded.ok()) return sharded.status();

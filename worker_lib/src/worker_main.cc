@@ -63,8 +63,11 @@ int main(int argc, char** argv) {
   std::string python_lane = GATEHOUSE_PYTHON_LANE_LIB;
   app.add_option("--python-entry", python_entries,
                  "Python-lane adapter, package.module:SPEC (repeatable; docs/protocols.md §9)");
+  // An existing directory: a mistyped path, or a flag taken for one, is refused, not put on
+  // sys.path unseen.
   app.add_option("--python-path", python_path,
-                 "directory put in front of the Python lane's sys.path (repeatable)");
+                 "directory put in front of the Python lane's sys.path (repeatable)")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--python-lane", python_lane, "the Python lane's library")
       ->capture_default_str();
   bool parallel_measure_only = false;

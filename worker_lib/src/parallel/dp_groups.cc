@@ -19,32 +19,58 @@ std::vector<Mesh::Dim> Enabled(const DpRun& run, const std::vector<Mesh::Dim>& d
   return on.empty() ? std::vector<Mesh::Dim>{dims.front()} : on;
 }
 
+/// The data-parallel ranks that hold `rank`'s experts: those at `rank`'s place in their own
+/// EP group (`rank` first among equals: in rank order).
+std::vector<int64_t> SameExperts(const DpRun& run, int64_t rank) {
+  auto place = [&](int64_t r) {
+    const std::vector<int64_t> g = run.mesh.ExpertGroupOf(r);
+    return std::find(g.begin(), g.end(), r) - g.begin();
+  };
+  std::vector<int64_t> same;
+  for (int64_t r : run.mesh.GroupOf(rank, DataDims(run))) {
+    if (place(r) == place(rank)) same.push_back(r);
+  }
+  return same;
+}
+
 /// Joins this rank's EP group (Mesh::ExpertGroupOf) and, when other data-parallel ranks hold
-/// the same experts, their group. Returns this rank's problem; `blocked` for a layout the check
-/// has no plan for.
+/// the same experts, their group; for a family that shards by its own code, records the
+/// world's groups it is handed (run.expert_groups). Returns this rank's problem; `blocked` for
+/// a layout the check has no plan for.
 std::string FormExpertGroups(DpRun& run, bool& blocked) {
   GateContext& ctx = run.ctx;
   const MeshShape& shape = run.mesh.shape();
-  if (ctx.family->MapsWeightsByCode() || ctx.family->ShardsLoadedModel()) {
+  if (ctx.family->MapsWeightsByCode() && !ctx.family->ShardsLoadedModel()) {
     blocked = true;
-    return "ep=" + std::to_string(run.ep) + ": the family shards by code (the Python lane's " +
-           "parallelize), which is handed no expert-parallel group yet";
+    return "ep=" + std::to_string(run.ep) + ": the family maps weights by code and gives no " +
+           "parallelize (ModelFamily::ShardsLoadedModel)";
   }
   if (shape.tp > 1 && shape.etp == 1) {
     blocked = true;
     return "ep=" + std::to_string(run.ep) + " with etp=1 and tp=" + std::to_string(shape.tp) +
            " (whole experts over ranks of the tp groups) has no check yet; etp=tp has one";
   }
+  if (ctx.family->ShardsLoadedModel()) {
+    // The adapter's expert_parallel splits its experts over the groups it is handed and says
+    // itself whether ep divides them.
+    run.expert_groups.ep = run.mesh.ExpertGroups();
+    std::vector<bool> placed(static_cast<size_t>(run.mesh.world_size()), false);
+    for (int64_t r = 0; r < run.mesh.world_size(); ++r) {
+      if (placed[static_cast<size_t>(r)]) continue;
+      run.expert_groups.replicas.push_back(SameExperts(run, r));
+      for (int64_t s : run.expert_groups.replicas.back()) placed[static_cast<size_t>(s)] = true;
+    }
+  }
   // The experts the name table stacks (every stacked parameter is split over ep).
   int64_t experts = 0;
-  for (const std::string& hf : ctx.adapter->ExpectedHfNames()) {
+  for (const std::string& hf : ctx.adapter ? ctx.adapter->ExpectedHfNames() : std::vector<std::string>{}) {
     Result<TensorSlot> slot = ctx.adapter->Resolve(hf);
     if (!slot.ok() || slot->slice < 0) continue;
     Result<std::vector<HfSlice>> slices = ctx.adapter->HfSlices(slot->internal);
     if (slices.ok()) experts = static_cast<int64_t>(slices->size());
     break;
   }
-  if (experts == 0 || experts % run.ep != 0) {
+  if (!ctx.family->ShardsLoadedModel() && (experts == 0 || experts % run.ep != 0)) {
     blocked = true;
     return "ep=" + std::to_string(run.ep) +
            (experts == 0
@@ -62,12 +88,7 @@ std::string FormExpertGroups(DpRun& run, bool& blocked) {
   if (!ep.ok()) return "EP group [" + ranks_text(ep_ranks) + "]: " + ep.status().message();
   run.ep_comm = *ep;
   // The data-parallel ranks at this rank's place in their own EP group hold its experts.
-  const int64_t ep_rank = run.ep_comm->rank();
-  std::vector<int64_t> same_experts;
-  for (int64_t r : run.mesh.GroupOf(ctx.rank, DataDims(run))) {
-    const std::vector<int64_t> g = run.mesh.ExpertGroupOf(r);
-    if (std::find(g.begin(), g.end(), r) - g.begin() == ep_rank) same_experts.push_back(r);
-  }
+  const std::vector<int64_t> same_experts = SameExperts(run, ctx.rank);
   if (same_experts.size() > 1) {
     Result<std::shared_ptr<TpCommunicator>> dp = ctx.subgroups->Join("dp_mod_ep", same_experts);
     if (!dp.ok()) return "group of the ranks holding the same experts: " + dp.status().message();

@@ -47,7 +47,8 @@ std::string BuildReplicas(DpRun& run) {
   GateContext& ctx = run.ctx;
   for (int copy = 0; copy < (run.rank0 ? 2 : 1); ++copy) {
     const bool sharded = copy == 0 && run.plan.has_value();
-    const bool experts = copy == 0 && run.ep > 1;
+    // A family sharding by its own code splits the experts itself (ShardByCode).
+    const bool experts = copy == 0 && run.ep > 1 && !run.by_code;
     const TensorParallel tp{run.tp_comm ? run.tp_comm->rank() : 0, run.tp, run.tp_comm};
     const ExpertParallel ep{run.ep_comm ? run.ep_comm->rank() : 0, run.ep, run.ep_comm};
     // kExpertOffsetShifted: the experts of the next EP rank loaded here (a dispatch offset
@@ -76,14 +77,37 @@ std::string BuildReplicas(DpRun& run) {
   return "";
 }
 
+std::string ExpertsToSplit(DpRun& run, bool& blocked) {
+  if (run.ep == 1 || !run.by_code) return "";
+  // The adapter's MoE blocks say what experts the model has (their tokens_per_expert buffers,
+  // [moe_layers, E]) before the adapter is asked to split them.
+  const torch::Tensor counts = run.model->ExpertTokenCounts();
+  blocked = true;
+  if (!counts.defined() || counts.dim() != 2 || counts.size(1) == 0) {
+    return "ep=" + std::to_string(run.ep) + ": this model has no experts (no MoE block keeps "
+           "a tokens_per_expert buffer)";
+  }
+  if (counts.size(1) % run.ep != 0) {
+    return "ep=" + std::to_string(run.ep) + " does not divide the model's " +
+           std::to_string(counts.size(1)) + " experts";
+  }
+  blocked = false;
+  return "";
+}
+
 std::string ShardByCode(DpRun& run) {
   GateContext& ctx = run.ctx;
   const TensorParallel tp{run.tp_comm ? run.tp_comm->rank() : 0, run.tp, run.tp_comm};
   Result<std::shared_ptr<CausalLM>> sharded =
-      ShardLoadedModel(*ctx.family, run.model, tp, ctx.rank, ctx.world_size);
+      ShardLoadedModel(*ctx.family, run.model, tp, ctx.rank, ctx.world_size, run.expert_groups);
   if (!sharded.ok()) return sharded.status().message();
   run.model = *sharded;
   run.model_reduces = run.model->ReducesDataParallelGradients();
+  if (run.ep > 1 && !run.model_reduces) {
+    return "ep=" + std::to_string(run.ep) + ": the adapter's expert_parallel left the gradient " +
+           "reduction to the gate (ModelSpec.data_parallel), which reduces only the C++ " +
+           "lane's expert plans";
+  }
   return "";
 }
 
@@ -92,7 +116,7 @@ std::string IndexParameters(DpRun& run) {
   run.params = UniqueParameters(*run.model);
   for (const ParamGroup& g : run.params) {
     bool stacked = false;
-    if (run.ep > 1) {
+    if (run.ep > 1 && !run.by_code) {
       Result<std::vector<HfSlice>> slices = ctx.adapter->HfSlices(g.names[0]);
       stacked = slices.ok() && !slices->empty() && slices->front().slice >= 0;
     }
@@ -100,19 +124,8 @@ std::string IndexParameters(DpRun& run) {
   }
   if (run.control) run.control_params = UniqueParameters(*run.control);
   if (run.by_code) {
-    // Which parameters the adapter's parallelize split over tp: rank 0 compares its shards
-    // with the control's whole tensors and tells every rank (the split is the same on all),
-    // without gathering the model.
-    torch::Tensor split = torch::zeros({static_cast<int64_t>(run.params.size())}, torch::kLong);
-    if (run.control && run.control_params.size() == run.params.size()) {
-      for (size_t i = 0; i < run.params.size(); ++i) {
-        const int64_t whole = run.control_params[i].tensor.numel();
-        run.full_elements += whole;
-        split[static_cast<int64_t>(i)] = whole != run.params[i].tensor.numel() ? 1 : 0;
-      }
-    }
-    run.comm.AllReduceSum(split);
-    for (int64_t i = 0; i < split.size(0); ++i) run.tp_sharded.push_back(split[i].item<int64_t>() > 0);
+    // The whole model's size (the control's), for the optimizer state it would hold unsharded.
+    for (const ParamGroup& g : run.control_params) run.full_elements += g.tensor.numel();
   }
   if (!run.control) return "";
   // The checks pair a replica's parameters with the control's by position.
@@ -294,9 +307,13 @@ void RecordAndJudge(DpRun& run, GateOutcome& out) {
                 : run.shard > 1 ? "optimizer state sharded on dim 0 over the dp_shard group, the "
                                   "parameters gathered after each step; "
                                 : "") +
-               (run.ep > 1 ? "experts split over the EP group, tokens dispatched all-to-all, "
-                             "expert gradients reduced over the ranks holding the same experts; "
-                           : "") +
+               (run.ep > 1 && run.by_code
+                    ? "the adapter's expert_parallel splits the experts over the EP group (tokens "
+                      "dispatched all-to-all) and sums their gradients over the ranks holding the "
+                      "same experts; "
+                : run.ep > 1 ? "experts split over the EP group, tokens dispatched all-to-all, "
+                               "expert gradients reduced over the ranks holding the same experts; "
+                             : "") +
                (run.cp > 1 ? "each share packed into one row and its columns split over the "
                              "cp group (Ulysses all-to-all in attention, positions of the whole "
                              "packing), the optimizer state sharded over dp_shard x cp; "
@@ -456,9 +473,14 @@ GateOutcome DataParallelParity(GateContext& ctx, const Mesh& mesh, GateOutcome o
     return out.Fail(FailureClass::kAdapterContract, all);
   }
   if (run.by_code) {
+    bool no_experts = false;
+    const std::string experts = ExpertsToSplit(run, no_experts);
+    if (const std::string all = RankProblems(run.comm, experts); !all.empty()) {
+      return no_experts ? out.Blocked(experts) : out.Unknown("not ready for the parallel gate: " + all);
+    }
     // Every rank holds its loaded replica: the adapter's parallelize shards it over the
-    // replica's tp group, its data_parallel over the data-parallel ranks (a collective over
-    // the world).
+    // replica's tp group, its expert_parallel over the EP groups, its data_parallel over the
+    // data-parallel ranks (a collective over the world).
     if (const std::string all = RankProblems(run.comm, ShardByCode(run)); !all.empty()) {
       return out.Fail(FailureClass::kAdapterContract,
                       "parallelize (tp=" + std::to_string(run.tp) + ") failed: " + all);

@@ -49,6 +49,9 @@ struct DpRun {
   // sharded over them. Null when this rank alone.
   std::shared_ptr<TpCommunicator> expert_shard_comm;
   std::vector<bool> expert;  // per params: a stacked (expert) parameter, split over ep
+  // The world's EP and expert-replica groups, handed to a family that shards by its own code
+  // (ModelFamily::ShardLoaded); empty otherwise.
+  ExpertGroups expert_groups;
   // Context parallelism: each data-parallel share packed into one row and split over the cp
   // group (null when cp is 1). Parameters are the same on its ranks; their gradients are
   // summed over dp x cp (dp_comm), the optimizer state sharded over dp_shard x cp (shard_comm).
@@ -60,10 +63,9 @@ struct DpRun {
   LogitComparison cp_vs_packed;
   std::optional<TpPlan> plan;               // the family's, when tp > 1
   // The replica sharded by the family's own code (ModelFamily::ShardLoaded: the Python lane's
-  // parallelize for tp > 1, its data_parallel) instead of a plan; per params, whether the
-  // tensor is split over tp (its shard smaller; tp > 1 only).
+  // parallelize for tp > 1, its expert_parallel and data_parallel) instead of a plan; its
+  // clipping norm is the model's own (CausalLM::ClippingGradNorm).
   bool by_code = false;
-  std::vector<bool> tp_sharded;
   // The model reduces its own gradients over the data-parallel ranks and holds its parameters
   // sharded over them (CausalLM::ReducesDataParallelGradients: the adapter's FSDP2): the check
   // neither reduces nor slices, and compares replicas through their full tensors.
@@ -155,13 +157,19 @@ std::string FormGroups(DpRun& run, bool& blocked);
 /// every rank and the control on rank 0 (dp_parity.cc). Returns this rank's problem.
 std::string BuildReplicas(DpRun& run);
 
-/// A family that shards by its own code: the loaded replica sharded over its tp group, and by
-/// the family's own data parallelism when it has one, by ModelFamily::ShardLoaded, a
-/// collective over the world (dp_parity.cc). Returns this rank's problem.
+/// A family that shards by its own code, under ep > 1, before ShardByCode: the experts its
+/// loaded replica has, from its MoE blocks (CausalLM::ExpertTokenCounts). Returns the problem,
+/// `blocked` set, when it has none or ep does not divide them; "" otherwise (dp_parity.cc).
+std::string ExpertsToSplit(DpRun& run, bool& blocked);
+
+/// A family that shards by its own code: the loaded replica sharded over its tp group, its
+/// experts over the EP groups, and by the family's own data parallelism when it has one, by
+/// ModelFamily::ShardLoaded, a collective over the world (dp_parity.cc). Returns this rank's
+/// problem.
 std::string ShardByCode(DpRun& run);
 
-/// After the replicas are built (and sharded): run.params, which of them are experts (ep) or
-/// split over tp by code, and, on rank 0, the control's parameters, paired by position
+/// After the replicas are built (and sharded): run.params, which of them are experts (ep, the
+/// C++ lane's plans), and, on rank 0, the control's parameters, paired by position
 /// (dp_parity.cc). Returns this rank's problem.
 std::string IndexParameters(DpRun& run);
 

@@ -104,7 +104,13 @@ double DataParallelStep(DpRun& run) {
         run.reduction.mode == DpReduction::Mode::kLocalMean) {
       wide.div_(static_cast<double>(run.dp));
     }
-    g.tensor.mutable_grad() = wide.to(grad.scalar_type());
+    // In place where there is a gradient: under a model sharded by code it is the model's own
+    // (DTensor) gradient's storage, which the model's clipping norm reads.
+    if (g.tensor.grad().defined()) {
+      if (!wide.is_same(grad)) grad.copy_(wide);
+    } else {
+      g.tensor.mutable_grad() = wide.to(grad.scalar_type());
+    }
   }
   const double global = loss.item<double>();
   return local_mean ? global / static_cast<double>(run.dp) : global;
@@ -214,8 +220,7 @@ double ShardedNorm(const DpRun& run, const std::vector<torch::Tensor>& local) {
   for (size_t i = 0; i < local.size(); ++i) {
     const double sq = local[i].to(torch::kDouble).pow(2).sum().item<double>();
     const ShardRule* rule = run.plan ? run.plan->Find(run.params[i].names[0]) : nullptr;
-    const bool split = run.by_code ? run.tp_sharded[i]
-                                   : rule != nullptr && rule->style != ShardStyle::kReplicated;
+    const bool split = rule != nullptr && rule->style != ShardStyle::kReplicated;
     if (run.expert[i]) experts += sq;
     else if (split) sharded += sq;
     else replicated += sq;
@@ -234,6 +239,26 @@ double ShardedNorm(const DpRun& run, const std::vector<torch::Tensor>& local) {
   }
   return std::sqrt((s + r).item<double>());
 }
+
+namespace {
+
+/// True when a trainer of this layout clips with a norm over sharded tensors (tp or ep, or the
+/// adapter's own data parallelism).
+bool ClipsShards(const DpRun& run) {
+  return run.tp > 1 || run.ep > 1 || (run.by_code && run.model_reduces);
+}
+
+/// The norm the trainer clips with: a model sharded by code gives its own (the adapter's
+/// framework's, CausalLM::ClippingGradNorm, from its DTensor gradients), else ShardedNorm
+/// over `local` (the check's plan). Throws std::runtime_error with the model's error.
+double ClippingNorm(const DpRun& run, const std::vector<torch::Tensor>& local) {
+  if (!run.by_code) return ShardedNorm(run, local);
+  Result<double> norm = run.model->ClippingGradNorm();
+  if (!norm.ok()) throw std::runtime_error("the clipping grad norm: " + norm.status().message());
+  return *norm;
+}
+
+}  // namespace
 
 std::string Train(DpRun& run) {
   GateContext& ctx = run.ctx;
@@ -280,12 +305,12 @@ std::string Train(DpRun& run) {
       if (ctx.parallel_measure_only) {
         // What a trainer does, timed: the clipping norm and the step, without copying or
         // gathering anything to compare.
-        if ((run.tp > 1 || run.ep > 1) && !run.model_reduces) {
-          std::vector<torch::Tensor> held;
+        if (ClipsShards(run)) {
+          std::vector<torch::Tensor> held;  // the gradients as they are, not copied
           for (const ParamGroup& g : run.params) {
             held.push_back(g.tensor.grad().defined() ? g.tensor.grad() : torch::zeros_like(g.tensor));
           }
-          run.trace.sharded_grad_norm.push_back(ShardedNorm(run, held));
+          run.trace.sharded_grad_norm.push_back(ClippingNorm(run, held));
         }
         step_optimizers();
         run.step_ms.push_back(
@@ -294,11 +319,7 @@ std::string Train(DpRun& run) {
       }
       if (step == 1) ExpertTokens(run);
       const std::vector<torch::Tensor> local = GradsOf(run.params);
-      // (Under the adapter's own data parallelism every tensor is sharded over the data-parallel
-      // ranks as well, which ShardedNorm does not model: the gathered norm is compared.)
-      if ((run.tp > 1 || run.ep > 1) && !run.model_reduces) {
-        run.trace.sharded_grad_norm.push_back(ShardedNorm(run, local));
-      }
+      if (ClipsShards(run)) run.trace.sharded_grad_norm.push_back(ClippingNorm(run, local));
       const std::vector<torch::Tensor> ours = Full(run, local);
       run.trace.grad_norm.push_back(GlobalNorm(ours));
       if (run.control) {

@@ -155,14 +155,16 @@ std::function<std::string(const std::string&)> CheckpointKeys(const GateContext&
 Result<LoadReport> LoadFull(const GateContext& ctx, CausalLM& model);
 
 /// `model`, loaded whole on this rank, sharded by the family's own code
-/// (ModelFamily::ShardLoaded over `tp`, this rank being `rank` of `world_size`: the Python
-/// lane's parallelize and data_parallel; a collective). An exception becomes INTERNAL with its
+/// (ModelFamily::ShardLoaded over `tp`, this rank being `rank` of `world_size`, the experts
+/// over `experts` when enabled: the Python lane's parallelize, expert_parallel and
+/// data_parallel; a collective). An exception becomes INTERNAL with its
 /// text, a null model INTERNAL "returned no model"; the family's own errors as they are
 /// (INVALID_ARGUMENT: the adapter's contract).
 Result<std::shared_ptr<CausalLM>> ShardLoadedModel(const ModelFamily& family,
                                                    std::shared_ptr<CausalLM> model,
                                                    const TensorParallel& tp, int64_t rank,
-                                                   int64_t world_size);
+                                                   int64_t world_size,
+                                                   const ExpertGroups& experts = {});
 
 /// A model a check trains: made by `construct` (Construct or ConstructParallel, under
 /// SkipWeightInit: `load` overwrites every parameter), loaded by `load`, then each parameter

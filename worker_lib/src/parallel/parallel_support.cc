@@ -342,10 +342,11 @@ std::string GroupsText(const Mesh& mesh, const std::vector<Mesh::Dim>& dims) {
 Result<std::shared_ptr<CausalLM>> ShardLoadedModel(const ModelFamily& family,
                                                    std::shared_ptr<CausalLM> model,
                                                    const TensorParallel& tp, int64_t rank,
-                                                   int64_t world_size) {
+                                                   int64_t world_size,
+                                                   const ExpertGroups& experts) {
   Result<std::shared_ptr<CausalLM>> sharded = Status::Internal("not run");
   try {
-    sharded = family.ShardLoaded(std::move(model), tp, rank, world_size);
+    sharded = family.ShardLoaded(std::move(model), tp, rank, world_size, experts);
   } catch (const std::exception& e) {
     return Status::Internal(e.what());
   }

@@ -58,13 +58,17 @@ def fully_shard_decoder(model: nn.Module, dp_mesh) -> nn.Module:
     parameter), each parameter Shard(0) over ``dp_mesh``. Gradients are reduce-scattered in
     fp32 (``reduce_dtype``) and summed, not averaged (divide factor 1): the trainer's loss is
     each rank's token sum over the global token count, as torchtitan's
-    ``disable_fsdp_gradient_division`` has it."""
+    ``disable_fsdp_gradient_division`` has it. Experts an expert-parallel plan split over an
+    "ep" mesh are left to that plan (``ignored_params``)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from gh_archon.common.expert_parallel import expert_parallel_parameters
+
     policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    ignored = expert_parallel_parameters(model)
     for module in [*model.layers.values(), model]:
-        fully_shard(module, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(module, mesh=dp_mesh, mp_policy=policy, ignored_params=ignored or None)
         # A plain SUM (no division, no NCCL PreMulSum, which gloo lacks).
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)

@@ -37,8 +37,10 @@ namespace gatehouse::worker {
 /// CausalLM::ExpertTokenCounts / ExpertNearTies. 9: CausalLM::SupportsContextParallel /
 /// ForwardPackedContextParallel and ContextParallel (tensor_parallel.h). 10: ShardLoaded takes
 /// the rank's place in the world (tp inside data parallelism, the family's own data
-/// parallelism), CausalLM::FullOfLocal / LocalGradients / ReducesDataParallelGradients.
-inline constexpr int kPluginAbiVersion = 10;
+/// parallelism), CausalLM::FullOfLocal / LocalGradients / ReducesDataParallelGradients. 11:
+/// ShardLoaded takes the world's ExpertGroups (tensor_parallel.h: the adapter's own expert
+/// parallelism), CausalLM::ClippingGradNorm.
+inline constexpr int kPluginAbiVersion = 11;
 
 /// Named tensors in a given order (checkpoint keys or parameter names).
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -205,6 +207,14 @@ class CausalLM : public torch::nn::Module {
   /// backward, LocalGradients are already this rank's shard of the data-parallel sum, and the
   /// parameters it registers are this rank's shards. Default false.
   virtual bool ReducesDataParallelGradients() const { return false; }
+  /// For a model that ModelFamily::ShardLoaded sharded: the global L2 norm of its gradients as
+  /// its trainer computes it to clip, from this rank's shards (a Python adapter's grad_norm;
+  /// without one torch.nn.utils.get_total_norm per device mesh, the meshes' norms combined, as
+  /// torchtitan clips its expert and other parameters apart). A collective over the world.
+  /// Errors: INTERNAL with the cause. Default: FAILED_PRECONDITION.
+  virtual Result<double> ClippingGradNorm() {
+    return Status::FailedPrecondition("this model gives no clipping norm (it was not sharded by code)");
+  }
 };
 
 /// While one lives on a thread, ModelFamily::Construct and ConstructParallel called on that
@@ -343,7 +353,10 @@ class ModelFamily {
   /// tp.size consecutive ranks; world_size / tp.size replicas of the model, data-parallel).
   /// tp.size may be 1. A family with data parallelism of its own (a Python adapter's
   /// data_parallel: FSDP2) applies it over the data-parallel ranks when there are several, and
-  /// the model says so (CausalLM::ReducesDataParallelGradients).
+  /// the model says so (CausalLM::ReducesDataParallelGradients). When `experts` is enabled
+  /// the family splits a MoE model's experts over this rank's EP group first (a Python
+  /// adapter's expert_parallel), summing expert gradients over its replica group; the model
+  /// then reduces its own gradients.
   /// A collective over the world: every rank calls it together. The family joins its own group
   /// over the worker's rendezvous (MASTER_ADDR, MASTER_PORT). Errors: INVALID_ARGUMENT with the
   /// adapter's own message (e.g. a TP size that does not divide num_key_value_heads);
@@ -351,11 +364,13 @@ class ModelFamily {
   virtual Result<std::shared_ptr<CausalLM>> ShardLoaded(std::shared_ptr<CausalLM> model,
                                                         const TensorParallel& tp,
                                                         int64_t world_rank,
-                                                        int64_t world_size) const {
+                                                        int64_t world_size,
+                                                        const ExpertGroups& experts) const {
     (void)model;
     (void)tp;
     (void)world_rank;
     (void)world_size;
+    (void)experts;
     return Status::FailedPrecondition("model family '" + std::string(name()) +
                                       "' does not shard a loaded model");
   }

@@ -90,6 +90,17 @@ struct ExpertParallel {
   bool enabled() const { return size > 1; }
 };
 
+/// The expert-parallel layout of the whole world, for a family that shards a loaded model by
+/// its own code (ModelFamily::ShardLoaded): every EP group (common/mesh.h Mesh::ExpertGroups)
+/// and every group of data-parallel ranks that hold the same experts (the experts' replicas,
+/// whose expert gradients are summed), each a partition of the world, each group's ranks in
+/// order (its EP rank or replica index). Both empty when ep is 1.
+struct ExpertGroups {
+  std::vector<std::vector<int64_t>> ep;
+  std::vector<std::vector<int64_t>> replicas;
+  bool enabled() const { return !ep.empty() && ep.front().size() > 1; }
+};
+
 /// The rows of `x` [N, ...] sent over the expert-parallel group: the first send_rows[0] rows
 /// to rank 0, the next send_rows[1] to rank 1, ...; returns the rows received, recv_rows[r]
 /// from rank r in rank order ([sum(recv_rows), ...]). Backward sends the gradient rows back

@@ -120,4 +120,8 @@ def build_model(args: Qwen3MoeModelArgs, dtype: torch.dtype, device) -> Qwen3Moe
         model = Qwen3MoeModel(args, dtype=dtype)
     model = model.to_empty(device=device)
     model.tie_weights()
+    for layer in model.layers.values():
+        if layer.moe is not None:  # to_empty left the routing counts uninitialised
+            layer.moe.tokens_per_expert.zero_()
+            layer.moe.router_near_ties.zero_()
     return model.eval()

@@ -86,6 +86,16 @@ class Router(nn.Module):
 
 
 class GroupedExperts(nn.Module):
+    """The experts of one MoE layer, stacked: ``w13`` [E, 2 * hidden_dim, dim] (gate and up
+    fused) and ``w2`` [E, dim, hidden_dim].
+
+    forward(x [S, dim] with its rows grouped by expert in expert order, num_tokens_per_expert
+    [E] int64) -> [S, dim], row for row: torchtitan's GroupedExperts interface, so an
+    expert-parallel plan (gh_archon.common.expert_parallel) can move the rows between the
+    ranks around it. Under that plan ``w13`` and ``w2`` are DTensors sharded over the experts
+    (Shard(0)) and the rows are every EP rank's tokens for this rank's experts; the forward
+    then runs on the local experts."""
+
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, act: str,
                  dtype: torch.dtype | None = None):
         super().__init__()
@@ -94,50 +104,68 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim, dtype=dtype))
         self.act = act_fn(act)
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
-        """grouped_mm_experts_forward: hidden [N, dim], ids/weights [N, k] -> [N, dim]."""
-        device = hidden_states.device
-        num_top_k = top_k_index.size(-1)
-        num_tokens = hidden_states.size(0)
-        hidden_dim = hidden_states.size(-1)
-
-        sample_weights = top_k_weights.reshape(-1)
-        expert_ids = top_k_index.reshape(-1)
-        expert_ids_g, perm = torch.sort(expert_ids)
-        selected_hidden_states_g = hidden_states[perm // num_top_k]
-        sample_weights_g = sample_weights[perm]
-
-        histc_input = expert_ids_g.float() if device.type in ("cpu", "mps") else expert_ids_g.int()
-        tokens_per_expert = torch.histc(histc_input, bins=self.num_experts, min=0,
-                                        max=self.num_experts - 1)
-        offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
-
-        proj_out = grouped_mm(selected_hidden_states_g, self.w13.transpose(-2, -1), offsets)
+    def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        w13, w2 = _local(self.w13), _local(self.w2)
+        offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+        proj_out = grouped_mm(x, w13.transpose(-2, -1), offsets)
         gate, up = proj_out.chunk(2, dim=-1)
         proj_out = self.act(gate) * up
-        proj_out = grouped_mm(proj_out, self.w2.transpose(-2, -1), offsets)
+        return grouped_mm(proj_out, w2.transpose(-2, -1), offsets)
 
-        weighted_out = proj_out * sample_weights_g.unsqueeze(-1)
-        inv_perm = torch.empty_like(perm)
-        inv_perm[perm] = torch.arange(perm.size(0), device=device)
-        weighted_out = weighted_out[inv_perm]
-        final_hidden_states = weighted_out.view(num_tokens, num_top_k, hidden_dim).sum(dim=1)
-        return final_hidden_states.to(hidden_states.dtype)
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (its gradient flows back to the DTensor), else ``w``."""
+    to_local = getattr(w, "to_local", None)
+    return to_local() if to_local is not None else w
 
 
 class MoE(nn.Module):
-    """Qwen3MoeSparseMoeBlock: router + experts (no shared expert)."""
+    """Qwen3MoeSparseMoeBlock: router + experts (no shared expert), computed as
+    grouped_mm_experts_forward: the token copies (one per chosen expert) sorted by expert, the
+    experts' grouped GEMMs, each row weighted by its routing weight, then put back in token
+    order and summed over the k choices.
+
+    ``tokens_per_expert`` [E] float32 (a buffer, as torchtitan's MoE keeps it for load
+    balancing) accumulates the tokens this rank routed to each expert, every forward, until
+    the caller zeroes it; ``router_near_ties`` [] int64 the tokens whose k-th and (k+1)-th
+    router logits lie within 2 units in the last place of the logits' dtype (ties included):
+    where rounding upstream of the router decides the choice (Gatehouse's parallel gate tells
+    such flips from bugs with it)."""
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int,
                  norm_topk_prob: bool, act: str, dtype: torch.dtype | None = None):
         super().__init__()
         self.router = Router(dim, num_experts, top_k, norm_topk_prob, dtype=dtype)
         self.experts = GroupedExperts(dim, hidden_dim, num_experts, act, dtype=dtype)
+        self.register_buffer("tokens_per_expert", torch.zeros(num_experts, dtype=torch.float32),
+                             persistent=False)
+        self.register_buffer("router_near_ties", torch.zeros((), dtype=torch.int64),
+                             persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch_size, sequence_length, hidden_dim = x.shape
         h = x.view(-1, hidden_dim)
-        _, routing_weights, selected_experts = self.router(h.reshape(-1, hidden_dim))
-        out = self.experts(h, selected_experts, routing_weights)
-        return out.reshape(batch_size, sequence_length, hidden_dim)
+        router_logits, routing_weights, selected_experts = self.router(h)
+        num_tokens, num_top_k = selected_experts.shape
+        num_experts = self.experts.num_experts
+        if num_top_k < num_experts:
+            with torch.no_grad():
+                top = torch.topk(router_logits.float(), num_top_k + 1, dim=-1).values
+                kth, after = top[:, num_top_k - 1], top[:, num_top_k]
+                ulp = torch.finfo(router_logits.dtype).eps
+                near = (kth - after) <= torch.maximum(kth.abs(), after.abs()) * (2 * ulp)
+                self.router_near_ties.add_(near.sum())
+
+        expert_ids = selected_experts.reshape(-1)
+        expert_ids_g, perm = torch.sort(expert_ids)
+        histc_input = expert_ids_g.float() if x.device.type in ("cpu", "mps") else expert_ids_g.int()
+        counts = torch.histc(histc_input, bins=num_experts, min=0, max=num_experts - 1)
+        with torch.no_grad():
+            self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
+
+        proj_out = self.experts(h[perm // num_top_k], counts.to(torch.int64))
+        weighted_out = proj_out * routing_weights.reshape(-1)[perm].unsqueeze(-1)
+        inv_perm = torch.empty_like(perm)
+        inv_perm[perm] = torch.arange(perm.size(0), device=x.device)
+        out = weighted_out[inv_perm].view(num_tokens, num_top_k, hidden_dim).sum(dim=1)
+        return out.to(x.dtype).reshape(batch_size, sequence_length, hidden_dim)
