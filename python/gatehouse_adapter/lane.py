@@ -276,8 +276,8 @@ def parallelize(spec: ModelSpec, model: torch.nn.Module, tp_size: int | None = N
     None or the world's size, ``spec.parallelize(model, tp_mesh)`` over every rank; else over a
     ("dp", "tp") mesh (tp fastest, as the worker lays ranks out: the tp groups are runs of
     ``tp_size`` consecutive ranks, the data-parallel dimensions flattened into "dp"):
-    ``spec.parallelize(model, mesh["tp"])`` when tp > 1; then, with ``expert_groups`` (every
-    EP group of the world, the worker's, each a list of ranks: a partition) and
+    ``spec.parallelize(model, mesh["tp"])`` when tp > 1; then, with ``expert_groups`` (given
+    when ep > 1: every EP group of the world, the worker's, each a list of ranks: a partition) and
     ``expert_replica_groups`` (every group of data-parallel ranks holding the same experts, a
     partition), ``spec.expert_parallel(model, ep_mesh, expert_dp_mesh)`` over this rank's two
     groups; then, when the spec gives ``data_parallel``, ``spec.data_parallel(model,
@@ -308,7 +308,7 @@ def parallelize(spec: ModelSpec, model: torch.nn.Module, tp_size: int | None = N
         sharded = model
         if tp > 1:
             sharded = _hook("parallelize", spec.parallelize, model, tp_mesh)
-        if expert_groups and max(len(g) for g in expert_groups) > 1:
+        if expert_groups:
             if getattr(spec, "expert_parallel", None) is None:
                 raise TypeError(f"{spec.name}: the ModelSpec gives no expert_parallel")
             if data_parallel is None:
@@ -379,12 +379,17 @@ def _mesh_of_own_group(device_type: str, groups: list[list[int]], name: str):
     return DeviceMesh.from_group(own, device_type, mesh_dim_names=(name,))
 
 
+def _buffers_named(model: torch.nn.Module, name: str) -> list[torch.Tensor]:
+    """Every buffer called ``name`` (the last part of its qualified name), in module order."""
+    return [b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] == name]
+
+
 @torch.no_grad()
 def expert_token_counts(model: torch.nn.Module) -> torch.Tensor | None:
     """The tokens this rank routed to each expert, one row per MoE block (modules with a
     ``tokens_per_expert`` buffer, in module order): [moe_layers, E] int64 on the CPU, or None
     for a model without one."""
-    rows = [b for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] == "tokens_per_expert"]
+    rows = _buffers_named(model, "tokens_per_expert")
     if not rows:
         return None
     return torch.stack([r.detach().to("cpu", torch.float64) for r in rows]).round().to(torch.int64)
@@ -394,16 +399,14 @@ def expert_token_counts(model: torch.nn.Module) -> torch.Tensor | None:
 def expert_near_ties(model: torch.nn.Module) -> int:
     """The tokens routed at a near tie (the MoE blocks' ``router_near_ties`` buffers, summed);
     0 for a model whose blocks keep none."""
-    return int(sum(int(b.item()) for n, b in model.named_buffers()
-                   if n.rsplit(".", 1)[-1] == "router_near_ties"))
+    return int(sum(int(b.item()) for b in _buffers_named(model, "router_near_ties")))
 
 
 @torch.no_grad()
 def reset_expert_token_counts(model: torch.nn.Module) -> None:
     """Zeroes every ``tokens_per_expert`` and ``router_near_ties`` buffer."""
-    for n, b in model.named_buffers():
-        if n.rsplit(".", 1)[-1] in ("tokens_per_expert", "router_near_ties"):
-            b.zero_()
+    for b in _buffers_named(model, "tokens_per_expert") + _buffers_named(model, "router_near_ties"):
+        b.zero_()
 
 
 def _checked_module(result: Any, what: str) -> torch.nn.Module:

@@ -300,7 +300,7 @@ TEST(PythonLane, ExpertParallelTheModelCannotTakeIsBlocked) {
            {"gh_archon.qwen3_moe.spec:SPEC", "qwen3_moe", "qwen3_moe-tiny-untied", "dp_shard=3,ep=3", 3,
             "BLOCKED", "ep=3 does not divide the model's 8 experts"},
            {"gh_archon.llama.spec:SPEC", "llama", "llama-tiny-untied", "dp_shard=2,ep=2", 2,
-            "BLOCKED", "ep=2: this model has no experts"},
+            "BLOCKED", "ep=2: this model shows no experts to split"},
            {"ep_noop.spec:SPEC", "qwen3_moe", "qwen3_moe-tiny-untied", "dp_shard=2,ep=2", 2,
             "FAIL", "expert_parallel split no parameter over the ep mesh"}}) {
     SCOPED_TRACE(c.entry + " " + c.layout);

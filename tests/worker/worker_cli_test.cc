@@ -132,15 +132,19 @@ TEST(WorkerCliTest, CheckReference) {
   EXPECT_TRUE(broken.stdout_text.empty());
 }
 
+/// The worker refused its input before any event: exit 2, nothing on stdout, `why` in stderr.
+void ExpectRefused(const WorkerRun& run, const std::string& why) {
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_EQ(run.stdout_text, "");
+  EXPECT_THAT(run.stderr_text, HasSubstr(why));
+}
+
 TEST(WorkerCliTest, BadRunSpecExits2) {
   Fixture fx;
   nlohmann::json spec = fx.SpecJson();
   spec["training"].erase("lr");
   const std::string run_json = WriteRunJson(fx, spec);
-  WorkerRun run = RunWorker(fx.dir.path(), "--run-spec " + run_json);
-  EXPECT_EQ(run.exit_code, 2);
-  EXPECT_EQ(run.stdout_text, "");
-  EXPECT_THAT(run.stderr_text, HasSubstr("training.lr"));
+  ExpectRefused(RunWorker(fx.dir.path(), "--run-spec " + run_json), "training.lr");
 }
 
 // Verifies --parallel-measure-only refuses a run spec that requests a phase after parallel
@@ -152,11 +156,9 @@ TEST(WorkerCliTest, MeasureOnlyRefusesPhasesAfterParallel) {
   nlohmann::json spec = fx.SpecJson();
   spec["phases"] = {"config", "construct", "load", "parallel", "performance"};
   const std::string run_json = WriteRunJson(fx, spec);
-  WorkerRun run = RunWorker(fx.dir.path(), "--run-spec " + run_json + " --plugin " +
-                                               GATEHOUSE_FAKE_PLUGIN + " --parallel-measure-only");
-  EXPECT_EQ(run.exit_code, 2);
-  EXPECT_EQ(run.stdout_text, "");
-  EXPECT_THAT(run.stderr_text, HasSubstr("phase performance runs after parallel"));
+  ExpectRefused(RunWorker(fx.dir.path(), "--run-spec " + run_json + " --plugin " +
+                                              GATEHOUSE_FAKE_PLUGIN + " --parallel-measure-only"),
+                "phase performance runs after parallel");
 }
 
 // Verifies --python-path takes an existing directory only: a flag written after it by mistake
@@ -165,11 +167,9 @@ TEST(WorkerCliTest, PythonPathMustBeADirectory) {
   Fixture fx;
   fx.Write();
   const std::string run_json = WriteRunJson(fx, fx.SpecJson());
-  WorkerRun run = RunWorker(fx.dir.path(), "--run-spec " + run_json +
-                                               " --python-path --parallel-measure-only");
-  EXPECT_EQ(run.exit_code, 2);
-  EXPECT_EQ(run.stdout_text, "");
-  EXPECT_THAT(run.stderr_text, HasSubstr("--python-path"));
+  ExpectRefused(RunWorker(fx.dir.path(), "--run-spec " + run_json +
+                                              " --python-path --parallel-measure-only"),
+                "--python-path");
 }
 
 // Verifies a missing --run-spec exits 2.

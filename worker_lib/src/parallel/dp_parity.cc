@@ -84,8 +84,8 @@ std::string ExpertsToSplit(DpRun& run, bool& blocked) {
   const torch::Tensor counts = run.model->ExpertTokenCounts();
   blocked = true;
   if (!counts.defined() || counts.dim() != 2 || counts.size(1) == 0) {
-    return "ep=" + std::to_string(run.ep) + ": this model has no experts (no MoE block keeps "
-           "a tokens_per_expert buffer)";
+    return "ep=" + std::to_string(run.ep) + ": this model shows no experts to split (no module "
+           "keeps a tokens_per_expert buffer, the contract's record of a MoE block's experts)";
   }
   if (counts.size(1) % run.ep != 0) {
     return "ep=" + std::to_string(run.ep) + " does not divide the model's " +

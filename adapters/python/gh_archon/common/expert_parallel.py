@@ -76,18 +76,15 @@ class ExpertParallel:
         self._send = counts.view(ep, local).sum(1).tolist()
         self._recv = counts_in.view(ep, local).sum(1).tolist()
         received = _AllToAllRows.apply(rows, self._recv, self._send, group)
-        # Source-major (rank, expert) segments -> expert-major (expert, rank).
-        starts = torch.cumsum(counts_in, 0) - counts_in
-        grid = counts_in.view(ep, local)
-        order = [torch.arange(int(starts[s * local + e]), int(starts[s * local + e] + grid[s, e]))
-                 for e in range(local) for s in range(ep)]
-        self._order = torch.cat(order) if order else torch.zeros(0, dtype=torch.int64)
-        return received[self._order], grid.sum(0)
+        # Source-major (rank, expert) segments -> expert-major (expert, rank): each received
+        # row's local expert, sorted stably (the ranks' order kept within an expert).
+        expert_of_row = torch.repeat_interleave(
+            torch.arange(ep * local, device=counts_in.device) % local, counts_in)
+        self._order = torch.argsort(expert_of_row, stable=True)
+        return received[self._order], counts_in.view(ep, local).sum(0)
 
     def _combine(self, module, inputs, out):
-        back = torch.empty_like(self._order)
-        back[self._order] = torch.arange(self._order.numel())
-        source_major = out[back]
+        source_major = out[torch.argsort(self._order)]
         send, recv = self._send, self._recv
         self._send = self._recv = self._order = None
         return _AllToAllRows.apply(source_major, send, recv, self.mesh.get_group())
